@@ -1,0 +1,1 @@
+"""The control plane: FastAPI app, auth, refit scheduler, and the `upscale` CLI."""

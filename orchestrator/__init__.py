@@ -1,0 +1,1 @@
+"""State store, scheduler loop on Ray, retries, resume, cancellation, checkpoint bookkeeping, MLflow run tree."""

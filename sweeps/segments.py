@@ -1,0 +1,258 @@
+"""What one training job is: a frozen, hashed `SegmentSpec`; where and how it runs: `SegmentRuntime`, never hashed.
+
+A sweep compiles into a DAG of segments (DESIGN.md, "Segments"). A segment's id is a short hash of the canonical
+JSON of *every* identity field, parents' ids included, so two sweeps that need the same training job share it and a
+checkpoint can never be silently reused for a different config (STYLE.md items 1-2). Runtime-only fields (paths,
+tracking URIs, threads, logging cadence) live in `SegmentRuntime` and never change an id.
+
+Token bookkeeping is exact and absolute: every count is a multiple of `tokens_per_step = batch_size * context`, and a
+segment covers [start_tokens, end_tokens) of one schedule whose decay starts at the absolute `decay_start_tokens`.
+So a trunk (warmup + constant LR, checkpoints at every branch point) followed by a decay branch that resumes at a
+branch point is the same computation as one uninterrupted WSD run to the branch's budget.
+
+Kinds:
+    dense_trunk   warmup + constant LR from random init; saves a checkpoint at every `save_at_tokens`
+    dense_decay   resumes its trunk at start_tokens, decays to end_tokens = D1: one dense observation
+    upcycle       builds the MoE from its parent's final dense weights (no training, no tokens)
+    moe_trunk     trains the upcycled MoE: warmup + constant at the MoE LR; checkpoints at every D2 branch point
+    moe_decay     decays the upcycled MoE to D2: one upcycled observation (D1, D2, N1, config)
+    scratch_trunk / scratch_decay   the same for an MoE from random init: observations of the MoE law
+    lr_search     an Optuna study of short runs that fixes the peak LR of one (family, size)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+SegmentKind = Literal[
+    "dense_trunk", "dense_decay", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk", "scratch_decay", "lr_search"
+]
+TRUNK_KINDS = frozenset({"dense_trunk", "moe_trunk", "scratch_trunk"})
+DECAY_KINDS = frozenset({"dense_decay", "moe_decay", "scratch_decay"})
+DecayShape = Literal["linear", "cosine", "1-sqrt"]
+
+
+class Frozen(BaseModel):
+    """Base for identity models: immutable, no unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(Frozen):
+    """The architecture: a Llama-style decoder whose FFN is dense (n_expert = 0) or a top-k MoE."""
+
+    n_layer: int = Field(ge=1, description="Transformer blocks.")
+    d_model: int = Field(ge=1, description="Residual width; the FFN is 4·d_model wide.")
+    n_head: int = Field(ge=1, description="Attention heads; must divide d_model.")
+    vocab_size: int = Field(ge=2, description="Tokeniser vocabulary size (256 for bytes).")
+    context: int = Field(ge=1, description="Tokens per training sequence.")
+    n_expert: int = Field(0, ge=0, description="Experts per MoE layer; 0 = dense FFN.")
+    topk: int = Field(0, ge=0, description="Experts each token is routed to; 0 for dense.")
+    aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
+    router_init: str = Field("normal_2_5d", description="Router init; normal_2_5d = N(0, 2/(5·d_model)) (A.6).")
+    init_std: float = Field(0.02, gt=0, description="Std of the normal init of the other weights.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        if self.n_expert == 0 and self.topk != 0:
+            raise ValueError(f"topk={self.topk} given for a dense model (n_expert=0); use topk=0")
+        if self.n_expert > 0 and not 1 <= self.topk <= self.n_expert:
+            raise ValueError(f"topk={self.topk} must be between 1 and n_expert={self.n_expert}")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
+
+
+class DataSpec(Frozen):
+    """Where tokens come from: a corpus, a tokeniser, and the held-out set the validation loss is measured on."""
+
+    corpus: str = Field("builtin:python-stdlib", description="builtin:python-stdlib, a folder of text files, "
+                        "a .jsonl/.parquet file with a text column, or a Hugging Face dataset saved with save_to_disk.")
+    text_column: str = Field("text", description="Column holding the text in JSONL/Parquet/HF corpora.")
+    tokenizer: Literal["bytes", "bpe"] = Field("bytes", description="Byte-level, or a BPE trained on the corpus.")
+    bpe_vocab_size: int = Field(4096, ge=257, description="Vocabulary size of the BPE tokeniser.")
+    eval_tokens: int = Field(65536, ge=1, description="Held-out validation tokens (split by document).")
+    data_seed: int = Field(0, description="Seed of the train/validation split and of batch order.")
+
+
+class OptimSpec(Frozen):
+    """AdamW and the batch, as the paper's Table 4 by default."""
+
+    lr: float | None = Field(description="Peak learning rate; None = taken from the parent lr_search segment.")
+    batch_size: int = Field(ge=1, description="Sequences per optimiser step.")
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
+
+
+class ScheduleSpec(Frozen):
+    """The LR schedule shared by a trunk and all its branches; absolute step boundaries come from the segment."""
+
+    kind: Literal["wsd", "cosine"] = Field("wsd", description="Warmup-stable-decay, or a cosine baseline.")
+    warmup_tokens: int = Field(ge=0, description="Linear warmup from 0 to the peak LR.")
+    decay_fraction: float = Field(0.1, gt=0, le=1, description="Fraction of a budget D spent decaying (WSD).")
+    decay_shape: DecayShape = Field("linear", description="Shape of the decay: linear, cosine or 1-sqrt.")
+    final_lr_fraction: float = Field(0.1, ge=0, le=1, description="LR at the end of the decay, as a fraction "
+                                     "of the peak.")
+
+
+class UpcycleSpec(Frozen):
+    """How a dense model becomes an MoE (METHODS.md)."""
+
+    method: str = Field(description="naive, drop, noise, llama-moe, router-upcycling, granular or scratch.")
+    r: float | None = Field(None, ge=0, le=1, description="Re-initialisation ratio for methods that take one.")
+    seed: int = Field(0, description="Seed of the method's random draws.")
+    options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Method-specific options (e.g. index_mode, variant, split)."
+    )
+
+
+class LrSearchSpec(Frozen):
+    """An Optuna study of short runs over the peak LR of one family and size."""
+
+    trials: int = Field(ge=1, description="Optuna trials.")
+    low: float = Field(gt=0, description="Lowest peak LR tried (log-uniform).")
+    high: float = Field(gt=0, description="Highest peak LR tried (log-uniform).")
+    tokens: int = Field(ge=1, description="Tokens per trial.")
+
+
+class SegmentSpec(Frozen):
+    """One training job, identified by the hash of everything that determines its output."""
+
+    kind: SegmentKind
+    model: ModelSpec = Field(description="The architecture trained (the MoE's, for upcycle and MoE kinds).")
+    data: DataSpec
+    optim: OptimSpec | None = Field(None, description="None only for upcycle.")
+    schedule: ScheduleSpec | None = Field(None, description="None only for upcycle.")
+    upcycle: UpcycleSpec | None = Field(None, description="Set for upcycle segments only.")
+    lr_search: LrSearchSpec | None = Field(None, description="Set for lr_search segments only.")
+    seed: int = Field(0, description="Seed of model init and training randomness.")
+    start_tokens: int = Field(0, ge=0, description="Tokens already trained when the segment starts.")
+    end_tokens: int = Field(0, ge=0, description="Tokens trained when it ends (a decay branch: the budget D).")
+    decay_start_tokens: int | None = Field(None, description="Absolute token count where the LR decay starts; "
+                                           "None for trunks, which never decay.")
+    save_at_tokens: tuple[int, ...] = Field((), description="Trunks: branch points where a checkpoint is kept.")
+    parent_ids: tuple[str, ...] = Field((), description="Ids of the segments whose outputs this one starts from.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SegmentSpec:
+        needs_training = self.kind != "upcycle"
+        if needs_training != (self.optim is not None and self.schedule is not None):
+            raise ValueError(f"{self.kind}: optim and schedule must be set exactly when the segment trains")
+        if (self.kind == "upcycle") != (self.upcycle is not None):
+            raise ValueError(f"{self.kind}: `upcycle` is set exactly for upcycle segments")
+        if (self.kind == "lr_search") != (self.lr_search is not None):
+            raise ValueError(f"{self.kind}: `lr_search` is set exactly for lr_search segments")
+        if self.kind in TRUNK_KINDS | DECAY_KINDS:
+            step = self.tokens_per_step
+            for name in ("start_tokens", "end_tokens"):
+                if getattr(self, name) % step:
+                    raise ValueError(f"{name}={getattr(self, name)} is not a multiple of batch_size·context={step}")
+            if self.end_tokens <= self.start_tokens:
+                raise ValueError(f"end_tokens={self.end_tokens} must exceed start_tokens={self.start_tokens}")
+            if list(self.save_at_tokens) != sorted(set(self.save_at_tokens)):
+                raise ValueError(f"save_at_tokens must be strictly increasing, got {self.save_at_tokens}")
+            if any(t % step or not self.start_tokens < t <= self.end_tokens for t in self.save_at_tokens):
+                raise ValueError(f"save_at_tokens {self.save_at_tokens} must be multiples of {step} within "
+                                 f"({self.start_tokens}, {self.end_tokens}]")
+        if self.kind in DECAY_KINDS:
+            d = self.decay_start_tokens
+            if d is None or d % self.tokens_per_step or not self.start_tokens <= d < self.end_tokens:
+                raise ValueError(f"{self.kind}: decay_start_tokens={d} must be a step multiple in "
+                                 f"[{self.start_tokens}, {self.end_tokens})")
+        if self.kind in TRUNK_KINDS and self.decay_start_tokens is not None:
+            raise ValueError(f"{self.kind}: trunks never decay; decay_start_tokens must be None")
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens in one optimiser step (batch_size · context); 0 for upcycle segments."""
+        return self.optim.batch_size * self.model.context if self.optim else 0
+
+    @property
+    def id(self) -> str:
+        """Content key: 16 hex digits of the SHA-256 of the canonical JSON of every field."""
+        return fingerprint(self)
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON of a spec: sorted keys, sets sorted, enums as values; callables and bare objects refused.
+
+    A spec read from YAML and the equal one built in Python give the same string (STYLE.md item 1).
+    """
+    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def fingerprint(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return {k: _plain(getattr(value, k)) for k in type(value).model_fields}
+    if isinstance(value, Enum):
+        return _plain(value.value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value  # 2.0e5 from YAML hashes as 200000
+    raise TypeError(f"cannot fingerprint a {type(value).__name__}: only data (models, numbers, strings, "
+                    "lists, dicts, sets, enums) may be part of a segment's identity")
+
+
+class SegmentRuntime(BaseModel):
+    """Placement and bookkeeping of one attempt at a segment; never part of its id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint_dir: str = Field(description="Where this segment writes its checkpoints (a path or fsspec URI).")
+    parent_checkpoints: dict[str, str] = Field(
+        default_factory=dict,
+        description="Parent segment id -> checkpoint directory to start from (a trunk's, at this start_tokens).",
+    )
+    mlflow_tracking_uri: str | None = Field(None, description="None = do not log to MLflow.")
+    mlflow_run_id: str | None = Field(None, description="An existing run to log into (created by the orchestrator).")
+    mlflow_tags: dict[str, str] = Field(default_factory=dict, description="Tags for every grid axis of the segment.")
+    num_threads: int = Field(1, ge=1, description="torch.set_num_threads inside the job (Ray does not set it).")
+    device: str = Field("cpu", description="cpu or cuda; bf16 autocast on CUDA, fp32 on CPU.")
+    workers: int = Field(1, ge=1, description="Data/expert-parallel processes (Ray Train when > 1).")
+    eval_every_tokens: int | None = Field(None, description="Periodic validation; None = at segment end only.")
+    checkpoint_every_tokens: int | None = Field(None, description="Periodic resume checkpoints; None = none.")
+    log_every_steps: int = Field(10, ge=1, description="Training metrics cadence.")
+
+
+class SegmentResult(BaseModel):
+    """What a finished segment reports back (the orchestrator stores it; observations are built from it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    segment_id: str
+    kind: SegmentKind
+    val_loss: float | None = Field(description="Validation loss at the end (None for upcycle and lr_search).")
+    tokens: int = Field(description="Tokens trained in this segment (end_tokens - start_tokens).")
+    wall_s: float
+    tokens_per_s: float
+    checkpoint: str | None = Field(description="The final checkpoint directory.")
+    branch_checkpoints: dict[int, str] = Field(default_factory=dict,
+                                               description="Trunks: branch point tokens -> checkpoint directory.")
+    best_lr: float | None = Field(None, description="lr_search: the chosen peak LR.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Summary metrics (aux loss, load, ...).")

@@ -1,0 +1,89 @@
+"""Model shapes and exact parameter / FLOP counts, pure arithmetic (no torch).
+
+Shared by the planner (cost of a grid) and by `workers.model` (which checks its real parameter
+count against these formulas in tests). Named sizes are the upcycling-scaling-laws paper's Table 3
+plus tiny shapes that train on a CPU.
+
+Exact non-embedding counts for the Llama-style model (no biases, SwiGLU with d_ff = 4·d, RMSNorm
+weights counted, router counted in the MoE), which reproduce Table 3 to the parameter:
+
+    N1      = L·(16·d² + 2·d) + d                        (dense; Eq. 4 is the 16·L·d² leading term)
+    N_total = L·(4·d² + 12·E·d² + 2·d + E·d) + d         (E experts; Eq. 6)
+    N2      = L·(4·d² + 12·k·d² + 2·d + E·d) + d         (active with top-k; Eq. 5; the router runs for every token)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder shape: layers, width, heads (d_ff = ffn_mult·d_model, as the paper's 4·d_model)."""
+
+    n_layer: int
+    d_model: int
+    n_head: int
+    ffn_mult: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "d_model", "n_head", "ffn_mult"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+
+    @property
+    def d_ff(self) -> int:
+        return self.ffn_mult * self.d_model
+
+
+# The paper's Table 3 (n_layer, d_model, n_head), then CPU-sized shapes for tests and the demo.
+NAMED_SIZES: dict[str, Shape] = {
+    "nano": Shape(n_layer=2, d_model=32, n_head=2),
+    "micro": Shape(n_layer=2, d_model=64, n_head=4),
+    "tiny": Shape(n_layer=4, d_model=128, n_head=4),
+    "15M": Shape(n_layer=9, d_model=320, n_head=4),
+    "44M": Shape(n_layer=12, d_model=480, n_head=8),
+    "0.1B": Shape(n_layer=15, d_model=640, n_head=8),
+    "0.2B": Shape(n_layer=21, d_model=832, n_head=8),
+    "0.5B": Shape(n_layer=26, d_model=1120, n_head=16),
+    "1B": Shape(n_layer=30, d_model=1504, n_head=16),
+}
+
+
+def shape_of(size: str) -> Shape:
+    """The shape of a named size; a clear error listing the valid names otherwise."""
+    try:
+        return NAMED_SIZES[size]
+    except KeyError:
+        raise ValueError(f"unknown model size {size!r}; valid sizes: {', '.join(NAMED_SIZES)}") from None
+
+
+def _layer_common(s: Shape) -> int:
+    # attention (q, k, v, o: 4·d²) + two RMSNorm weight vectors
+    return 4 * s.d_model**2 + 2 * s.d_model
+
+
+def _ffn(s: Shape) -> int:
+    return 3 * s.d_model * s.d_ff  # gate, up, down
+
+
+def dense_params(s: Shape) -> int:
+    """N1: non-embedding parameters of the dense model (final norm included)."""
+    return s.n_layer * (_layer_common(s) + _ffn(s)) + s.d_model
+
+
+def moe_total_params(s: Shape, n_expert: int) -> int:
+    """N_total: non-embedding parameters of the MoE with every expert and the routers."""
+    return s.n_layer * (_layer_common(s) + n_expert * _ffn(s) + n_expert * s.d_model) + s.d_model
+
+
+def moe_active_params(s: Shape, n_expert: int, topk: int) -> int:
+    """N2: parameters a token passes through (top-k experts plus the router)."""
+    return s.n_layer * (_layer_common(s) + topk * _ffn(s) + n_expert * s.d_model) + s.d_model
+
+
+def train_flops_per_token(s: Shape, active_params: int, context: int, vocab_size: int) -> int:
+    """Training FLOPs per token: 6·(N_active + LM head) + attention scores/values (12·L·d·T, no causal halving)."""
+    return 6 * (active_params + s.d_model * vocab_size) + 12 * s.n_layer * s.d_model * context

@@ -1,0 +1,441 @@
+"""The Llama-style decoder that upscale trains, dense or Mixture-of-Experts (DeepSpeed-MoE).
+
+Architecture (upcycling-scaling-laws paper, Appendix A.2/A.3): pre-norm decoder blocks with RMSNorm, RoPE
+multi-head attention through `scaled_dot_product_attention(is_causal=True)`, a SwiGLU FFN with d_ff = 4·d_model,
+no biases anywhere, untied input embedding and LM head. The FFN of every block is either dense or a
+`deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, softmax over the selected logits
+(DeepSpeed renormalises for k >= 2), no token dropping (`drop_tokens=False`), deterministic top-2
+(`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss returned to the caller.
+
+Public interface (kept small and stable for the trainer; everything else here is private):
+
+* `ModelConfig` — frozen pydantic model: n_layer, d_model, n_head, vocab_size, context, n_expert (0 or 1 = dense),
+  topk, aux_loss_coef, router_init, router_type, init_std, ... ; `ModelConfig.from_size(size, **overrides)`;
+  `cfg.dense()` is the dense model of the same trunk.
+* `build_model(cfg, seed, device=None) -> UpscaleLM`. Same (cfg, seed) -> bit-identical weights; the global torch
+  RNG is left untouched. `device="meta"` builds without allocating (parameter counting of the Table 3 sizes).
+* `UpscaleLM.forward(tokens[B, T]) -> (logits[B, T, V], aux_loss)`: aux_loss is the sum over MoE layers of
+  DeepSpeed's l_aux (a zero tensor for a dense model); the trainer adds `cfg.aux_loss_coef * aux_loss`.
+  After a forward, `model.expert_counts` holds one `[n_expert]` tensor per MoE layer (token->expert assignments
+  before any dropping, every one of the k choices counted), for load metrics.
+* `UpscaleLM.n1() / n2() / n_total()`: non-embedding parameter counts (dense counterpart, active per token,
+  all), equal to `sweeps.sizes` for the paper's architecture (the router counted in n2, as Eq. 5).
+* `init_router(cfg, generator) -> {name: tensor}` fresh router weights (shared with the upcycling methods),
+  `seeded_generator(seed, *keys)` a torch.Generator for one (seed, purpose) pair.
+
+State-dict names (what the upcycling adapter in workers/upcycling/adapter.py reads and writes):
+`tok_emb.weight`, `blocks.{l}.attn_norm.weight`, `blocks.{l}.attn.{wq,wk,wv,wo}.weight`,
+`blocks.{l}.ffn_norm.weight`, dense `blocks.{l}.ffn.{w_gate,w_up,w_down}.weight`, MoE
+`blocks.{l}.ffn.moe.deepspeed_moe.gate.wg.<router params>` and
+`blocks.{l}.ffn.moe.deepspeed_moe.experts.deepspeed_experts.{e}.{w_gate,w_up,w_down}.weight`, an optional
+always-on shared expert `blocks.{l}.ffn.shared.{w_gate,w_up,w_down}.weight`, `norm.weight`, `lm_head.weight`.
+
+Routers (`router_type`): "linear" (DeepSpeed's `wg`, n_expert x d_model, the paper's router); "mixture" (Router
+Upcycling's mixture of m routers: queries `wg.queries[m, d', d]`, expert keys `wg.keys[n, m, d']`,
+score_i(x) = sum_j (W^j x)·K_i^j / sqrt(d'), summed with no non-linearity as the paper's Eq. 8, so at any weights it
+is the linear router with W_eff[i] = sum_j K_i^j W^j / sqrt(d'); the parameterisation, not the function class,
+differs); "mlp" (LLaMA-MoE's gate network Linear(d, n) -> tanh -> Linear(n, n)). DeepSpeed's `TopKGate` computes
+`linear(x, wg.weight)` inline, so the gate is replaced by `_RouterGate`, a subclass whose logits come from the
+router module; the gating functions (top-1/top-2/top-k, capacity, aux loss) are DeepSpeed's own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from sweeps import sizes
+from workers.errors import WorkerError, validated
+
+RouterInit = Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"]
+RouterType = Literal["linear", "mixture", "mlp"]
+
+# Table 5 of the upcycling-scaling-laws paper: std of the normal init per model size. CPU sizes use 0.02.
+_PAPER_INIT_STD = {"15M": 0.035, "44M": 0.029, "0.1B": 0.025, "0.2B": 0.022, "0.5B": 0.019, "1B": 0.016}
+
+
+class ModelConfig(BaseModel):
+    """Shape and routing of one model. Frozen: it is part of a checkpoint's identity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_layer: int = Field(ge=1, description="decoder blocks")
+    d_model: int = Field(ge=1, description="residual width")
+    n_head: int = Field(ge=1, description="attention heads (no GQA, as the paper)")
+    vocab_size: int = Field(default=4096, ge=2, description="tokenizer vocabulary size")
+    context: int = Field(default=1024, ge=1, description="maximum sequence length (RoPE table size)")
+    ffn_mult: int = Field(default=4, ge=1, description="dense FFN width d_ff = ffn_mult * d_model (paper: 4)")
+    n_expert: int = Field(default=0, ge=0, description="experts per MoE layer; 0 or 1 = dense FFN")
+    topk: int = Field(default=2, ge=1, description="experts per token (token choice)")
+    expert_d_ff: int | None = Field(
+        default=None, ge=1, description="intermediate size of one expert; None = d_ff (copy-based upcycling)"
+    )
+    shared_d_ff: int = Field(
+        default=0, ge=0, description="intermediate size of an always-on shared expert beside the MoE (0 = none)"
+    )
+    aux_loss_coef: float = Field(default=1e-3, ge=0, description="load-balancing loss coefficient (paper: 1e-3)")
+    router_init: RouterInit = Field(
+        default="normal_2_5d",
+        description="router init: N(0, 2/(5 d_model)) (paper A.6), N(0, 0.02^2), zero-mean uniform with std 0.02 "
+        "(Drop-Upcycling's torch_rand_002), or torch's kaiming-uniform (DeepSpeed's untouched default)",
+    )
+    router_type: RouterType = Field(default="linear", description="linear | mixture (Router Upcycling) | mlp")
+    n_routers: int = Field(default=0, ge=0, description="routers of a 'mixture' router; 0 = n_expert (paper's m=n)")
+    init_std: float = Field(default=0.02, gt=0, description="std of the normal init of every weight matrix")
+    rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base")
+    ep_size: int = Field(default=1, ge=1, description="expert-parallel group size (1 = all experts local)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.d_model % self.n_head:
+            raise WorkerError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        if (self.d_model // self.n_head) % 2:
+            raise WorkerError(f"head size d_model/n_head={self.d_model // self.n_head} must be even for RoPE")
+        if self.is_moe:
+            if self.topk > self.n_expert:
+                raise WorkerError(f"topk={self.topk} exceeds n_expert={self.n_expert}; valid: 1..{self.n_expert}")
+            if self.n_expert % self.ep_size:
+                raise WorkerError(f"n_expert={self.n_expert} is not divisible by ep_size={self.ep_size}")
+            if self.router_type == "mixture":
+                m = self.routers
+                if self.d_model % m or (self.n_head % m and m % self.n_head):
+                    raise WorkerError(
+                        f"n_routers={m} must divide d_model={self.d_model} and divide or be a multiple of "
+                        f"n_head={self.n_head}"
+                    )
+        return self
+
+    @classmethod
+    def from_size(cls, size: str, **overrides: object) -> ModelConfig:
+        """A named size from sweeps/sizes.py (paper Table 3 sizes get Table 5's init std)."""
+        try:
+            shape = sizes.shape_of(size)
+        except ValueError as e:
+            raise WorkerError(str(e)) from None
+        base: dict[str, object] = {
+            "n_layer": shape.n_layer,
+            "d_model": shape.d_model,
+            "n_head": shape.n_head,
+            "ffn_mult": shape.ffn_mult,
+            "init_std": _PAPER_INIT_STD.get(size, 0.02),
+        }
+        return validated(cls, **{**base, **overrides})
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 1
+
+    @property
+    def d_ff(self) -> int:
+        return self.ffn_mult * self.d_model
+
+    @property
+    def d_expert(self) -> int:
+        return self.expert_d_ff if self.expert_d_ff is not None else self.d_ff
+
+    @property
+    def routers(self) -> int:
+        return self.n_routers or self.n_expert
+
+    @property
+    def shape(self) -> sizes.Shape:
+        return sizes.Shape(n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head, ffn_mult=self.ffn_mult)
+
+    def dense(self) -> ModelConfig:
+        """The dense model with this trunk (what an upcycling method starts from)."""
+        return self.model_copy(
+            update={"n_expert": 0, "expert_d_ff": None, "shared_d_ff": 0, "router_type": "linear", "n_routers": 0}
+        )
+
+
+def seeded_generator(seed: int, *keys: int) -> torch.Generator:
+    """A CPU generator for (seed, *keys): independent streams per layer/expert/purpose, order-free."""
+    state = np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in fp32 (Llama's reference does the same) so bf16 training keeps the statistics exact
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class SwiGLU(nn.Module):
+    """FFN(x) = W_down (silu(W_gate x) * W_up x); also the expert module DeepSpeed deep-copies."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(d_model, d_ff, bias=False)
+        self.w_up = nn.Linear(d_model, d_ff, bias=False)
+        self.w_down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+def _rope_tables(context: int, d_head: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    ang = torch.outer(torch.arange(context, dtype=torch.float64), inv)
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().float(), ang.sin().float()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Llama's rotate-half convention: pairs (i, i + d_head/2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.n_head = cfg.n_head
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, d, bias=False)
+        self.wv = nn.Linear(d, d, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (w(x).view(b, t, self.n_head, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MixtureRouter(nn.Module):
+    """Router Upcycling's m routers with per-expert keys, summed (Ran et al. Eq. 6-9)."""
+
+    def __init__(self, d_model: int, n_expert: int, n_routers: int) -> None:
+        super().__init__()
+        d_sub = d_model // n_routers
+        self.queries = nn.Parameter(torch.empty(n_routers, d_sub, d_model))
+        self.keys = nn.Parameter(torch.empty(n_expert, n_routers, d_sub))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """W_eff[i] = sum_j K_i^j W^j / sqrt(d'); computing logits through it is exact and costs n·d per token."""
+        d_sub = self.queries.shape[1]
+        return torch.einsum("imk,mkd->id", self.keys, self.queries) / math.sqrt(d_sub)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.float())
+
+
+class MLPRouter(nn.Module):
+    """LLaMA-MoE's gate network (`gate_network="mlp"`): Linear(d, n) -> tanh -> Linear(n, n), no biases."""
+
+    def __init__(self, d_model: int, n_expert: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, n_expert, bias=False)
+        self.out = nn.Linear(n_expert, n_expert, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(torch.tanh(F.linear(x, self.proj.weight.float())), self.out.weight.float())
+
+
+class LinearRouter(nn.Module):
+    """DeepSpeed's router (`wg.weight`, n x d) with the logits computed the way TopKGate does (fp32)."""
+
+    def __init__(self, d_model: int, n_expert: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_expert, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.float())
+
+
+def _make_router(cfg: ModelConfig) -> nn.Module:
+    if cfg.router_type == "mixture":
+        return MixtureRouter(cfg.d_model, cfg.n_expert, cfg.routers)
+    if cfg.router_type == "mlp":
+        return MLPRouter(cfg.d_model, cfg.n_expert)
+    return LinearRouter(cfg.d_model, cfg.n_expert)
+
+
+def _router_gate_class() -> type:
+    """`TopKGate` with pluggable logits; built lazily so that importing this module does not import DeepSpeed."""
+    from deepspeed.moe.sharded_moe import TopKGate, top1gating, top2gating, topkgating
+
+    class _RouterGate(TopKGate):
+        # Same dispatch as TopKGate.forward in deepspeed 0.19.8, minus timers and Jitter (never enabled here);
+        # only the logits come from `self.wg`, which may be any router module.
+        def forward(self, input, used_token=None, sparse_routes=False, use_tutel=False):  # type: ignore[override]
+            logits = self.wg(input.float())
+            cf = self.capacity_factor if self.training else self.eval_capacity_factor
+            if self.k == 1:
+                return top1gating(logits, cf, self.min_capacity, used_token,
+                                  self.noisy_gate_policy if self.training else None, self.drop_tokens,
+                                  self.use_rts, self.ep_group, sparse_routes, use_tutel)
+            if self.k == 2:
+                return top2gating(logits, cf, self.min_capacity, self.drop_tokens, self.ep_group,
+                                  self.top2_2nd_expert_sampling, sparse_routes)
+            return topkgating(logits, self.k, cf, self.min_capacity, self.drop_tokens, self.ep_group,
+                              sparse_routes=sparse_routes)
+
+    return _RouterGate
+
+
+class MoEFFN(nn.Module):
+    """DeepSpeed MoE of SwiGLU experts (+ optional always-on shared expert); returns (y, l_aux, counts)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        self.moe = MoE(
+            hidden_size=cfg.d_model,
+            expert=SwiGLU(cfg.d_model, cfg.d_expert),
+            num_experts=cfg.n_expert,
+            ep_size=cfg.ep_size,
+            k=cfg.topk,
+            capacity_factor=1.0,
+            eval_capacity_factor=1.0,
+            min_capacity=0,  # top-1 asserts #tokens >= min_capacity even without dropping; nothing is dropped
+            drop_tokens=False,
+            use_rts=False,
+            noisy_gate_policy=None,
+            top2_2nd_expert_sampling=False,
+        )
+        old = self.moe.deepspeed_moe.gate
+        gate = _router_gate_class()(
+            cfg.d_model, cfg.n_expert, k=cfg.topk, min_capacity=0, drop_tokens=False, use_rts=False,
+            top2_2nd_expert_sampling=False,
+        )
+        gate.wg = _make_router(cfg)
+        assert old.ep_group is None  # the engine sets process groups later, on the gate now in place
+        self.moe.deepspeed_moe.gate = gate
+        self.shared = SwiGLU(cfg.d_model, cfg.shared_d_ff) if cfg.shared_d_ff else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y, l_aux, counts = self.moe(x)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        return y, l_aux, counts
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model)
+        self.ffn: nn.Module = MoEFFN(cfg) if cfg.is_moe else SwiGLU(cfg.d_model, cfg.d_ff)
+
+
+class UpscaleLM(nn.Module):
+    """Decoder LM; see the module docstring for the interface."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = _rope_tables(cfg.context, cfg.d_model // cfg.n_head, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.expert_counts: list[torch.Tensor] = []
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = tokens.shape[1]
+        if t > self.cfg.context:
+            raise WorkerError(f"sequence length {t} exceeds the model context {self.cfg.context}")
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        x = self.tok_emb(tokens)
+        aux = torch.zeros((), device=x.device)
+        counts: list[torch.Tensor] = []
+        for block in self.blocks:
+            x = x + block.attn(block.attn_norm(x), cos, sin)
+            h = block.ffn_norm(x)
+            if isinstance(block.ffn, MoEFFN):
+                y, l_aux, c = block.ffn(h)
+                aux = aux + l_aux
+                counts.append(c)
+            else:
+                y = block.ffn(h)
+            x = x + y
+        self.expert_counts = counts
+        return self.lm_head(self.norm(x)), aux
+
+    # -- parameter counts (non-embedding: tok_emb and lm_head excluded, as the paper's N) --------------------
+
+    def n_total(self) -> int:
+        """All non-embedding parameters (every expert and router)."""
+        emb = self.tok_emb.weight.numel() + self.lm_head.weight.numel()
+        return sum(p.numel() for p in self.parameters()) - emb
+
+    def n2(self) -> int:
+        """Active parameters per token: all but the (n_expert - topk) unselected experts of each MoE layer."""
+        if not self.cfg.is_moe:
+            return self.n_total()
+        idle = (self.cfg.n_expert - self.cfg.topk) * 3 * self.cfg.d_model * self.cfg.d_expert
+        return self.n_total() - self.cfg.n_layer * idle
+
+    def n1(self) -> int:
+        """Parameters of the dense model with this trunk (N1 of the paper)."""
+        return sizes.dense_params(self.cfg.shape)
+
+
+def init_router(cfg: ModelConfig, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Fresh router weights for one MoE layer, keyed by their name under `gate.wg`."""
+    n, d = cfg.n_expert, cfg.d_model
+
+    def draw(rows: int, cols: int) -> torch.Tensor:
+        if cfg.router_init == "normal_2_5d":
+            return torch.randn(rows, cols, generator=gen) * math.sqrt(2.0 / (5.0 * cols))
+        if cfg.router_init == "normal_0.02":
+            return torch.randn(rows, cols, generator=gen) * 0.02
+        if cfg.router_init == "uniform_0.02":
+            # Drop-Upcycling's torch_rand_002: (U[0,1) - sample mean) * 0.02 * sqrt(12)
+            u = torch.rand(rows, cols, generator=gen)
+            return (u - u.mean()) * 0.02 * math.sqrt(12.0)
+        bound = 1.0 / math.sqrt(cols)  # nn.Linear's kaiming_uniform(a=sqrt(5)) bound
+        return (torch.rand(rows, cols, generator=gen) * 2 - 1) * bound
+
+    if cfg.router_type == "linear":
+        return {"weight": draw(n, d)}
+    if cfg.router_type == "mlp":
+        return {"proj.weight": draw(n, d), "out.weight": draw(n, n)}
+    # A random mixture router: queries like attention projections, keys at the router init scale.
+    m = cfg.routers
+    q = torch.randn(m, d // m, d, generator=gen) * cfg.init_std
+    return {"queries": q, "keys": draw(n * m, d // m).view(n, m, d // m)}
+
+
+def build_model(cfg: ModelConfig, seed: int, device: str | torch.device | None = None) -> UpscaleLM:
+    """A freshly initialised model: N(0, init_std) weights, Megatron's std/sqrt(2L) on the residual outputs
+    (wo, w_down; the paper trains with Megatron), RMSNorm weights 1, routers per `cfg.router_init`."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    with torch.device(device):
+        model = UpscaleLM(cfg)
+    if device.type == "meta":
+        return model
+    out_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+    with torch.no_grad():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            if ".gate.wg." in name or name.endswith("norm.weight"):
+                continue
+            std = out_std if name.endswith(("wo.weight", "w_down.weight")) else cfg.init_std
+            p.copy_(torch.randn(p.shape, generator=seeded_generator(seed, 0, i)) * std)
+        for layer, block in enumerate(model.blocks):
+            if isinstance(block.ffn, MoEFFN):
+                wg = block.ffn.moe.deepspeed_moe.gate.wg
+                fresh = init_router(cfg, seeded_generator(seed, 1, layer))
+                for name, p in wg.named_parameters():
+                    p.copy_(fresh[name])  # in place: DeepSpeed's kaiming init is overwritten, attributes kept
+    return model

@@ -1,0 +1,1 @@
+"""Dense -> MoE construction methods, one module each, one registry."""

@@ -1,0 +1,96 @@
+"""Checkpoint-key adapter: dense FFN tensors out of a dense state dict, MoE tensors into an MoE state dict.
+
+The methods do pure tensor math on one layer's (W_gate, W_up, W_down); only this module knows the state-dict
+names of `workers.model` (torchtitan's state_dict_adapter split), so a renamed module touches one file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from workers.errors import WorkerError
+from workers.model import ModelConfig, build_model, init_router, seeded_generator
+
+FFN = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (W_gate [f, d], W_up [f, d], W_down [d, f])
+
+_MATRICES = ("w_gate", "w_up", "w_down")
+_MOE = "blocks.{l}.ffn.moe.deepspeed_moe"
+
+
+@dataclass
+class LayerMoE:
+    """One MoE layer as tensors: experts, router parameters (names under `gate.wg`), optional shared expert."""
+
+    experts: list[FFN]
+    router: dict[str, torch.Tensor]
+    shared: FFN | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def check_dense(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """The state dict must be exactly the dense model of `cfg`'s trunk: every key, every shape."""
+    expected = {k: tuple(v.shape) for k, v in build_model(cfg.dense(), 0, device="meta").state_dict().items()}
+    missing = sorted(set(expected) - set(dense_sd))
+    extra = sorted(set(dense_sd) - set(expected))
+    if missing or extra:
+        raise WorkerError(
+            f"checkpoint is not a dense model of shape n_layer={cfg.n_layer} d_model={cfg.d_model}: "
+            f"missing keys {missing[:3]}, unexpected keys {extra[:3]}"
+        )
+    for k, shape in expected.items():
+        if tuple(dense_sd[k].shape) != shape:
+            raise WorkerError(f"checkpoint tensor {k} has shape {tuple(dense_sd[k].shape)}; expected {shape}")
+
+
+def dense_ffn(dense_sd: dict[str, torch.Tensor], layer: int) -> FFN:
+    """Layer `layer`'s FFN in fp32 (statistics and slicing are done in fp32 whatever the checkpoint dtype)."""
+    g, u, d = (dense_sd[f"blocks.{layer}.ffn.{m}.weight"].float() for m in _MATRICES)
+    return g, u, d
+
+
+def attention(dense_sd: dict[str, torch.Tensor], layer: int, name: str) -> torch.Tensor:
+    """One attention projection (`wq`, `wk`, `wv`, `wo`) of layer `layer`."""
+    return dense_sd[f"blocks.{layer}.attn.{name}.weight"].float()
+
+
+def fresh_router(cfg: ModelConfig, seed: int, layer: int) -> dict[str, torch.Tensor]:
+    """The router `build_model(cfg, seed)` would draw for this layer (so scratch and upcycled runs share it)."""
+    return init_router(cfg, seeded_generator(seed, 1, layer))
+
+
+def assemble(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, layers: list[LayerMoE]) -> dict[str, torch.Tensor]:
+    """MoE state dict: every non-FFN tensor copied from the dense one, FFNs replaced by `layers`."""
+    if len(layers) != cfg.n_layer:
+        raise WorkerError(f"got {len(layers)} MoE layers for a model of n_layer={cfg.n_layer}")
+    dtype = dense_sd["tok_emb.weight"].dtype
+    out = {k: v.clone() for k, v in dense_sd.items() if ".ffn." not in k}
+    for l, lay in enumerate(layers):
+        if len(lay.experts) != cfg.n_expert:
+            raise WorkerError(f"layer {l}: {len(lay.experts)} experts built, config wants {cfg.n_expert}")
+        base = _MOE.format(l=l)
+        for name, t in lay.router.items():
+            out[f"{base}.gate.wg.{name}"] = t.to(dtype)
+        for e, ffn in enumerate(lay.experts):
+            for m, t in zip(_MATRICES, ffn, strict=True):
+                out[f"{base}.experts.deepspeed_experts.{e}.{m}.weight"] = t.to(dtype).contiguous()
+        if lay.shared is not None:
+            for m, t in zip(_MATRICES, lay.shared, strict=True):
+                out[f"blocks.{l}.ffn.shared.{m}.weight"] = t.to(dtype).contiguous()
+    return out
+
+
+def experts_of(moe_sd: dict[str, torch.Tensor], cfg: ModelConfig, layer: int) -> list[FFN]:
+    """The experts of one MoE layer (fp32), the inverse of `assemble` for reports and tests."""
+    base = _MOE.format(l=layer)
+    return [
+        tuple(moe_sd[f"{base}.experts.deepspeed_experts.{e}.{m}.weight"].float() for m in _MATRICES)  # type: ignore[misc]
+        for e in range(cfg.n_expert)
+    ]
+
+
+def router_of(moe_sd: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    """Router parameters of one MoE layer, keyed by their name under `gate.wg`."""
+    prefix = _MOE.format(l=layer) + ".gate.wg."
+    return {k[len(prefix):]: v for k, v in moe_sd.items() if k.startswith(prefix)}

@@ -1,0 +1,44 @@
+"""Naive (vanilla) sparse upcycling, Komatsuzaki et al.: every expert is an exact copy of the dense FFN.
+
+Everything but the FFNs is copied; each layer gets a fresh router drawn exactly as `build_model` draws it
+(cfg.router_init, default N(0, 2/(5 d_model)), the upcycling-scaling-laws paper's A.6). With DeepSpeed's
+renormalised top-k (k >= 2) and no token dropping the MoE computes the dense function exactly (METHODS.md
+Identity B); DeepSpeed's top-1 does not renormalise, so k = 1 scales every FFN output by p_max.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.errors import WorkerError
+from workers.model import ModelConfig
+from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
+from workers.upcycling.spec import UpcycleSpec
+
+
+def copies(ffn: FFN, n_expert: int) -> list[FFN]:
+    """n independent copies (clones, so later in-place edits of one expert never touch another)."""
+    return [tuple(t.clone() for t in ffn) for _ in range(n_expert)]  # type: ignore[misc]
+
+
+def check_copy_shape(cfg: ModelConfig) -> None:
+    """Copy-based methods need experts as wide as the dense FFN and a plain routed MoE."""
+    if cfg.d_expert != cfg.d_ff or cfg.shared_d_ff:
+        raise WorkerError(
+            f"copy-based upcycling needs expert_d_ff = d_ff = {cfg.d_ff} and no shared expert; "
+            f"got expert_d_ff={cfg.d_expert}, shared_d_ff={cfg.shared_d_ff}"
+        )
+
+
+def upcycle(
+    dense_sd: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    spec: UpcycleSpec,
+    seed: int,
+    calibration_tokens: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    check_copy_shape(cfg)
+    layers = [
+        LayerMoE(copies(dense_ffn(dense_sd, l), cfg.n_expert), fresh_router(cfg, seed, l)) for l in range(cfg.n_layer)
+    ]
+    return assemble(dense_sd, cfg, layers)

@@ -1,0 +1,23 @@
+"""From scratch: a randomly initialised MoE of the same shape, the baseline every upcycling method is compared to.
+
+The dense checkpoint is ignored on purpose (only its shape matters, checked by the registry); the weights are
+exactly `build_model(cfg, seed)`, so a scratch run and a training job that builds its own model agree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.model import ModelConfig, build_model
+from workers.upcycling.spec import UpcycleSpec
+
+
+def upcycle(
+    dense_sd: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    spec: UpcycleSpec,
+    seed: int,
+    calibration_tokens: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    dtype = dense_sd["tok_emb.weight"].dtype
+    return {k: v.to(dtype) for k, v in build_model(cfg, seed).state_dict().items()}
