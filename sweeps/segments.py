@@ -109,15 +109,39 @@ class ScheduleSpec(Frozen):
                                      "of the peak.")
 
 
-class UpcycleSpec(Frozen):
-    """How a dense model becomes an MoE (METHODS.md)."""
+Method = Literal["naive", "drop", "noise", "llama-moe", "router-upcycling", "granular", "scratch"]
+Split = Literal["independent-random", "independent-clustering", "sharing-inner", "sharing-inter"]
 
-    method: str = Field(description="naive, drop, noise, llama-moe, router-upcycling, granular or scratch.")
-    r: float | None = Field(None, ge=0, le=1, description="Re-initialisation ratio for methods that take one.")
-    seed: int = Field(0, description="Seed of the method's random draws.")
-    options: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="Method-specific options (e.g. index_mode, variant, split)."
+
+class UpcycleSpec(Frozen):
+    """How a dense model becomes an MoE (METHODS.md): one method and its options, the papers' defaults.
+
+    Fields a method does not use are ignored by it (and still recorded in lineage).
+    """
+
+    method: Method = Field(description="construction method (METHODS.md)")
+    seed: int = Field(default=0, description="seed of the method's random draws (fresh router, re-initialised neurons)")
+    r: float = Field(default=0.5, ge=0.0, le=1.0, description="drop: fraction of FFN neurons re-initialised")
+    index_mode: Literal["shared", "per_matrix"] = Field(
+        default="shared",
+        description="drop: one index set for W_gate/W_up/W_down (paper) or one per matrix (official code)",
     )
+    noise_variant: Literal["replace_elementwise", "add_neuronwise"] = Field(
+        default="replace_elementwise",
+        description="noise: OLMoE's element-wise replacement, or Drop-Upcycling's baseline adding to neurons",
+    )
+    noise_ratio: float = Field(default=0.5, ge=0.0, le=1.0, description="noise: fraction of entries/neurons hit")
+    noise_std: float = Field(default=0.02, ge=0.0, description="noise: std of the noise")
+    split: Split = Field(default="independent-random", description="llama-moe: how the FFN neurons are split")
+    llama_gate: Literal["mlp", "linear"] = Field(
+        default="mlp", description="llama-moe: router network (LLaMA-MoE's default is the tanh MLP gate)"
+    )
+    score_scale: float | None = Field(
+        default=None, gt=0.0, description="llama-moe: expert output scale folded into W_down; None = n_expert/topk"
+    )
+    n_residual: int = Field(default=1, ge=1, description="llama-moe sharing-inter: always-on residual experts")
+    granularity: int = Field(default=2, ge=1, description="granular: G = dense d_ff / expert d_ff")
+    n_routers: int = Field(default=0, ge=0, description="router-upcycling: routers m; 0 = n_expert (paper's best)")
 
 
 class LrSearchSpec(Frozen):

@@ -16,10 +16,10 @@ import math
 
 import torch
 
+from sweeps.segments import UpcycleSpec
 from workers.model import ModelConfig, seeded_generator
 from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
 from workers.upcycling.naive import check_copy_shape
-from workers.upcycling.spec import UpcycleSpec
 
 _DROP_STREAM = 2  # generator purpose key; routers use 1 (workers.model)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from sweeps.segments import UpcycleSpec
 from workers.model import ModelConfig, seeded_generator
 from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
 from workers.upcycling.drop import n_dropped
 from workers.upcycling.naive import check_copy_shape
-from workers.upcycling.spec import UpcycleSpec
 
 _NOISE_STREAM = 3
 

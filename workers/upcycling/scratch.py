@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from sweeps.segments import UpcycleSpec
 from workers.model import ModelConfig, build_model
-from workers.upcycling.spec import UpcycleSpec
 
 
 def upcycle(

@@ -1,0 +1,3 @@
+"""`upscale train-segment`: one training segment alone, without orchestrator or Ray."""
+
+from api.cli.app import app  # noqa: F401
