@@ -1,0 +1,63 @@
+"""Segment identity: content keys that change with every identity field and never with runtime placement."""
+
+import pytest
+from pydantic import ValidationError
+
+from sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentSpec, canonical_json
+
+
+def _trunk(**overrides: object) -> SegmentSpec:
+    fields: dict[str, object] = {
+        "kind": "dense_trunk",
+        "model": ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=16),
+        "data": DataSpec(),
+        "optim": OptimSpec(lr=3e-3, batch_size=4),
+        "schedule": ScheduleSpec(warmup_tokens=128),
+        "end_tokens": 640,
+        "save_at_tokens": (320, 576),
+    }
+    fields.update(overrides)
+    return SegmentSpec(**fields)
+
+
+def test_id_is_stable_and_content_addressed() -> None:
+    a, b = _trunk(), _trunk()
+    assert a.id == b.id and len(a.id) == 16
+    assert _trunk(seed=1).id != a.id
+    assert _trunk(optim=OptimSpec(lr=2e-3, batch_size=4)).id != a.id
+
+
+def test_integral_floats_hash_as_ints() -> None:
+    # 2.0e5 read from YAML and 200000 written in Python are the same budget.
+    assert canonical_json({"d": 2.0e5}) == canonical_json({"d": 200000})
+
+
+def test_round_trip_through_json_keeps_the_id() -> None:
+    a = _trunk()
+    assert SegmentSpec.model_validate_json(a.model_dump_json()).id == a.id
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"end_tokens": 650}, "end_tokens=650 is not a multiple of batch_size·context=64"),
+        ({"save_at_tokens": (576, 320)}, "save_at_tokens must be strictly increasing"),
+        ({"save_at_tokens": (704,)}, "must be multiples of 64 within"),
+        ({"decay_start_tokens": 320}, "trunks never decay"),
+    ],
+)
+def test_bad_token_bookkeeping_is_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        _trunk(**overrides)
+
+
+def test_decay_branch_needs_a_decay_start_inside_it() -> None:
+    with pytest.raises(ValidationError, match="decay_start_tokens=None must be a step multiple"):
+        _trunk(kind="dense_decay", save_at_tokens=())
+    ok = _trunk(kind="dense_decay", save_at_tokens=(), start_tokens=576, decay_start_tokens=576)
+    assert ok.tokens_per_step == 64
+
+
+def test_topk_above_experts_is_refused() -> None:
+    with pytest.raises(ValidationError, match="topk=3 must be between 1 and n_expert=2"):
+        ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=16, n_expert=2, topk=3)
