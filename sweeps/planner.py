@@ -1,0 +1,250 @@
+"""The planner: compile a validated sweep into the smallest DAG of segments that reuses WSD checkpoints.
+
+Per dense size N1 (DESIGN.md, "Segments"):
+
+    dense_trunk ──► dense_decay(D1) ──► upcycle(E, k, method, r) ──► moe_trunk ──► moe_decay(D2)
+    scratch_trunk(E, k) ──► scratch_decay(D)
+    lr_search(dense | E×k)  ──► the trunks of that model, when the spec asks for an LR search
+
+A trunk trains warmup + constant LR up to its last branch point, saving a checkpoint at every decay start; each decay
+branch resumes there and ends at exactly its budget. Segments are keyed by content id, so anything two grid points
+share (a trunk, an upcycle that ignores r) is planned once, and two overlapping sweeps produce the same ids.
+
+Costs: training FLOPs = `sizes.train_flops_per_token` (active params, attention, LM head) x tokens; an upcycle is a
+weight copy (0 FLOPs). `independent_flops` is the same grid trained the usual way, every point from scratch on its
+own schedule: D1 dense tokens per dense point, D1 dense + D2 MoE tokens per upcycled point, D per scratch point
+(LR searches cost the same either way and are in both).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from sweeps.segments import (
+    LrSearchSpec,
+    ModelSpec,
+    OptimSpec,
+    ScheduleSpec,
+    SegmentKind,
+    SegmentSpec,
+    UpcycleSpec,
+)
+from sweeps.sizes import dense_params, moe_active_params, moe_total_params, train_flops_per_token
+from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, resolve
+
+AxisValue = str | int | float | None
+MOE_KINDS = frozenset({"upcycle", "moe_trunk", "moe_decay", "scratch_trunk", "scratch_decay"})
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The axes of one observation a decay segment produces (its loss is filled in once it has run)."""
+
+    kind: str  # "dense" | "upcycled" | "scratch"
+    N1: int  # exact non-embedding params of the dense model (of the same shape, for scratch)
+    D1: int | None = None  # dense tokens (dense: = D)
+    D2: int | None = None  # upcycled-MoE tokens
+    D: int | None = None  # tokens of a from-scratch run (dense or MoE)
+    n_expert: int | None = None
+    topk: int | None = None
+    method: str | None = None
+    r: float | None = None  # set only for methods that take r
+    N2: int | None = None  # active non-embedding params of the MoE
+    N_total: int | None = None  # all non-embedding params of the MoE
+
+
+@dataclass(frozen=True)
+class PlannedSegment:
+    """One node of the plan: the hashed spec and what the orchestrator needs around it."""
+
+    spec: SegmentSpec
+    id: str
+    flops: float
+    tokens: int
+    observation: Observation | None
+    trunk: str  # the trunk an observation comes from (itself for trunks; "" for lr_search)
+    axes: dict[str, AxisValue] = field(hash=False)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sweep compiled to segments in topological order (parents first)."""
+
+    name: str
+    segments: tuple[PlannedSegment, ...]
+    independent_flops: float
+    notes: tuple[str, ...] = ()  # how budgets were rounded to whole steps
+
+    @property
+    def total_flops(self) -> float:
+        return sum(s.flops for s in self.segments)
+
+    @property
+    def saving(self) -> float:
+        """Cost of the grid as independent runs / cost of this plan."""
+        return self.independent_flops / self.total_flops
+
+    def by_kind(self) -> dict[str, int]:
+        return dict(Counter(s.spec.kind for s in self.segments))
+
+    def observations(self) -> list[PlannedSegment]:
+        return [s for s in self.segments if s.observation is not None]
+
+
+class _Builder:
+    """Accumulates segments, deduplicated by id, in the order they are added (parents are always added first)."""
+
+    def __init__(self) -> None:
+        self.segments: dict[str, PlannedSegment] = {}
+
+    def add(self, spec: SegmentSpec, flops_per_token: int, trunk: str | None, axes: dict[str, AxisValue],
+            observation: Observation | None = None) -> str:
+        sid = spec.id
+        if sid not in self.segments:
+            tokens = spec.end_tokens - spec.start_tokens
+            if spec.kind == "lr_search":
+                tokens *= spec.lr_search.trials
+            self.segments[sid] = PlannedSegment(spec, sid, float(flops_per_token * tokens), tokens, observation,
+                                                sid if trunk is None else trunk, axes)
+        return sid
+
+
+def plan(spec: SweepSpec) -> Plan:
+    """Compile `spec` into its segment DAG, with FLOPs per segment and the independent-runs cost."""
+    resolution = resolve(spec)
+    b = _Builder()
+    independent = 0.0
+    for recipe in resolution.recipes:
+        independent += _plan_size(spec, recipe, b)
+    independent += sum(s.flops for s in b.segments.values() if s.spec.kind == "lr_search")
+    return Plan(spec.name, tuple(b.segments.values()), independent, resolution.notes)
+
+
+def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
+    """Add one dense size's segments; return the grid's independent-runs cost for this size."""
+    t, tps, shape = spec.train, rc.tokens_per_step, rc.shape
+    vocab = spec.model.vocab_size or (256 if spec.data.tokenizer == "bytes" else spec.data.bpe_vocab_size)
+    schedule = ScheduleSpec(warmup_tokens=rc.warmup_steps * tps, decay_fraction=t.decay.fraction,
+                            decay_shape=t.decay.shape, final_lr_fraction=t.decay.final_lr_fraction)
+    adamw = t.adamw.model_dump()
+    batch = tps // t.context
+
+    def optim(lr: float | None) -> OptimSpec:
+        return OptimSpec(lr=lr, batch_size=batch, **adamw)
+
+    def model(n_expert: int = 0, topk: int = 0) -> ModelSpec:
+        return ModelSpec(n_layer=shape.n_layer, d_model=shape.d_model, n_head=shape.n_head, vocab_size=vocab,
+                         context=t.context, n_expert=n_expert, topk=topk, aux_loss_coef=spec.moe.aux_loss_coef,
+                         init_std=rc.init_std)
+
+    common = {"data": spec.data, "seed": t.seed}
+    n1 = dense_params(shape)
+    base_axes: dict[str, AxisValue] = {"sweep": spec.name, "size": rc.label, "N1": n1, "n_expert": None,
+                                       "topk": None, "method": None, "r": None, "D1": None, "D2": None, "D": None}
+
+    def axes(kind: SegmentKind, **kv: AxisValue) -> dict[str, AxisValue]:
+        return {**base_axes, "kind": kind, **kv}
+
+    def lr_parent(m: ModelSpec, family: str, lr: float | None, f: int, **kv: AxisValue) -> tuple[float | None,
+                                                                                               tuple[str, ...]]:
+        """The peak LR of a trunk, or None and the lr_search segment that will fix it."""
+        if t.lr_search is None:
+            return lr, ()
+        search = LrSearchSpec(trials=t.lr_search.trials, low=t.lr_search.low, high=t.lr_search.high,
+                              tokens=round(t.lr_search.tokens / tps) * tps)
+        seg = SegmentSpec(kind="lr_search", model=m, optim=optim(None), schedule=schedule, lr_search=search,
+                          end_tokens=search.tokens, **common)
+        return None, (b.add(seg, f, "", axes("lr_search", family=family, **kv)),)
+
+    def trunk_and_decays(kind: str, m: ModelSpec, lr: float | None, parents: tuple[str, ...], budgets: Budgets,
+                         f: int, kv: dict[str, AxisValue], obs: Observation, budget_fields: tuple[str, ...]
+                         ) -> list[str]:
+        """A trunk to the last decay start, then one decay branch per budget (each observing `obs` with its budget
+        in `budget_fields`); returns the decay ids."""
+        trunk = SegmentSpec(kind=f"{kind}_trunk", model=m, optim=optim(lr), schedule=schedule,
+                            end_tokens=max(budgets.decay_start_steps) * tps,
+                            save_at_tokens=tuple(sorted({s * tps for s in budgets.decay_start_steps})),
+                            parent_ids=parents, **common)
+        trunk_id = b.add(trunk, f, None, axes(trunk.kind, **kv))
+        out = []
+        for steps, start in zip(budgets.steps, budgets.decay_start_steps, strict=True):
+            end = steps * tps
+            decay = SegmentSpec(kind=f"{kind}_decay", model=m, optim=optim(lr), schedule=schedule,
+                                start_tokens=start * tps, end_tokens=end, decay_start_tokens=start * tps,
+                                parent_ids=(trunk_id,), **common)
+            o = replace(obs, **dict.fromkeys(budget_fields, end))
+            out.append(b.add(decay, f, trunk_id, axes(decay.kind, **{**kv, "D1": o.D1, "D2": o.D2, "D": o.D}), o))
+        return out
+
+    # Dense: one trunk, one decay per D1; each decay is a dense observation and an upcycling start point.
+    dense = model()
+    f_dense = train_flops_per_token(shape, n1, t.context, vocab)
+    lr_dense, parents = lr_parent(dense, "dense", rc.lr.dense if rc.lr else None, f_dense)
+    d1_tokens = [s * tps for s in rc.d1.steps]
+    d2_tokens = [s * tps for s in rc.d2.steps]
+    dense_decays = trunk_and_decays("dense", dense, lr_dense, parents, rc.d1, f_dense, {}, Observation("dense", n1),
+                                    ("D1", "D"))
+    independent = f_dense * sum(d1_tokens)
+
+    for n_expert, topk in spec.moe.configs():
+        moe = model(n_expert, topk)
+        n2, n_total = moe_active_params(shape, n_expert, topk), moe_total_params(shape, n_expert)
+        f_moe = train_flops_per_token(shape, n2, t.context, vocab)
+        cfg = {"n_expert": n_expert, "topk": topk}
+        lr_moe, moe_lr_parents = lr_parent(moe, "moe", rc.lr.moe if rc.lr else None, f_moe, **cfg)
+        variants: list[UpcycleSpec] = spec.upcycling.variants()
+        for dense_id, d1 in zip(dense_decays, d1_tokens, strict=True):
+            for up in variants:
+                r = up.r if up.method in R_METHODS else None
+                kv = {**cfg, "method": up.method, "r": r, "D1": d1}
+                seg = SegmentSpec(kind="upcycle", model=moe, upcycle=up, parent_ids=(dense_id,), **common)
+                up_id = b.add(seg, 0, dense_id, axes("upcycle", **kv))
+                obs = Observation("upcycled", n1, D1=d1, n_expert=n_expert, topk=topk, method=up.method, r=r, N2=n2,
+                                  N_total=n_total)
+                trunk_and_decays("moe", moe, lr_moe, (up_id, *moe_lr_parents), rc.d2, f_moe, kv, obs, ("D2",))
+        independent += len(variants) * (len(d2_tokens) * f_dense * sum(d1_tokens)
+                                        + len(d1_tokens) * f_moe * sum(d2_tokens))
+        if rc.scratch is not None:
+            obs = Observation("scratch", n1, n_expert=n_expert, topk=topk, N2=n2, N_total=n_total)
+            trunk_and_decays("scratch", moe, lr_moe, moe_lr_parents, rc.scratch, f_moe, cfg, obs, ("D",))
+            independent += f_moe * sum(s * tps for s in rc.scratch.steps)
+    return independent
+
+
+# DESIGN.md "Facts measured on these machines": 2-core CPU fp32 peak ~200 GFLOP/s; a PyTorch training loop reaches
+# ~50% of it at d_model >= 128 and ~33% at d_model = 64; DeepSpeed-MoE runs at ~0.5x a dense model per active FLOP.
+CPU_PEAK_FLOPS_PER_S = 200e9
+MOE_EFFICIENCY = 0.5
+# Per-segment fixed cost on CPU: model build, checkpoint load/save (0.1-0.4 s each), task dispatch; a rounded guess.
+SEGMENT_OVERHEAD_S = 1.0
+
+
+def cpu_flops_per_s(m: ModelSpec) -> float:
+    """Training FLOP/s a 2-core CPU sustains on model `m` (DESIGN.md Facts)."""
+    rate = CPU_PEAK_FLOPS_PER_S * (0.5 if m.d_model >= 128 else 0.33)
+    return rate * (MOE_EFFICIENCY if m.is_moe else 1.0)
+
+
+def segment_seconds(p: Plan, tokens_per_s: float | None = None, flops_per_s: float | None = None) -> dict[str, float]:
+    """Estimated seconds per segment: tokens / tokens_per_s, or FLOPs / flops_per_s, or else the CPU facts above,
+    plus the per-segment overhead and, for decays, one forward pass over the held-out set (1/3 of training FLOPs)."""
+    out = {}
+    for s in p.segments:
+        m = s.spec.model
+        if s.spec.kind == "upcycle":
+            out[s.id] = SEGMENT_OVERHEAD_S
+            continue
+        per_token = s.flops / s.tokens
+        work = s.flops + (per_token / 3 * s.spec.data.eval_tokens if s.observation else 0.0)
+        rate = per_token * tokens_per_s if tokens_per_s else flops_per_s or cpu_flops_per_s(m)
+        out[s.id] = work / rate + SEGMENT_OVERHEAD_S
+    return out
+
+
+def critical_path_s(p: Plan, seconds: dict[str, float]) -> float:
+    """Longest chain of dependent segments, in seconds: the wall time with unlimited parallel workers."""
+    finish: dict[str, float] = {}
+    for s in p.segments:
+        finish[s.id] = seconds[s.id] + max((finish[q] for q in s.spec.parent_ids), default=0.0)
+    return max(finish.values(), default=0.0)

@@ -1,0 +1,460 @@
+"""The sweep spec: what a user writes (YAML or JSON), parsed once into frozen pydantic models and checked whole.
+
+A spec is a grid over (N1, D1, D2, n_expert, topK, method, r) plus the training recipe. Validation happens here, at
+the edge (STYLE.md item 3), and reports *every* problem at once as `(field path, message)` pairs in one `SpecError`:
+field-level problems come from pydantic, section-level ones from each section's validator, and cross-section ones
+(budgets vs warmup and batch) from `SweepSpec`'s validator, which runs once the sections themselves are valid.
+
+Token counts are trained in whole optimiser steps of `batch_size * context` tokens, so `resolve` turns every budget
+into steps: to the nearest step (half up) by default, recorded in `notes`, or refused with `train.round_tokens: exact`.
+The LR decay of a budget of S steps starts at step S - max(1, round(decay.fraction * S)).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, UpcycleSpec
+from sweeps.sizes import NAMED_SIZES, Shape
+
+# Methods whose identity varies with the `r` axis (METHODS.md: Drop-Upcycling's re-initialised fraction). Others
+# ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.
+R_METHODS = frozenset({"drop"})
+METHODS: tuple[str, ...] = get_args(Method)
+
+Problem = tuple[str, str]
+Budget = Annotated[float, Field(gt=0, description="Tokens (rounded to whole steps).")]
+
+
+class SpecError(ValueError):
+    """A sweep spec the user must fix: every problem, each with the field path it concerns."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        n = len(self.problems)
+        lines = [f"{path or '<spec>'}: {msg}" for path, msg in self.problems]
+        return f"invalid sweep spec ({n} problem{'s' * (n != 1)}):\n  " + "\n  ".join(lines)
+
+
+def _raise_if(problems: list[Problem]) -> None:
+    if problems:
+        raise SpecError(problems)
+
+
+def _budget_list_problems(name: str, values: Sequence[float]) -> list[Problem]:
+    if not values:
+        return [(name, "empty budget list; give at least one token budget")]
+    out = []
+    for i in range(1, len(values)):
+        if values[i] == values[i - 1]:
+            out.append((f"{name}[{i}]", f"duplicate budget {values[i]:g}"))
+        elif values[i] < values[i - 1]:
+            out.append((f"{name}[{i}]", f"budgets must be sorted ascending: {values[i]:g} after {values[i - 1]:g}"))
+    return out
+
+
+class ShapeEntry(Frozen):
+    """An explicit decoder shape, for sizes not in the named table."""
+
+    name: str | None = Field(None, description="Label used in tags and `per_size`; default L{n_layer}-d{d_model}.")
+    n_layer: int = Field(ge=1)
+    d_model: int = Field(ge=1)
+    n_head: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ShapeEntry:
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or f"L{self.n_layer}-d{self.d_model}-h{self.n_head}"
+
+
+class ModelSection(Frozen):
+    sizes: list[str | ShapeEntry] = Field(description=f"Dense sizes N1: named ({', '.join(NAMED_SIZES)}) or "
+                                          "explicit {n_layer, d_model, n_head}.")
+    vocab_size: int | None = Field(None, ge=2, description="None: 256 for bytes, data.bpe_vocab_size for bpe.")
+    init_std: float = Field(0.02, gt=0, description="Std of the normal weight init (per size in `per_size`).")
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes(cls, sizes: list[str | ShapeEntry]) -> list[str | ShapeEntry]:
+        problems: list[Problem] = []
+        if not sizes:
+            problems.append(("", "give at least one size"))
+        seen: set[str] = set()
+        for i, s in enumerate(sizes):
+            if isinstance(s, str) and s not in NAMED_SIZES:
+                problems.append((f"[{i}]", f"unknown size {s!r}; named sizes: {', '.join(NAMED_SIZES)}, or give "
+                                 "{n_layer, d_model, n_head}"))
+            label = s if isinstance(s, str) else s.label
+            if label in seen:
+                problems.append((f"[{i}]", f"size {label!r} listed twice"))
+            seen.add(label)
+        _raise_if(problems)
+        return sizes
+
+    def shapes(self) -> dict[str, Shape]:
+        """Size label -> shape, in the order given."""
+        return {s if isinstance(s, str) else s.label:
+                NAMED_SIZES[s] if isinstance(s, str) else Shape(s.n_layer, s.d_model, s.n_head) for s in self.sizes}
+
+
+class MoeSection(Frozen):
+    experts: list[int] = Field(description="n_expert values; every one is paired with every topk.")
+    topk: list[int] = Field(description="Experts each token is routed to.")
+    aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
+
+    @model_validator(mode="after")
+    def _check(self) -> MoeSection:
+        problems: list[Problem] = []
+        for name, values in (("experts", self.experts), ("topk", self.topk)):
+            if not values:
+                problems.append((name, "empty list"))
+            problems += [(f"{name}[{i}]", f"must be >= 1, got {v}") for i, v in enumerate(values) if v < 1]
+            problems += [(f"{name}[{i}]", f"duplicate value {v}") for i, v in enumerate(values) if v in values[:i]]
+        for j, k in enumerate(self.topk):
+            for i, e in enumerate(self.experts):
+                if k > e:
+                    problems.append((f"topk[{j}]", f"topk={k} exceeds experts={e} (experts[{i}]); every topk is "
+                                     "paired with every expert count"))
+        _raise_if(problems)
+        return self
+
+    def configs(self) -> list[tuple[int, int]]:
+        """(n_expert, topk) pairs of the grid."""
+        return [(e, k) for e in self.experts for k in self.topk]
+
+
+class UpcyclingSection(Frozen):
+    methods: list[Method] = Field(description=f"Upcycling methods (METHODS.md): {', '.join(METHODS)}.")
+    r: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        [0.5], description=f"Re-initialisation ratios; apply to {', '.join(sorted(R_METHODS))} only.")
+    seed: int = Field(0, description="Seed of each method's random draws (router, re-initialised neurons).")
+    options: dict[Method, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-method options, the fields of UpcycleSpec (e.g. drop: {index_mode}).")
+
+    @model_validator(mode="after")
+    def _check(self) -> UpcyclingSection:
+        problems: list[Problem] = []
+        if not self.methods:
+            problems.append(("methods", "give at least one method"))
+        problems += [(f"methods[{i}]", f"method {m!r} listed twice") for i, m in enumerate(self.methods)
+                     if m in self.methods[:i]]
+        if not self.r:
+            problems.append(("r", "empty list"))
+        problems += [(f"r[{i}]", f"r={v} listed twice") for i, v in enumerate(self.r) if v in self.r[:i]]
+        for method, opts in self.options.items():
+            if method not in self.methods:
+                problems.append((f"options.{method}", f"options for {method!r}, which is not in upcycling.methods"))
+            axes = ("method", "seed", "r")
+            problems += [(f"options.{method}.{key}", f"set {key} in upcycling.{key}s" if key == "method" else
+                          f"set {key} in upcycling.{key}, not per method") for key in axes if key in opts]
+            try:
+                UpcycleSpec(method=method, **{k: v for k, v in opts.items() if k not in axes})
+            except ValidationError as e:
+                problems += [(f"options.{method}.{_dotted(err['loc'])}", err["msg"]) for err in e.errors()]
+        _raise_if(problems)
+        return self
+
+    def variants(self) -> list[UpcycleSpec]:
+        """One UpcycleSpec per distinct (method, r): methods outside R_METHODS appear once, at their default r."""
+        out = []
+        for m in self.methods:
+            opts = self.options.get(m, {})
+            for r in self.r if m in R_METHODS else [None]:
+                extra = {"r": r} if r is not None else {}
+                out.append(UpcycleSpec(method=m, seed=self.seed, **opts, **extra))
+        return out
+
+
+class TokensSection(Frozen):
+    d1: list[Budget] = Field(description="Dense budgets D1; each is also a dense-law observation.")
+    d2: list[Budget] = Field(description="Upcycled-MoE budgets D2, trained after each D1.")
+    scratch: list[Budget] | None = Field(None, description="From-scratch MoE budgets; omit for none.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TokensSection:
+        problems = _budget_list_problems("d1", self.d1) + _budget_list_problems("d2", self.d2)
+        if self.scratch is not None:
+            problems += _budget_list_problems("scratch", self.scratch)
+        _raise_if(problems)
+        return self
+
+
+class TokensOverride(Frozen):
+    d1: list[Budget] | None = None
+    d2: list[Budget] | None = None
+    scratch: list[Budget] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> TokensOverride:
+        _raise_if([p for name in ("d1", "d2", "scratch") if getattr(self, name) is not None
+                   for p in _budget_list_problems(name, getattr(self, name))])
+        return self
+
+
+class LrSection(Frozen):
+    dense: float = Field(gt=0, description="Peak LR of dense training.")
+    moe: float = Field(gt=0, description="Peak LR of MoE training, upcycled or from scratch (paper A.6).")
+
+
+class DecaySection(Frozen):
+    fraction: float = Field(0.1, gt=0, le=1, description="Fraction of each budget spent decaying.")
+    shape: DecayShape = Field("linear", description="linear, cosine or 1-sqrt.")
+    final_lr_fraction: float = Field(0.1, ge=0, le=1, description="LR at the end of the decay / peak LR.")
+
+
+class AdamWSection(Frozen):
+    """AdamW settings; the defaults are the paper's Table 4."""
+
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+
+
+class TrainSection(Frozen):
+    context: int = Field(ge=1, description="Tokens per sequence.")
+    batch_size: int = Field(ge=1, description="Sequences per optimiser step.")
+    lr: LrSection | None = Field(None, description="Fixed peak LRs; or use lr_search.")
+    lr_search: LrSearchSpec | None = Field(None, description="Optuna search of the peak LR per model (family, size).")
+    warmup_tokens: float = Field(ge=0, description="Linear warmup (rounded to whole steps).")
+    decay: DecaySection = DecaySection()
+    adamw: AdamWSection = AdamWSection()
+    seed: int = Field(0, description="Seed of model init and training randomness.")
+    round_tokens: Literal["nearest", "exact"] = Field(
+        "nearest", description="Budgets not a multiple of batch_size*context: round to the nearest step, or refuse.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainSection:
+        problems: list[Problem] = []
+        if (self.lr is None) == (self.lr_search is None):
+            problems.append(("lr", "give exactly one of train.lr {dense, moe} and train.lr_search"))
+        if self.lr_search and self.lr_search.low >= self.lr_search.high:
+            problems.append(("lr_search.low", f"low={self.lr_search.low} must be below high={self.lr_search.high}"))
+        _raise_if(problems)
+        return self
+
+
+class SizeOverride(Frozen):
+    """Per-size recipe (the paper's Table 5 varies batch, warmup, init and LR with size)."""
+
+    batch_size: int | None = Field(None, ge=1)
+    warmup_tokens: float | None = Field(None, ge=0)
+    lr: LrSection | None = None
+    init_std: float | None = Field(None, gt=0)
+    tokens: TokensOverride | None = None
+
+
+class ResourcesSection(Frozen):
+    cpus: float = Field(1, gt=0, description="CPUs per worker process.")
+    gpus: float = Field(0, ge=0, description="GPUs per worker process.")
+    workers: int = Field(1, ge=1, description="Worker processes per segment (Ray Train when > 1).")
+
+
+class ClusterResources(Frozen):
+    """What a cluster offers (the orchestrator reads it from Ray); sweeps/ stays pure by taking it as an argument."""
+
+    cpus: float = Field(ge=0)
+    gpus: float = Field(0, ge=0)
+
+
+class SweepSpec(Frozen):
+    """A whole sweep: the grid and its training recipe."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Sweep name.")
+    description: str = ""
+    model: ModelSection
+    moe: MoeSection
+    upcycling: UpcyclingSection
+    tokens: TokensSection
+    train: TrainSection
+    data: DataSpec = DataSpec()
+    resources: ResourcesSection = ResourcesSection()
+    per_size: dict[str, SizeOverride] = Field(default_factory=dict, description="Overrides keyed by size label.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SweepSpec:
+        problems: list[Problem] = []
+        labels = list(self.model.shapes())
+        problems += [(f"per_size.{k}", f"not a size of this sweep ({', '.join(labels)})")
+                     for k in self.per_size if k not in labels]
+        if not problems:
+            problems += resolve(self).problems
+        _raise_if(problems)
+        return self
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Budgets of one kind for one size, in steps, with where the decay of each starts."""
+
+    steps: tuple[int, ...]
+    decay_start_steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SizeRecipe:
+    """Everything the planner needs for one dense size, in whole steps."""
+
+    label: str
+    shape: Shape
+    tokens_per_step: int
+    warmup_steps: int
+    lr: LrSection | None
+    init_std: float
+    d1: Budgets
+    d2: Budgets
+    scratch: Budgets | None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    recipes: tuple[SizeRecipe, ...]
+    problems: tuple[Problem, ...]
+    notes: tuple[str, ...]
+
+
+def round_steps(tokens: float, tokens_per_step: int) -> int:
+    """Whole steps nearest to `tokens` (half up)."""
+    return math.floor(tokens / tokens_per_step + 0.5)
+
+
+def decay_start_step(steps: int, fraction: float) -> int:
+    """Step where the decay of a budget of `steps` starts: the last round(fraction*steps) steps, at least one."""
+    return steps - max(1, math.floor(fraction * steps + 0.5))
+
+
+def resolve(spec: SweepSpec) -> Resolution:
+    """Per-size recipes in whole steps, with the rounding notes and the problems (budgets the steps cannot reach)."""
+    problems: list[Problem] = []
+    notes: list[str] = []
+    recipes = []
+    t = spec.train
+    for label, shape in spec.model.shapes().items():
+        o = spec.per_size.get(label, SizeOverride())
+        where = f"per_size.{label}." if label in spec.per_size else ""
+        tps = (o.batch_size or t.batch_size) * t.context
+        warmup_tokens = t.warmup_tokens if o.warmup_tokens is None else o.warmup_tokens
+        warmup_path = f"{where}warmup_tokens" if o.warmup_tokens is not None else "train.warmup_tokens"
+        warmup = _steps(warmup_tokens, tps, warmup_path, label, t.round_tokens, problems, notes, allow_zero=True)
+        budgets: dict[str, Budgets | None] = {}
+        for kind in ("d1", "d2", "scratch"):
+            given = getattr(o.tokens, kind, None) if o.tokens else None
+            path = f"per_size.{label}.tokens.{kind}" if given is not None else f"tokens.{kind}"
+            values = given if given is not None else getattr(spec.tokens, kind)
+            if values is None:
+                budgets[kind] = None
+                continue
+            steps = [_steps(v, tps, f"{path}[{i}]", label, t.round_tokens, problems, notes)
+                     for i, v in enumerate(values)]
+            starts = [decay_start_step(s, t.decay.fraction) for s in steps]
+            for i, (s, start) in enumerate(zip(steps, starts, strict=True)):
+                if i and s == steps[i - 1]:
+                    problems.append((f"{path}[{i}]", f"{label}: rounds to {s} steps of {tps} tokens, as {path}[{i - 1}]"
+                                     " does; space the budgets further apart"))
+                if s and start < max(warmup, 1):
+                    problems.append((f"{path}[{i}]", f"{label}: budget {values[i]:g} ({s} steps) decays from step "
+                                     f"{start}, before warmup ends at step {warmup}; raise it above "
+                                     f"{_min_budget(warmup, t.decay.fraction) * tps} tokens or shorten the warmup"))
+            budgets[kind] = Budgets(tuple(steps), tuple(starts))
+        if t.lr_search and round_steps(t.lr_search.tokens, tps) <= warmup:
+            problems.append(("train.lr_search.tokens", f"{label}: {t.lr_search.tokens} tokens per trial do not reach "
+                             f"past the warmup ({warmup} steps of {tps})"))
+        recipes.append(SizeRecipe(label, shape, tps, warmup, o.lr or t.lr, o.init_std or spec.model.init_std,
+                                  budgets["d1"], budgets["d2"], budgets["scratch"]))
+    return Resolution(tuple(recipes), tuple(problems), tuple(notes))
+
+
+def _min_budget(warmup: int, fraction: float) -> int:
+    s = max(warmup, 1) + 1
+    while decay_start_step(s, fraction) < max(warmup, 1):
+        s += 1
+    return s
+
+
+def _steps(tokens: float, tps: int, path: str, label: str, mode: str, problems: list[Problem], notes: list[str],
+           allow_zero: bool = False) -> int:
+    steps = round_steps(tokens, tps)
+    if steps * tps != tokens:
+        if mode == "exact":
+            lo, hi = math.floor(tokens / tps) * tps, math.ceil(tokens / tps) * tps
+            problems.append((path, f"{label}: {tokens:g} tokens is not a whole number of steps of {tps} "
+                             f"(batch_size*context); use {lo} or {hi}, or set train.round_tokens: nearest"))
+        elif steps or allow_zero:
+            notes.append(f"{path} ({label}): {tokens:g} -> {steps * tps} tokens ({steps} steps of {tps})")
+    if steps == 0 and not allow_zero:
+        problems.append((path, f"{label}: {tokens:g} tokens is less than one step of {tps} tokens"))
+    return steps
+
+
+def check_resources(spec: SweepSpec, available: ClusterResources) -> None:
+    """Refuse a sweep whose segments need more than the cluster has (raises SpecError)."""
+    r = spec.resources
+    problems = [(f"resources.{name}", f"a segment needs {need:g} {name} ({per:g} x {r.workers} workers); the "
+                 f"cluster has {have:g}")
+                for name, per, have in (("cpus", r.cpus, available.cpus), ("gpus", r.gpus, available.gpus))
+                if (need := per * r.workers) > have]
+    _raise_if(problems)
+
+
+def parse_spec(data: Any) -> SweepSpec:
+    """Validate a spec given as plain data (a dict from YAML/JSON or an API body); SpecError lists every problem."""
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as e:
+        problems: list[Problem] = []
+        for err in e.errors():
+            base = _dotted(err["loc"])
+            cause = err.get("ctx", {}).get("error")
+            if isinstance(cause, SpecError):
+                problems += [(_join(base, path), msg) for path, msg in cause.problems]
+            else:
+                msg = str(cause) if cause is not None else err["msg"]
+                problems.append((base, msg))
+        raise SpecError(problems) from None
+
+
+def load_spec(source: str | Path) -> SweepSpec:
+    """Read a spec from a .yaml/.yml/.json path or from YAML/JSON text (JSON is YAML)."""
+    text = source
+    if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml", ".json"))):
+        path = Path(source)
+        if not path.is_file():
+            raise SpecError([("", f"no such spec file: {path}")])
+        text = path.read_text()
+    try:
+        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise SpecError([("", f"not valid YAML/JSON: {e}")]) from None
+    if not isinstance(data, dict):
+        raise SpecError([("", "a sweep spec is a mapping with keys name, model, moe, upcycling, tokens, train")])
+    return parse_spec(data)
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _join(base: str, path: str) -> str:
+    if not path:
+        return base
+    return f"{base}{path}" if path.startswith("[") or not base else f"{base}.{path}"
