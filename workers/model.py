@@ -11,7 +11,7 @@ Public interface (kept small and stable for the trainer; everything else here is
 
 * `ModelConfig` — frozen pydantic model: n_layer, d_model, n_head, vocab_size, context, n_expert (0 or 1 = dense),
   topk, aux_loss_coef, router_init, router_type, init_std, ... ; `ModelConfig.from_size(size, **overrides)`;
-  `cfg.dense()` is the dense model of the same trunk.
+  `ModelConfig.from_spec(segment_model_spec)`; `cfg.dense()` is the dense model of the same trunk.
 * `build_model(cfg, seed, device=None) -> UpscaleLM`. Same (cfg, seed) -> bit-identical weights; the global torch
   RNG is left untouched. `device="meta"` builds without allocating (parameter counting of the Table 3 sizes).
 * `UpscaleLM.forward(tokens[B, T]) -> (logits[B, T, V], aux_loss)`: aux_loss is the sum over MoE layers of
@@ -19,7 +19,8 @@ Public interface (kept small and stable for the trainer; everything else here is
   After a forward, `model.expert_counts` holds one `[n_expert]` tensor per MoE layer (token->expert assignments
   before any dropping, every one of the k choices counted), for load metrics.
 * `UpscaleLM.n1() / n2() / n_total()`: non-embedding parameter counts (dense counterpart, active per token,
-  all), equal to `sweeps.sizes` for the paper's architecture (the router counted in n2, as Eq. 5).
+  all), equal to `sweeps.sizes` for the paper's architecture (the router counted in n2, as Eq. 5);
+  `flops_per_token()` the training FLOPs per token with attention.
 * `init_router(cfg, generator) -> {name: tensor}` fresh router weights (shared with the upcycling methods),
   `seeded_generator(seed, *keys)` a torch.Generator for one (seed, purpose) pair.
 
@@ -42,7 +43,7 @@ router module; the gating functions (top-1/top-2/top-k, capacity, aux loss) are 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -52,6 +53,9 @@ from torch import nn
 
 from sweeps import sizes
 from workers.errors import WorkerError, validated
+
+if TYPE_CHECKING:
+    from sweeps.segments import ModelSpec
 
 RouterInit = Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"]
 RouterType = Literal["linear", "mixture", "mlp"]
@@ -72,7 +76,7 @@ class ModelConfig(BaseModel):
     context: int = Field(default=1024, ge=1, description="maximum sequence length (RoPE table size)")
     ffn_mult: int = Field(default=4, ge=1, description="dense FFN width d_ff = ffn_mult * d_model (paper: 4)")
     n_expert: int = Field(default=0, ge=0, description="experts per MoE layer; 0 or 1 = dense FFN")
-    topk: int = Field(default=2, ge=1, description="experts per token (token choice)")
+    topk: int = Field(default=2, ge=0, description="experts per token (token choice); ignored by a dense model")
     expert_d_ff: int | None = Field(
         default=None, ge=1, description="intermediate size of one expert; None = d_ff (copy-based upcycling)"
     )
@@ -98,8 +102,9 @@ class ModelConfig(BaseModel):
         if (self.d_model // self.n_head) % 2:
             raise WorkerError(f"head size d_model/n_head={self.d_model // self.n_head} must be even for RoPE")
         if self.is_moe:
-            if self.topk > self.n_expert:
-                raise WorkerError(f"topk={self.topk} exceeds n_expert={self.n_expert}; valid: 1..{self.n_expert}")
+            if not 1 <= self.topk <= self.n_expert:
+                raise WorkerError(f"topk={self.topk} is not valid for n_expert={self.n_expert}; "
+                                  f"valid: 1..{self.n_expert}")
             if self.n_expert % self.ep_size:
                 raise WorkerError(f"n_expert={self.n_expert} is not divisible by ep_size={self.ep_size}")
             if self.router_type == "mixture":
@@ -127,6 +132,23 @@ class ModelConfig(BaseModel):
         }
         return validated(cls, **{**base, **overrides})
 
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> ModelConfig:
+        """The model of a segment's hashed architecture (n_expert=0, topk=0 = dense; d_ff = 4·d_model)."""
+        return validated(
+            cls,
+            n_layer=spec.n_layer,
+            d_model=spec.d_model,
+            n_head=spec.n_head,
+            vocab_size=spec.vocab_size,
+            context=spec.context,
+            n_expert=spec.n_expert,
+            topk=spec.topk,
+            aux_loss_coef=spec.aux_loss_coef,
+            router_init=spec.router_init,
+            init_std=spec.init_std,
+        )
+
     @property
     def is_moe(self) -> bool:
         return self.n_expert > 1
@@ -146,6 +168,10 @@ class ModelConfig(BaseModel):
     @property
     def shape(self) -> sizes.Shape:
         return sizes.Shape(n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head, ffn_mult=self.ffn_mult)
+
+    def updated(self, **changes: object) -> ModelConfig:
+        """A copy with `changes`, validated again (pydantic's model_copy does not validate)."""
+        return validated(ModelConfig, **{**self.model_dump(), **changes})
 
     def dense(self) -> ModelConfig:
         """The dense model with this trunk (what an upcycling method starts from)."""
@@ -390,6 +416,10 @@ class UpscaleLM(nn.Module):
         """Parameters of the dense model with this trunk (N1 of the paper)."""
         return sizes.dense_params(self.cfg.shape)
 
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token at full context: 6·(N2 + LM head) + attention (sweeps.sizes)."""
+        return sizes.train_flops_per_token(self.cfg.shape, self.n2(), self.cfg.context, self.cfg.vocab_size)
+
 
 def init_router(cfg: ModelConfig, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """Fresh router weights for one MoE layer, keyed by their name under `gate.wg`."""
@@ -421,7 +451,8 @@ def build_model(cfg: ModelConfig, seed: int, device: str | torch.device | None =
     """A freshly initialised model: N(0, init_std) weights, Megatron's std/sqrt(2L) on the residual outputs
     (wo, w_down; the paper trains with Megatron), RMSNorm weights 1, routers per `cfg.router_init`."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    with torch.device(device):
+    # module constructors draw default inits from the global RNG; fork it so a caller's stream is untouched
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         model = UpscaleLM(cfg)
     if device.type == "meta":
         return model

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workers.errors import WorkerError
-from workers.model import ModelConfig, build_model, init_router, seeded_generator
+from workers.model import ModelConfig, init_router, seeded_generator
 
 FFN = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (W_gate [f, d], W_up [f, d], W_down [d, f])
 
@@ -27,21 +27,6 @@ class LayerMoE:
     router: dict[str, torch.Tensor]
     shared: FFN | None = None
     extra: dict[str, object] = field(default_factory=dict)
-
-
-def check_dense(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
-    """The state dict must be exactly the dense model of `cfg`'s trunk: every key, every shape."""
-    expected = {k: tuple(v.shape) for k, v in build_model(cfg.dense(), 0, device="meta").state_dict().items()}
-    missing = sorted(set(expected) - set(dense_sd))
-    extra = sorted(set(dense_sd) - set(expected))
-    if missing or extra:
-        raise WorkerError(
-            f"checkpoint is not a dense model of shape n_layer={cfg.n_layer} d_model={cfg.d_model}: "
-            f"missing keys {missing[:3]}, unexpected keys {extra[:3]}"
-        )
-    for k, shape in expected.items():
-        if tuple(dense_sd[k].shape) != shape:
-            raise WorkerError(f"checkpoint tensor {k} has shape {tuple(dense_sd[k].shape)}; expected {shape}")
 
 
 def dense_ffn(dense_sd: dict[str, torch.Tensor], layer: int) -> FFN:

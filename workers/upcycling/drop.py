@@ -19,7 +19,7 @@ import torch
 from sweeps.segments import UpcycleSpec
 from workers.model import ModelConfig, seeded_generator
 from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
-from workers.upcycling.naive import check_copy_shape
+from workers.upcycling.naive import configure
 
 _DROP_STREAM = 2  # generator purpose key; routers use 1 (workers.model)
 
@@ -55,20 +55,21 @@ def drop_expert(ffn: FFN, r: float, index_mode: str, gen: torch.Generator) -> FF
     return g, u, d
 
 
-def upcycle(
+__all__ = ["build", "configure"]
+
+
+def build(
     dense_sd: dict[str, torch.Tensor],
     cfg: ModelConfig,
     spec: UpcycleSpec,
-    seed: int,
     calibration_tokens: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    check_copy_shape(cfg)
     layers = []
     for l in range(cfg.n_layer):
         ffn = dense_ffn(dense_sd, l)
         experts = [
-            drop_expert(ffn, spec.r, spec.index_mode, seeded_generator(seed, _DROP_STREAM, l, e))
+            drop_expert(ffn, spec.r, spec.index_mode, seeded_generator(spec.seed, _DROP_STREAM, l, e))
             for e in range(cfg.n_expert)
         ]
-        layers.append(LayerMoE(experts, fresh_router(cfg, seed, l)))
+        layers.append(LayerMoE(experts, fresh_router(cfg, spec.seed, l)))
     return assemble(dense_sd, cfg, layers)

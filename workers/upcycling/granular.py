@@ -22,6 +22,7 @@ from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_
 
 
 def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
+    """Experts of width d_ff / G; G must divide d_ff and n_expert, and topk must select whole groups."""
     g, n, k = spec.granularity, cfg.n_expert, cfg.topk
     if cfg.d_ff % g:
         raise WorkerError(f"granularity={g} does not divide d_ff={cfg.d_ff}; valid: a divisor of {cfg.d_ff}")
@@ -31,7 +32,7 @@ def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
         raise WorkerError(f"topk={k} is not a multiple of granularity={g}: a token must select whole groups")
     if cfg.router_type != "linear":
         raise WorkerError(f"granular upcycling replicates rows of a linear router; got router_type={cfg.router_type}")
-    return cfg.model_copy(update={"expert_d_ff": cfg.d_ff // g})
+    return cfg.updated(expert_d_ff=cfg.d_ff // g, shared_d_ff=0)
 
 
 def shard_experts(ffn: FFN, n_expert: int, granularity: int) -> list[FFN]:
@@ -51,11 +52,10 @@ def replicate_router(weight: torch.Tensor, granularity: int) -> torch.Tensor:
     return weight[: n // granularity].repeat_interleave(granularity, dim=0).clone()
 
 
-def upcycle(
+def build(
     dense_sd: dict[str, torch.Tensor],
     cfg: ModelConfig,
     spec: UpcycleSpec,
-    seed: int,
     calibration_tokens: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     g = cfg.d_ff // cfg.d_expert
@@ -65,7 +65,7 @@ def upcycle(
         )
     layers = []
     for l in range(cfg.n_layer):
-        router = fresh_router(cfg, seed, l)
+        router = fresh_router(cfg, spec.seed, l)
         layers.append(
             LayerMoE(
                 shard_experts(dense_ffn(dense_sd, l), cfg.n_expert, g),

@@ -21,24 +21,24 @@ def copies(ffn: FFN, n_expert: int) -> list[FFN]:
     return [tuple(t.clone() for t in ffn) for _ in range(n_expert)]  # type: ignore[misc]
 
 
-def check_copy_shape(cfg: ModelConfig) -> None:
-    """Copy-based methods need experts as wide as the dense FFN and a plain routed MoE."""
+def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
+    """Copy-based methods (naive, drop, noise) need experts as wide as the dense FFN and no shared expert."""
     if cfg.d_expert != cfg.d_ff or cfg.shared_d_ff:
         raise WorkerError(
-            f"copy-based upcycling needs expert_d_ff = d_ff = {cfg.d_ff} and no shared expert; "
-            f"got expert_d_ff={cfg.d_expert}, shared_d_ff={cfg.shared_d_ff}"
+            f"{spec.method} upcycling copies the FFN: it needs expert_d_ff = d_ff = {cfg.d_ff} and no shared "
+            f"expert; got expert_d_ff={cfg.d_expert}, shared_d_ff={cfg.shared_d_ff}"
         )
+    return cfg
 
 
-def upcycle(
+def build(
     dense_sd: dict[str, torch.Tensor],
     cfg: ModelConfig,
     spec: UpcycleSpec,
-    seed: int,
     calibration_tokens: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    check_copy_shape(cfg)
     layers = [
-        LayerMoE(copies(dense_ffn(dense_sd, l), cfg.n_expert), fresh_router(cfg, seed, l)) for l in range(cfg.n_layer)
+        LayerMoE(copies(dense_ffn(dense_sd, l), cfg.n_expert), fresh_router(cfg, spec.seed, l))
+        for l in range(cfg.n_layer)
     ]
     return assemble(dense_sd, cfg, layers)

@@ -16,7 +16,7 @@ from sweeps.segments import UpcycleSpec
 from workers.model import ModelConfig, seeded_generator
 from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
 from workers.upcycling.drop import n_dropped
-from workers.upcycling.naive import check_copy_shape
+from workers.upcycling.naive import configure
 
 _NOISE_STREAM = 3
 
@@ -48,21 +48,22 @@ def add_neuronwise(ffn: FFN, ratio: float, std: float, gen: torch.Generator) -> 
 _VARIANTS = {"replace_elementwise": replace_elementwise, "add_neuronwise": add_neuronwise}
 
 
-def upcycle(
+__all__ = ["build", "configure"]
+
+
+def build(
     dense_sd: dict[str, torch.Tensor],
     cfg: ModelConfig,
     spec: UpcycleSpec,
-    seed: int,
     calibration_tokens: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    check_copy_shape(cfg)
     noisy = _VARIANTS[spec.noise_variant]
     layers = []
     for l in range(cfg.n_layer):
         ffn = dense_ffn(dense_sd, l)
         experts = [
-            noisy(ffn, spec.noise_ratio, spec.noise_std, seeded_generator(seed, _NOISE_STREAM, l, e))
+            noisy(ffn, spec.noise_ratio, spec.noise_std, seeded_generator(spec.seed, _NOISE_STREAM, l, e))
             for e in range(cfg.n_expert)
         ]
-        layers.append(LayerMoE(experts, fresh_router(cfg, seed, l)))
+        layers.append(LayerMoE(experts, fresh_router(cfg, spec.seed, l)))
     return assemble(dense_sd, cfg, layers)

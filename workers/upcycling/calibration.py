@@ -1,0 +1,89 @@
+"""Data passes through the frozen dense model for the methods that need data (llama-moe sharing, router-upcycling).
+
+* `ffn_inputs`: each layer's FFN input (after the post-attention RMSNorm), the vectors an MoE router will see.
+* `ffn_importance`: LLaMA-MoE's first-order Taylor importance per neuron and token group,
+  v_j = mean over tokens |h_j · dL/dh_j| with h = silu(W_gate x) ⊙ W_up x the input of W_down
+  (`importance_type=feature_change`, `kernel=l1_norm`; METHODS.md §4c), L the next-token loss of the group.
+* `sequence_groups`: the n data groups LLaMA-MoE gets by clustering text; here k-means on each sequence's mean
+  token embedding (no external sentence encoder needed).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from workers.errors import WorkerError
+from workers.model import ModelConfig, UpscaleLM, build_model, seeded_generator
+from workers.upcycling.clustering import kmeans
+
+_GROUP_STREAM = 5
+
+
+def check_tokens(tokens: torch.Tensor | None, cfg: ModelConfig, who: str) -> torch.Tensor:
+    """Calibration tokens [B, T] of integer ids < vocab_size, 2 <= T <= context; WorkerError otherwise."""
+    if tokens is None:
+        raise WorkerError(f"{who} needs calibration tokens (a [batch, seq] tensor of token ids from the training data)")
+    if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64) or tokens.numel() == 0:
+        raise WorkerError(f"{who}: calibration tokens must be a non-empty integer [batch, seq] tensor; "
+                          f"got dtype {tokens.dtype}, shape {tuple(tokens.shape)}")
+    if not 2 <= tokens.shape[1] <= cfg.context:
+        raise WorkerError(f"{who}: calibration sequence length {tokens.shape[1]} must be in [2, {cfg.context}]")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= cfg.vocab_size:
+        raise WorkerError(f"{who}: calibration token ids must be in [0, {cfg.vocab_size}); "
+                          f"got [{int(tokens.min())}, {int(tokens.max())}]")
+    return tokens.long()
+
+
+def dense_model(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> UpscaleLM:
+    """The dense model of `cfg`'s trunk with `dense_sd` loaded, in fp32 eval mode."""
+    model = build_model(cfg.dense(), 0)
+    model.load_state_dict({k: v.float() for k, v in dense_sd.items()})
+    return model.eval()
+
+
+@torch.no_grad()
+def ffn_inputs(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, the FFN inputs of every calibration token, [B·T, d_model]."""
+    model = dense_model(dense_sd, cfg)
+    seen: list[torch.Tensor] = []
+    hooks = [b.ffn.register_forward_pre_hook(lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
+             for b in model.blocks]
+    try:
+        model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def sequence_groups(dense_sd: dict[str, torch.Tensor], tokens: torch.Tensor, n_groups: int, seed: int) -> torch.Tensor:
+    """A group label per sequence [B]: k-means on mean token embeddings; every group non-empty."""
+    if tokens.shape[0] < n_groups:
+        raise WorkerError(f"need at least {n_groups} calibration sequences (one per expert group), "
+                          f"got {tokens.shape[0]}")
+    emb = dense_sd["tok_emb.weight"].float()[tokens].mean(1)
+    return kmeans(emb, n_groups, seeded_generator(seed, _GROUP_STREAM), balanced=True)
+
+
+def ffn_importance(
+    dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor, groups: torch.Tensor, n_groups: int
+) -> torch.Tensor:
+    """Taylor importance [n_layer, n_groups, d_ff] of every FFN neuron for every sequence group."""
+    model = dense_model(dense_sd, cfg)
+    hs: list[torch.Tensor] = []
+    hooks = [b.ffn.w_down.register_forward_pre_hook(lambda _m, args: hs.append(args[0])) for b in model.blocks]
+    out = torch.zeros(cfg.n_layer, n_groups, cfg.d_ff)
+    try:
+        for g in range(n_groups):
+            batch = tokens[groups == g]
+            hs.clear()
+            logits, _ = model(batch)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            grads = torch.autograd.grad(loss, hs)
+            for l, (h, dh) in enumerate(zip(hs, grads, strict=True)):
+                out[l, g] = (h * dh).abs().reshape(-1, cfg.d_ff).mean(0).detach()
+    finally:
+        for h in hooks:
+            h.remove()
+    return out

@@ -1,0 +1,55 @@
+"""k-means for expert construction: plain (router keys, text groups) and balanced (LLaMA-MoE's equal-size split).
+
+The balanced assignment step is solved exactly with `scipy.optimize.linear_sum_assignment` on the squared-distance
+matrix with each centroid replicated ceil(N/k) times (METHODS.md §4b's dependency-light stand-in for
+`KMeansConstrained(size_min=size_max=N/k)`); when k divides N every cluster gets exactly N/k points. The first
+replica of every centroid gets a large bonus so that no cluster is ever empty (all replicas are filled anyway when
+k divides N, so the bonus then changes nothing). Plain k-means re-seeds an empty cluster with the point farthest
+from its centroid. Initial centroids are k distinct points drawn with the caller's generator: same seed, same labels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from workers.errors import WorkerError
+
+
+def _balanced_labels(dist2: np.ndarray) -> np.ndarray:
+    n, k = dist2.shape
+    cap = math.ceil(n / k)
+    cost = np.repeat(dist2, cap, axis=1)  # column c is replica c % cap of centroid c // cap
+    cost[:, ::cap] -= 1e6 * (1.0 + dist2.max())
+    rows, cols = linear_sum_assignment(cost)
+    labels = np.empty(n, dtype=np.int64)
+    labels[rows] = cols // cap
+    return labels
+
+
+def kmeans(x: torch.Tensor, k: int, gen: torch.Generator, balanced: bool = False, max_iter: int = 100) -> torch.Tensor:
+    """Cluster the rows of `x` [N, D] into k groups; returns labels [N] (every label 0..k-1 used)."""
+    n = x.shape[0]
+    if n < k:
+        raise WorkerError(f"cannot form {k} clusters from {n} points; give at least {k}")
+    pts = x.detach().double().cpu().numpy()
+    centroids = pts[torch.randperm(n, generator=gen)[:k].numpy()]
+    labels = np.full(n, -1, dtype=np.int64)
+    for _ in range(max_iter):
+        dist2 = ((pts[:, None, :] - centroids[None, :, :]) ** 2).sum(-1)
+        if balanced:
+            new = _balanced_labels(dist2)
+        else:
+            new = dist2.argmin(1)
+            for c in range(k):
+                if not (new == c).any():
+                    far = int(dist2[np.arange(n), new].argmax())
+                    new[far] = c
+        if (new == labels).all():
+            break
+        labels = new
+        centroids = np.stack([pts[labels == c].mean(0) for c in range(k)])
+    return torch.from_numpy(labels)
