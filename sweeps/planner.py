@@ -18,6 +18,7 @@ own schedule: D1 dense tokens per dense point, D1 dense + D2 MoE tokens per upcy
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -29,6 +30,7 @@ from sweeps.segments import (
     SegmentKind,
     SegmentSpec,
     UpcycleSpec,
+    fingerprint,
 )
 from sweeps.sizes import dense_params, moe_active_params, moe_total_params, train_flops_per_token
 from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, resolve
@@ -97,10 +99,11 @@ class _Builder:
 
     def __init__(self) -> None:
         self.segments: dict[str, PlannedSegment] = {}
+        self._memo: dict = {}  # shared sub-models (model, data, optim, schedule) are canonicalised once
 
     def add(self, spec: SegmentSpec, flops_per_token: int, trunk: str | None, axes: dict[str, AxisValue],
             observation: Observation | None = None) -> str:
-        sid = spec.id
+        sid = fingerprint(spec, self._memo)  # == spec.id
         if sid not in self.segments:
             tokens = spec.end_tokens - spec.start_tokens
             if spec.kind == "lr_search":
@@ -130,6 +133,7 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     adamw = t.adamw.model_dump()
     batch = tps // t.context
 
+    @functools.cache
     def optim(lr: float | None) -> OptimSpec:
         return OptimSpec(lr=lr, batch_size=batch, **adamw)
 

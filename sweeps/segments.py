@@ -212,29 +212,35 @@ class SegmentSpec(Frozen):
         return fingerprint(self)
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> str:
     """Deterministic JSON of a spec: sorted keys, sets sorted, enums as values; callables and bare objects refused.
 
-    A spec read from YAML and the equal one built in Python give the same string (STYLE.md item 1).
+    A spec read from YAML and the equal one built in Python give the same string (STYLE.md item 1). `memo` lets a
+    caller hashing many specs that share frozen sub-models (the planner) convert each sub-model once.
     """
-    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return json.dumps(_plain(value, memo), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def fingerprint(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+def fingerprint(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> str:
+    return hashlib.sha256(canonical_json(value, memo).encode()).hexdigest()[:16]
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
     if isinstance(value, BaseModel):
-        return {k: _plain(getattr(value, k)) for k in type(value).model_fields}
+        if memo is not None and isinstance(value, Frozen):  # immutable: convert once; memo keeps it alive (id reuse)
+            hit = memo.get(id(value))
+            if hit is None:
+                hit = memo[id(value)] = (value, {k: _plain(getattr(value, k), memo) for k in type(value).model_fields})
+            return hit[1]
+        return {k: _plain(getattr(value, k), memo) for k in type(value).model_fields}
     if isinstance(value, Enum):
-        return _plain(value.value)
+        return _plain(value.value, memo)
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _plain(v, memo) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, memo) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((_plain(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+        return sorted((_plain(v, memo) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return value
     if isinstance(value, float):

@@ -426,6 +426,8 @@ def parse_spec(data: Any) -> SweepSpec:
                 problems += [(_join(base, path), msg) for path, msg in cause.problems]
             else:
                 msg = str(cause) if cause is not None else err["msg"]
+                if err["type"] == "literal_error":  # an unknown method, shape or tokenizer: name what was given
+                    msg = f"unknown value {err['input']!r}: {msg}"
                 problems.append((base, msg))
         raise SpecError(problems) from None
 

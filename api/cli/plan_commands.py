@@ -1,3 +1,94 @@
-"""`upscale plan`: compile a sweep spec into its segment DAG and print tokens, FLOPs and the saving."""
+"""`upscale plan`: compile a sweep spec into its segment DAG and print tokens, FLOPs, the saving and a time estimate.
 
-from api.cli.app import app  # noqa: F401
+The wall-time estimate is a planning aid, not a promise: by default it uses DESIGN.md's measured CPU figures
+(`sweeps.planner.cpu_flops_per_s`: ~50% of a 200 GFLOP/s 2-core peak at d_model >= 128, ~33% below, MoE at half
+that per active FLOP); `--tokens-per-s` or `--flops-per-s` replace them with your own measured throughput. It prints
+the serial time (one worker) and the critical path (as many workers as segments ready at once), and GPU-hours at the
+paper's assumed 400 TFLOP/s per GPU (Appendix A.10).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from api.cli.app import app, console, register_user_error
+from sweeps.planner import Plan, critical_path_s, plan, segment_seconds
+from sweeps.spec import SpecError, load_spec
+
+register_user_error(SpecError)
+
+GPU_FLOPS_PER_S = 400e12  # the paper's Appendix A.10 assumption for an H100 (bf16, Megatron-LM)
+KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk",
+              "scratch_decay")
+
+
+def summary(p: Plan, tokens_per_s: float | None, flops_per_s: float | None) -> dict:
+    """The plan as JSON-ready data: per-kind totals, costs, saving, estimates and every segment."""
+    seconds = segment_seconds(p, tokens_per_s=tokens_per_s, flops_per_s=flops_per_s)
+    kinds: dict[str, dict[str, float]] = {}
+    for s in p.segments:
+        k = kinds.setdefault(s.spec.kind, {"count": 0, "tokens": 0, "flops": 0.0, "seconds": 0.0})
+        k["count"] += 1
+        k["tokens"] += s.tokens
+        k["flops"] += s.flops
+        k["seconds"] += seconds[s.id]
+    basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s" if flops_per_s
+             else "DESIGN.md CPU facts (2 cores)")
+    return {
+        "name": p.name,
+        "by_kind": {k: kinds[k] for k in KIND_ORDER if k in kinds},
+        "segments_total": len(p.segments),
+        "total_flops": p.total_flops,
+        "independent_flops": p.independent_flops,
+        "saving": p.saving,
+        "estimate": {"basis": basis, "serial_s": sum(seconds.values()), "critical_path_s": critical_path_s(p, seconds),
+                     "gpu_hours_at_400_tflops": p.total_flops / GPU_FLOPS_PER_S / 3600},
+        "notes": list(p.notes),
+        "segments": [{"id": s.id, "kind": s.spec.kind, "parents": list(s.spec.parent_ids), "tokens": s.tokens,
+                      "flops": s.flops, "trunk": s.trunk, "axes": s.axes,
+                      "observation": s.observation.__dict__ if s.observation else None} for s in p.segments],
+    }
+
+
+def _duration(s: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.1f} {unit}"
+    return f"{s:.0f} s"
+
+
+@app.command("plan")
+def plan_command(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (every segment included).")] = False,
+    tokens_per_s: Annotated[float | None, typer.Option(help="Measured training throughput for the estimate.")] = None,
+    flops_per_s: Annotated[float | None, typer.Option(help="Sustained FLOP/s for the estimate (instead).")] = None,
+) -> None:
+    """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, and an
+    estimated wall time."""
+    p = plan(load_spec(spec))
+    data = summary(p, tokens_per_s, flops_per_s)
+    if as_json:
+        print(json.dumps(data))
+        return
+    table = Table(title=f"plan {p.name}: {len(p.segments)} segments")
+    for col in ("kind", "count", "tokens", "FLOPs", "est. time"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for kind, k in data["by_kind"].items():
+        table.add_row(kind, str(k["count"]), f"{k['tokens']:.3g}", f"{k['flops']:.3g}", _duration(k["seconds"]))
+    console.print(table)
+    est = data["estimate"]
+    console.print(f"total {p.total_flops:.3g} FLOPs; as independent runs {p.independent_flops:.3g} FLOPs; "
+                  f"saving x{p.saving:.2f}")
+    console.print(f"estimated wall time ({est['basis']}): {_duration(est['serial_s'])} on one worker, "
+                  f"{_duration(est['critical_path_s'])} critical path; "
+                  f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s")
+    for note in p.notes[:5]:
+        console.print(f"[dim]rounded {note}[/]")
+    if len(p.notes) > 5:
+        console.print(f"[dim]... and {len(p.notes) - 5} more budgets rounded to whole steps[/]")
