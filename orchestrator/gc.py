@@ -1,0 +1,60 @@
+"""Checkpoint garbage collection: keep what pending or likely branches need, delete the rest when asked.
+
+Kept: every checkpoint of a segment that has a child not yet done (the child starts from it, in any sweep), and,
+unless `everything` is asked, the checkpoints new grid points are likely to branch from: the final dense model of
+each `dense_decay` (a new upcycling method or config starts there) and each trunk's checkpoints (a new decay
+budget at an existing branch point, or a resume). Deleted: the rest, chiefly the final MoE and decayed models of
+finished branches, which nothing trains from. Only checkpoints the store recorded are touched; deleted ones keep
+their row with `deleted_at` set, so lineage stays queryable.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+
+from orchestrator.records import CheckpointRecord, SegmentRecord, utcnow
+from orchestrator.store import Store
+from sweeps.segments import TRUNK_KINDS
+
+LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay"}
+
+
+@dataclass
+class GcReport:
+    kept: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+
+
+def collect_garbage(store: Store, everything: bool = False, dry_run: bool = False) -> GcReport:
+    """Delete checkpoints no pending segment needs (and, unless ``everything``, no likely branch); one transaction."""
+    report = GcReport()
+    with store.transaction() as s:
+        segments = list(s.scalars(select(SegmentRecord)))
+        status = {seg.key: seg.status for seg in segments}
+        kind = {seg.key: seg.kind for seg in segments}
+        needed = {p for seg in segments if seg.status != "done" for p in seg.parents}
+        live = s.scalars(select(CheckpointRecord).where(CheckpointRecord.deleted_at.is_(None))
+                         .order_by(CheckpointRecord.id))
+        for ckpt in live:
+            keep = ckpt.segment_key in needed or status.get(ckpt.segment_key) != "done"
+            keep = keep or (not everything and kind.get(ckpt.segment_key) in LIKELY_PARENT_KINDS)
+            if keep:
+                report.kept.append(ckpt.uri)
+                continue
+            report.freed_bytes += _size(Path(ckpt.uri))
+            report.deleted.append(ckpt.uri)
+            if not dry_run:
+                shutil.rmtree(ckpt.uri, ignore_errors=True)
+                ckpt.deleted_at = utcnow()
+    return report
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0

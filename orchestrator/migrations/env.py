@@ -1,0 +1,24 @@
+"""Alembic environment: migrate the connection `orchestrator.store.migrate` hands over, or UPSCALE_DB_URL's."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from orchestrator.records import Base
+from orchestrator.settings import get_settings
+
+
+def _run(connection) -> None:
+    # render_as_batch: SQLite cannot ALTER most things in place; batch mode copies the table instead.
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+connection = context.config.attributes.get("connection")
+if connection is not None:
+    _run(connection)
+else:
+    with create_engine(get_settings().db_url).connect() as conn:
+        _run(conn)

@@ -1,0 +1,299 @@
+"""The scheduler loop: turn a sweep's ready segments into Ray tasks and record every outcome in the store.
+
+Ray does placement (resources per task, reused worker processes); this loop only decides *readiness and state*:
+a segment is launched when all its parents are done and a claim on it succeeds, at most `max_concurrent` at a
+time. A failed attempt goes back to pending and is retried, resuming from the segment's own last checkpoint (the
+worker finds it in `runtime.checkpoint_dir`), until `max_attempts` failures. Cancellation is a sweep status the
+loop polls. On start, segments left `running` by a scheduler that has died are *adopted* (their worker left a
+result file: recorded as done, not retrained) or re-queued (resumed from their checkpoint), so no segment is
+trained to completion twice. A segment another live scheduler runs is waited for, never launched twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import ray
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
+from orchestrator.settings import Settings
+from orchestrator.store import Store
+from orchestrator.task import SegmentFn, read_result, run_segment_task, train_segment
+from orchestrator.tracking import RunTree, segment_tags
+from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+
+
+@dataclass
+class Progress:
+    """What the loop knows after each event; the CLI renders it."""
+
+    total: int
+    done: int = 0
+    running: int = 0
+    failed: int = 0
+    trained: int = 0
+    message: str = ""
+
+
+@dataclass
+class SweepOutcome:
+    """How a run of the scheduler over one sweep ended."""
+
+    sweep_id: str
+    status: str
+    trained: list[str] = field(default_factory=list)  # segments this run trained to completion
+    adopted: list[str] = field(default_factory=list)  # finished by a dead scheduler's worker, recorded here
+    retried: int = 0  # failed attempts that were retried
+    wall_s: float = 0.0
+    compute_s: float = 0.0  # sum of the segments' own wall times, as the workers measured them
+
+
+def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
+    """Connect to RAY_ADDRESS, or start embedded local Ray, once per process."""
+    if not ray.is_initialized():
+        local = settings.ray_address is None
+        ray.init(address=settings.ray_address, num_cpus=num_cpus if local else None, include_dashboard=False,
+                 configure_logging=False, log_to_driver=True)
+
+
+def owner_id() -> str:
+    """host:pid:nonce of this scheduler; the nonce tells a restarted process with a reused pid apart."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def owner_alive(seg: SegmentRecord, stale_after_s: float) -> bool:
+    """Whether the scheduler that claimed ``seg`` still runs: its pid on this host, its heartbeat elsewhere."""
+    host, pid, _ = (seg.owner or "::").split(":")
+    if host == socket.gethostname():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    beat = seg.heartbeat_at
+    if beat is None:
+        return False
+    if beat.tzinfo is None:  # SQLite returns naive datetimes; they were written in UTC
+        beat = beat.replace(tzinfo=utcnow().tzinfo)
+    return utcnow() - beat < timedelta(seconds=stale_after_s)
+
+
+class Scheduler:
+    """Runs sweeps from the store to completion on Ray; `segment_fn` is the training function (a seam for tests)."""
+
+    def __init__(self, store: Store, settings: Settings, segment_fn: SegmentFn = train_segment,
+                 max_concurrent: int | None = None, max_attempts: int = 3, poll_s: float = 0.5,
+                 stale_after_s: float = 120.0, heartbeat_s: float = 10.0,
+                 checkpoint_every_tokens: int | None = None, tracker: RunTree | None = None,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.store, self.settings, self.segment_fn = store, settings, segment_fn
+        self.max_concurrent, self.max_attempts = max_concurrent, max_attempts
+        self.poll_s, self.stale_after_s, self.heartbeat_s = poll_s, stale_after_s, heartbeat_s
+        self.checkpoint_every_tokens = checkpoint_every_tokens
+        self.tracker = tracker if tracker is not None else RunTree(settings.mlflow_tracking_uri)
+        self.on_progress = on_progress
+        self.owner = owner_id()
+
+    def run(self, sweep_id: str) -> SweepOutcome:
+        """Train every segment of the sweep that is not done yet; returns when all are done, one has failed for
+        good, or the sweep is cancelled."""
+        ensure_ray(self.settings)
+        t0 = time.perf_counter()
+        sweep = self.store.sweep(sweep_id)
+        if sweep.status in ("failed", "cancelled"):
+            self.store.reset_failed([s.key for s, _ in self.store.members(sweep_id)])
+        if sweep.mlflow_run_id is None:
+            sweep.mlflow_run_id = self.tracker.start_sweep(sweep.id, sweep.name, sweep.spec)
+            self.store.set_sweep(sweep_id, mlflow_run_id=sweep.mlflow_run_id)
+        self.store.set_sweep(sweep_id, status="running", error=None)
+        out = SweepOutcome(sweep_id, "running")
+        inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]] = {}
+        limit = self.max_concurrent or self._slots(sweep)
+        last_beat = time.monotonic()
+        while True:
+            members = self.store.members(sweep_id)
+            segs = {s.key: s for s, _ in members}
+            axes = {s.key: link.axes for s, link in members}
+            if self.store.sweep(sweep_id).status == "cancelling":
+                self._cancel(inflight)
+                out.status = "cancelled"
+                break
+            self._recover(segs, out)
+            progress = self._progress(segs, out)
+            if progress.done == len(segs):
+                out.status = "done"
+                break
+            ready = [s for s in segs.values()
+                     if s.status == "pending" and all(segs[p].status == "done" for p in s.parents)]
+            for seg in ready:
+                if len(inflight) >= limit:
+                    break
+                attempt = self.store.claim(seg.key, self.owner)
+                if attempt is not None:
+                    inflight[self._launch(sweep, seg, segs, axes[seg.key])] = (seg.key, attempt)
+            if not inflight and not ready and not any(s.status == "running" for s in segs.values()):
+                out.status = "failed"  # nothing runs and nothing can start: a failure blocks the rest
+                break
+            if inflight:
+                finished, _ = ray.wait(list(inflight), num_returns=1, timeout=self.poll_s)
+                for ref in finished:
+                    self._settle(ref, *inflight.pop(ref), segs, out)
+            else:
+                time.sleep(self.poll_s)  # waiting on segments another live scheduler runs
+            if time.monotonic() - last_beat > self.heartbeat_s:
+                self.store.heartbeat(self.owner)
+                last_beat = time.monotonic()
+        out.wall_s = time.perf_counter() - t0
+        failed = [s.key for s in self.store.segments(list(segs)).values() if s.status == "failed"]
+        self.store.set_sweep(sweep_id, status=out.status,
+                             error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
+        mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
+        self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status, {"wall_s": out.wall_s, "compute_s": out.compute_s,
+                                                                    "segments_trained": len(out.trained)})
+        self._progress(self.store.segments(list(segs)), out)
+        return out
+
+    def _slots(self, sweep: SweepRecord) -> int:
+        """Default concurrency: as many segments as the cluster's CPUs (and GPUs) hold at once."""
+        cpus = float(sweep.resources.get("cpus", 1)) * int(sweep.resources.get("workers", 1))
+        gpus = float(sweep.resources.get("gpus", 0)) * int(sweep.resources.get("workers", 1))
+        have = ray.cluster_resources()
+        slots = int(have.get("CPU", 1) // cpus)
+        if gpus:
+            slots = min(slots, int(have.get("GPU", 0) // gpus))
+        return max(slots, 1)
+
+    def _launch(self, sweep: SweepRecord, seg: SegmentRecord, segs: dict[str, SegmentRecord],
+                axes: dict) -> ray.ObjectRef:
+        spec = SegmentSpec.model_validate(seg.config)
+        if spec.id != seg.key:
+            raise OrchestratorError(f"segment {seg.key}: stored config hashes to {spec.id}; refusing to train it")
+        run_id = seg.mlflow_run_id
+        if run_id is None:
+            run_id = self.tracker.start_segment(sweep.mlflow_run_id, seg.key, seg.kind, axes)
+            self.store.set_segment_run(seg.key, run_id)
+        res = sweep.resources
+        runtime = SegmentRuntime(
+            checkpoint_dir=self.segment_dir(seg.key),
+            parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))
+                                for p in spec.parent_ids},
+            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=segment_tags(axes),
+            num_threads=max(1, math.floor(res.get("cpus", 1))), workers=int(res.get("workers", 1)),
+            device="cuda" if res.get("gpus", 0) else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
+        )
+        self._report_msg(f"start {seg.kind} {seg.key}")
+        options = {"num_cpus": float(res.get("cpus", 1)) * runtime.workers,
+                   "num_gpus": float(res.get("gpus", 0)) * runtime.workers}
+        return run_segment_task.options(**options).remote(self.segment_fn, spec, runtime)
+
+    def segment_dir(self, key: str) -> str:
+        return str(Path(self.settings.checkpoint_dir) / key)
+
+    def _settle(self, ref: ray.ObjectRef, key: str, attempt: AttemptRecord, segs: dict[str, SegmentRecord],
+                out: SweepOutcome) -> None:
+        """Record one finished Ray task: done, retried or failed for good."""
+        seg = segs[key]
+        try:
+            result = SegmentResult.model_validate(ray.get(ref))
+        except Exception as e:  # the worker's exception, re-raised by ray.get as a RayTaskError
+            error = _one_line(e)
+            status = self.store.fail(key, attempt, error, self.max_attempts)
+            if status == "pending":
+                out.retried += 1
+            elif seg.mlflow_run_id:
+                self.tracker.end_segment(seg.mlflow_run_id, "FAILED")
+            self._report_msg(f"{'retry' if status == 'pending' else 'FAILED'} {seg.kind} {key}: {error}")
+            return
+        if result.val_loss is not None and not math.isfinite(result.val_loss):
+            self.store.fail(key, attempt, f"validation loss is {result.val_loss}: lower the LR", 0, retry=False)
+            return
+        if self.store.complete(key, attempt, result):
+            out.trained.append(key)
+            out.compute_s += result.wall_s
+            if seg.mlflow_run_id:
+                self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result))
+            self._report_msg(f"done {seg.kind} {key}" + (f" loss {result.val_loss:.4f}" if result.val_loss else ""))
+
+    def _recover(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> None:
+        """Adopt or re-queue segments whose scheduler died while they ran."""
+        for seg in segs.values():
+            if seg.status != "running" or seg.owner == self.owner or owner_alive(seg, self.stale_after_s):
+                continue
+            attempt = self.store.open_attempt(seg.key)
+            if attempt is None or attempt.owner != seg.owner:
+                continue
+            result = read_result(Path(self.segment_dir(seg.key)), seg.key)
+            if result is not None and self.store.complete(seg.key, attempt, result, adopted=True):
+                out.adopted.append(seg.key)
+                self._report_msg(f"adopted {seg.kind} {seg.key}")
+            elif result is None:
+                self.store.release(seg.key, attempt, "orphaned")
+                self._report_msg(f"re-queued {seg.kind} {seg.key} (its scheduler died)")
+            seg.status = self.store.segment(seg.key).status
+
+    def _cancel(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
+        for ref, (key, attempt) in inflight.items():
+            ray.cancel(ref, force=True)
+            self.store.release(key, attempt, "cancelled")
+        inflight.clear()
+
+    def _progress(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> Progress:
+        statuses = [s.status for s in segs.values()]
+        p = Progress(total=len(segs), done=statuses.count("done"), running=statuses.count("running"),
+                     failed=statuses.count("failed"), trained=len(out.trained))
+        self._report(p)
+        return p
+
+    def _report(self, progress: Progress) -> None:
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    def _report_msg(self, message: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(Progress(total=0, message=message))
+
+
+def parent_checkpoint(parent: SegmentRecord, start_tokens: int, parent_dir: str) -> str:
+    """Where a child starting at ``start_tokens`` begins from: a trunk's checkpoint at that branch point, an
+    lr_search's directory (its result.json holds best_lr), otherwise the parent's final checkpoint."""
+    result = parent.result or {}
+    if parent.kind == "lr_search":
+        return result.get("checkpoint") or parent_dir
+    if parent.kind in TRUNK_KINDS:
+        branches = {int(k): v for k, v in (result.get("branch_checkpoints") or {}).items()}
+        if start_tokens in branches:
+            return branches[start_tokens]
+        if start_tokens != parent.config["end_tokens"]:
+            raise OrchestratorError(f"trunk {parent.key} has no checkpoint at {start_tokens} tokens "
+                                    f"(it saved {sorted(branches)})")
+    if not result.get("checkpoint"):
+        raise OrchestratorError(f"segment {parent.key} finished without a checkpoint")
+    return result["checkpoint"]
+
+
+def _summary(result: SegmentResult) -> dict[str, float]:
+    values = {"wall_s": result.wall_s, "tokens_per_s": result.tokens_per_s, **result.metrics}
+    if result.val_loss is not None:
+        values["val_loss"] = result.val_loss
+    if result.best_lr is not None:
+        values["best_lr"] = result.best_lr
+    return values
+
+
+def _one_line(e: BaseException) -> str:
+    """The root cause of a worker failure in one line (RayTaskError wraps the worker's exception)."""
+    cause = getattr(e, "cause", None) or e
+    lines = traceback.format_exception_only(type(cause), cause)
+    return lines[-1].strip()[:500]

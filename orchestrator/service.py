@@ -1,0 +1,44 @@
+"""What the CLI and the API call: submit a sweep spec, run it to completion, read its observations.
+
+Routes and commands stay thin (STYLE.md item 11): both go through these functions, which own the order of things
+(validate, plan, record, schedule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.records import SweepRecord
+from orchestrator.scheduler import Scheduler, SweepOutcome, ensure_ray
+from orchestrator.settings import Settings
+from orchestrator.store import Store
+from sweeps.planner import plan
+from sweeps.spec import ClusterResources, SweepSpec, check_resources
+
+
+@dataclass
+class Orchestrator:
+    """A store and the settings it came from; `Orchestrator.open(settings)` migrates the database."""
+
+    store: Store
+    settings: Settings
+
+    @classmethod
+    def open(cls, settings: Settings) -> Orchestrator:
+        return cls(Store(settings.db_url), settings)
+
+    def submit(self, spec: SweepSpec) -> SweepRecord:
+        """Plan ``spec`` and record it; segments already known (from any sweep) are shared, not re-planned."""
+        p = plan(spec)
+        return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
+                                       spec.resources.model_dump(mode="json"), p.segments)
+
+    def run(self, spec: SweepSpec, scheduler: Scheduler | None = None) -> SweepOutcome:
+        """Submit ``spec`` and train it to completion on Ray (embedded unless RAY_ADDRESS is set)."""
+        ensure_ray(self.settings)
+        import ray
+
+        have = ray.cluster_resources()
+        check_resources(spec, ClusterResources(cpus=have.get("CPU", 0), gpus=have.get("GPU", 0)))
+        sweep = self.submit(spec)
+        return (scheduler or Scheduler(self.store, self.settings)).run(sweep.id)

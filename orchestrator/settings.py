@@ -1,0 +1,48 @@
+"""Where upscale keeps its state: one pydantic-settings object, read once from the environment (DESIGN.md).
+
+Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over. The API and
+the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Database, checkpoint store, MLflow tracking and Ray address; unset paths derive from `home`."""
+
+    model_config = SettingsConfigDict(env_prefix="UPSCALE_", frozen=True, extra="ignore", populate_by_name=True)
+
+    home: Path = Field(Path(".upscale"), description="UPSCALE_HOME: root of generated state.")
+    db_url: str = Field("", description="UPSCALE_DB_URL: the state store; default sqlite:///<home>/upscale.db.")
+    checkpoint_dir: str = Field("", description="UPSCALE_CHECKPOINT_DIR: checkpoint root (a shared filesystem on a "
+                                                "cluster); default <home>/checkpoints.")
+    mlflow_tracking_uri: str = Field("", validation_alias="MLFLOW_TRACKING_URI",
+                                     description="MLflow tracking URI; default sqlite:///<home>/mlflow.db.")
+    ray_address: str | None = Field(None, validation_alias="RAY_ADDRESS",
+                                    description="An existing Ray cluster; unset = embedded local Ray.")
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Settings:
+        home = self.home.absolute()
+        object.__setattr__(self, "home", home)
+        if not self.db_url:
+            object.__setattr__(self, "db_url", f"sqlite:///{home / 'upscale.db'}")
+        if not self.checkpoint_dir:
+            object.__setattr__(self, "checkpoint_dir", str(home / "checkpoints"))
+        if not self.mlflow_tracking_uri:
+            object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{home / 'mlflow.db'}")
+        if not self.ray_address:
+            object.__setattr__(self, "ray_address", None)
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment once."""
+    return Settings()

@@ -1,0 +1,289 @@
+"""The state store: every state change of sweeps, segments, attempts, observations and checkpoints, one transaction
+each, on SQLite (default) or PostgreSQL.
+
+Opening a store runs the Alembic migrations shipped in `orchestrator/migrations` up to head, so a fresh file and an
+old one end at the same schema. Claiming a segment is a compare-and-set (`UPDATE ... WHERE status = 'pending'`):
+exactly one scheduler wins it, on SQLite (one writer at a time) and on PostgreSQL (row lock, then the WHERE is
+re-checked), which is what makes sweeps idempotent across processes (STYLE.md item 12).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Protocol
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.records import (
+    AttemptRecord,
+    CheckpointRecord,
+    ObservationRecord,
+    SegmentRecord,
+    SweepRecord,
+    SweepSegmentRecord,
+    utcnow,
+)
+from sweeps.segments import SegmentResult, SegmentSpec
+
+
+class PlannedSegmentLike(Protocol):
+    """What the store reads of `sweeps.planner.PlannedSegment`."""
+
+    id: str
+    spec: SegmentSpec
+    flops: float
+    tokens: int
+    observation: Any
+    trunk: str
+    axes: dict
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with SQLite set up for several processes: WAL, a busy timeout, foreign keys enforced."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def alembic_config(connection: Connection) -> Config:
+    """Alembic configured in code on ``connection`` with the packaged migrations (no alembic.ini needed)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(files("orchestrator") / "migrations"))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def migrate(engine: Engine) -> None:
+    """Run the packaged Alembic migrations on ``engine`` up to head."""
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "head")
+
+
+def _plain(obj: Any) -> dict[str, Any] | None:
+    """A planned observation as a dict (the planner's may be a dataclass or a pydantic model)."""
+    if obj is None or isinstance(obj, dict):
+        return obj
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return obj.model_dump(mode="json")
+
+
+class Store:
+    """Typed operations on the state database; every method is one transaction."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        migrate(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        with self._sessions.begin() as session:
+            yield session
+
+    # -- sweeps ---------------------------------------------------------------------------------------------------
+
+    def create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
+                     segments: Sequence[PlannedSegmentLike]) -> SweepRecord:
+        """Record a sweep and its segments; segments another sweep already created are shared, not duplicated."""
+        sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, resources=resources, status="pending")
+        with self.transaction() as s:
+            s.add(sweep)
+            known = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_([p.id for p in segments]))))
+            for position, p in enumerate(segments):
+                if p.id not in known:
+                    s.add(SegmentRecord(
+                        key=p.id, kind=p.spec.kind, config=p.spec.model_dump(mode="json"),
+                        parents=list(p.spec.parent_ids), status="pending", attempts=0, tokens=int(p.tokens),
+                        flops=float(p.flops), trunk=p.trunk, observation=_plain(p.observation),
+                    ))
+                    known.add(p.id)
+                s.add(SweepSegmentRecord(sweep_id=sweep.id, segment_key=p.id, position=position,
+                                         axes={k: v for k, v in p.axes.items()}))
+        return sweep
+
+    def sweep(self, sweep_id: str) -> SweepRecord:
+        with self.transaction() as s:
+            sweep = s.get(SweepRecord, sweep_id)
+            if sweep is None:
+                raise OrchestratorError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+            return sweep
+
+    def sweeps(self) -> list[SweepRecord]:
+        with self.transaction() as s:
+            return list(s.scalars(select(SweepRecord).order_by(SweepRecord.created_at)))
+
+    def set_sweep(self, sweep_id: str, **fields: Any) -> None:
+        """Update a sweep's status, MLflow run id or error."""
+        with self.transaction() as s:
+            s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id).values(**fields, updated_at=utcnow()))
+
+    def request_cancel(self, sweep_id: str) -> None:
+        """Ask the scheduler running ``sweep_id`` to stop; a sweep that is not running is cancelled at once."""
+        sweep = self.sweep(sweep_id)
+        if sweep.status in ("running", "cancelling"):
+            self.set_sweep(sweep_id, status="cancelling")
+        elif sweep.status == "pending":
+            self.set_sweep(sweep_id, status="cancelled")
+
+    def members(self, sweep_id: str) -> list[tuple[SegmentRecord, SweepSegmentRecord]]:
+        """The sweep's segments in topological order, with this sweep's membership row (axes)."""
+        with self.transaction() as s:
+            rows = s.execute(select(SegmentRecord, SweepSegmentRecord)
+                             .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
+                             .where(SweepSegmentRecord.sweep_id == sweep_id)
+                             .order_by(SweepSegmentRecord.position))
+            return [(seg, link) for seg, link in rows]
+
+    # -- segments -------------------------------------------------------------------------------------------------
+
+    def segment(self, key: str) -> SegmentRecord:
+        with self.transaction() as s:
+            seg = s.get(SegmentRecord, key)
+            if seg is None:
+                raise OrchestratorError(f"no segment {key!r}")
+            return seg
+
+    def segments(self, keys: Sequence[str]) -> dict[str, SegmentRecord]:
+        with self.transaction() as s:
+            return {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(list(keys))))}
+
+    def claim(self, key: str, owner: str) -> AttemptRecord | None:
+        """Move a pending segment to running under ``owner`` and open an attempt; None if someone else has it."""
+        now = utcnow()
+        with self.transaction() as s:
+            won = s.execute(update(SegmentRecord)
+                            .where(SegmentRecord.key == key, SegmentRecord.status == "pending")
+                            .values(status="running", owner=owner, heartbeat_at=now, error=None, updated_at=now,
+                                    attempts=SegmentRecord.attempts + 1)).rowcount
+            if won != 1:
+                return None
+            number = s.scalar(select(SegmentRecord.attempts).where(SegmentRecord.key == key))
+            attempt = AttemptRecord(segment_key=key, number=number, owner=owner, status="running", started_at=now)
+            s.add(attempt)
+        return attempt
+
+    def set_segment_run(self, key: str, mlflow_run_id: str) -> None:
+        with self.transaction() as s:
+            s.execute(update(SegmentRecord).where(SegmentRecord.key == key).values(mlflow_run_id=mlflow_run_id))
+
+    def heartbeat(self, owner: str) -> None:
+        """Mark every segment ``owner`` runs as alive (another host judges orphans by this timestamp)."""
+        with self.transaction() as s:
+            s.execute(update(SegmentRecord).where(SegmentRecord.owner == owner, SegmentRecord.status == "running")
+                      .values(heartbeat_at=utcnow()))
+
+    def running(self) -> list[SegmentRecord]:
+        with self.transaction() as s:
+            return list(s.scalars(select(SegmentRecord).where(SegmentRecord.status == "running")))
+
+    def complete(self, key: str, attempt: AttemptRecord, result: SegmentResult, adopted: bool = False) -> bool:
+        """Record a finished segment: result, checkpoints and its observation, atomically.
+
+        False (nothing written) if the segment is no longer running under this attempt's owner.
+        """
+        now = utcnow()
+        with self.transaction() as s:
+            seg = s.scalar(select(SegmentRecord).where(SegmentRecord.key == key, SegmentRecord.status == "running",
+                                                       SegmentRecord.owner == attempt.owner).with_for_update())
+            if seg is None:
+                return False
+            seg.status, seg.result, seg.checkpoint_uri = "done", result.model_dump(mode="json"), result.checkpoint
+            seg.owner, seg.heartbeat_at, seg.error, seg.updated_at = None, None, None, now
+            self._end_attempt(s, attempt, "adopted" if adopted else "done", now, wall_s=result.wall_s)
+            if result.checkpoint:
+                s.add(CheckpointRecord(segment_key=key, role="final", tokens=seg.config["end_tokens"],
+                                       uri=result.checkpoint))
+            for tokens, uri in sorted(result.branch_checkpoints.items()):
+                s.add(CheckpointRecord(segment_key=key, role="branch", tokens=int(tokens), uri=uri))
+            if seg.observation is not None and result.val_loss is not None:
+                o = seg.observation
+                s.add(ObservationRecord(
+                    segment_key=key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"), D2=o.get("D2"), D=o.get("D"),
+                    N2=o.get("N2"), N_total=o.get("N_total"), n_expert=o.get("n_expert"), topk=o.get("topk"),
+                    method=o.get("method"), r=o.get("r"), loss=result.val_loss, trunk=seg.trunk or key,
+                    mlflow_run_id=seg.mlflow_run_id,
+                ))
+        return True
+
+    def fail(self, key: str, attempt: AttemptRecord, error: str, max_attempts: int, retry: bool = True) -> str:
+        """Close a failed attempt; the segment goes back to pending while failed attempts < ``max_attempts``.
+
+        Returns the segment's new status (pending or failed).
+        """
+        now = utcnow()
+        with self.transaction() as s:
+            self._end_attempt(s, attempt, "failed", now, error=error)
+            failed = s.scalar(select(func.count()).select_from(AttemptRecord)
+                              .where(AttemptRecord.segment_key == key, AttemptRecord.status == "failed"))
+            status = "pending" if retry and failed < max_attempts else "failed"
+            s.execute(update(SegmentRecord).where(SegmentRecord.key == key, SegmentRecord.owner == attempt.owner)
+                      .values(status=status, owner=None, heartbeat_at=None, error=error, updated_at=now))
+        return status
+
+    def release(self, key: str, attempt: AttemptRecord, reason: str) -> None:
+        """Put a running segment back to pending without counting a failure (cancelled, or its scheduler died)."""
+        now = utcnow()
+        with self.transaction() as s:
+            self._end_attempt(s, attempt, reason, now)
+            s.execute(update(SegmentRecord).where(SegmentRecord.key == key, SegmentRecord.owner == attempt.owner,
+                                                  SegmentRecord.status == "running")
+                      .values(status="pending", owner=None, heartbeat_at=None, updated_at=now))
+
+    def reset_failed(self, keys: Sequence[str]) -> None:
+        """Give failed segments a fresh retry budget (a new run of a sweep that failed before)."""
+        with self.transaction() as s:
+            s.execute(update(AttemptRecord).where(AttemptRecord.segment_key.in_(list(keys)),
+                                                  AttemptRecord.status == "failed").values(status="failed-reset"))
+            s.execute(update(SegmentRecord).where(SegmentRecord.key.in_(list(keys)), SegmentRecord.status == "failed")
+                      .values(status="pending", updated_at=utcnow()))
+
+    def open_attempt(self, key: str) -> AttemptRecord | None:
+        """The attempt currently running ``key``, if any."""
+        with self.transaction() as s:
+            return s.scalar(select(AttemptRecord).where(AttemptRecord.segment_key == key,
+                                                        AttemptRecord.status == "running")
+                            .order_by(AttemptRecord.number.desc()).limit(1))
+
+    def attempts(self, key: str) -> list[AttemptRecord]:
+        with self.transaction() as s:
+            return list(s.scalars(select(AttemptRecord).where(AttemptRecord.segment_key == key)
+                                  .order_by(AttemptRecord.number)))
+
+    @staticmethod
+    def _end_attempt(s: Session, attempt: AttemptRecord, status: str, now: Any, wall_s: float | None = None,
+                     error: str | None = None) -> None:
+        s.execute(update(AttemptRecord).where(AttemptRecord.id == attempt.id)
+                  .values(status=status, ended_at=now, wall_s=wall_s, error=error))
+
+    # -- observations ---------------------------------------------------------------------------------------------
+
+    def observations(self, sweep_id: str) -> list[ObservationRecord]:
+        """The sweep's observations in plan order (shared segments count for every sweep that needs them)."""
+        self.sweep(sweep_id)
+        with self.transaction() as s:
+            link = SweepSegmentRecord.segment_key == ObservationRecord.segment_key
+            return list(s.scalars(select(ObservationRecord).join(SweepSegmentRecord, link)
+                                  .where(SweepSegmentRecord.sweep_id == sweep_id)
+                                  .order_by(SweepSegmentRecord.position)))

@@ -1,0 +1,75 @@
+"""A real segment function for scheduler tests: it trains nothing, but keeps every contract of
+`workers.segment.run_segment` that the orchestrator relies on, and logs what it did.
+
+* It checks that every parent checkpoint the orchestrator passes exists.
+* It steps through [start_tokens, end_tokens) one optimiser step at a time (sleeping `step_s` from
+  `<checkpoint root>/knobs.json`), writes a resume checkpoint every `runtime.checkpoint_every_tokens`, and on a new
+  attempt resumes from the last one, as the real worker does.
+* A file `<checkpoint root>/fail-<segment id>` holding n makes the next n attempts fail half-way (after a resume
+  checkpoint), which is how tests inject worker failures.
+* `<checkpoint root>/events.jsonl` gets one line per start (with the token count it resumed from) and per finish.
+Its loss is a known function of the budget, so observations can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+
+
+def loss_of(spec: SegmentSpec) -> float:
+    """The deterministic 'validation loss' of a segment: falls with tokens, MoE a little lower."""
+    return 2.0 + 40.0 * spec.end_tokens ** -0.5 - 0.01 * spec.model.n_expert
+
+
+def log_event(root: Path, **event: object) -> None:
+    with open(root / "events.jsonl", "a") as f:  # O_APPEND: whole lines from concurrent workers
+        f.write(json.dumps(event) + "\n")
+
+
+def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
+    t0 = time.perf_counter()
+    out = Path(runtime.checkpoint_dir)
+    root = out.parent
+    out.mkdir(parents=True, exist_ok=True)
+    for parent, path in runtime.parent_checkpoints.items():
+        if not Path(path).exists():
+            raise FileNotFoundError(f"parent {parent} checkpoint {path} is missing")
+    knobs = json.loads((root / "knobs.json").read_text()) if (root / "knobs.json").exists() else {}
+    resume = out / "resume.json"
+    tokens = json.loads(resume.read_text())["tokens"] if resume.exists() else spec.start_tokens
+    log_event(root, event="start", segment=spec.id, kind=spec.kind, tokens=tokens)
+    fail = root / f"fail-{spec.id}"
+    failures_left = int(fail.read_text()) if fail.exists() else 0
+    step = spec.tokens_per_step or spec.end_tokens or 1
+    every = runtime.checkpoint_every_tokens
+    branches: dict[int, str] = {}
+    while tokens < spec.end_tokens:
+        time.sleep(knobs.get("step_s", 0.0))
+        tokens += step
+        if every and (tokens - spec.start_tokens) % every == 0:
+            resume.write_text(json.dumps({"tokens": tokens}))
+        if failures_left and tokens - spec.start_tokens >= (spec.end_tokens - spec.start_tokens) // 2:
+            fail.write_text(str(failures_left - 1))
+            raise RuntimeError(f"injected failure at {tokens} tokens")
+        if tokens in spec.save_at_tokens:
+            branches[tokens] = _checkpoint(out / f"tokens-{tokens}", spec, tokens)
+    final = _checkpoint(out / "final", spec, spec.end_tokens)
+    if spec.kind not in TRUNK_KINDS:
+        branches = {}
+    log_event(root, event="end", segment=spec.id, kind=spec.kind)
+    wall = time.perf_counter() - t0
+    trained = spec.end_tokens - spec.start_tokens
+    has_loss = spec.kind not in ("upcycle", "lr_search")
+    return SegmentResult(segment_id=spec.id, kind=spec.kind, val_loss=loss_of(spec) if has_loss else None,
+                         tokens=trained, wall_s=wall, tokens_per_s=trained / max(wall, 1e-9), checkpoint=final,
+                         branch_checkpoints=branches, best_lr=1e-3 if spec.kind == "lr_search" else None)
+
+
+def _checkpoint(path: Path, spec: SegmentSpec, tokens: int) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "meta.json").write_text(json.dumps({"segment": spec.id, "tokens": tokens}))
+    return str(path)

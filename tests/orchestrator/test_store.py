@@ -1,0 +1,96 @@
+"""The state store on a real SQLite file: migrations reach exactly the models' schema (and go back down), and every
+transition (claim, fail with retries, release, complete) leaves the rows a scheduler relies on.
+
+Strategy: plan the tiny sweep with the real planner, record it, and drive segments through their states by hand,
+asserting counts and statuses after each step. No Ray here."""
+
+from __future__ import annotations
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from conftest import TINY_SPEC
+from sqlalchemy import inspect
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.records import Base
+from orchestrator.store import Store, alembic_config
+from sweeps.planner import plan
+from sweeps.segments import SegmentResult
+from sweeps.spec import load_spec
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(f"sqlite:///{tmp_path / 'state.db'}")
+
+
+@pytest.fixture
+def tiny():
+    return plan(load_spec(TINY_SPEC))
+
+
+def _result(seg, loss: float | None = 3.0, branches: dict[int, str] | None = None) -> SegmentResult:
+    return SegmentResult(segment_id=seg.id, kind=seg.spec.kind, val_loss=loss, tokens=seg.tokens, wall_s=1.0,
+                         tokens_per_s=float(seg.tokens), checkpoint=f"/ck/{seg.id}/final",
+                         branch_checkpoints=branches or {})
+
+
+def test_migrations_reach_the_models_schema_and_go_back(store: Store) -> None:
+    with store.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+        assert MigrationContext.configure(conn).get_current_revision() == "0001"
+    with store.engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "base")
+    assert set(inspect(store.engine).get_table_names()) == {"alembic_version"}
+    Store(store.url)  # reopening migrates back up
+    assert {"sweeps", "segments", "sweep_segments", "attempts", "observations", "checkpoints"} <= set(
+        inspect(store.engine).get_table_names())
+
+
+def test_a_second_sweep_shares_segments_it_has_in_common(store: Store, tiny) -> None:
+    a = store.create_sweep("a", {}, {"cpus": 1}, tiny.segments)
+    b = store.create_sweep("b", {}, {"cpus": 1}, tiny.segments[:5])
+    assert len(store.members(a.id)) == 21 and len(store.members(b.id)) == 5
+    assert len(store.segments([s.id for s in tiny.segments])) == 21
+    assert [seg.key for seg, _ in store.members(a.id)] == [s.id for s in tiny.segments]  # topological order kept
+    with pytest.raises(OrchestratorError, match="no sweep 'nope'"):
+        store.sweep("nope")
+
+
+def test_claim_is_exclusive_and_failures_retry_up_to_the_maximum(store: Store, tiny) -> None:
+    store.create_sweep("a", {}, {"cpus": 1}, tiny.segments)
+    key = tiny.segments[0].id
+    first = store.claim(key, "h:1:a")
+    assert first is not None and first.number == 1
+    assert store.claim(key, "h:2:b") is None  # someone else holds it
+    assert store.fail(key, first, "boom", max_attempts=2) == "pending"
+    second = store.claim(key, "h:2:b")
+    assert second is not None and second.number == 2
+    assert store.fail(key, second, "boom again", max_attempts=2) == "failed"
+    assert store.segment(key).status == "failed" and store.segment(key).attempts == 2
+    assert [a.status for a in store.attempts(key)] == ["failed", "failed"]
+    store.reset_failed([key])
+    third = store.claim(key, "h:3:c")
+    assert third is not None and third.number == 3
+    store.release(key, third, "orphaned")  # a dead scheduler's attempt does not count as a failure
+    assert store.segment(key).status == "pending"
+    assert [a.status for a in store.attempts(key)] == ["failed-reset", "failed-reset", "orphaned"]
+
+
+def test_complete_records_result_checkpoints_and_observation_once(store: Store, tiny) -> None:
+    sweep = store.create_sweep("a", {}, {"cpus": 1}, tiny.segments)
+    trunk, decay = tiny.segments[0], tiny.segments[1]
+    attempt = store.claim(trunk.id, "h:1:a")
+    assert store.complete(trunk.id, attempt, _result(trunk, branches={448: "/ck/t/448", 896: "/ck/t/896"}))
+    assert not store.complete(trunk.id, attempt, _result(trunk))  # not running any more: nothing written
+    attempt = store.claim(decay.id, "h:1:a")
+    assert store.complete(decay.id, attempt, _result(decay, loss=3.25))
+    obs = store.observations(sweep.id)
+    assert len(obs) == 1
+    o = obs[0]
+    assert (o.kind, o.N1, o.D1, o.D, o.loss, o.trunk) == ("dense", decay.observation.N1, 512, 512, 3.25, trunk.id)
+    seg = store.segment(trunk.id)
+    assert seg.status == "done" and seg.result["branch_checkpoints"] == {"448": "/ck/t/448", "896": "/ck/t/896"}
+    assert [a.status for a in store.attempts(trunk.id)] == ["done"]
