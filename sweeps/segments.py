@@ -268,6 +268,8 @@ class SegmentRuntime(BaseModel):
     eval_every_tokens: int | None = Field(None, description="Periodic validation; None = at segment end only.")
     checkpoint_every_tokens: int | None = Field(None, description="Periodic resume checkpoints; None = none.")
     log_every_steps: int = Field(10, ge=1, description="Training metrics cadence.")
+    zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage (0-2; MoE does not support 3).")
+    data_cache_dir: str | None = Field(None, description="Token cache folder; None = <UPSCALE_HOME>/data.")
 
 
 class SegmentResult(BaseModel):

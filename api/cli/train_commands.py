@@ -1,3 +1,94 @@
-"""`upscale train-segment`: one training segment alone, without orchestrator or Ray."""
+"""`upscale train-segment`: one training segment alone, without orchestrator or Ray.
 
-from api.cli.app import app  # noqa: F401
+Reads a `SegmentSpec` JSON file (what the planner emits for one segment), runs `workers.segment.run_segment` with a
+runtime built from the flags, shows a progress bar on stderr, and prints the result (with `--json`, one JSON object
+on stdout: val_loss, tokens, wall_s, tokens_per_s, checkpoint). torch and DeepSpeed are imported inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from api.cli.app import app, console, err_console, register_user_error
+from workers.errors import WorkerError
+
+register_user_error(WorkerError)
+
+
+def _parents(values: list[str], parent_ids: tuple[str, ...]) -> dict[str, str]:
+    """`ID=DIR` pairs; a bare `DIR` is accepted when the segment has exactly one parent."""
+    out = {}
+    for v in values:
+        if "=" in v:
+            k, d = v.split("=", 1)
+        elif len(parent_ids) == 1:
+            k, d = parent_ids[0], v
+        else:
+            raise WorkerError(f"--parent {v!r}: write PARENT_ID=DIR (this segment has parents {list(parent_ids)})")
+        out[k] = d
+    return out
+
+
+@app.command("train-segment")
+def train_segment(
+    segment: Annotated[Path, typer.Argument(help="A SegmentSpec JSON file.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="Where checkpoints go; default <UPSCALE_HOME>/checkpoints/<segment id>.")
+    ] = None,
+    parent: Annotated[
+        list[str] | None, typer.Option(help="Parent checkpoint as PARENT_ID=DIR (or DIR for a single parent).")
+    ] = None,
+    mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI; default: no MLflow logging.")] = None,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads.")] = 1,
+    device: Annotated[str, typer.Option(help="cpu or cuda (bf16 autocast).")] = "cpu",
+    eval_every_tokens: Annotated[int | None, typer.Option(help="Periodic validation cadence.")] = None,
+    checkpoint_every_tokens: Annotated[int | None, typer.Option(help="Periodic resume checkpoints.")] = None,
+    zero_stage: Annotated[int, typer.Option(min=0, max=2, help="DeepSpeed ZeRO stage.")] = 0,
+) -> None:
+    """Train one segment (any kind but lr_search) and report its validation loss; resumes if interrupted."""
+    from pydantic import ValidationError
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from sweeps.segments import SegmentRuntime, SegmentSpec
+    from workers.data import upscale_home
+    from workers.segment import StepInfo, run_segment
+
+    if not segment.is_file():
+        raise WorkerError(f"segment file {segment} does not exist")
+    try:
+        spec = SegmentSpec.model_validate_json(segment.read_text())
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise WorkerError(f"{segment}: {where}: {first['msg']} ({e.error_count()} error(s))") from None
+    runtime = SegmentRuntime(
+        checkpoint_dir=str(checkpoint_dir or Path(os.environ.get("UPSCALE_CHECKPOINT_DIR", upscale_home() /
+                                                                 "checkpoints")) / spec.id),
+        parent_checkpoints=_parents(parent or [], spec.parent_ids),
+        mlflow_tracking_uri=mlflow_uri, num_threads=threads, device=device, eval_every_tokens=eval_every_tokens,
+        checkpoint_every_tokens=checkpoint_every_tokens, zero_stage=zero_stage,
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=json_out) as bar:
+        task = bar.add_task(f"{spec.kind} {spec.id}", total=max(1, spec.end_tokens - spec.start_tokens),
+                            status="starting")
+
+        def on_step(info: StepInfo) -> None:
+            bar.update(task, completed=info.tokens - info.start_tokens,
+                       status=f"{info.tokens} tokens  loss {info.loss:.4f}  lr {info.lr:.2e}")
+
+        result = run_segment(spec, runtime, on_step=on_step)
+    out = {k: getattr(result, k) for k in ("val_loss", "tokens", "wall_s", "tokens_per_s", "checkpoint")}
+    if json_out:
+        typer.echo(json.dumps(out))
+        return
+    loss = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
+    console.print(f"{spec.kind} {spec.id}: val_loss {loss}, {result.tokens} tokens in {result.wall_s:.1f} s "
+                  f"({result.tokens_per_s:,.0f} tokens/s); checkpoint {result.checkpoint}")

@@ -1,0 +1,95 @@
+"""Data: every corpus format yields its documents, the token cache is built once and split by document, batches are
+a pure function of (seed, step), BPE trains and caches, and bad corpora fail with a clear message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sweeps.segments import DataSpec
+from workers.data import BUILTIN_STDLIB, iter_documents, load_tokens
+from workers.errors import WorkerError
+
+DOCS = [f"document {i}: " + "the quick brown fox jumps over the lazy dog. " * (5 + i) for i in range(40)]
+
+
+def test_folder_jsonl_parquet_and_save_to_disk_give_the_same_documents(tmp_path: Path) -> None:
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    for i, d in enumerate(DOCS):
+        (folder / f"{i:03d}.txt").write_text(d)
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps({"body": d}) for d in DOCS) + "\n")
+    pq.write_table(pa.table({"body": DOCS}), tmp_path / "c.parquet")
+    hf = tmp_path / "hf"  # the layout of datasets' save_to_disk: arrow IPC stream shards + state.json
+    hf.mkdir()
+    with pa.OSFile(str(hf / "data-00000-of-00001.arrow"), "wb") as sink, \
+            pa.ipc.new_stream(sink, pa.schema([("body", pa.string())])) as w:
+        w.write_table(pa.table({"body": DOCS}))
+    (hf / "state.json").write_text("{}")
+    assert list(iter_documents(DataSpec(corpus=str(folder)))) == DOCS
+    for src in ("c.jsonl", "c.parquet", "hf"):
+        assert list(iter_documents(DataSpec(corpus=str(tmp_path / src), text_column="body"))) == DOCS
+    with pytest.raises(WorkerError, match="no key 'text'"):
+        list(iter_documents(DataSpec(corpus=str(tmp_path / "c.jsonl"))))
+
+
+def test_missing_and_empty_corpora_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(WorkerError, match="does not exist"):
+        load_tokens(DataSpec(corpus=str(tmp_path / "nope")), 16, tmp_path / "cache")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    with pytest.raises(WorkerError, match="is empty"):
+        load_tokens(DataSpec(corpus=str(tmp_path / "empty")), 16, tmp_path / "cache")
+
+
+def test_cache_split_by_document_and_batches_pure(tmp_path: Path) -> None:
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    for i, d in enumerate(DOCS):
+        (folder / f"{i:03d}.txt").write_text(d)
+    spec = DataSpec(corpus=str(folder), eval_tokens=500)
+    data = load_tokens(spec, 16, tmp_path / "cache")
+    total = sum(len(d.encode()) for d in DOCS)
+    assert len(data.train) + len(data.val) == total
+    assert 501 <= len(data.val) < 501 + max(len(d) for d in DOCS)  # whole documents until eval_tokens + 1
+    val_text = bytes(np.asarray(data.val)).decode()
+    val_docs = [d for d in DOCS if d in val_text]
+    assert sum(len(d) for d in val_docs) == len(data.val)  # validation is made of whole documents only
+    assert all(d not in bytes(np.asarray(data.train)).decode() for d in val_docs)
+    again = load_tokens(spec, 16, tmp_path / "cache")  # second call: memory-mapped from the same cache folder
+    assert again.cache_dir == data.cache_dir and np.array_equal(again.train, data.train)
+    b1, b2 = data.batch(3, 7, 4, 16), data.batch(3, 7, 4, 16)
+    assert b1.shape == (4, 17) and torch.equal(b1, b2)
+    assert not torch.equal(b1, data.batch(3, 8, 4, 16))
+    vb = data.val_batches(320, 16, 8)
+    assert sum(b.shape[0] for b in vb) == 20 and torch.equal(vb[0][1, 0], vb[0][0, 16])  # consecutive windows
+
+
+def test_bpe_is_trained_once_and_cached(tmp_path: Path) -> None:
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    for i, d in enumerate(DOCS):
+        (folder / f"{i:03d}.txt").write_text(d)
+    spec = DataSpec(corpus=str(folder), tokenizer="bpe", bpe_vocab_size=300, eval_tokens=100)
+    data = load_tokens(spec, 8, tmp_path / "cache")
+    assert 257 <= data.vocab_size <= 300
+    assert int(np.max(data.train)) < data.vocab_size
+    n_bytes = sum(len(d.encode()) for d in DOCS)
+    assert len(data.train) + len(data.val) < 0.5 * n_bytes  # repetitive text compresses well under BPE
+    saved = list((tmp_path / "cache" / "tokenizers").glob("bpe-*.json"))
+    assert len(saved) == 1
+    mtime = saved[0].stat().st_mtime_ns
+    load_tokens(spec.model_copy(update={"eval_tokens": 50}), 8, tmp_path / "cache")
+    assert saved[0].stat().st_mtime_ns == mtime  # the tokeniser was reused, not retrained
+
+
+def test_builtin_stdlib_corpus(tmp_path: Path) -> None:
+    data = load_tokens(DataSpec(corpus=BUILTIN_STDLIB, eval_tokens=4096), 32, tmp_path / "cache")
+    assert data.vocab_size == 256 and len(data.train) > 5_000_000 and len(data.val) > 4096
+    assert b"def " in bytes(np.asarray(data.val[:200_000]))

@@ -1,0 +1,108 @@
+"""Segment checkpoints: a DeepSpeed checkpoint (weights + optimiser, experts in their own files) plus a JSON sidecar.
+
+Layout under a segment's `checkpoint_dir`: one folder per saved token count, `tokens_<15 digits>/`, holding
+DeepSpeed's files (`engine.save_checkpoint(dir, tag)`), a `model/` export in the `workers.weights` format (the
+weights alone, what an upcycle segment or `upscale model` reads), and `meta.json` (STYLE.md item 9: segment id,
+parents, tokens, schedule phase, the full ModelConfig, schema_version). `meta.json` is written last, atomically:
+a folder without it is an interrupted save and is never resumed from. Resume = the newest complete folder whose
+sidecar names this segment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from workers.errors import WorkerError
+from workers.model import ModelConfig
+from workers.weights import save_model
+
+SCHEMA_VERSION = 1
+META_FILE = "meta.json"
+MODEL_DIR = "model"
+TAG_PREFIX = "tokens_"
+
+
+def tag_for(tokens: int) -> str:
+    return f"{TAG_PREFIX}{tokens:015d}"
+
+
+def save(engine, root: str | Path, tokens: int, cfg: ModelConfig, meta: dict[str, Any]) -> Path:
+    """Save engine state + weights export at `tokens`; returns the checkpoint folder."""
+    root = Path(root)
+    tag = tag_for(tokens)
+    engine.save_checkpoint(str(root), tag=tag, client_state={"tokens": tokens})
+    path = root / tag
+    save_model(path / MODEL_DIR, cfg, engine.module.state_dict())
+    write_meta(path, {**meta, "tokens": tokens}, cfg)
+    return path
+
+
+def write_meta(path: str | Path, meta: dict[str, Any], cfg: ModelConfig) -> None:
+    """Write the sidecar last and atomically: its presence marks the folder as a complete checkpoint."""
+    body = {**meta, "schema_version": SCHEMA_VERSION, "model_config": cfg.model_dump()}
+    tmp = Path(path) / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True))
+    os.replace(tmp, Path(path) / META_FILE)
+
+
+def has_engine_state(path: str | Path) -> bool:
+    """True for a DeepSpeed checkpoint (weights + optimiser), False for a weights-only export (an upcycled MoE)."""
+    return (Path(path) / "mp_rank_00_model_states.pt").is_file()
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The sidecar of a checkpoint folder; a clear error when the folder is not a complete checkpoint."""
+    f = Path(path) / META_FILE
+    if not f.is_file():
+        raise WorkerError(f"{path} is not a complete segment checkpoint ({META_FILE} missing)")
+    meta = json.loads(f.read_text())
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise WorkerError(f"{f}: checkpoint schema_version {meta.get('schema_version')} is not {SCHEMA_VERSION}")
+    return meta
+
+
+def check_same_model(meta: dict[str, Any], cfg: ModelConfig, where: str | Path) -> None:
+    """Refuse a checkpoint of another model: names every field that differs."""
+    saved = meta["model_config"]
+    want = cfg.model_dump()
+    diff = {k: (saved.get(k), v) for k, v in want.items() if saved.get(k) != v}
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {a!r} vs segment {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise WorkerError(f"checkpoint {where} is of a different model shape ({detail})")
+
+
+def load(engine, path: str | Path, cfg: ModelConfig) -> dict[str, Any]:
+    """Restore weights and optimiser state from a checkpoint folder after checking its model; returns its meta."""
+    path = Path(path)
+    meta = read_meta(path)
+    check_same_model(meta, cfg, path)
+    loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                       load_lr_scheduler_states=False, load_module_strict=True)
+    if loaded is None:
+        raise WorkerError(f"DeepSpeed could not load the checkpoint in {path}")
+    return meta
+
+
+def complete(root: str | Path, segment_id: str) -> dict[int, Path]:
+    """Complete checkpoints of `segment_id` under `root`, by token count."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    found = {}
+    for d in root.glob(f"{TAG_PREFIX}*"):
+        f = d / META_FILE
+        if f.is_file() and json.loads(f.read_text()).get("segment_id") == segment_id:
+            found[int(d.name.removeprefix(TAG_PREFIX))] = d
+    return dict(sorted(found.items()))
+
+
+def remove(path: str | Path) -> None:
+    """Delete a checkpoint folder (a superseded periodic resume checkpoint): sidecar first, so it never looks
+    complete while half deleted."""
+    path = Path(path)
+    (path / META_FILE).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)

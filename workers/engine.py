@@ -1,0 +1,106 @@
+"""The DeepSpeed engine every training segment runs on, and one optimiser step through it.
+
+AdamW per `OptimSpec` with two parameter groups (matrices decayed, norm weights not), split by DeepSpeed's
+`split_params_into_different_moe_groups_for_optimizer` so expert parameters sit in their own groups (required by
+ZeRO 1/2 with MoE; METHODS.md pitfall 14). The engine holds fp32 weights everywhere; on CUDA the forward runs under
+bf16 autocast (the `SegmentRuntime.device` contract), on CPU in plain fp32 over gloo. The LR is set on the
+optimiser's groups before every step from the pure schedule function, so no DeepSpeed LR scheduler state exists
+to save or to drift. The loss is cross-entropy plus `aux_loss_coef` times the summed DeepSpeed load-balancing loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sweeps.segments import OptimSpec
+from workers.distributed import init_single_process
+from workers.errors import WorkerError
+from workers.model import UpscaleLM
+
+
+def param_groups(model: UpscaleLM, weight_decay: float) -> list[dict]:
+    """Decayed matrices and undecayed vectors (norm weights), then expert params split into their own groups."""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"name": "decay", "params": decay, "weight_decay": weight_decay},
+              {"name": "no_decay", "params": no_decay, "weight_decay": 0.0}]
+    return split_params_into_different_moe_groups_for_optimizer(groups)
+
+
+def build_engine(model: UpscaleLM, optim: OptimSpec, zero_stage: int = 0, device: str = "cpu"):
+    """A DeepSpeed engine (world size 1) around `model` with AdamW; returns the engine."""
+    import deepspeed
+
+    if zero_stage not in (0, 1, 2):
+        raise WorkerError(f"zero_stage={zero_stage}: DeepSpeed-MoE supports ZeRO stages 0, 1 and 2 (not 3)")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise WorkerError(f"device={device!r} asked for but CUDA is not available; use device='cpu'")
+    init_single_process("nccl" if device.startswith("cuda") else "gloo")
+    model.to(device)
+    opt = torch.optim.AdamW(param_groups(model, optim.weight_decay), lr=optim.lr or 0.0,
+                            betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    config = {
+        "train_batch_size": optim.batch_size,
+        "train_micro_batch_size_per_gpu": optim.batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": optim.grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    return engine
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One optimiser step: the LM loss, the raw (uncoefficiented) aux loss, the pre-clip gradient norm (None where
+    DeepSpeed does not report it: ZeRO stage 0 clips without returning the norm)."""
+
+    loss: float
+    aux_loss: float
+    grad_norm: float | None
+
+
+def autocast(device: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; nothing on CPU (fp32)."""
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def lm_loss(model: torch.nn.Module, tokens: torch.Tensor, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy of next-token prediction, summed aux loss) for a [B, T+1] token batch."""
+    tokens = tokens.to(device, non_blocking=True)
+    with autocast(device):
+        logits, aux = model(tokens[:, :-1])
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    return ce, aux.float()
+
+
+def set_lr(engine, lr: float) -> None:
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+
+
+class NonFiniteLoss(WorkerError):
+    """The loss became NaN or infinite; raised before the step, so the weights are still the last good ones."""
+
+
+def train_step(engine, tokens: torch.Tensor, lr: float, aux_coef: float, device: str) -> StepStats:
+    """Forward, backward and AdamW step at `lr`; a non-finite loss raises before anything is updated."""
+    set_lr(engine, lr)
+    ce, aux = lm_loss(engine, tokens, device)
+    total = ce + aux_coef * aux
+    if not torch.isfinite(total):
+        raise NonFiniteLoss(f"loss is {ce.item()} (aux {aux.item()})")
+    engine.backward(total)
+    engine.step()
+    norm = engine.get_global_grad_norm()
+    return StepStats(loss=ce.item(), aux_loss=aux.item(), grad_norm=float(norm) if norm is not None else None)

@@ -1,0 +1,256 @@
+"""`run_segment(spec, runtime) -> SegmentResult`: one training job of any kind (DESIGN.md, "Segments").
+
+The orchestrator calls this inside a Ray task; `upscale train-segment` calls it alone. The training path, top to
+bottom: pick the model and the starting state (a resume checkpoint of this segment, else the parent's checkpoint,
+else a fresh init), wrap it in the DeepSpeed engine, then for every step draw the batch that is a pure function of
+(data_seed, step), set the LR from the pure WSD function of absolute tokens, step, log, save at branch points and
+periodically, evaluate. Nothing depends on where a run started, so trunk + decay branch, a resumed run and one
+uninterrupted WSD run are the same computation (bit-exact on CPU).
+
+Starting states (`runtime.parent_checkpoints`, one parent): a folder written by `workers.checkpoints.save` (a trunk's
+branch point: weights and optimiser state, resumed with `load_checkpoint`), or one holding only a `model/` export
+(an upcycled MoE: fresh optimiser). Upcycle segments do not train: they load the parent's decayed dense model, call
+the upcycling registry (with calibration windows from the training data) and save the MoE.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from workers import checkpoints
+from workers.data import TokenData, load_tokens
+from workers.engine import NonFiniteLoss, build_engine, train_step
+from workers.errors import WorkerError
+from workers.evaluate import expert_load, val_loss
+from workers.model import ModelConfig, build_model
+from workers.schedule import check_schedule, lr_multiplier
+from workers.tracking import MetricLogger
+from workers.weights import load_model, save_model
+
+CALIBRATION_TOKENS = 8192  # windows handed to data-driven upcycling methods (llama-moe sharing, router-upcycling)
+SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "vocab_size", "context")
+
+
+class NaNLossError(WorkerError):
+    """Training stopped because the loss became NaN/inf; the last good checkpoint is kept."""
+
+    def __init__(self, step: int, tokens: int, detail: str, last_checkpoint: Path | None) -> None:
+        self.step, self.tokens, self.last_checkpoint = step, tokens, last_checkpoint
+        kept = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
+        super().__init__(f"loss became non-finite at step {step} ({tokens} tokens): {detail}; training stopped, "
+                         f"{kept}; lower optim.lr or raise warmup_tokens")
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a progress hook sees after every optimiser step."""
+
+    step: int
+    tokens: int
+    start_tokens: int
+    end_tokens: int
+    loss: float
+    lr: float
+
+
+StepHook = Callable[[StepInfo], None]
+
+
+def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None = None) -> SegmentResult:
+    """Run one segment to completion (resuming from its own last checkpoint if one exists)."""
+    t0 = time.perf_counter()
+    torch.set_num_threads(runtime.num_threads)
+    if runtime.workers > 1:
+        raise WorkerError(f"workers={runtime.workers}: multi-process segments are not supported yet; use workers=1")
+    if spec.kind == "lr_search":
+        raise WorkerError("lr_search segments are not implemented by the worker yet; give optim.lr explicitly")
+    if spec.kind == "upcycle":
+        return _upcycle(spec, runtime, t0)
+    return _train(spec, runtime, on_step, t0)
+
+
+def axis_tags(spec: SegmentSpec, runtime: SegmentRuntime) -> dict[str, str]:
+    """MLflow tags: every grid axis of the segment, plus the orchestrator's own tags (which win)."""
+    m = spec.model
+    tags = {"segment_id": spec.id, "kind": spec.kind, "parent_ids": ",".join(spec.parent_ids),
+            "n_layer": m.n_layer, "d_model": m.d_model, "n_head": m.n_head, "n_expert": m.n_expert, "topk": m.topk,
+            "context": m.context, "seed": spec.seed, "start_tokens": spec.start_tokens,
+            "end_tokens": spec.end_tokens, "corpus": spec.data.corpus, "tokenizer": spec.data.tokenizer}
+    if spec.optim is not None:
+        tags |= {"lr": spec.optim.lr, "batch_size": spec.optim.batch_size}
+    if spec.schedule is not None:
+        tags |= {"schedule": spec.schedule.kind, "decay_shape": spec.schedule.decay_shape,
+                 "decay_start_tokens": spec.decay_start_tokens}
+    if spec.upcycle is not None:
+        tags |= {"method": spec.upcycle.method, "r": spec.upcycle.r, "upcycle_seed": spec.upcycle.seed}
+    return {k: str(v) for k, v in tags.items()} | runtime.mlflow_tags
+
+
+def _meta(spec: SegmentSpec) -> dict:
+    return {"segment_id": spec.id, "kind": spec.kind, "parent_ids": list(spec.parent_ids)}
+
+
+def _parent(spec: SegmentSpec, runtime: SegmentRuntime) -> Path | None:
+    if not spec.parent_ids:
+        return None
+    missing = [p for p in spec.parent_ids if p not in runtime.parent_checkpoints]
+    if missing:
+        raise WorkerError(f"{spec.kind} segment {spec.id}: no checkpoint given for parent(s) {missing} in "
+                          f"runtime.parent_checkpoints")
+    if len(spec.parent_ids) > 1:
+        raise WorkerError(f"{spec.kind} segment {spec.id}: expected one parent, got {list(spec.parent_ids)}")
+    path = Path(runtime.parent_checkpoints[spec.parent_ids[0]])
+    if not path.exists():
+        raise WorkerError(f"parent checkpoint {path} does not exist")
+    return path
+
+
+def _check_shape(cfg: ModelConfig, spec: SegmentSpec, where: Path) -> None:
+    diff = [f"{k}: checkpoint {getattr(cfg, k)} vs segment {getattr(spec.model, k)}"
+            for k in SHAPE_FIELDS if getattr(cfg, k) != getattr(spec.model, k)]
+    if diff:
+        raise WorkerError(f"checkpoint {where} is of a different model shape ({', '.join(diff)})")
+
+
+def _data(spec: SegmentSpec, runtime: SegmentRuntime) -> TokenData:
+    data = load_tokens(spec.data, spec.model.context, runtime.data_cache_dir)
+    if data.vocab_size > spec.model.vocab_size:
+        raise WorkerError(f"the {spec.data.tokenizer} tokeniser has {data.vocab_size} tokens but "
+                          f"model.vocab_size={spec.model.vocab_size}; set model.vocab_size >= {data.vocab_size}")
+    return data
+
+
+def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentResult:
+    from workers.upcycling import upcycle
+
+    parent = _parent(spec, runtime)
+    if parent is None:
+        raise WorkerError(f"upcycle segment {spec.id} needs the decayed dense model as its parent")
+    dense_cfg, dense_sd = load_model(parent / checkpoints.MODEL_DIR if (parent / checkpoints.MODEL_DIR).is_dir()
+                                     else parent)
+    _check_shape(dense_cfg, spec, parent)
+    if dense_cfg.is_moe:
+        raise WorkerError(f"upcycle parent {parent} is already an MoE ({dense_cfg.n_expert} experts)")
+    calibration = _data(spec, runtime).calibration(spec.upcycle.seed, CALIBRATION_TOKENS, spec.model.context)
+    cfg, moe_sd = upcycle(dense_sd, ModelConfig.from_spec(spec.model), spec.upcycle, calibration)
+    out = Path(runtime.checkpoint_dir) / "upcycled"
+    save_model(out / checkpoints.MODEL_DIR, cfg, moe_sd)
+    checkpoints.write_meta(out, {**_meta(spec), "tokens": 0}, cfg)
+    wall = time.perf_counter() - t0
+    return SegmentResult(segment_id=spec.id, kind=spec.kind, val_loss=None, tokens=0, wall_s=wall,
+                         tokens_per_s=0.0, checkpoint=str(out))
+
+
+def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None, t0: float) -> SegmentResult:
+    optim, sched = spec.optim, spec.schedule
+    assert optim is not None and sched is not None  # guaranteed by SegmentSpec for training kinds
+    if optim.lr is None:
+        raise WorkerError(f"segment {spec.id}: optim.lr is None; resolve the peak LR (lr_search) before training")
+    check_schedule(sched, spec.decay_start_tokens, spec.end_tokens)
+    data = _data(spec, runtime)
+    root = Path(runtime.checkpoint_dir)
+    own = checkpoints.complete(root, spec.id)
+    parent = _parent(spec, runtime)
+
+    # The model: its config comes from the parent (an upcycling method may have reshaped the MoE), else the spec.
+    parent_meta: dict | None = None
+    if parent is None:
+        if spec.start_tokens:
+            raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but has no parent "
+                              f"checkpoint to start from")
+        cfg = ModelConfig.from_spec(spec.model)
+        model = build_model(cfg, spec.seed)
+    elif checkpoints.has_engine_state(parent):  # a branch point: weights and optimiser come from load_checkpoint
+        parent_meta = checkpoints.read_meta(parent)
+        cfg = ModelConfig.model_validate(parent_meta["model_config"])
+        model = build_model(cfg, spec.seed)
+    else:  # weights only (an upcycled MoE, or a bare model folder): fresh optimiser
+        model_dir = parent / checkpoints.MODEL_DIR if (parent / checkpoints.MODEL_DIR).is_dir() else parent
+        cfg, sd = load_model(model_dir)
+        model = build_model(cfg, spec.seed)
+        model.load_state_dict(sd)
+    if parent is not None:
+        _check_shape(cfg, spec, parent)
+    if parent_meta is not None and not own and parent_meta["tokens"] != spec.start_tokens:
+        raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but its parent checkpoint "
+                          f"{parent} is at {parent_meta['tokens']} tokens: the branch point is not one the trunk "
+                          f"saved")
+    engine = build_engine(model, optim, runtime.zero_stage, runtime.device)
+
+    tokens = spec.start_tokens
+    keep = set(spec.save_at_tokens) | {spec.end_tokens}
+    last_good: Path | None = None
+    periodic: Path | None = None  # the latest resume-only checkpoint, removed when superseded
+    if own:
+        tokens, last_good = max(own.items())
+        checkpoints.load(engine, last_good, cfg)
+        periodic = None if tokens in keep else last_good
+    elif parent_meta is not None:
+        checkpoints.load(engine, parent, cfg)
+
+    tps, bs, ctx = spec.tokens_per_step, optim.batch_size, spec.model.context
+    val_set = data.val_batches(spec.data.eval_tokens, ctx, bs)
+    summary: dict[str, float] = {}
+    logger = MetricLogger(runtime.mlflow_tracking_uri, runtime.mlflow_run_id, axis_tags(spec, runtime),
+                          run_name=f"{spec.kind}-{spec.id}")
+    with logger:
+        if not own:
+            summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device)
+            logger.log(tokens, val_loss=summary["val_loss_start"])
+        train_s, trained = 0.0, 0
+        while tokens < spec.end_tokens:
+            step = tokens // tps
+            batch = data.batch(spec.data.data_seed, step, bs, ctx)
+            lr = optim.lr * lr_multiplier(tokens + tps, sched, spec.decay_start_tokens, spec.end_tokens)
+            ts = time.perf_counter()
+            try:
+                stats = train_step(engine, batch, lr, cfg.aux_loss_coef, runtime.device)
+            except NonFiniteLoss as e:
+                logger.log(tokens, nan_step=step)
+                raise NaNLossError(step, tokens, str(e), last_good) from None
+            train_s += time.perf_counter() - ts
+            tokens += tps
+            trained += tps
+            if (step + 1) % runtime.log_every_steps == 0 or tokens == spec.end_tokens:
+                point = {"train_loss": stats.loss, "lr": lr, "tokens_per_s": trained / train_s}
+                if stats.grad_norm is not None:
+                    point["grad_norm"] = stats.grad_norm
+                if cfg.is_moe:
+                    point |= {"aux_loss": stats.aux_loss, **expert_load(engine.module)}
+                logger.log(tokens, **point)
+                summary |= {k: v for k, v in point.items() if not k.startswith("load/")}
+            every = runtime.checkpoint_every_tokens
+            if tokens in keep or (every and tokens % every == 0):
+                last_good = checkpoints.save(engine, root, tokens, cfg, {**_meta(spec), "phase": _phase(spec, tokens)})
+                if periodic is not None:
+                    checkpoints.remove(periodic)
+                periodic = None if tokens in keep else last_good
+            if runtime.eval_every_tokens and tokens % runtime.eval_every_tokens == 0 and tokens < spec.end_tokens:
+                logger.log(tokens, val_loss=val_loss(engine.module, val_set, runtime.device))
+            if on_step is not None:
+                on_step(StepInfo(step, tokens, spec.start_tokens, spec.end_tokens, stats.loss, lr))
+        final = val_loss(engine.module, val_set, runtime.device)
+        logger.log(tokens, val_loss=final)
+    final_ckpt = checkpoints.complete(root, spec.id)[spec.end_tokens]
+    branches = {t: str(p) for t, p in checkpoints.complete(root, spec.id).items() if t in spec.save_at_tokens}
+    return SegmentResult(
+        segment_id=spec.id, kind=spec.kind, val_loss=final, tokens=spec.end_tokens - spec.start_tokens,
+        wall_s=time.perf_counter() - t0, tokens_per_s=trained / train_s if train_s else 0.0,
+        checkpoint=str(final_ckpt), branch_checkpoints=branches, metrics=summary,
+    )
+
+
+def _phase(spec: SegmentSpec, tokens: int) -> str:
+    """warmup, stable or decay: recorded in the checkpoint sidecar."""
+    assert spec.schedule is not None
+    if tokens < spec.schedule.warmup_tokens:
+        return "warmup"
+    if spec.schedule.kind == "cosine" or (spec.decay_start_tokens is not None and tokens > spec.decay_start_tokens):
+        return "decay"
+    return "stable"
