@@ -8,14 +8,17 @@ fitter turns that into one design tensor X[term, row, param] and log L̂ = logsu
 objective, its exact gradient and the vectorised start-grid screen a handful of numpy products, for every law.
 
 Scale parameters (A, B, E, F) are fitted as their natural log; exponents (alpha*, beta*) as they are. ``bounds``
-are the plausible box in user units (a fit that leaves it is flagged, not clipped); ``starts`` are the start grid
-in fitted coordinates (log for scales). ``*-exact`` laws use log(1 + D2) in place of log D2 (the paper's footnote 1
+are the plausible box in user units (a fit that leaves it is flagged, not clipped); ``starts`` are the start grid of
+the exponents. Scales need no grid: for every exponent start the fitter solves the scales by linear least squares
+(the law is linear in them), which avoids the plateaus where a term is negligible and BFGS stops at once.
+``*-exact`` laws use log(1 + D2) in place of log D2 (the paper's footnote 1
 and Eq. 8), so that D2 = 0 rows (the upcycled model before MoE training) can be fitted.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +30,8 @@ from fitting.errors import FitError
 # Column names the laws use, as in LAWS.md; the loss column and the optional cluster column for the bootstrap.
 LOSS = "loss"
 TRUNK = "trunk"
+# A table the laws read: a DataFrame or any mapping of column name -> array (cheap in inner loops such as D*).
+Table = pd.DataFrame | Mapping[str, np.ndarray]
 # Columns that must be token counts or parameter counts: positive (D2 may be 0 for the exact laws).
 COUNT_COLUMNS = ("D", "N", "D1", "D2", "N1", "P", "N2")
 
@@ -38,7 +43,7 @@ class Param:
     name: str
     kind: Literal["scale", "exponent"]
     bounds: tuple[float, float]  # plausible range in user units; fits outside it are flagged
-    starts: tuple[float, ...]  # start grid in fitted coordinates (log for scales)
+    starts: tuple[float, ...]  # start grid of an exponent; empty for scales (solved per start, see fit.py)
 
     def to_fitted(self, value: float) -> float:
         return float(np.log(value)) if self.kind == "scale" else float(value)
@@ -68,20 +73,18 @@ class Term:
         return frozenset(c for m in self.monomials for c in m.columns)
 
 
-# Defaults by parameter name. Scale starts span the magnitudes met in practice (A from ~1 to ~3,000);
-# exponent starts bracket the paper's and the Chinchilla values. A law may override any of them.
-_SCALE_STARTS = (0.0, 4.0, 8.0)
-_E_STARTS = (-2.0, -0.5, 0.5)
-_EXPONENT_STARTS = (0.05, 0.3, 0.8)
-_INTERACTION_STARTS = (0.0, 0.005)
+# Defaults by parameter name. Exponent starts bracket the paper's (0.04-0.16) and the Chinchilla (0.35) values;
+# interaction starts its alpha3 = 8e-4 with both signs. A law may override any of them.
+_EXPONENT_STARTS = (0.03, 0.08, 0.16, 0.35, 0.7)
+_INTERACTION_STARTS = (-0.002, 0.0, 0.001, 0.004)
 _INTERACTION_NAMES = ("alpha3", "beta3")
 
 
 def _default_param(name: str) -> Param:
     if name == "E":
-        return Param(name, "scale", (1e-3, 20.0), _E_STARTS)
+        return Param(name, "scale", (1e-3, 20.0), ())
     if name[0].isupper():
-        return Param(name, "scale", (1e-6, 1e8), _SCALE_STARTS)
+        return Param(name, "scale", (1e-6, 1e8), ())
     if name in _INTERACTION_NAMES:
         return Param(name, "exponent", (-0.1, 0.1), _INTERACTION_STARTS)
     return Param(name, "exponent", (0.0, 3.0), _EXPONENT_STARTS)
@@ -126,39 +129,31 @@ class Law:
                 return p
         raise FitError(f"law {self.name!r} has no parameter {name!r}; its parameters are {', '.join(self.param_names)}")
 
-    def log_columns(self, df: pd.DataFrame) -> dict[str, np.ndarray]:
+    def log_columns(self, df: Table) -> dict[str, np.ndarray]:
         """log of every column the law reads (log1p for D2 in the exact laws)."""
         out = {}
         for c in self.columns:
-            v = df[c].to_numpy(dtype=float)
+            v = np.asarray(df[c], dtype=float)
             out[c] = np.log1p(v) if (self.exact and c == "D2") else np.log(v)
         return out
 
-    def design(self, df: pd.DataFrame, names: tuple[str, ...] | None = None) -> np.ndarray:
-        """X[term, row, j] with log L̂ = logsumexp_term(X @ θ), θ ordered as ``names`` (default: the law's)."""
-        names = self.param_names if names is None else names
-        index = {n: j for j, n in enumerate(names)}
+    def design(self, df: Table) -> np.ndarray:
+        """X[term, row, j] with log L̂ = logsumexp_term(X @ θ), θ in the order of ``param_names``."""
+        index = {n: j for j, n in enumerate(self.param_names)}
         logs = self.log_columns(df)
-        X = np.zeros((len(self.terms), len(df), len(names)))
+        n_rows = len(next(iter(logs.values()))) if logs else len(df)
+        X = np.zeros((len(self.terms), n_rows, len(index)))
         for k, term in enumerate(self.terms):
             X[k, :, index[term.scale]] = 1.0
             for m in term.monomials:
                 X[k, :, index[m.param]] += m.sign * np.prod([logs[c] for c in m.columns], axis=0)
         return X
 
-    def predict(self, params: dict[str, float], df: pd.DataFrame) -> np.ndarray:
+    def predict(self, params: dict[str, float], df: Table) -> np.ndarray:
         """L̂ in loss units for every row of ``df`` (params in user units)."""
         theta = np.array([self.param(n).to_fitted(params[n]) for n in self.param_names])
         Z = self.design(df) @ theta
         return np.exp(Z).sum(axis=0)
-
-    def floor(self, params: dict[str, float], df: pd.DataFrame, column: str) -> np.ndarray:
-        """The loss the law approaches as ``column`` → ∞ (sum of the terms that do not involve it), per row."""
-        keep = tuple(t for t in self.terms if column not in t.columns)
-        if not keep:
-            return np.zeros(len(df))
-        return Law(self.name, self.source, self.formula, keep, self.params, self.columns, self.holdout,
-                   self.exact).predict(params, df)
 
 
 def declare(

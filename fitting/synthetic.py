@@ -29,9 +29,10 @@ TABLE2: dict[str, dict[str, float]] = {
 # Non-embedding sizes of the paper's dense models (Table 3).
 N1_TABLE3 = (14_751_680, 44_248_800, 98_323_840, 232_623_040, 521_889_760, 1_085_859_424)
 
-# Per-column grids for generated tables: token counts over ~1.5 decades, sizes as in the paper's experiments.
+# Per-column grids for generated tables: sizes as in the paper's experiments; token counts over ~1.5 decades for the
+# upcycled grid, and 5 decades for dense/MoE (from-scratch runs are cheap to branch; E needs the leverage).
 DEFAULT_GRID: dict[str, tuple[float, ...]] = {
-    "D": tuple(np.geomspace(5e8, 3.2e10, 7)),
+    "D": tuple(np.geomspace(1e8, 1e13, 11)),
     "N": N1_TABLE3,
     "D1": tuple(np.geomspace(5e8, 3.2e10, 5)),
     "D2": tuple(np.geomspace(5e8, 3.2e10, 5)),

@@ -1,3 +1,299 @@
-"""`upscale laws|fit|compare|dstar|decide|optimal`: the fitting library from the command line."""
+"""`upscale laws|fit|compare|dstar|decide|optimal`: the fitting library from the command line.
 
-from api.cli.app import app  # noqa: F401
+Flags and JSON keys are a contract users script against (issue 3); everything else (tables, progress) is for
+people. numpy, pandas, scipy and the fitting package are imported inside the commands so `upscale --help` is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from api.cli.app import app, console, register_user_error
+from fitting.errors import FitError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+register_user_error(FitError)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (the scripted contract) instead of tables.")]
+N1_RANGE = (1e8, 1e11)  # model sizes over which the closed form D*(N1) is fitted (the paper's Fig. 1 span)
+
+
+def clean(x: Any) -> Any:
+    """JSON-safe: NaN and infinities become null (strict JSON has neither)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [clean(v) for v in x]
+    return x
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(clean(obj), indent=2, allow_nan=False))
+
+
+def fmt(x: float | None) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+def parse_fixed(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise FitError(f"--fix {item!r}: write NAME=VALUE, e.g. --fix E=0.165")
+    return out
+
+
+def workers_for(n_boot: int) -> int:
+    """Two processes for a real bootstrap (the machines have 2 cores); one for a short one (no pool start-up)."""
+    return min(2, os.cpu_count() or 1) if n_boot >= 100 else 1
+
+
+@contextmanager
+def progress_bar(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar on stderr (so --json stdout stays clean); yields the advance callback."""
+    if total <= 0:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda k: bar.advance(task, k)
+
+
+@app.command("laws")
+def laws_command() -> None:
+    """The registry: one law a line with its formula and the columns it needs."""
+    from fitting.laws import LAWS
+
+    table = Table("law", "formula", "columns", "source")
+    for name, law in LAWS.items():
+        table.add_row(name, law.formula, ", ".join(law.columns), law.source)
+    console.print(table)
+
+
+def _fit_table(rep: dict[str, Any], title: str) -> Table:
+    table = Table("param", "value", "95% interval", title=title)
+    for k, v in rep["params"].items():
+        lo, hi = rep["ci"].get(k, [None, None])
+        fixed = " (fixed)" if k in rep["fixed"] else ""
+        table.add_row(k, fmt(v) + fixed, f"[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else "")
+    table.caption = (f"{rep['n_points']} points · objective {rep['objective']:.4g} · LOO RMS {fmt(rep['loo_rms'])}"
+                     + "".join(f"\nwarning: {w}" for w in rep["warnings"]))
+    return table
+
+
+def _fit_plots(law_name: str, rep: dict[str, Any], df: Any, out: Path) -> list[Path]:
+    from fitting import plots
+    from fitting.diagnostics import alpha_d1
+    from fitting.laws import get_law
+    from fitting.summary import FittedLaw
+
+    law = get_law(law_name)
+    fitted = FittedLaw(law, rep["params"])
+    paths = [plots.parity(fitted, df, out / "parity.png"), plots.residuals(fitted, df, out / "residuals.png")]
+    if {"D1", "D2"} <= set(law.columns):
+        paths.append(plots.loss_vs_d2(fitted, df, out / "loss_vs_d2.png"))
+        paths.append(plots.alpha_diagnostics(alpha_d1(df, E=rep["params"].get("E")), out / "alpha_d1.png"))
+    return paths
+
+
+@app.command("fit")
+def fit_command(
+    law: Annotated[str, typer.Option("--law", help="A law of `upscale laws`.")],
+    data: Annotated[Path, typer.Option("--data", help="CSV: the law's columns, `loss`, optional `trunk`.")],
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="NAME=VALUE, e.g. E=0.165 (repeatable).")] = None,
+    by: Annotated[str | None, typer.Option("--by", help="Fit one law per group of these columns, e.g. method,r.")]
+    = None,
+    bootstrap: Annotated[int, typer.Option("--bootstrap", min=0, help="Bootstrap refits (trunks if present).")] = 0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit a law to a table with summed Huber/BFGS; LOO RMS always, percentile intervals with --bootstrap."""
+    from fitting.data import read_table
+    from fitting.laws import get_law
+    from fitting.summary import group_keys, grouped_report, report
+
+    the_law = get_law(law)
+    fixed = parse_fixed(fix or [])
+    df = read_table(data)
+    cols = [c.strip() for c in by.split(",") if c.strip()] if by else []
+    n_groups = len(group_keys(df, cols)) if cols else 1
+    with progress_bar(bootstrap * n_groups, "bootstrap") as advance:
+        w = workers_for(bootstrap)
+        if cols:
+            out = grouped_report(the_law, df, cols, fixed, bootstrap, workers=w, progress=advance)
+            reps = [(g, part) for g, (_, part) in zip(out["groups"], group_keys(df, cols), strict=True)]
+        else:
+            out, _ = report(the_law, df, fixed, bootstrap, workers=w, progress=advance)
+            reps = [(out, df)]
+    if plot is not None:
+        for rep, part in reps:
+            sub = plot / "_".join(f"{k}={v}" for k, v in rep["group"].items()) if "group" in rep else plot
+            _fit_plots(the_law.name, rep, part, sub)
+    if as_json:
+        print_json(out)
+        return
+    for rep, _ in reps:
+        title = f"{the_law.name}" + (f"  {rep['group']}" if "group" in rep else "")
+        console.print(_fit_table(rep, title))
+    if plot is not None:
+        console.print(f"plots written to {plot}/")
+
+
+@app.command("compare")
+def compare_command(
+    laws: Annotated[str, typer.Option("--laws", help="Comma-separated laws, e.g. data-mul,data-add.")],
+    data: Annotated[Path, typer.Option("--data", help="CSV with every law's columns and `loss`.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Several laws on one table: LOO RMS and extrapolation error (loss units), AIC, BIC."""
+    from fitting.compare import compare
+    from fitting.data import read_table
+    from fitting.laws import get_law
+
+    the_laws = [get_law(n.strip()) for n in laws.split(",") if n.strip()]
+    if not the_laws:
+        raise FitError("--laws is empty; give comma-separated names from `upscale laws`")
+    rows = compare(the_laws, read_table(data))
+    if as_json:
+        print_json({"results": [r.to_json() for r in rows]})
+        return
+    table = Table("law", "points", "free", "loo_rms", "extrapolation", "AIC", "BIC",
+                  title="lower is better in every column")
+    for r in rows:
+        table.add_row(r.law, str(r.n_points), str(r.n_free), fmt(r.loo_rms), fmt(r.extrapolation_rms), fmt(r.aic),
+                      fmt(r.bic))
+    console.print(table)
+
+
+def dstar_results(moe: Any, up: Any, n1s: list[float]) -> dict[str, Any]:
+    """The `upscale dstar` JSON for fitted laws (shared with the demo)."""
+    import numpy as np
+
+    from fitting.bootstrap import percentile_interval
+    from fitting.dstar import check_pair, crossings, dstar_samples, fit_closed_form
+
+    check_pair(moe, up)
+    results = []
+    for n1 in n1s:
+        if not (math.isfinite(n1) and n1 > 0):
+            raise FitError(f"--n1 must be a positive parameter count, got {n1}")
+        c = crossings(moe, up, n1)
+        samples = dstar_samples(moe, up, n1)
+        results.append({"n1": n1, "crossings": list(c.crossings), "dstar": c.dstar,
+                        "ci": list(percentile_interval(samples)) if samples.size else None,
+                        "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]})
+    grid = np.geomspace(*N1_RANGE, 16)
+    closed = fit_closed_form(grid, np.array([crossings(moe, up, n).dstar for n in grid]))
+    return {"results": results, "closed_form": closed}
+
+
+@app.command("dstar")
+def dstar_command(
+    moe: Annotated[Path, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N).")],
+    upcycled: Annotated[Path, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law.")],
+    n1: Annotated[list[float], typer.Option("--n1", help="Dense model size N1 (repeatable).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """D*: the token count where MoE from scratch catches up with upcycling at the same sunk cost (Eq. 13)."""
+    from fitting.summary import load_fit
+
+    out = dstar_results(load_fit(moe), load_fit(upcycled), n1)
+    if as_json:
+        print_json(out)
+        return
+    console.print(dstar_table(out))
+
+
+def dstar_table(out: dict[str, Any]) -> Table:
+    table = Table("N1", "D* (tokens)", "95% interval", "all crossings", "who wins where", title="D*")
+    for r in out["results"]:
+        ci = f"[{fmt(r['ci'][0])}, {fmt(r['ci'][1])}]" if r["ci"] else "(no bootstrap in the fits)"
+        wins = "; ".join(f"{s['wins']} {fmt(s['from'])}–{fmt(s['to'])}" for s in r["segments"])
+        table.add_row(fmt(r["n1"]), fmt(r["dstar"]), ci, ", ".join(fmt(x) for x in r["crossings"]) or "none", wins)
+    cf = out["closed_form"]
+    table.caption = f"closed form D* ≈ {cf['a']:.3g}·(N1/1e9)^({cf['b']:.3f} + {cf['c']:.4f}·log(N1/1e9)) tokens"
+    return table
+
+
+@app.command("decide")
+def decide_command(
+    moe: Annotated[Path, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N).")],
+    upcycled: Annotated[Path, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law.")],
+    n1: Annotated[float, typer.Option("--n1", help="Dense model size (parameters).")],
+    d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on (sunk cost).")],
+    d2: Annotated[float, typer.Option("--d2", help="Tokens you would spend training the upcycled MoE.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability."""
+    from fitting.dstar import decide
+    from fitting.summary import load_fit
+
+    d = decide(load_fit(moe), load_fit(upcycled), n1, d1, d2).to_json()
+    if as_json:
+        print_json(d)
+        return
+    console.print(decision_text(d))
+
+
+def decision_text(d: dict[str, Any]) -> str:
+    prob = "" if d["probability_upcycle"] is None else f" (bootstrap probability that upcycling wins: " \
+                                                        f"{d['probability_upcycle']:.0%})"
+    return (f"verdict: [bold]{d['verdict']}[/]{prob}\n"
+            f"upcycled loss after D2={fmt(d['d2'])} tokens: {d['loss_upcycled']:.4f}; from scratch needs "
+            f"{fmt(d['catch_up_tokens'])} tokens to match it (sunk cost D1={fmt(d['d1'])}; the paper counts "
+            f"upcycling efficient when the catch-up budget exceeds D1)")
+
+
+@app.command("optimal")
+def optimal_command(
+    upcycled: Annotated[Path, typer.Option("--upcycled", help="`upscale fit --json` of the `joint` law.")],
+    d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on.")],
+    compute: Annotated[float, typer.Option("--compute", help="Upcycling budget C2 in FLOPs (6·N2·D2).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Compute-optimal upcycling (Eq. 14): D2_opt and N1_opt for a FLOP budget, closed-form and numeric."""
+    from fitting.optimal import closed_form, numeric
+    from fitting.summary import load_fit
+
+    if not (math.isfinite(d1) and d1 > 0):
+        raise FitError(f"--d1 must be a positive token count, got {d1}")
+    up = load_fit(upcycled)
+    num = numeric(up, d1, compute)
+    out: dict[str, Any] = {"d1": d1, "compute": compute,
+                           "numeric": {"d2_opt": num.d2_tokens, "n1_opt": num.n1_params, "loss": num.loss}}
+    try:
+        cf = closed_form(up, d1, compute)
+        out["closed_form"] = {"d2_opt": cf.d2_tokens, "n1_opt": cf.n1_params, "loss": cf.loss}
+        out["relative_difference"] = abs(cf.d2_tokens - num.d2_tokens) / num.d2_tokens
+    except FitError as e:
+        out["closed_form"] = None
+        out["closed_form_note"] = str(e)
+    if as_json:
+        print_json(out)
+        return
+    table = Table("", "D2_opt (tokens)", "N1_opt (params)", "loss", title=f"C2={compute:.3g} FLOPs, D1={d1:.3g}")
+    for name in ("closed_form", "numeric"):
+        if out.get(name):
+            table.add_row(name.replace("_", "-"), fmt(out[name]["d2_opt"]), fmt(out[name]["n1_opt"]),
+                          f"{out[name]['loss']:.4f}")
+    console.print(table)

@@ -1,0 +1,99 @@
+"""Bootstrap refits and percentile intervals.
+
+Branches decayed from one WSD trunk share that trunk's noise, so resampling points would understate the
+uncertainty: when the table has a ``trunk`` column whole trunks are resampled (cluster bootstrap), otherwise points.
+Every draw comes from one seeded ``numpy.random.Generator`` up front and is kept with the result, so the result
+does not depend on how many processes refit it. Each refit warm-starts at the full fit (falling back to the
+multi-start grid), which makes 1,000 refits of `joint` a matter of seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fitting.fit import FitOptions, FitResult, Problem, prepare, refit_theta, user_params
+from fitting.laws import TRUNK, Law
+
+CI_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Parameter samples (user units) of the refits that converged, and how they were drawn."""
+
+    names: tuple[str, ...]
+    samples: np.ndarray  # (n_ok, len(names))
+    unit: str  # "trunk" (cluster bootstrap) or "point"
+    seed: int
+    draws: np.ndarray  # (n, n_units): the resampled unit indices of every draw
+    n_failed: int
+
+    def column(self, name: str) -> np.ndarray:
+        return self.samples[:, self.names.index(name)]
+
+    def ci(self, level: float = CI_LEVEL) -> dict[str, tuple[float, float]]:
+        return {n: percentile_interval(self.column(n), level) for n in self.names}
+
+    def to_json(self) -> dict:
+        return {"unit": self.unit, "seed": self.seed, "n": int(self.draws.shape[0]), "n_failed": self.n_failed,
+                "names": list(self.names), "samples": self.samples.tolist()}
+
+
+def percentile_interval(values: np.ndarray, level: float = CI_LEVEL) -> tuple[float, float]:
+    """The central ``level`` percentile interval; infinities (e.g. no crossing) count as extreme values."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return float("nan"), float("nan")
+    q = 100 * (1 - level) / 2
+    lo, hi = np.percentile(v, [q, 100 - q], method="inverted_cdf")  # no interpolation: inf stays inf
+    return float(lo), float(hi)
+
+
+def _units(df: pd.DataFrame) -> tuple[str, list[np.ndarray]]:
+    """The resampling units: rows grouped by trunk when the column exists, else single rows."""
+    if TRUNK in df.columns:
+        codes, _ = pd.factorize(df[TRUNK].astype(str), sort=True)
+        return "trunk", [np.flatnonzero(codes == c) for c in range(codes.max() + 1)]
+    return "point", [np.array([i]) for i in range(len(df))]
+
+
+def _refit_chunk(problem: Problem, theta: np.ndarray, options: FitOptions,
+                 row_sets: list[np.ndarray]) -> list[np.ndarray | None]:
+    return [refit_theta(problem.subset(rows), theta, options) for rows in row_sets]
+
+
+def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed: int = 0,
+              options: FitOptions | None = None, workers: int = 1,
+              progress: Callable[[int], None] | None = None) -> Bootstrap:
+    """``n`` refits of ``result`` on resampled trunks (or points); ``progress(k)`` is told of every k finished."""
+    options = options or FitOptions()
+    problem, _ = prepare(law, df, result.fixed, options)
+    unit, units = _units(df)
+    draws = np.random.default_rng(seed).integers(0, len(units), size=(n, len(units)))
+    row_sets = [np.concatenate([units[u] for u in d]) for d in draws]
+    theta = np.array(result.theta)
+    chunk = max(1, min(50, n // (4 * max(workers, 1)) or 1))
+    chunks = [row_sets[i:i + chunk] for i in range(0, n, chunk)]
+    thetas: list[np.ndarray | None] = []
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            for part in pool.map(_refit_chunk, *zip(*[(problem, theta, options, c) for c in chunks], strict=True)):
+                thetas.extend(part)
+                if progress:
+                    progress(len(part))
+    else:
+        for c in chunks:
+            part = _refit_chunk(problem, theta, options, c)
+            thetas.extend(part)
+            if progress:
+                progress(len(part))
+    ok = [t for t in thetas if t is not None]
+    names = law.param_names
+    samples = np.array([[user_params(problem, t, result.fixed)[k] for k in names] for t in ok]).reshape(-1, len(names))
+    return Bootstrap(names, samples, unit, seed, draws, n - len(ok))

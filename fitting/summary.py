@@ -1,0 +1,122 @@
+"""The fit report users script against (``upscale fit --json``), grouped fits, and reading a report back.
+
+One report: ``{"law", "params", "objective", "converged", "n_points", "loo_rms", "ci"}`` plus what makes it
+reusable: ``fixed``, ``record`` (fitter version, grid, tolerances, data hash) and, after a bootstrap, the
+``bootstrap`` samples, so that `upscale dstar` / `decide` can carry the uncertainty into D* and the verdict.
+With ``by`` columns the table is split and each group gets its own report under ``"groups"``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fitting.bootstrap import Bootstrap, bootstrap
+from fitting.compare import loo_rms
+from fitting.errors import FitError
+from fitting.fit import FitOptions, fit, prepare
+from fitting.laws import Law, get_law
+
+
+@dataclass(frozen=True)
+class FittedLaw:
+    """A law with its fitted parameters and, when bootstrapped, parameter samples (rows aligned with names)."""
+
+    law: Law
+    params: dict[str, float]
+    samples: np.ndarray | None = None  # (B, len(law.param_names))
+
+    def sample_params(self) -> list[dict[str, float]]:
+        if self.samples is None:
+            return []
+        return [dict(zip(self.law.param_names, row, strict=True)) for row in self.samples]
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
+           options: FitOptions | None = None, workers: int = 1,
+           progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
+    """Fit, LOO and (if ``n_boot``) bootstrap ``law`` on ``df``: the JSON report and the bootstrap."""
+    options = options or FitOptions()
+    result = fit(law, df, fixed, options)
+    problem, _ = prepare(law, df, result.fixed, options)
+    boot = bootstrap(law, df, result, n_boot, seed, options, workers, progress) if n_boot > 0 else None
+    out: dict[str, Any] = {
+        "law": law.name,
+        "params": result.params,
+        "objective": result.objective,
+        "converged": result.converged,
+        "n_points": result.n_points,
+        "loo_rms": loo_rms(problem, np.array(result.theta), options),
+        "ci": {k: [_finite(lo), _finite(hi)] for k, (lo, hi) in boot.ci().items() if k not in result.fixed}
+        if boot else {},
+        "fixed": result.fixed,
+        "warnings": list(result.warnings),
+        "record": result.to_json()["record"],
+    }
+    if boot is not None:
+        out["bootstrap"] = boot.to_json()
+    return out, boot
+
+
+def group_keys(df: pd.DataFrame, by: list[str]) -> list[tuple[dict[str, Any], pd.DataFrame]]:
+    """The table split by the ``by`` columns, groups in sorted order, each with its key."""
+    missing = [c for c in by if c not in df.columns]
+    if missing:
+        have = ", ".join(map(str, df.columns))
+        raise FitError(f"--by column(s) {', '.join(missing)} not in the table; it has {have}")
+    out = []
+    for key, part in df.groupby(by, sort=True):
+        values = key if isinstance(key, tuple) else (key,)
+        out.append(({c: (v.item() if hasattr(v, "item") else v) for c, v in zip(by, values, strict=True)},
+                    part.reset_index(drop=True)))
+    return out
+
+
+def grouped_report(law: Law, df: pd.DataFrame, by: list[str], fixed: dict[str, float] | None = None,
+                   n_boot: int = 0, seed: int = 0, options: FitOptions | None = None, workers: int = 1,
+                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """One report per group of ``by`` (e.g. method, r): how each parameter moves across groups."""
+    groups = []
+    for key, part in group_keys(df, by):
+        try:
+            rep, _ = report(law, part, fixed, n_boot, seed, options, workers, progress)
+        except FitError as e:
+            raise FitError(f"group {key}: {e}") from None
+        groups.append({"group": key, **rep})
+    return {"law": law.name, "by": by, "groups": groups}
+
+
+def load_fit(path: str | Path) -> FittedLaw:
+    """A law and its parameters (and bootstrap samples, if any) from an ``upscale fit --json`` file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FitError(f"fit file {str(p)!r} does not exist; write one with `upscale fit --json > FILE`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FitError(f"fit file {str(p)!r} is not JSON ({e}); write it with `upscale fit --json`") from None
+    if not isinstance(data, dict) or "law" not in data or "params" not in data:
+        raise FitError(f"fit file {str(p)!r} has no 'law' and 'params'; write one fit with `upscale fit --json` "
+                       f"(without --by)")
+    law = get_law(data["law"])
+    missing = [n for n in law.param_names if n not in data["params"]]
+    if missing:
+        raise FitError(f"fit file {str(p)!r} lacks parameter(s) {', '.join(missing)} of law {law.name!r}")
+    params = {n: float(data["params"][n]) for n in law.param_names}
+    samples = None
+    boot = data.get("bootstrap")
+    if boot and boot.get("samples"):
+        names = boot["names"]
+        arr = np.asarray(boot["samples"], dtype=float)
+        samples = arr[:, [names.index(n) for n in law.param_names]]
+    return FittedLaw(law, params, samples)
