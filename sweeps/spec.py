@@ -89,23 +89,30 @@ class ModelSection(Frozen):
     vocab_size: int | None = Field(None, ge=2, description="None: 256 for bytes, data.bpe_vocab_size for bpe.")
     init_std: float = Field(0.02, gt=0, description="Std of the normal weight init (per size in `per_size`).")
 
-    @field_validator("sizes")
+    @field_validator("sizes", mode="before")
     @classmethod
-    def _sizes(cls, sizes: list[str | ShapeEntry]) -> list[str | ShapeEntry]:
+    def _sizes(cls, sizes: Any) -> list[str | ShapeEntry]:
+        """Names or shapes, checked here rather than as a pydantic union so each entry gets one clear message."""
+        if not isinstance(sizes, list) or not sizes:
+            raise SpecError([("", "give a list of at least one size")])
         problems: list[Problem] = []
-        if not sizes:
-            problems.append(("", "give at least one size"))
-        seen: set[str] = set()
+        out: list[str | ShapeEntry] = []
         for i, s in enumerate(sizes):
             if isinstance(s, str) and s not in NAMED_SIZES:
                 problems.append((f"[{i}]", f"unknown size {s!r}; named sizes: {', '.join(NAMED_SIZES)}, or give "
                                  "{n_layer, d_model, n_head}"))
+            elif not isinstance(s, str):
+                try:
+                    s = ShapeEntry.model_validate(s)
+                except ValidationError as e:
+                    problems += [(_join(f"[{i}]", _dotted(err["loc"])), _message(err)) for err in e.errors()]
+                    continue
             label = s if isinstance(s, str) else s.label
-            if label in seen:
+            if label in {x if isinstance(x, str) else x.label for x in out}:
                 problems.append((f"[{i}]", f"size {label!r} listed twice"))
-            seen.add(label)
+            out.append(s)
         _raise_if(problems)
-        return sizes
+        return out
 
     def shapes(self) -> dict[str, Shape]:
         """Size label -> shape, in the order given."""
@@ -422,14 +429,21 @@ def parse_spec(data: Any) -> SweepSpec:
         for err in e.errors():
             base = _dotted(err["loc"])
             cause = err.get("ctx", {}).get("error")
-            if isinstance(cause, SpecError):
+            if isinstance(cause, SpecError):  # a section's validator: paths relative to the section
                 problems += [(_join(base, path), msg) for path, msg in cause.problems]
             else:
-                msg = str(cause) if cause is not None else err["msg"]
-                if err["type"] == "literal_error":  # an unknown method, shape or tokenizer: name what was given
-                    msg = f"unknown value {err['input']!r}: {msg}"
-                problems.append((base, msg))
+                problems.append((base, _message(err)))
         raise SpecError(problems) from None
+
+
+def _message(err: Any) -> str:
+    """A pydantic error as a user reads it: our own validators' text, or pydantic's naming what was given."""
+    cause = err.get("ctx", {}).get("error")
+    if cause is not None:
+        return str(cause)
+    if err["type"] == "literal_error":  # an unknown method, decay shape or tokenizer
+        return f"unknown value {err['input']!r}: {err['msg']}"
+    return err["msg"]
 
 
 def load_spec(source: str | Path) -> SweepSpec:
