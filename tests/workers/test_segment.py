@@ -165,3 +165,29 @@ def test_bad_inputs_are_clear_errors(home: Path, runs: dict) -> None:
     missing = seg("dense_trunk", end_tokens=TPS).model_copy(update={"data": DataSpec(corpus=str(home / "none"))})
     with pytest.raises(WorkerError, match="does not exist"):
         run_segment(missing, rt(home, "missing"))
+
+
+def test_cli_train_segment_json(home: Path, runs: dict, capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli import app, main
+
+    spec_file = home / "decay.json"
+    spec_file.write_text(DECAY.model_dump_json())
+    parent = runs["trunk"].branch_checkpoints[16 * TPS]
+    monkeypatch.setenv("UPSCALE_HOME", str(home))  # the token cache under <home>/data
+    out = CliRunner().invoke(app, ["train-segment", str(spec_file), "--json", "--checkpoint-dir",
+                                   str(home / "cli"), "--parent", parent])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result) == {"val_loss", "tokens", "wall_s", "tokens_per_s", "checkpoint"}
+    assert result["val_loss"] == runs["decay"].val_loss and result["tokens"] == 4 * TPS
+    assert Path(result["checkpoint"]).parent == home / "cli"
+
+    spec_file.write_text(DECAY.model_dump_json())
+    monkeypatch.setattr("sys.argv", ["upscale", "train-segment", str(spec_file), "--checkpoint-dir",
+                                     str(home / "cli2"), "--parent", str(home / "nowhere")])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err
