@@ -33,7 +33,7 @@ from sweeps.segments import (
     fingerprint,
 )
 from sweeps.sizes import dense_params, moe_active_params, moe_total_params, train_flops_per_token
-from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, resolve
+from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, expert_widths, resolve
 
 AxisValue = str | int | float | None
 MOE_KINDS = frozenset({"upcycle", "moe_trunk", "moe_decay", "scratch_trunk", "scratch_decay"})
@@ -191,24 +191,26 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
                                     ("D1", "D"))
     independent = f_dense * sum(d1_tokens)
 
+    variants: list[UpcycleSpec] = spec.upcycling.variants()
     for n_expert, topk in spec.moe.configs():
         moe = model(n_expert, topk)
         n2, n_total = moe_active_params(shape, n_expert, topk), moe_total_params(shape, n_expert)
         f_moe = train_flops_per_token(shape, n2, t.context, vocab)
         cfg = {"n_expert": n_expert, "topk": topk}
         lr_moe, moe_lr_parents = lr_parent(moe, "moe", rc.lr.moe if rc.lr else None, f_moe, **cfg)
-        variants: list[UpcycleSpec] = spec.upcycling.variants()
-        for dense_id, d1 in zip(dense_decays, d1_tokens, strict=True):
-            for up in variants:
-                r = up.r if up.method in R_METHODS else None
+        for up in variants:
+            widths = expert_widths(up, shape, n_expert, topk)  # methods that split the FFN train narrower experts
+            up_n2 = moe_active_params(shape, n_expert, topk, *widths)
+            f_up = train_flops_per_token(shape, up_n2, t.context, vocab)
+            r = up.r if up.method in R_METHODS else None
+            for dense_id, d1 in zip(dense_decays, d1_tokens, strict=True):
                 kv = {**cfg, "method": up.method, "r": r, "D1": d1}
                 seg = SegmentSpec(kind="upcycle", model=moe, upcycle=up, parent_ids=(dense_id,), **common)
                 up_id = b.add(seg, 0, dense_id, axes("upcycle", **kv))
-                obs = Observation("upcycled", n1, D1=d1, n_expert=n_expert, topk=topk, method=up.method, r=r, N2=n2,
-                                  N_total=n_total)
-                trunk_and_decays("moe", moe, lr_moe, (up_id, *moe_lr_parents), rc.d2, f_moe, kv, obs, ("D2",))
-        independent += len(variants) * (len(d2_tokens) * f_dense * sum(d1_tokens)
-                                        + len(d1_tokens) * f_moe * sum(d2_tokens))
+                obs = Observation("upcycled", n1, D1=d1, n_expert=n_expert, topk=topk, method=up.method, r=r,
+                                  N2=up_n2, N_total=moe_total_params(shape, n_expert, *widths))
+                trunk_and_decays("moe", moe, lr_moe, (up_id, *moe_lr_parents), rc.d2, f_up, kv, obs, ("D2",))
+            independent += len(d2_tokens) * f_dense * sum(d1_tokens) + len(d1_tokens) * f_up * sum(d2_tokens)
         if rc.scratch is not None:
             obs = Observation("scratch", n1, n_expert=n_expert, topk=topk, N2=n2, N_total=n_total)
             trunk_and_decays("scratch", moe, lr_moe, moe_lr_parents, rc.scratch, f_moe, cfg, obs, ("D",))

@@ -74,14 +74,22 @@ def dense_params(s: Shape) -> int:
     return s.n_layer * (_layer_common(s) + _ffn(s)) + s.d_model
 
 
-def moe_total_params(s: Shape, n_expert: int) -> int:
-    """N_total: non-embedding parameters of the MoE with every expert and the routers."""
-    return s.n_layer * (_layer_common(s) + n_expert * _ffn(s) + n_expert * s.d_model) + s.d_model
+def moe_total_params(s: Shape, n_expert: int, expert_d_ff: int | None = None, shared_d_ff: int = 0) -> int:
+    """N_total: non-embedding parameters of the MoE with every expert and the routers.
+
+    `expert_d_ff` (default d_ff) and an always-on `shared_d_ff` expert describe methods that split the dense FFN
+    (granular, LLaMA-MoE) instead of copying it.
+    """
+    w = s.d_ff if expert_d_ff is None else expert_d_ff
+    ffn = 3 * s.d_model * (n_expert * w + shared_d_ff)
+    return s.n_layer * (_layer_common(s) + ffn + n_expert * s.d_model) + s.d_model
 
 
-def moe_active_params(s: Shape, n_expert: int, topk: int) -> int:
-    """N2: parameters a token passes through (top-k experts plus the router)."""
-    return s.n_layer * (_layer_common(s) + topk * _ffn(s) + n_expert * s.d_model) + s.d_model
+def moe_active_params(s: Shape, n_expert: int, topk: int, expert_d_ff: int | None = None, shared_d_ff: int = 0) -> int:
+    """N2: parameters a token passes through (top-k experts, any shared expert, plus the router)."""
+    w = s.d_ff if expert_d_ff is None else expert_d_ff
+    ffn = 3 * s.d_model * (topk * w + shared_d_ff)
+    return s.n_layer * (_layer_common(s) + ffn + n_expert * s.d_model) + s.d_model
 
 
 def train_flops_per_token(s: Shape, active_params: int, context: int, vocab_size: int) -> int:

@@ -146,6 +146,28 @@ class MoeSection(Frozen):
         return [(e, k) for e in self.experts for k in self.topk]
 
 
+def expert_widths(up: UpcycleSpec, shape: Shape, n_expert: int, topk: int) -> tuple[int, int]:
+    """(expert d_ff, shared-expert d_ff) of the MoE a method builds; ValueError when the method cannot build it.
+
+    Copying methods keep full-width experts; granular and LLaMA-MoE split the dense FFN. These are the shape rules of
+    workers/upcycling/{granular,llama_moe}.py `configure`, checked here so a sweep fails at submit time, not after
+    its dense training.
+    """
+    f = shape.d_ff
+    if up.method == "granular":
+        g = up.granularity
+        if f % g or n_expert % g or topk % g:
+            raise ValueError(f"granularity={g} must divide d_ff={f} and n_expert={n_expert}, and topk={topk} must be "
+                             "a multiple of it (a token selects whole groups)")
+        return f // g, 0
+    if up.method == "llama-moe":
+        parts = n_expert + up.n_residual if up.split == "sharing-inter" else n_expert
+        if f % parts:
+            raise ValueError(f"llama-moe {up.split} splits d_ff={f} into {parts} equal parts, which does not divide it")
+        return f // parts, (up.n_residual * (f // parts) if up.split == "sharing-inter" else 0)
+    return f, 0
+
+
 class UpcyclingSection(Frozen):
     methods: list[Method] = Field(description=f"Upcycling methods (METHODS.md): {', '.join(METHODS)}.")
     r: list[Annotated[float, Field(ge=0, le=1)]] = Field(
@@ -303,7 +325,16 @@ class SweepSpec(Frozen):
                      for k in self.per_size if k not in labels]
         if not problems:
             problems += resolve(self).problems
-        _raise_if(problems)
+        variants = self.upcycling.variants()
+        for label, shape in self.model.shapes().items():
+            for e, k in self.moe.configs():
+                for up in variants:
+                    try:
+                        expert_widths(up, shape, e, k)
+                    except ValueError as err:
+                        problems.append((f"upcycling.methods[{self.upcycling.methods.index(up.method)}]",
+                                         f"{up.method} cannot build {label} as {e}x{k}: {err}"))
+        _raise_if(list(dict.fromkeys(problems)))
         return self
 
 

@@ -90,6 +90,19 @@ def test_observation_axes_and_r_only_for_drop(spec_data: dict) -> None:
                                                 "method": "naive", "r": None, "D1": 20480, "D2": 20480, "D": None}
 
 
+def test_split_methods_train_narrower_experts(spec_data: dict) -> None:
+    spec_data["upcycling"] = {"methods": ["granular"], "options": {"granular": {"granularity": 2}}}
+    p = plan(parse_spec(spec_data))
+    shape = NAMED_SIZES["nano"]  # 2 layers, d_model 32, d_ff 128
+    obs = p.observations()[-1].observation
+    # Granularity 2: 4 experts of width 64, top-2 -> the active FFN is 2 x 64 = one dense FFN; the only extra active
+    # params are the routers (4 x 32 per layer). In total 4 experts of 3 x 32 x 64 = 2 dense FFNs per layer.
+    n1 = dense_params(shape)
+    assert (obs.N2, obs.N_total) == (n1 + 2 * 4 * 32, n1 + 2 * (3 * 32 * 128 + 4 * 32))
+    moe_decay = next(s for s in p.segments if s.spec.kind == "moe_decay")
+    assert moe_decay.flops == moe_decay.tokens * train_flops_per_token(shape, obs.N2, 128, 256)
+
+
 def test_overlapping_specs_share_segment_ids(spec_data: dict) -> None:
     small = plan(parse_spec(spec_data))
     spec_data["name"] = "bigger"
