@@ -323,6 +323,9 @@ class SweepSpec(Frozen):
         labels = list(self.model.shapes())
         problems += [(f"per_size.{k}", f"not a size of this sweep ({', '.join(labels)})")
                      for k in self.per_size if k not in labels]
+        if self.train.lr_search:
+            problems += [(f"per_size.{k}.lr", "train.lr_search sets the LR; drop this or use train.lr")
+                         for k, o in self.per_size.items() if o.lr]
         if not problems:
             problems += resolve(self).problems
         variants = self.upcycling.variants()
@@ -408,7 +411,7 @@ def resolve(spec: SweepSpec) -> Resolution:
                                      " does; space the budgets further apart"))
                 if s and start < max(warmup, 1):
                     problems.append((f"{path}[{i}]", f"{label}: budget {values[i]:g} ({s} steps) decays from step "
-                                     f"{start}, before warmup ends at step {warmup}; raise it above "
+                                     f"{start}, before warmup ends at step {warmup}; raise it to at least "
                                      f"{_min_budget(warmup, t.decay.fraction) * tps} tokens or shorten the warmup"))
             budgets[kind] = Budgets(tuple(steps), tuple(starts))
         if t.lr_search and round_steps(t.lr_search.tokens, tps) <= warmup:

@@ -26,6 +26,11 @@ def _set(path: str, value: object) -> Callable[[dict], None]:
     return apply
 
 
+def _lr_search_and_size_lr(d: dict) -> None:
+    d["train"].update(lr=None, lr_search={"trials": 2, "low": 1e-4, "high": 1e-2, "tokens": 8192})
+    d["per_size"] = {"nano": {"lr": {"dense": 1e-3, "moe": 1e-3}}}
+
+
 CASES = [
     (_set("moe.topk", [2, 8]), "moe.topk[1]", "topk=8 exceeds experts=4"),
     (_set("tokens.d1", []), "tokens.d1", "empty budget list"),
@@ -53,6 +58,7 @@ CASES = [
     (_set("tokens.d1", [20480, 21000]), "tokens.d1[1]", "rounds to 10 steps"),
     (_set("tokens.d1", [1000, 20480]), "tokens.d1[0]", "less than one step of 2048 tokens"),
     (_set("per_size", {"micro": {"batch_size": 8}}), "per_size.micro", "not a size of this sweep"),
+    (_lr_search_and_size_lr, "per_size.nano.lr", "lr_search sets"),
     (_set("per_size", {"nano": {"tokens": {"d1": [4096, 2048]}}}), "per_size.nano.tokens.d1[1]", "sorted ascending"),
     (_set("resources.cpus", 0), "resources.cpus", "greater than 0"),
     (_set("name", "has space"), "name", "should match pattern"),
