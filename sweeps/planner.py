@@ -33,9 +33,10 @@ from sweeps.segments import (
     fingerprint,
 )
 from sweeps.sizes import dense_params, moe_active_params, moe_total_params, train_flops_per_token
-from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, expert_widths, resolve
+from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, expert_widths, resolve, round_steps
 
 AxisValue = str | int | float | None
+LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_search parents that will fix it)
 MOE_KINDS = frozenset({"upcycle", "moe_trunk", "moe_decay", "scratch_trunk", "scratch_decay"})
 
 
@@ -65,7 +66,8 @@ class PlannedSegment:
     flops: float
     tokens: int
     observation: Observation | None
-    trunk: str  # the trunk an observation comes from (itself for trunks; "" for lr_search)
+    trunk: str  # the trunk an observation comes from: decays their parent, trunks themselves, an upcycle the dense
+    # trunk it descends from, lr_search ""
     axes: dict[str, AxisValue] = field(hash=False)
 
 
@@ -91,6 +93,7 @@ class Plan:
         return dict(Counter(s.spec.kind for s in self.segments))
 
     def observations(self) -> list[PlannedSegment]:
+        """The segments that produce an observation (the decays), in plan order."""
         return [s for s in self.segments if s.observation is not None]
 
 
@@ -150,13 +153,12 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     def axes(kind: SegmentKind, **kv: AxisValue) -> dict[str, AxisValue]:
         return {**base_axes, "kind": kind, **kv}
 
-    def lr_parent(m: ModelSpec, family: str, lr: float | None, f: int, **kv: AxisValue) -> tuple[float | None,
-                                                                                               tuple[str, ...]]:
+    def lr_parent(m: ModelSpec, family: str, lr: float | None, f: int, **kv: AxisValue) -> LrChoice:
         """The peak LR of a trunk, or None and the lr_search segment that will fix it."""
         if t.lr_search is None:
             return lr, ()
         search = LrSearchSpec(trials=t.lr_search.trials, low=t.lr_search.low, high=t.lr_search.high,
-                              tokens=round(t.lr_search.tokens / tps) * tps)
+                              tokens=round_steps(t.lr_search.tokens, tps) * tps)
         seg = SegmentSpec(kind="lr_search", model=m, optim=optim(None), schedule=schedule, lr_search=search,
                           end_tokens=search.tokens, **common)
         return None, (b.add(seg, f, "", axes("lr_search", family=family, **kv)),)
@@ -206,7 +208,7 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
             for dense_id, d1 in zip(dense_decays, d1_tokens, strict=True):
                 kv = {**cfg, "method": up.method, "r": r, "D1": d1}
                 seg = SegmentSpec(kind="upcycle", model=moe, upcycle=up, parent_ids=(dense_id,), **common)
-                up_id = b.add(seg, 0, dense_id, axes("upcycle", **kv))
+                up_id = b.add(seg, 0, b.segments[dense_id].trunk, axes("upcycle", **kv))
                 obs = Observation("upcycled", n1, D1=d1, n_expert=n_expert, topk=topk, method=up.method, r=r,
                                   N2=up_n2, N_total=moe_total_params(shape, n_expert, *widths))
                 trunk_and_decays("moe", moe, lr_moe, (up_id, *moe_lr_parents), rc.d2, f_up, kv, obs, ("D2",))

@@ -57,6 +57,7 @@ def test_every_example_plans_into_a_shared_trunk_dag(path: Path) -> None:
     spec = load_spec(path)
     p = plan(spec)
     seen: dict[str, str] = {}
+    by_id = {}
     for s in p.segments:
         assert s.id == s.spec.id and s.id not in seen
         assert all(q in seen for q in s.spec.parent_ids), f"{s.spec.kind} listed before a parent"
@@ -65,6 +66,9 @@ def test_every_example_plans_into_a_shared_trunk_dag(path: Path) -> None:
             assert s.observation is not None and s.spec.parent_ids == (s.trunk,) and seen[s.trunk] in TRUNK_KINDS
         else:
             assert s.observation is None
+        if s.spec.kind == "upcycle":  # the dense trunk it descends from, for bootstrapping by trunk
+            assert s.trunk == by_id[s.spec.parent_ids[0]].trunk
+        by_id[s.id] = s
     assert p.by_kind()["dense_trunk"] == len(spec.model.sizes)  # one shared trunk per dense size
     assert sum(p.by_kind().values()) == len(p.segments)
     assert 1 < p.saving < 10 and p.total_flops > 0
