@@ -57,6 +57,10 @@ def validate(law: Law, df: pd.DataFrame, n_free: int) -> pd.DataFrame:
     if len(out) <= n_free:
         raise FitError(f"law {law.name!r} has {n_free} free parameter(s) but the table has {len(out)} point(s); "
                        f"need at least {n_free + 1}")
+    for c in law.columns:
+        if out[c].nunique() < 2:
+            raise FitError(f"column {c!r} has a single value ({out[c].iloc[0]:g}); law {law.name!r} needs at least "
+                           f"2 distinct values of it to fit its exponent")
     return out
 
 

@@ -168,8 +168,9 @@ class Problem:
         """Full starts (G, p) from exponent starts (G, q): the free scales solve a weighted linear least squares.
 
         With the exponents fixed the law is linear in its scales, L = fixed part + Σ_j S_j·basis_j; minimising the
-        relative error Σ ((L − L̂)/L)² gives S by a (J×J) solve per start. Non-positive solutions (a term the data
-        do not want) are floored at 1e-12 of the mean loss so the start stays finite.
+        relative error Σ ((L − L̂)/L)² gives S by a (J×J) solve per start. A term is kept alive at >= 1% of the
+        loss on average: a negative or tiny solution would leave it negligible, where its gradient vanishes and BFGS
+        stops at once on a plateau; from 1% BFGS can still shrink it if the data want.
         """
         is_scale = np.array([p.kind == "scale" for p in self.params])
         si, ei = np.flatnonzero(is_scale), np.flatnonzero(~is_scale)
@@ -180,7 +181,6 @@ class Problem:
         loss = np.exp(self.y)
         Xs = self.X[:, :, si]  # (K, n, J): which free scale each term carries (0/1)
         free_term = Xs.sum(axis=2)  # (K, n): 1 where the term's scale is free
-        floor = 1e-12 * loss.mean()
         for i in range(0, grid_exp.shape[0], chunk):
             T = grid_exp[i:i + chunk].T  # (q, g)
             with np.errstate(over="ignore"):
@@ -191,6 +191,7 @@ class Problem:
             G = np.einsum("gnj,gnl->gjl", basis, basis) + 1e-12 * np.eye(si.size)
             b = np.einsum("gnj,gn->gj", basis, target)
             S = np.linalg.solve(G, b[..., None])[..., 0]
+            floor = 0.01 / np.maximum(basis.mean(axis=1), 1e-300)  # S_j·mean(basis_j) = 1% of the loss
             S = np.where(np.isfinite(S), S, floor)
             full[i:i + chunk, si] = np.log(np.maximum(S, floor))
         return full
@@ -201,6 +202,8 @@ class Problem:
         finite = np.isfinite(self.offset).reshape(-1)
         flat = self.X.reshape(-1, self.X.shape[2])[finite]
         R = np.linalg.qr(flat, mode="r")
+        if np.linalg.cond(R) > 1e12:  # a rank-deficient design: fall back to scaling each column
+            return np.diag(np.maximum(np.linalg.norm(flat, axis=0), 1e-12))
         d = np.sign(np.diag(R))
         d[d == 0] = 1.0
         return d[:, None] * R
@@ -212,7 +215,7 @@ class Problem:
             if bounded:
                 res = minimize(self.value_and_grad, start, jac=True, method="L-BFGS-B",
                                bounds=[(None, u if np.isfinite(u) else None) for u in self.upper],
-                               options={"pgtol": options.gtol, "maxiter": options.maxiter})
+                               options={"gtol": options.gtol, "maxiter": options.maxiter})
                 x = res.x
             else:
                 R = self.whitening()
@@ -225,7 +228,8 @@ class Problem:
                 res = minimize(fg, R @ start, jac=True, method="BFGS",
                                options={"gtol": options.gtol, "maxiter": options.maxiter})
                 x = R_inv @ res.x
-        ok = bool(res.success) and bool(np.isfinite(res.fun)) and bool(np.all(np.isfinite(x)))
+        # |θ| < 700 keeps exp(θ) finite: a scale that overflows is a divergence, not a converged fit
+        ok = bool(res.success) and bool(np.isfinite(res.fun)) and bool(np.all(np.abs(x) < 700))
         return StartResult(tuple(map(float, start)), tuple(map(float, x)), float(res.fun), ok, int(res.nit),
                            str(res.message))
 
