@@ -1,10 +1,10 @@
 """`upscale plan`: compile a sweep spec into its segment DAG and print tokens, FLOPs, the saving and a time estimate.
 
-The wall-time estimate is a planning aid, not a promise: by default it uses DESIGN.md's measured CPU figures
+The wall-time estimate is a planning aid, not a promise: by default a CPU sweep uses DESIGN.md's measured figures
 (`sweeps.planner.cpu_flops_per_s`: ~50% of a 200 GFLOP/s 2-core peak at d_model >= 128, ~33% below, MoE at half
-that per active FLOP); `--tokens-per-s` or `--flops-per-s` replace them with your own measured throughput. It prints
-the serial time (one worker) and the critical path (as many workers as segments ready at once), and GPU-hours at the
-paper's assumed 400 TFLOP/s per GPU (Appendix A.10).
+that per active FLOP) and a GPU sweep the paper's assumed 400 TFLOP/s per GPU (Appendix A.10) times the GPUs of a
+segment; `--tokens-per-s` or `--flops-per-s` replace them with your own measured throughput. It prints the serial
+time (one segment at a time) and the critical path (every ready segment at once), and GPU-hours at 400 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rich.table import Table
 
 from api.cli.app import app, console, register_user_error
 from sweeps.planner import Plan, critical_path_s, plan, segment_seconds
-from sweeps.spec import SpecError, load_spec
+from sweeps.spec import SpecError, SweepSpec, load_spec
 
 register_user_error(SpecError)
 
@@ -27,8 +27,15 @@ KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "upcycle", "moe_trunk",
               "scratch_decay")
 
 
-def summary(p: Plan, tokens_per_s: float | None, flops_per_s: float | None) -> dict:
-    """The plan as JSON-ready data: per-kind totals, costs, saving, estimates and every segment."""
+def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: float | None) -> dict:
+    """The plan as JSON-ready data: per-kind totals, costs, saving, estimates and every segment.
+
+    Without a throughput, a GPU sweep (resources.gpus > 0) is estimated at 400 TFLOP/s per GPU of a segment, a CPU
+    sweep from DESIGN.md's measured CPU figures.
+    """
+    gpus = spec.resources.gpus * spec.resources.workers
+    if not tokens_per_s and not flops_per_s and gpus:
+        flops_per_s = GPU_FLOPS_PER_S * gpus
     seconds = segment_seconds(p, tokens_per_s=tokens_per_s, flops_per_s=flops_per_s)
     kinds: dict[str, dict[str, float]] = {}
     for s in p.segments:
@@ -37,8 +44,8 @@ def summary(p: Plan, tokens_per_s: float | None, flops_per_s: float | None) -> d
         k["tokens"] += s.tokens
         k["flops"] += s.flops
         k["seconds"] += seconds[s.id]
-    basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s" if flops_per_s
-             else "DESIGN.md CPU facts (2 cores)")
+    basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
+             else "DESIGN.md's measured 2-core CPU throughput")
     return {
         "name": p.name,
         "by_kind": {k: kinds[k] for k in KIND_ORDER if k in kinds},
@@ -71,8 +78,9 @@ def plan_command(
 ) -> None:
     """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, and an
     estimated wall time."""
-    p = plan(load_spec(spec))
-    data = summary(p, tokens_per_s, flops_per_s)
+    sweep = load_spec(spec)
+    p = plan(sweep)
+    data = summary(p, sweep, tokens_per_s, flops_per_s)
     if as_json:
         print(json.dumps(data))
         return
@@ -83,11 +91,11 @@ def plan_command(
         table.add_row(kind, str(k["count"]), f"{k['tokens']:.3g}", f"{k['flops']:.3g}", _duration(k["seconds"]))
     console.print(table)
     est = data["estimate"]
-    console.print(f"total {p.total_flops:.3g} FLOPs; as independent runs {p.independent_flops:.3g} FLOPs; "
+    console.print(f"total {p.total_flops:.3g} FLOPs; as independent runs {p.independent_flops:.3g} FLOPs: "
                   f"saving x{p.saving:.2f}")
-    console.print(f"estimated wall time ({est['basis']}): {_duration(est['serial_s'])} on one worker, "
-                  f"{_duration(est['critical_path_s'])} critical path; "
-                  f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s")
+    console.print(f"estimate at {est['basis']}: {_duration(est['serial_s'])} one segment at a time, "
+                  f"{_duration(est['critical_path_s'])} along the critical path")
+    console.print(f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s per GPU (paper, A.10)")
     for note in p.notes[:5]:
         console.print(f"[dim]rounded {note}[/]")
     if len(p.notes) > 5:
