@@ -483,7 +483,9 @@ def _message(err: Any) -> str:
 def load_spec(source: str | Path) -> SweepSpec:
     """Read a spec from a .yaml/.yml/.json path or from YAML/JSON text (JSON is YAML)."""
     text = source
-    if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml", ".json"))):
+    looks_like_path = isinstance(source, Path) or ("\n" not in source and (
+        source.endswith((".yaml", ".yml", ".json")) or Path(source).is_file()))
+    if looks_like_path:
         path = Path(source)
         if not path.is_file():
             raise SpecError([("", f"no such spec file: {path}")])

@@ -110,6 +110,11 @@ def test_resources_the_cluster_cannot_provide(spec_data: dict) -> None:
     )
 
 
+def test_any_file_name_is_read(spec_data: dict, tmp_path: Path) -> None:
+    (tmp_path / "sweep.txt").write_text(json.dumps(spec_data))
+    assert load_spec(str(tmp_path / "sweep.txt")) == parse_spec(spec_data)
+
+
 def test_unreadable_sources() -> None:
     with pytest.raises(SpecError, match="no such spec file"):
         load_spec("missing.yaml")
