@@ -28,7 +28,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
 from orchestrator.settings import Settings
 from orchestrator.store import Store
-from orchestrator.task import SegmentFn, read_result, run_segment_task, train_segment
+from orchestrator.task import SegmentFn, read_result, run_segment_task, train_segment, worker_running
 from orchestrator.tracking import RunTree, segment_tags
 from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 
@@ -141,8 +141,13 @@ class Scheduler:
                 if len(inflight) >= limit:
                     break
                 attempt = self.store.claim(seg.key, self.owner)
-                if attempt is not None:
+                if attempt is None:
+                    continue
+                try:
                     inflight[self._launch(sweep, seg, segs, axes[seg.key])] = (seg.key, attempt)
+                except OrchestratorError as e:  # e.g. a parent checkpoint is missing: retrying cannot help
+                    self.store.fail(seg.key, attempt, str(e), 0, retry=False)
+                    self._report_msg(f"FAILED {seg.kind} {seg.key}: {e}")
             if not inflight and not ready and not any(s.status == "running" for s in segs.values()):
                 out.status = "failed"  # nothing runs and nothing can start: a failure blocks the rest
                 break
@@ -228,20 +233,24 @@ class Scheduler:
 
     def _recover(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> None:
         """Adopt or re-queue segments whose scheduler died while they ran."""
-        for seg in segs.values():
+        for seg in list(segs.values()):
             if seg.status != "running" or seg.owner == self.owner or owner_alive(seg, self.stale_after_s):
                 continue
             attempt = self.store.open_attempt(seg.key)
             if attempt is None or attempt.owner != seg.owner:
                 continue
-            result = read_result(Path(self.segment_dir(seg.key)), seg.key)
+            directory = Path(self.segment_dir(seg.key))
+            result = read_result(directory, seg.key)
             if result is not None and self.store.complete(seg.key, attempt, result, adopted=True):
                 out.adopted.append(seg.key)
+                out.compute_s += result.wall_s
                 self._report_msg(f"adopted {seg.kind} {seg.key}")
+            elif result is None and worker_running(directory):
+                continue  # its worker outlived the scheduler: adopt the result when it lands
             elif result is None:
                 self.store.release(seg.key, attempt, "orphaned")
                 self._report_msg(f"re-queued {seg.kind} {seg.key} (its scheduler died)")
-            seg.status = self.store.segment(seg.key).status
+            segs[seg.key] = self.store.segment(seg.key)
 
     def _cancel(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
         for ref, (key, attempt) in inflight.items():

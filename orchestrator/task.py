@@ -1,14 +1,16 @@
 """The Ray task around one segment: run it in a reused worker and leave its result on disk next to its checkpoints.
 
-The result file is what lets a restarted scheduler *adopt* a segment that finished while its scheduler was dead,
-instead of training it again. It is written atomically (temp file + rename) after the segment function returns, so
-its presence means the segment is complete.
+Two files let a restarted scheduler *adopt* work its dead predecessor started instead of training it again:
+`worker.json` (host and pid of the process running the segment, present only while it runs) and `result.json`
+(written atomically after the segment function returns, so its presence means the segment is complete). An embedded
+Ray worker can outlive its killed driver for a while and finish its task; these files make that harmless.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 
 SegmentFn = Callable[[SegmentSpec, SegmentRuntime], SegmentResult]
 RESULT_FILE = "result.json"
+WORKER_FILE = "worker.json"
 
 
 def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
@@ -32,10 +35,17 @@ def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
 # worker (~5 s each, DESIGN.md "Facts measured"), not once per segment.
 @ray.remote(max_calls=0)
 def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime) -> dict:
-    result = segment_fn(spec, runtime)
-    if result.segment_id != spec.id:
-        raise ValueError(f"segment function returned the result of {result.segment_id} for {spec.id}")
-    write_result(Path(runtime.checkpoint_dir), result)
+    directory = Path(runtime.checkpoint_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / WORKER_FILE
+    marker.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    try:
+        result = segment_fn(spec, runtime)
+        if result.segment_id != spec.id:
+            raise ValueError(f"segment function returned the result of {result.segment_id} for {spec.id}")
+        write_result(directory, result)
+    finally:
+        marker.unlink(missing_ok=True)
     return result.model_dump(mode="json")
 
 
@@ -53,3 +63,22 @@ def read_result(directory: Path, segment_id: str) -> SegmentResult | None:
         return None
     result = SegmentResult.model_validate_json(path.read_text())
     return result if result.segment_id == segment_id else None
+
+
+def worker_running(directory: Path) -> bool:
+    """Whether a process on this host is still running the segment in ``directory`` (another host: unknown, False;
+    on a cluster Ray itself kills the tasks of a dead driver)."""
+    path = directory / WORKER_FILE
+    try:
+        worker = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    if worker.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(worker["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 
 
 def loss_of(spec: SegmentSpec) -> float:
@@ -46,7 +46,6 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
     failures_left = int(fail.read_text()) if fail.exists() else 0
     step = spec.tokens_per_step or spec.end_tokens or 1
     every = runtime.checkpoint_every_tokens
-    branches: dict[int, str] = {}
     while tokens < spec.end_tokens:
         time.sleep(knobs.get("step_s", 0.0))
         tokens += step
@@ -56,10 +55,10 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
             fail.write_text(str(failures_left - 1))
             raise RuntimeError(f"injected failure at {tokens} tokens")
         if tokens in spec.save_at_tokens:
-            branches[tokens] = _checkpoint(out / f"tokens-{tokens}", spec, tokens)
+            _checkpoint(out / f"tokens-{tokens}", spec, tokens)
     final = _checkpoint(out / "final", spec, spec.end_tokens)
-    if spec.kind not in TRUNK_KINDS:
-        branches = {}
+    # branch points passed in an earlier (failed) attempt are on disk already
+    branches = {t: str(out / f"tokens-{t}") for t in spec.save_at_tokens if (out / f"tokens-{t}").is_dir()}
     log_event(root, event="end", segment=spec.id, kind=spec.kind)
     wall = time.perf_counter() - t0
     trained = spec.end_tokens - spec.start_tokens

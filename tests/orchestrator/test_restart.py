@@ -1,0 +1,61 @@
+"""The scheduler process killed mid-sweep (SIGKILL to its whole process group: driver, embedded Ray) and
+restarted finishes the sweep with every segment trained to completion exactly once.
+
+Strategy: run `sweep_process.py` as a subprocess with slow steps, kill it once some segments are done and some are
+running, restart it, and count `end` events per segment. Segments the dead scheduler left running are adopted (their
+worker outlived the driver and left a result) or re-queued and resumed from their checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from conftest import TINY_SPEC
+
+from orchestrator.service import Orchestrator
+from sweeps.planner import plan
+from sweeps.spec import load_spec
+
+SCRIPT = Path(__file__).parent / "sweep_process.py"
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_killed_scheduler_restarted_trains_each_segment_once(settings) -> None:
+    orch = Orchestrator.open(settings)
+    spec = load_spec(TINY_SPEC)
+    sweep = orch.submit(spec)
+    root = Path(settings.checkpoint_dir)
+    root.mkdir(parents=True)
+    (root / "knobs.json").write_text(json.dumps({"step_s": 0.05}))
+    args = [sys.executable, str(SCRIPT), str(settings.home), settings.mlflow_tracking_uri, sweep.id]
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        events = _events(root / "events.jsonl")
+        ended = {e["segment"] for e in events if e["event"] == "end"}
+        started = {e["segment"] for e in events if e["event"] == "start"}
+        if len(ended) >= 3 and started - ended:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    running = [s.key for s, _ in orch.store.members(sweep.id) if s.status == "running"]
+    assert running, "the kill should catch segments mid-run"
+    (root / "knobs.json").write_text(json.dumps({"step_s": 0.0}))
+    restarted = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert restarted.returncode == 0, restarted.stdout
+    status, trained, adopted = restarted.stdout.split()[-3:]
+    ends = Counter(e["segment"] for e in _events(root / "events.jsonl") if e["event"] == "end")
+    assert status == "done" and ends == Counter({s.id: 1 for s in plan(spec).segments})
+    assert int(trained) + int(adopted) == 21 - len(ended)
+    attempts = [a.status for key in running for a in orch.store.attempts(key)]
+    assert set(attempts) <= {"adopted", "orphaned", "done"} and attempts.count("orphaned") == attempts.count("done")

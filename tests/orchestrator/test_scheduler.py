@@ -1,0 +1,160 @@
+"""The scheduler's state machine on a real embedded Ray (2 CPUs), a real SQLite store and a real MLflow store.
+
+Strategy: the segment function is `segment_fns.counting_segment`, a real function with run_segment's contract
+that logs every start and finish to events.jsonl; tests count those events. "Trained once" means exactly one
+`end` event per segment, however many starts (resumes) it took."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import TINY_SPEC
+from mlflow.tracking import MlflowClient
+from segment_fns import counting_segment, loss_of
+
+from orchestrator.scheduler import Scheduler
+from orchestrator.service import Orchestrator
+from sweeps.planner import plan
+from sweeps.segments import SegmentSpec
+from sweeps.spec import load_spec
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def events(settings) -> list[dict]:
+    path = Path(settings.checkpoint_dir) / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def ends(settings) -> Counter:
+    return Counter(e["segment"] for e in events(settings) if e["event"] == "end")
+
+
+def knobs(settings, **values) -> None:
+    root = Path(settings.checkpoint_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "knobs.json").write_text(json.dumps(values))
+
+
+def scheduler(orch: Orchestrator, **kw) -> Scheduler:
+    return Scheduler(orch.store, orch.settings, segment_fn=counting_segment, poll_s=0.05, **kw)
+
+
+def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(settings) -> None:
+    orch = Orchestrator.open(settings)
+    spec = load_spec(TINY_SPEC)
+    out = orch.run(spec, scheduler(orch))
+    p = plan(spec)
+    assert out.status == "done" and sorted(out.trained) == sorted(s.id for s in p.segments)
+    assert ends(settings) == Counter({s.id: 1 for s in p.segments})
+    obs = orch.store.observations(out.sweep_id)
+    assert Counter(o.kind for o in obs) == {"dense": 2, "upcycled": 8, "scratch": 1}
+    by_key = {s.id: s for s in p.segments}
+    for o in obs:
+        assert o.loss == pytest.approx(loss_of(by_key[o.segment_key].spec), abs=1e-12)
+        assert o.trunk == by_key[o.segment_key].trunk
+    # MLflow: one parent run, one child per segment under it, tagged with the segment's axes
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    sweep = orch.store.sweep(out.sweep_id)
+    assert client.get_run(sweep.mlflow_run_id).info.status == "FINISHED"
+    children = client.search_runs([client.get_experiment_by_name("upscale").experiment_id],
+                                  f"tags.mlflow.parentRunId = '{sweep.mlflow_run_id}'", max_results=100)
+    assert len(children) == 21 and all(r.info.status == "FINISHED" for r in children)
+    o = next(o for o in obs if o.kind == "upcycled" and o.method == "drop")
+    run = client.get_run(o.mlflow_run_id)
+    assert run.data.tags["axis.method"] == "drop" and run.data.tags["axis.r"] == "0.5"
+    assert run.data.tags["axis.D2"] == str(o.D2) and run.data.metrics["val_loss"] == pytest.approx(o.loss)
+
+
+def test_an_injected_failure_is_retried_and_resumes_from_its_checkpoint(settings) -> None:
+    orch = Orchestrator.open(settings)
+    spec = load_spec(TINY_SPEC)
+    trunk = next(s for s in plan(spec).segments if s.spec.kind == "moe_trunk")
+    knobs(settings)
+    (Path(settings.checkpoint_dir) / f"fail-{trunk.id}").write_text("1")
+    out = orch.run(spec, scheduler(orch, checkpoint_every_tokens=64))
+    assert out.status == "done" and out.retried == 1
+    starts = [e["tokens"] for e in events(settings) if e["event"] == "start" and e["segment"] == trunk.id]
+    assert starts == [0, 256]  # fails at 256 of 448 tokens (half-way), resumes from the 256-token checkpoint
+    assert ends(settings)[trunk.id] == 1
+    assert [a.status for a in orch.store.attempts(trunk.id)] == ["failed", "done"]
+
+
+def test_a_segment_failing_past_the_maximum_fails_the_sweep_and_a_rerun_finishes_it(settings) -> None:
+    orch = Orchestrator.open(settings)
+    spec = load_spec(TINY_SPEC)
+    p = plan(spec)
+    dense_decay = next(s for s in p.segments if s.spec.kind == "dense_decay")
+    fail = Path(settings.checkpoint_dir) / f"fail-{dense_decay.id}"
+    fail.parent.mkdir(parents=True)
+    fail.write_text("2")
+    out = orch.run(spec, scheduler(orch, max_attempts=2))
+    assert out.status == "failed"
+    sweep = orch.store.sweep(out.sweep_id)
+    assert sweep.status == "failed" and dense_decay.id in sweep.error
+    blocked = {s.id for s in p.segments if dense_decay.id in _ancestors(s.spec, p)}
+    assert blocked and not blocked & set(ends(settings))  # nothing downstream of the failure ran
+    rerun = scheduler(orch, max_attempts=2).run(out.sweep_id)
+    assert rerun.status == "done" and sorted(rerun.trained) == sorted(blocked | {dense_decay.id})
+    assert max(ends(settings).values()) == 1
+
+
+def test_an_overlapping_sweep_trains_only_its_new_segments(settings) -> None:
+    orch = Orchestrator.open(settings)
+    first = load_spec(TINY_SPEC)
+    second = load_spec(TINY_SPEC.replace("methods: [naive, drop]", "methods: [naive, drop, noise]"))
+    orch.run(first, scheduler(orch))
+    out = orch.run(second, scheduler(orch))
+    new = {s.id for s in plan(second).segments} - {s.id for s in plan(first).segments}
+    assert len(new) == 8  # for the noise method only, per D1 (2): an upcycle, a MoE trunk, one decay per D2 (2)
+    assert sorted(out.trained) == sorted(new)
+    assert max(ends(settings).values()) == 1
+    assert len(orch.store.observations(out.sweep_id)) == 11 + 4
+
+
+def test_two_schedulers_on_one_sweep_train_each_segment_once(settings) -> None:
+    orch = Orchestrator.open(settings)
+    knobs(settings, step_s=0.005)
+    sweep = orch.submit(load_spec(TINY_SPEC))
+    outs = []
+    threads = [threading.Thread(target=lambda: outs.append(scheduler(orch).run(sweep.id))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [o.status for o in outs] == ["done", "done"]
+    assert len(outs[0].trained) + len(outs[1].trained) == 21 and not set(outs[0].trained) & set(outs[1].trained)
+    assert ends(settings) == Counter({k: 1 for k in outs[0].trained + outs[1].trained})
+
+
+def test_cancelling_stops_the_sweep_and_a_rerun_resumes_it(settings) -> None:
+    orch = Orchestrator.open(settings)
+    knobs(settings, step_s=0.05)
+    sweep = orch.submit(load_spec(TINY_SPEC))
+    outs = []
+    thread = threading.Thread(target=lambda: outs.append(scheduler(orch, checkpoint_every_tokens=64).run(sweep.id)))
+    thread.start()
+    while not events(settings):
+        time.sleep(0.05)
+    orch.store.request_cancel(sweep.id)
+    thread.join()
+    assert outs[0].status == "cancelled" and orch.store.sweep(sweep.id).status == "cancelled"
+    assert not any(s.status == "running" for s, _ in orch.store.members(sweep.id))
+    knobs(settings)
+    out = scheduler(orch, checkpoint_every_tokens=64).run(sweep.id)
+    assert out.status == "done" and max(ends(settings).values()) == 1 and len(ends(settings)) == 21
+
+
+def _ancestors(spec: SegmentSpec, p) -> set[str]:
+    by_id = {s.id: s.spec for s in p.segments}
+    out, todo = set(), list(spec.parent_ids)
+    while todo:
+        q = todo.pop()
+        out.add(q)
+        todo += by_id[q].parent_ids
+    return out
