@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fitting.fit import FitOptions, FitResult, Problem, prepare, refit_theta, user_params
+from fitting.fit import FitOptions, FitResult, Problem, StartResult, prepare, refit_theta, user_params
 from fitting.laws import TRUNK, Law
 
 CI_LEVEL = 0.95
@@ -63,9 +63,9 @@ def _units(df: pd.DataFrame) -> tuple[str, list[np.ndarray]]:
     return "point", [np.array([i]) for i in range(len(df))]
 
 
-def _refit_chunk(problem: Problem, theta: np.ndarray, options: FitOptions,
+def _refit_chunk(problem: Problem, best: StartResult, options: FitOptions,
                  row_sets: list[np.ndarray]) -> list[np.ndarray | None]:
-    return [refit_theta(problem.subset(rows), theta, options) for rows in row_sets]
+    return [refit_theta(problem.subset(rows), best, options) for rows in row_sets]
 
 
 def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed: int = 0,
@@ -77,19 +77,19 @@ def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed
     unit, units = _units(df)
     draws = np.random.default_rng(seed).integers(0, len(units), size=(n, len(units)))
     row_sets = [np.concatenate([units[u] for u in d]) for d in draws]
-    theta = np.array(result.theta)
+    best = result.best
     chunk = max(1, min(50, n // (4 * max(workers, 1)) or 1))
     chunks = [row_sets[i:i + chunk] for i in range(0, n, chunk)]
     thetas: list[np.ndarray | None] = []
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
-            for part in pool.map(_refit_chunk, *zip(*[(problem, theta, options, c) for c in chunks], strict=True)):
+            for part in pool.map(_refit_chunk, *zip(*[(problem, best, options, c) for c in chunks], strict=True)):
                 thetas.extend(part)
                 if progress:
                     progress(len(part))
     else:
         for c in chunks:
-            part = _refit_chunk(problem, theta, options, c)
+            part = _refit_chunk(problem, best, options, c)
             thetas.extend(part)
             if progress:
                 progress(len(part))

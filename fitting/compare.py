@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fitting.errors import FitError
-from fitting.fit import FitOptions, FitResult, Problem, fit, prepare, refit_theta, run_starts
+from fitting.fit import FitOptions, FitResult, Problem, StartResult, fit, prepare, refit_theta, run_starts
 from fitting.laws import Law
 
 
@@ -35,12 +35,12 @@ class Comparison:
         return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
-def loo_rms(problem: Problem, theta: np.ndarray, options: FitOptions) -> float:
+def loo_rms(problem: Problem, best: StartResult, options: FitOptions) -> float:
     """RMS over rows of (prediction of the row from a fit without it) − observed, in loss units."""
     errors = np.empty(problem.n)
     everything = np.arange(problem.n)
     for i in everything:
-        t = refit_theta(problem.subset(np.delete(everything, i)), theta, options)
+        t = refit_theta(problem.subset(np.delete(everything, i)), best, options)
         if t is None:
             raise FitError(f"the leave-one-out refit without row {i + 1} did not converge; loo_rms is not reported")
         row = problem.subset(np.array([i]))
@@ -78,7 +78,7 @@ def assess(law: Law, df: pd.DataFrame, result: FitResult, options: FitOptions | 
     problem, table = prepare(law, df, result.fixed, options)
     theta = np.array(result.theta)
     aic, bic = information_criteria(problem, theta)
-    return Comparison(law.name, problem.n, len(problem.names), result.objective, loo_rms(problem, theta, options),
+    return Comparison(law.name, problem.n, len(problem.names), result.objective, loo_rms(problem, result.best, options),
                       extrapolation_rms(law, table, problem, options), aic, bic)
 
 

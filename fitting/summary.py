@@ -56,7 +56,7 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
         "objective": result.objective,
         "converged": result.converged,
         "n_points": result.n_points,
-        "loo_rms": loo_rms(problem, np.array(result.theta), options),
+        "loo_rms": loo_rms(problem, result.best, options),
         "ci": {k: [_finite(lo), _finite(hi)] for k, (lo, hi) in boot.ci().items() if k not in result.fixed}
         if boot else {},
         "fixed": result.fixed,
