@@ -28,6 +28,7 @@ from workers.data import TokenData, load_tokens
 from workers.engine import NonFiniteLoss, build_engine, train_step
 from workers.errors import WorkerError
 from workers.evaluate import expert_load, val_loss
+from workers.lr_search import best_lr, is_lr_search_dir, run_lr_search
 from workers.model import ModelConfig, build_model
 from workers.schedule import check_schedule, lr_multiplier
 from workers.tracking import MetricLogger
@@ -66,10 +67,10 @@ def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | 
     """Run one segment to completion (resuming from its own last checkpoint if one exists)."""
     t0 = time.perf_counter()
     torch.set_num_threads(runtime.num_threads)
-    if runtime.workers > 1:
+    if runtime.workers > 1:  # Ray Train across processes is not wired yet
         raise WorkerError(f"workers={runtime.workers}: multi-process segments are not supported yet; use workers=1")
     if spec.kind == "lr_search":
-        raise WorkerError("lr_search segments are not implemented by the worker yet; give optim.lr explicitly")
+        return run_lr_search(spec, runtime, run_segment)
     if spec.kind == "upcycle":
         return _upcycle(spec, runtime, t0)
     return _train(spec, runtime, on_step, t0)
@@ -96,19 +97,22 @@ def _meta(spec: SegmentSpec) -> dict:
     return {"segment_id": spec.id, "kind": spec.kind, "parent_ids": list(spec.parent_ids)}
 
 
-def _parent(spec: SegmentSpec, runtime: SegmentRuntime) -> Path | None:
-    if not spec.parent_ids:
-        return None
+def _parents(spec: SegmentSpec, runtime: SegmentRuntime) -> tuple[Path | None, float | None]:
+    """(the checkpoint to start from, the peak LR an lr_search parent chose): at most one of each."""
     missing = [p for p in spec.parent_ids if p not in runtime.parent_checkpoints]
     if missing:
         raise WorkerError(f"{spec.kind} segment {spec.id}: no checkpoint given for parent(s) {missing} in "
                           f"runtime.parent_checkpoints")
-    if len(spec.parent_ids) > 1:
-        raise WorkerError(f"{spec.kind} segment {spec.id}: expected one parent, got {list(spec.parent_ids)}")
-    path = Path(runtime.parent_checkpoints[spec.parent_ids[0]])
-    if not path.exists():
-        raise WorkerError(f"parent checkpoint {path} does not exist")
-    return path
+    paths = [Path(runtime.parent_checkpoints[p]) for p in spec.parent_ids]
+    for path in paths:
+        if not path.exists():
+            raise WorkerError(f"parent checkpoint {path} does not exist")
+    searches = [p for p in paths if is_lr_search_dir(p)]
+    starts = [p for p in paths if not is_lr_search_dir(p)]
+    if len(starts) > 1 or len(searches) > 1:
+        raise WorkerError(f"{spec.kind} segment {spec.id}: expected at most one checkpoint and one lr_search "
+                          f"parent, got {[str(p) for p in paths]}")
+    return (starts[0] if starts else None), (best_lr(searches[0]) if searches else None)
 
 
 def _check_shape(cfg: ModelConfig, spec: SegmentSpec, where: Path) -> None:
@@ -129,7 +133,7 @@ def _data(spec: SegmentSpec, runtime: SegmentRuntime) -> TokenData:
 def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentResult:
     from workers.upcycling import upcycle
 
-    parent = _parent(spec, runtime)
+    parent, _ = _parents(spec, runtime)
     if parent is None:
         raise WorkerError(f"upcycle segment {spec.id} needs the decayed dense model as its parent")
     dense_cfg, dense_sd = load_model(parent / checkpoints.MODEL_DIR if (parent / checkpoints.MODEL_DIR).is_dir()
@@ -150,13 +154,15 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
 def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None, t0: float) -> SegmentResult:
     optim, sched = spec.optim, spec.schedule
     assert optim is not None and sched is not None  # guaranteed by SegmentSpec for training kinds
-    if optim.lr is None:
-        raise WorkerError(f"segment {spec.id}: optim.lr is None; resolve the peak LR (lr_search) before training")
     check_schedule(sched, spec.decay_start_tokens, spec.end_tokens)
+    parent, searched_lr = _parents(spec, runtime)
+    if optim.lr is None:
+        if searched_lr is None:
+            raise WorkerError(f"segment {spec.id}: optim.lr is None and no lr_search parent checkpoint was given")
+        optim = optim.model_copy(update={"lr": searched_lr})
     data = _data(spec, runtime)
     root = Path(runtime.checkpoint_dir)
     own = checkpoints.complete(root, spec.id)
-    parent = _parent(spec, runtime)
 
     # The model: its config comes from the parent (an upcycling method may have reshaped the MoE), else the spec.
     parent_meta: dict | None = None
@@ -202,13 +208,13 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     with logger:
         if not own:
             summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device)
-            logger.log(tokens, val_loss=summary["val_loss_start"])
+            logger.log(tokens, val_loss=summary["val_loss_start"], peak_lr=optim.lr)
         train_s, trained = 0.0, 0
         while tokens < spec.end_tokens:
+            ts = time.perf_counter()  # tokens/s counts batch drawing and the step, not evaluation or checkpoints
             step = tokens // tps
             batch = data.batch(spec.data.data_seed, step, bs, ctx)
             lr = optim.lr * lr_multiplier(tokens + tps, sched, spec.decay_start_tokens, spec.end_tokens)
-            ts = time.perf_counter()
             try:
                 stats = train_step(engine, batch, lr, cfg.aux_loss_coef, runtime.device)
             except NonFiniteLoss as e:

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec, UpcycleSpec
+from sweeps.segments import (
+    DataSpec,
+    LrSearchSpec,
+    ModelSpec,
+    OptimSpec,
+    ScheduleSpec,
+    SegmentRuntime,
+    SegmentSpec,
+    UpcycleSpec,
+)
 from workers.checkpoints import tag_for
 from workers.errors import WorkerError
 from workers.segment import NaNLossError, StepInfo, run_segment
@@ -191,3 +200,22 @@ def test_cli_train_segment_json(home: Path, runs: dict, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_lr_search_picks_an_lr_that_trunks_inherit(home: Path) -> None:
+    search = SegmentSpec(kind="lr_search", model=DENSE, data=DATA, optim=OPTIM.model_copy(update={"lr": None}),
+                         schedule=ScheduleSpec(warmup_tokens=TPS), end_tokens=4 * TPS,
+                         lr_search=LrSearchSpec(trials=3, low=1e-4, high=1e-2, tokens=4 * TPS))
+    res = run_segment(search, rt(home, "lrs"))
+    saved = json.loads((Path(res.checkpoint) / "lr_search.json").read_text())
+    assert len(saved["trials"]) == 3 and res.tokens == 12 * TPS
+    assert res.best_lr == saved["best_lr"] == min(saved["trials"], key=lambda t: t["val_loss"])["lr"]
+    assert 1e-4 <= res.best_lr <= 1e-2 and res.val_loss == saved["best_val_loss"]
+    assert not list(Path(res.checkpoint).glob("trial_*"))  # the trials' weights are not kept
+    inherit = seg("dense_trunk", end_tokens=2 * TPS, parent_ids=(search.id,)).model_copy(
+        update={"optim": OPTIM.model_copy(update={"lr": None})})
+    explicit = seg("dense_trunk", end_tokens=2 * TPS).model_copy(
+        update={"optim": OPTIM.model_copy(update={"lr": res.best_lr})})
+    a = run_segment(inherit, rt(home, "inherit", parent_checkpoints={search.id: res.checkpoint}))
+    b = run_segment(explicit, rt(home, "explicit"))
+    assert a.val_loss == b.val_loss
