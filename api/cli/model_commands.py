@@ -1,3 +1,134 @@
-"""`upscale model init|upcycle`: dense checkpoints and every upcycling method from the command line."""
+"""`upscale model init` and `upscale upcycle`: dense checkpoints and every upcycling method from the command line.
 
-from api.cli.app import app  # noqa: F401
+Both write a model directory (workers/weights.py: config.json + weights.pt). `upcycle` prints the report of
+workers/upcycling/report.py; with `--json` its keys are the scripted contract (issue 4): method,
+max_abs_logit_diff, reinit_fraction {gate, up, down}, intact_neuron_fraction, experts_distinct,
+params {n1, n2, n_total}. torch and DeepSpeed are imported inside the commands so `upscale --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from api.cli.app import app, console, register_user_error
+from workers.errors import WorkerError
+
+register_user_error(WorkerError)
+
+model_app = typer.Typer(help="Dense model checkpoints.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("init")
+def model_init(
+    size: Annotated[str, typer.Option(help="Named size: nano, micro, tiny, or the paper's 15M ... 1B.")],
+    out: Annotated[Path, typer.Option(help="Model directory to write (config.json + weights.pt).")],
+    seed: Annotated[int, typer.Option(help="Seed of the initialisation.")] = 0,
+    vocab_size: Annotated[int, typer.Option(help="Vocabulary size (256 for byte-level text).")] = 4096,
+    context: Annotated[int, typer.Option(help="Maximum sequence length.")] = 1024,
+) -> None:
+    """Write a randomly initialised dense model (the starting point of `upscale upcycle`)."""
+    from workers.model import ModelConfig, build_model
+    from workers.weights import save_model
+
+    cfg = ModelConfig.from_size(size, vocab_size=vocab_size, context=context)
+    model = build_model(cfg, seed=seed)
+    save_model(out, cfg, model.state_dict())
+    console.print(f"dense {size}: n1={model.n1():,} non-embedding params -> {out}")
+
+
+@app.command("upcycle")
+def upcycle_command(
+    dense: Annotated[Path, typer.Option(help="Dense model directory (from `upscale model init` or training).")],
+    method: Annotated[str, typer.Option(help="naive | drop | noise | llama-moe | router-upcycling | granular | "
+                                        "scratch.")],
+    experts: Annotated[int, typer.Option(help="Experts per MoE layer (n_expert >= 2).")],
+    topk: Annotated[int, typer.Option(help="Experts per token, 1..experts.")],
+    out: Annotated[Path, typer.Option(help="MoE model directory to write.")],
+    r: Annotated[float, typer.Option(help="drop: fraction of FFN neurons re-initialised, in [0, 1].")] = 0.5,
+    seed: Annotated[int, typer.Option(help="Seed of the method's random draws.")] = 0,
+    index_mode: Annotated[str, typer.Option(help="drop: shared (paper) | per_matrix (official code).")] = "shared",
+    noise_variant: Annotated[str, typer.Option(help="noise: replace_elementwise (OLMoE) | add_neuronwise.")] = (
+        "replace_elementwise"
+    ),
+    noise_ratio: Annotated[float, typer.Option(help="noise: fraction of entries/neurons hit.")] = 0.5,
+    noise_std: Annotated[float, typer.Option(help="noise: std of the noise.")] = 0.02,
+    split: Annotated[str, typer.Option(help="llama-moe: independent-random | independent-clustering | "
+                                       "sharing-inner | sharing-inter.")] = "independent-random",
+    gate: Annotated[str, typer.Option(help="llama-moe: mlp (LLaMA-MoE's tanh gate) | linear.")] = "mlp",
+    score_scale: Annotated[float | None, typer.Option(help="llama-moe: expert output scale; default experts/topk.")] = (
+        None
+    ),
+    n_residual: Annotated[int, typer.Option(help="llama-moe sharing-inter: always-on residual experts.")] = 1,
+    granularity: Annotated[int, typer.Option(help="granular: G = dense d_ff / expert d_ff.")] = 2,
+    routers: Annotated[int, typer.Option(help="router-upcycling: routers m (0 = experts, the paper's best).")] = 0,
+    router_init: Annotated[str, typer.Option(help="normal_2_5d | normal_0.02 | uniform_0.02 | kaiming_uniform.")] = (
+        "normal_2_5d"
+    ),
+    calibration: Annotated[Path | None, typer.Option(help="Calibration data for llama-moe sharing-* and "
+                                                     "router-upcycling: a .pt [batch, seq] token tensor, or a "
+                                                     "text file read as bytes.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Build an MoE from a dense model with one method; write it and report what it preserved."""
+    # DeepSpeed logs to stdout when it is first imported; keep stdout for the report alone (`--json` is parsed)
+    with contextlib.redirect_stdout(sys.stderr):
+        report, cfg, seconds = _upcycle(
+            dense, experts, topk, out, router_init, calibration,
+            method_spec_fields={
+                "method": method, "seed": seed, "r": r, "index_mode": index_mode, "noise_variant": noise_variant,
+                "noise_ratio": noise_ratio, "noise_std": noise_std, "split": split, "llama_gate": gate,
+                "score_scale": score_scale, "n_residual": n_residual, "granularity": granularity,
+                "n_routers": routers,
+            },
+        )
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report, cfg, out, seconds)
+
+
+def _upcycle(
+    dense: Path, experts: int, topk: int, out: Path, router_init: str, calibration: Path | None,
+    method_spec_fields: dict[str, Any],
+) -> tuple[dict[str, Any], Any, float]:
+    import time
+
+    from workers.upcycling import method_spec, upcycle
+    from workers.upcycling.calibration import load_calibration
+    from workers.upcycling.report import upcycle_report
+    from workers.weights import load_model, save_model
+
+    dense_cfg, dense_sd = load_model(dense)
+    spec = method_spec(**method_spec_fields)
+    if experts < 2:
+        raise WorkerError(f"--experts={experts}: an MoE needs at least 2 experts")
+    moe_cfg = dense_cfg.updated(n_expert=experts, topk=topk, router_init=router_init)
+    tokens = load_calibration(calibration, dense_cfg) if calibration is not None else None
+    start = time.perf_counter()
+    cfg, moe_sd = upcycle(dense_sd, moe_cfg, spec, calibration_tokens=tokens)
+    seconds = time.perf_counter() - start
+    save_model(out, cfg, moe_sd)
+    return upcycle_report(spec.method, dense_cfg, dense_sd, cfg, moe_sd), cfg, seconds
+
+
+def _print_report(report: dict[str, Any], cfg: Any, out: Path, seconds: float) -> None:
+    t = Table(title=f"{report['method']}: {cfg.n_expert} experts, top-{cfg.topk}, expert d_ff {cfg.d_expert}")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_row("max |dense - MoE| logit (fp32)", f"{report['max_abs_logit_diff']:.3g}")
+    for m, v in report["reinit_fraction"].items():
+        t.add_row(f"re-initialised {m} neurons", f"{v:.3f}")
+    t.add_row("intact neurons", f"{report['intact_neuron_fraction']:.3f}")
+    t.add_row("experts distinct", str(report["experts_distinct"]))
+    for k, v in report["params"].items():
+        t.add_row(k, f"{v:,}")
+    console.print(t)
+    console.print(f"upcycled in {seconds:.2f} s -> {out}")

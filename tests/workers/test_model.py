@@ -128,3 +128,21 @@ def test_context_overflow_is_a_worker_error() -> None:
     model = build_model(ModelConfig(n_layer=1, d_model=32, n_head=2, vocab_size=64, context=8), seed=0)
     with pytest.raises(WorkerError, match="sequence length 9 exceeds the model context 8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_moe_backward_under_a_single_process_group(dist_group: None) -> None:
+    import torch.distributed as dist
+
+    from workers.distributed import init_single_process
+
+    init_single_process()  # idempotent: the session's group stays
+    assert dist.is_initialized() and dist.get_world_size() == 1
+    cfg = ModelConfig(n_layer=1, d_model=32, n_head=2, vocab_size=64, context=16, n_expert=4, topk=2)
+    model = build_model(cfg, seed=0).train()
+    tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits, aux = model(tokens)
+    (logits.logsumexp(-1).mean() + cfg.aux_loss_coef * aux).backward()
+    router = model.blocks[0].ffn.moe.deepspeed_moe.gate.wg.weight
+    experts = [p for n, p in model.named_parameters() if ".deepspeed_experts." in n]
+    assert router.grad is not None and router.grad.abs().sum() > 0
+    assert sum(int(p.grad is not None and p.grad.abs().sum() > 0) for p in experts) >= 6  # >= 2 experts x 3 matrices

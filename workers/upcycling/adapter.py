@@ -6,7 +6,7 @@ names of `workers.model` (torchtitan's state_dict_adapter split), so a renamed m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +26,6 @@ class LayerMoE:
     experts: list[FFN]
     router: dict[str, torch.Tensor]
     shared: FFN | None = None
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def dense_ffn(dense_sd: dict[str, torch.Tensor], layer: int) -> FFN:
@@ -79,3 +78,11 @@ def router_of(moe_sd: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Te
     """Router parameters of one MoE layer, keyed by their name under `gate.wg`."""
     prefix = _MOE.format(l=layer) + ".gate.wg."
     return {k[len(prefix):]: v for k, v in moe_sd.items() if k.startswith(prefix)}
+
+
+def shared_of(moe_sd: dict[str, torch.Tensor], layer: int) -> FFN | None:
+    """The always-on shared expert of one layer (fp32), or None if the model has none."""
+    names = [f"blocks.{layer}.ffn.shared.{m}.weight" for m in _MATRICES]
+    if names[0] not in moe_sd:
+        return None
+    return tuple(moe_sd[n].float() for n in names)  # type: ignore[return-value]

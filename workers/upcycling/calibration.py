@@ -6,9 +6,12 @@
   (`importance_type=feature_change`, `kernel=l1_norm`; METHODS.md §4c), L the next-token loss of the group.
 * `sequence_groups`: the n data groups LLaMA-MoE gets by clustering text; here k-means on each sequence's mean
   token embedding (no external sentence encoder needed).
+* `load_calibration`: tokens for the CLI from a torch file or from raw text read as bytes.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +26,10 @@ _GROUP_STREAM = 5
 def check_tokens(tokens: torch.Tensor | None, cfg: ModelConfig, who: str) -> torch.Tensor:
     """Calibration tokens [B, T] of integer ids < vocab_size, 2 <= T <= context; WorkerError otherwise."""
     if tokens is None:
-        raise WorkerError(f"{who} needs calibration tokens (a [batch, seq] tensor of token ids from the training data)")
+        raise WorkerError(f"{who} needs calibration tokens: a (batch, seq) tensor of token ids from the training "
+                          "data (CLI: --calibration FILE)")
     if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64) or tokens.numel() == 0:
-        raise WorkerError(f"{who}: calibration tokens must be a non-empty integer [batch, seq] tensor; "
+        raise WorkerError(f"{who}: calibration tokens must be a non-empty integer (batch, seq) tensor; "
                           f"got dtype {tokens.dtype}, shape {tuple(tokens.shape)}")
     if not 2 <= tokens.shape[1] <= cfg.context:
         raise WorkerError(f"{who}: calibration sequence length {tokens.shape[1]} must be in [2, {cfg.context}]")
@@ -87,3 +91,27 @@ def ffn_importance(
         for h in hooks:
             h.remove()
     return out
+
+
+def load_calibration(path: str | Path, cfg: ModelConfig, seq_len: int = 128, max_seqs: int = 64) -> torch.Tensor:
+    """Calibration tokens from a file: a torch file holding an integer [B, T] tensor, or any other file read as
+    bytes and cut into sequences of min(seq_len, context) byte tokens (needs vocab_size >= 256)."""
+    src = Path(path)
+    if not src.is_file():
+        raise WorkerError(f"calibration file {src} does not exist")
+    if src.suffix == ".pt":
+        try:
+            tokens = torch.load(src, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises many types for a corrupt or foreign file
+            raise WorkerError(f"{src} is not a readable torch file: {e}") from None
+        if not isinstance(tokens, torch.Tensor):
+            raise WorkerError(f"{src} must hold a (batch, seq) tensor of token ids, got {type(tokens).__name__}")
+        return check_tokens(tokens, cfg, f"calibration file {src}")
+    if cfg.vocab_size < 256:
+        raise WorkerError(f"byte-level calibration text needs vocab_size >= 256; the model has {cfg.vocab_size}")
+    t = min(seq_len, cfg.context)
+    data = torch.frombuffer(bytearray(src.read_bytes()), dtype=torch.uint8).long()
+    n = min(max_seqs, data.numel() // t)
+    if n == 0:
+        raise WorkerError(f"calibration file {src} has {data.numel()} bytes; need at least {t}")
+    return data[: n * t].view(n, t)

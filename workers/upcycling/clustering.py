@@ -5,7 +5,7 @@ matrix with each centroid replicated ceil(N/k) times (METHODS.md §4b's dependen
 `KMeansConstrained(size_min=size_max=N/k)`); when k divides N every cluster gets exactly N/k points. The first
 replica of every centroid gets a large bonus so that no cluster is ever empty (all replicas are filled anyway when
 k divides N, so the bonus then changes nothing). Plain k-means re-seeds an empty cluster with the point farthest
-from its centroid. Initial centroids are k distinct points drawn with the caller's generator: same seed, same labels.
+from its centroid. Initial centroids are k-means++ draws from the caller's generator: same seed, same labels.
 """
 
 from __future__ import annotations
@@ -30,13 +30,25 @@ def _balanced_labels(dist2: np.ndarray) -> np.ndarray:
     return labels
 
 
+def _kmeans_pp(pts: np.ndarray, k: int, gen: torch.Generator) -> np.ndarray:
+    # k-means++ seeding: each next centre drawn with probability proportional to the squared distance to the nearest
+    # chosen one, which avoids two starting centres in one cluster (plain random starts got stuck on planted blobs)
+    chosen = [int(torch.randint(len(pts), (1,), generator=gen))]
+    d2 = ((pts - pts[chosen[0]]) ** 2).sum(1)
+    for _ in range(1, k):
+        w = torch.from_numpy(d2) if d2.sum() > 0 else torch.ones(len(pts), dtype=torch.float64)
+        chosen.append(int(torch.multinomial(w, 1, generator=gen)))
+        d2 = np.minimum(d2, ((pts - pts[chosen[-1]]) ** 2).sum(1))
+    return pts[chosen].copy()
+
+
 def kmeans(x: torch.Tensor, k: int, gen: torch.Generator, balanced: bool = False, max_iter: int = 100) -> torch.Tensor:
     """Cluster the rows of `x` [N, D] into k groups; returns labels [N] (every label 0..k-1 used)."""
     n = x.shape[0]
     if n < k:
         raise WorkerError(f"cannot form {k} clusters from {n} points; give at least {k}")
     pts = x.detach().double().cpu().numpy()
-    centroids = pts[torch.randperm(n, generator=gen)[:k].numpy()]
+    centroids = _kmeans_pp(pts, k, gen)
     labels = np.full(n, -1, dtype=np.int64)
     for _ in range(max_iter):
         dist2 = ((pts[:, None, :] - centroids[None, :, :]) ** 2).sum(-1)

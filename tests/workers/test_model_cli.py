@@ -1,0 +1,95 @@
+"""`upscale model init` and `upscale upcycle`: the installed console script (subprocess, real exit codes) for the
+happy path and one bad input; the other bad inputs through the same entry point in-process (`api.cli.main`, which
+is what the console script runs), since every subprocess pays ~5 s of torch import on the shared cores.
+
+Bad input must print one `error: ...` line naming the value and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+UPSCALE = str(Path(sys.executable).parent / "upscale")
+
+
+def main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    """Run the console-script entry point in-process; (exit code, stderr)."""
+    from api.cli import main as cli_main
+
+    monkeypatch.setattr(sys, "argv", ["upscale", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main()
+    return int(exit_info.value.code or 0), capsys.readouterr().err
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([UPSCALE, *args], capture_output=True, text=True, timeout=120,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "dense"
+    res = run("model", "init", "--size", "nano", "--seed", "1", "--vocab-size", "256", "--context", "32",
+              "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_upcycle_json_report(dense_dir: Path, tmp_path: Path) -> None:
+    res = run("upcycle", "--dense", str(dense_dir), "--method", "drop", "--r", "0.25", "--experts", "4", "--topk",
+              "2", "--seed", "3", "--out", str(tmp_path / "moe"), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert set(report) == {"method", "max_abs_logit_diff", "reinit_fraction", "intact_neuron_fraction",
+                           "experts_distinct", "params"}
+    assert report["reinit_fraction"] == {"gate": 0.25, "up": 0.25, "down": 0.25}
+    assert report["intact_neuron_fraction"] == 0.75 and report["experts_distinct"] is True
+    assert set(report["params"]) == {"n1", "n2", "n_total"}
+    assert {p.name for p in (tmp_path / "moe").iterdir()} == {"config.json", "weights.pt"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--method", "naive", "--experts", "4", "--topk", "5"], "topk=5 is not valid for n_expert=4; valid: 1..4"),
+        (["--method", "drop", "--r", "1.5", "--experts", "4", "--topk", "2"], "r: Input should be less than or equal"),
+        (["--method", "llama-moe", "--experts", "3", "--topk", "2"], "n_expert=3 equal parts, which does not divide"),
+        (["--method", "router-upcycling", "--experts", "4", "--topk", "2"], "needs calibration tokens"),
+    ],
+)
+def test_bad_upcycle_input_exits_2(dense_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
+    code, err = main(monkeypatch, capsys, "upcycle", "--dense", str(dense_dir), "--out", str(tmp_path / "moe"), *args)
+    assert code == 2
+    assert err.startswith("error: ") and message in " ".join(err.split())
+    assert not (tmp_path / "moe").exists()
+
+
+def test_unknown_method_through_the_console_script(dense_dir: Path, tmp_path: Path) -> None:
+    res = run("upcycle", "--dense", str(dense_dir), "--method", "sparse", "--experts", "4", "--topk", "2",
+              "--out", str(tmp_path / "moe"))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: ") and "Traceback" not in res.stderr
+    assert "unknown upcycling method 'sparse'; valid methods: naive, drop, noise" in " ".join(res.stderr.split())
+
+
+def test_unknown_size_and_wrong_shape_checkpoint_exit_2(dense_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    code, err = main(monkeypatch, capsys, "model", "init", "--size", "huge", "--out", str(tmp_path / "x"))
+    assert code == 2 and "unknown model size 'huge'; valid sizes: nano" in err
+    cfg = json.loads((dense_dir / "config.json").read_text())
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "weights.pt").write_bytes((dense_dir / "weights.pt").read_bytes())
+    (broken / "config.json").write_text(json.dumps({**cfg, "d_model": 64, "n_head": 4}))
+    code, err = main(monkeypatch, capsys, "upcycle", "--dense", str(broken), "--method", "naive", "--experts", "4",
+                     "--topk", "2", "--out", str(tmp_path / "moe"))
+    assert code == 2
+    assert "tok_emb.weight has shape (256, 32); the config expects (256, 64)" in " ".join(err.split())
