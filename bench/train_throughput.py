@@ -90,11 +90,14 @@ def segment(model: ModelSpec, steps: int, batch_size: int, lr: float) -> Segment
 def measure(name: str, spec: SegmentSpec, device: str, repeats: int, work: Path, threads: int) -> dict:
     data = load_tokens(spec.data, spec.model.context, work / "cache")
     ours, base = [], []
-    for r in range(repeats):  # interleaved, so load from other processes hits both alike
-        base.append(plain_loop(spec, data, device))
+    for r in range(repeats):  # interleaved, order alternating, so load from other processes hits both alike
         rt = SegmentRuntime(checkpoint_dir=str(work / f"{name}-{r}"), data_cache_dir=str(work / "cache"),
                             device=device, num_threads=threads, log_every_steps=10)
-        ours.append(run_segment(spec, rt).tokens_per_s)
+        for which in (("plain", "ours") if r % 2 == 0 else ("ours", "plain")):
+            if which == "plain":
+                base.append(plain_loop(spec, data, device))
+            else:
+                ours.append(run_segment(spec, rt).tokens_per_s)
     row = {"name": name, "ours": statistics.median(ours), "plain": statistics.median(base)}
     row["ratio"] = row["ours"] / row["plain"]
     return row

@@ -49,6 +49,12 @@ def write_meta(path: str | Path, meta: dict[str, Any], cfg: ModelConfig) -> None
     os.replace(tmp, Path(path) / META_FILE)
 
 
+def model_dir(path: str | Path) -> Path:
+    """The weights of a checkpoint folder (`<path>/model`), or `path` itself when it is a bare model folder."""
+    path = Path(path)
+    return path / MODEL_DIR if (path / MODEL_DIR).is_dir() else path
+
+
 def has_engine_state(path: str | Path) -> bool:
     """True for a DeepSpeed checkpoint (weights + optimiser), False for a weights-only export (an upcycled MoE)."""
     return (Path(path) / "mp_rank_00_model_states.pt").is_file()

@@ -136,8 +136,7 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
     parent, _ = _parents(spec, runtime)
     if parent is None:
         raise WorkerError(f"upcycle segment {spec.id} needs the decayed dense model as its parent")
-    dense_cfg, dense_sd = load_model(parent / checkpoints.MODEL_DIR if (parent / checkpoints.MODEL_DIR).is_dir()
-                                     else parent)
+    dense_cfg, dense_sd = load_model(checkpoints.model_dir(parent))
     _check_shape(dense_cfg, spec, parent)
     if dense_cfg.is_moe:
         raise WorkerError(f"upcycle parent {parent} is already an MoE ({dense_cfg.n_expert} experts)")
@@ -177,8 +176,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
         cfg = ModelConfig.model_validate(parent_meta["model_config"])
         model = build_model(cfg, spec.seed)
     else:  # weights only (an upcycled MoE, or a bare model folder): fresh optimiser
-        model_dir = parent / checkpoints.MODEL_DIR if (parent / checkpoints.MODEL_DIR).is_dir() else parent
-        cfg, sd = load_model(model_dir)
+        cfg, sd = load_model(checkpoints.model_dir(parent))
         model = build_model(cfg, spec.seed)
         model.load_state_dict(sd)
     if parent is not None:

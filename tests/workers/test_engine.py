@@ -71,3 +71,15 @@ def test_bad_engine_options(dist_group: None) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(WorkerError, match="CUDA is not available"):
             build_engine(build_model(CFG, seed=0), OPTIM, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_autocast_step_on_cuda() -> None:
+    from workers.distributed import init_single_process
+
+    init_single_process("nccl")
+    eng = build_engine(build_model(CFG, seed=0), OPTIM, device="cuda")
+    losses = [train_step(eng, batch(0), 3e-3, CFG.aux_loss_coef, "cuda").loss for _ in range(5)]
+    assert next(eng.module.parameters()).dtype == torch.float32  # fp32 master weights, bf16 compute
+    assert losses[-1] < losses[0]
