@@ -5,7 +5,9 @@ multi-head attention through `scaled_dot_product_attention(is_causal=True)`, a S
 no biases anywhere, untied input embedding and LM head. The FFN of every block is either dense or a
 `deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, softmax over the selected logits
 (DeepSpeed renormalises for k >= 2), no token dropping (`drop_tokens=False`), deterministic top-2
-(`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss returned to the caller.
+(`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss returned to the caller. Top-1 is DeepSpeed's
+(Switch-style) top1gating: the expert output is weighted by its softmax probability p_max, not renormalised to 1,
+so the router gets a gradient; an upcycled top-1 MoE therefore starts at p_max·FFN, not at the dense function.
 
 Public interface (kept small and stable for the trainer; everything else here is private):
 

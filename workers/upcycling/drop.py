@@ -18,8 +18,8 @@ import torch
 
 from sweeps.segments import UpcycleSpec
 from workers.model import ModelConfig, seeded_generator
+from workers.upcycling import naive
 from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
-from workers.upcycling.naive import configure
 
 _DROP_STREAM = 2  # generator purpose key; routers use 1 (workers.model)
 
@@ -55,7 +55,9 @@ def drop_expert(ffn: FFN, r: float, index_mode: str, gen: torch.Generator) -> FF
     return g, u, d
 
 
-__all__ = ["build", "configure"]
+def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
+    """Experts are edited copies of the FFN: naive's shape rule."""
+    return naive.configure(cfg, spec)
 
 
 def build(

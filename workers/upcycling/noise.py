@@ -14,9 +14,9 @@ import torch
 
 from sweeps.segments import UpcycleSpec
 from workers.model import ModelConfig, seeded_generator
+from workers.upcycling import naive
 from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
 from workers.upcycling.drop import n_dropped
-from workers.upcycling.naive import configure
 
 _NOISE_STREAM = 3
 
@@ -48,7 +48,9 @@ def add_neuronwise(ffn: FFN, ratio: float, std: float, gen: torch.Generator) -> 
 _VARIANTS = {"replace_elementwise": replace_elementwise, "add_neuronwise": add_neuronwise}
 
 
-__all__ = ["build", "configure"]
+def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
+    """Experts are edited copies of the FFN: naive's shape rule."""
+    return naive.configure(cfg, spec)
 
 
 def build(
