@@ -106,6 +106,8 @@ def _upcycle(
     from workers.upcycling.report import upcycle_report
     from workers.weights import load_model, save_model
 
+    if out.resolve() == dense.resolve():
+        raise WorkerError(f"--out {out} is the dense model directory; write the MoE somewhere else")
     dense_cfg, dense_sd = load_model(dense)
     spec = method_spec(**method_spec_fields)
     if experts < 2:

@@ -93,3 +93,12 @@ def test_unknown_size_and_wrong_shape_checkpoint_exit_2(dense_dir: Path, tmp_pat
                      "--topk", "2", "--out", str(tmp_path / "moe"))
     assert code == 2
     assert "tok_emb.weight has shape (256, 32); the config expects (256, 64)" in " ".join(err.split())
+
+
+def test_out_must_not_overwrite_the_dense_model(dense_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture) -> None:
+    before = (dense_dir / "weights.pt").read_bytes()
+    code, err = main(monkeypatch, capsys, "upcycle", "--dense", str(dense_dir), "--method", "naive", "--experts", "4",
+                     "--topk", "2", "--out", str(dense_dir))
+    assert code == 2 and "is the dense model directory" in " ".join(err.split())
+    assert (dense_dir / "weights.pt").read_bytes() == before

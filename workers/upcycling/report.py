@@ -44,9 +44,10 @@ def neuron_matches(dense: FFN, experts: list[FFN]) -> tuple[torch.Tensor, torch.
     got = [torch.cat(parts) for parts in zip(*(_neurons(e) for e in experts), strict=True)]
     matched, index = [], []
     for r, g in zip(ref, got, strict=True):
-        best, arg = (g @ r.T).max(dim=1)
-        matched.append(best > 1 - 1e-6)
-        index.append(arg)
+        # in row chunks: all experts x all dense neurons at once is n·f x f doubles (~2 GB for the 1B size)
+        best, arg = zip(*((c @ r.T).max(dim=1) for c in g.split(4096)), strict=True)
+        matched.append(torch.cat(best) > 1 - 1e-6)
+        index.append(torch.cat(arg))
     m = torch.stack(matched)
     intact = m.all(0) & (index[0] == index[1]) & (index[1] == index[2])
     return m, intact
