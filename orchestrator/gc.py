@@ -2,10 +2,12 @@
 
 Kept: every checkpoint of a segment that has a child not yet done (the child starts from it, in any sweep), and,
 unless `everything` is asked, the checkpoints new grid points are likely to branch from: the final dense model of
-each `dense_decay` (a new upcycling method or config starts there) and each trunk's checkpoints (a new decay
-budget at an existing branch point, or a resume). Deleted: the rest, chiefly the final MoE and decayed models of
-finished branches, which nothing trains from. Only checkpoints the store recorded are touched; deleted ones keep
-their row with `deleted_at` set, so lineage stays queryable.
+each `dense_decay` (a new upcycling method or config starts there), each upcycled MoE (a new D2 grid means a new
+MoE trunk from it) and each trunk's checkpoints (a resume, a new budget at an existing branch point). Deleted: the
+rest, the final models of finished decay branches (MoE and from scratch), which nothing trains from. A checkpoint
+deleted with `everything` that a later sweep needs makes that sweep's segment fail with a clear error. Only
+checkpoints the store recorded are touched; deleted ones keep their row with `deleted_at` set, so lineage stays
+queryable.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from orchestrator.records import CheckpointRecord, SegmentRecord, utcnow
 from orchestrator.store import Store
 from sweeps.segments import TRUNK_KINDS
 
-LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay"}
+LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay", "upcycle"}
 
 
 @dataclass
@@ -40,14 +42,17 @@ def collect_garbage(store: Store, everything: bool = False, dry_run: bool = Fals
         needed = {p for seg in segments if seg.status != "done" for p in seg.parents}
         live = s.scalars(select(CheckpointRecord).where(CheckpointRecord.deleted_at.is_(None))
                          .order_by(CheckpointRecord.id))
+        seen: set[str] = set()  # a trunk's final checkpoint may also be its last branch point: one folder, two rows
         for ckpt in live:
             keep = ckpt.segment_key in needed or status.get(ckpt.segment_key) != "done"
             keep = keep or (not everything and kind.get(ckpt.segment_key) in LIKELY_PARENT_KINDS)
             if keep:
                 report.kept.append(ckpt.uri)
                 continue
-            report.freed_bytes += _size(Path(ckpt.uri))
-            report.deleted.append(ckpt.uri)
+            if ckpt.uri not in seen:
+                report.freed_bytes += _size(Path(ckpt.uri))
+                report.deleted.append(ckpt.uri)
+                seen.add(ckpt.uri)
             if not dry_run:
                 shutil.rmtree(ckpt.uri, ignore_errors=True)
                 ckpt.deleted_at = utcnow()

@@ -59,11 +59,14 @@ class SweepOutcome:
 
 
 def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
-    """Connect to RAY_ADDRESS, or start embedded local Ray, once per process."""
+    """Connect to RAY_ADDRESS, or start embedded local Ray, once per process.
+
+    Workers' output stays in Ray's session logs (log_to_driver=False): the CLI's stdout carries only its results
+    (`upscale run --json`), and a failure reaches the store through the task's exception."""
     if not ray.is_initialized():
         local = settings.ray_address is None
         ray.init(address=settings.ray_address, num_cpus=num_cpus if local else None, include_dashboard=False,
-                 configure_logging=False, log_to_driver=True)
+                 configure_logging=False, log_to_driver=False)
 
 
 def owner_id() -> str:
@@ -197,6 +200,7 @@ class Scheduler:
             mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=segment_tags(axes),
             num_threads=max(1, math.floor(res.get("cpus", 1))), workers=int(res.get("workers", 1)),
             device="cuda" if res.get("gpus", 0) else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
+            data_cache_dir=str(self.settings.home / "data"),
         )
         self._report_msg(f"start {seg.kind} {seg.key}")
         options = {"num_cpus": float(res.get("cpus", 1)) * runtime.workers,

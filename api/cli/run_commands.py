@@ -1,3 +1,134 @@
-"""`upscale run|observations`: run a sweep to completion in-process on embedded Ray; export its observations."""
+"""`upscale run|observations|sweeps|cancel|gc`: run a sweep to completion in-process on Ray, export its observations,
+and manage what the state store holds.
 
-from api.cli.app import app  # noqa: F401
+`run` plans the spec, records it (segments already trained by any earlier sweep are reused, not retrained) and
+drives the scheduler with a live progress bar; re-running the same spec after an interruption resumes it. The
+observation table it fills is what `upscale fit --data` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from api.cli.app import app, console, err_console, register_user_error
+from orchestrator.errors import OrchestratorError
+
+register_user_error(OrchestratorError)
+
+KINDS = ("dense", "upcycled", "scratch")
+
+
+def _orchestrator():
+    from orchestrator.service import Orchestrator
+    from orchestrator.settings import get_settings
+
+    return Orchestrator.open(get_settings())
+
+
+@app.command("run")
+def run_command(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print {sweep_id, observations} as JSON.")] = False,
+    max_concurrent: Annotated[int | None, typer.Option(min=1, help="Segments at once; default: as many as the "
+                                                       "cluster's CPUs/GPUs hold.")] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, help="Failures allowed per segment before the sweep fails.")]
+    = 3,
+) -> None:
+    """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations."""
+    from orchestrator.observations import JSON_FIELDS, as_row
+    from orchestrator.scheduler import Scheduler
+    from sweeps.spec import load_spec
+
+    sweep_spec = load_spec(spec)
+    orch = _orchestrator()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[note]}"), console=err_console, transient=as_json) as bar:
+        task = bar.add_task(f"sweep {sweep_spec.name}", total=None, note="starting Ray")
+
+        def show(p) -> None:
+            if p.message:
+                bar.update(task, note=p.message)
+            else:
+                bar.update(task, total=p.total, completed=p.done)
+
+        scheduler = Scheduler(orch.store, orch.settings, max_concurrent=max_concurrent, max_attempts=max_attempts,
+                              on_progress=show)
+        out = orch.run(sweep_spec, scheduler)
+    if out.status != "done":
+        sweep = orch.store.sweep(out.sweep_id)
+        raise OrchestratorError(f"sweep {out.sweep_id} {out.status}: {sweep.error or 'stopped'}; "
+                                f"`upscale run {spec}` again resumes it")
+    rows = [as_row(o) for o in orch.store.observations(out.sweep_id)]
+    if as_json:
+        print(json.dumps({"sweep_id": out.sweep_id, "observations": [{k: r[k] for k in JSON_FIELDS} for r in rows]},
+                         indent=2))
+        return
+    table = Table(*JSON_FIELDS, title=f"sweep {out.sweep_id}: {len(out.trained)} segment(s) trained, "
+                  f"{out.wall_s:.0f} s")
+    for r in rows:
+        table.add_row(*("" if r[k] is None else f"{r[k]:.4f}" if k == "loss" else str(r[k]) for k in JSON_FIELDS))
+    console.print(table)
+
+
+@app.command("observations")
+def observations_command(
+    sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale sweeps` lists them).")],
+    csv: Annotated[bool, typer.Option("--csv", help="Write CSV in the columns `upscale fit --data` reads.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")] = None,
+    kind: Annotated[str | None, typer.Option(help=f"Only rows of one kind: {', '.join(KINDS)} (a law's table).")]
+    = None,
+) -> None:
+    """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled rows), loss, trunk."""
+    from orchestrator.observations import table
+
+    if kind is not None and kind not in KINDS:
+        raise OrchestratorError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
+    df = table(_orchestrator().store.observations(sweep), kind)
+    if csv or out is not None:
+        if out is None:
+            df.to_csv(sys.stdout, index=False)
+        else:
+            df.to_csv(out, index=False)
+            err_console.print(f"{len(df)} observation(s) written to {out}")
+        return
+    console.print(df.to_string(index=False))
+
+
+@app.command("sweeps")
+def sweeps_command() -> None:
+    """Every sweep in the store with its status and how many of its segments are done."""
+    orch = _orchestrator()
+    t = Table("sweep", "name", "status", "segments done", "created")
+    for s in orch.store.sweeps():
+        statuses = [seg.status for seg, _ in orch.store.members(s.id)]
+        t.add_row(s.id, s.name, s.status, f"{statuses.count('done')}/{len(statuses)}", f"{s.created_at:%Y-%m-%d %H:%M}")
+    console.print(t)
+
+
+@app.command("cancel")
+def cancel_command(sweep: Annotated[str, typer.Argument(help="Sweep id.")]) -> None:
+    """Ask the scheduler running SWEEP to stop; running segments are released and resume on the next run."""
+    orch = _orchestrator()
+    orch.store.request_cancel(sweep)
+    console.print(f"sweep {sweep}: {orch.store.sweep(sweep).status}")
+
+
+@app.command("gc")
+def gc_command(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be deleted.")] = False,
+    everything: Annotated[bool, typer.Option("--all", help="Also delete checkpoints new grid points would likely "
+                                             "branch from (trunks, decayed dense models).")] = False,
+) -> None:
+    """Delete checkpoints no pending segment needs; keep likely branch points unless --all."""
+    from orchestrator.gc import collect_garbage
+
+    rep = collect_garbage(_orchestrator().store, everything=everything, dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    console.print(f"{verb} {len(rep.deleted)} checkpoint(s), {rep.freed_bytes / 1e6:.1f} MB; kept {len(rep.kept)}")
