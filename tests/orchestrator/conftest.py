@@ -25,8 +25,9 @@ resources: {cpus: 1}
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
-    import segment_fns
     from ray import cloudpickle
+
+    from tests.orchestrator import segment_fns
 
     # The test segment function lives outside any installed package: ship it to workers by value.
     cloudpickle.register_pickle_by_value(segment_fns)

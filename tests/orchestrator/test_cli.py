@@ -11,8 +11,6 @@ import json
 
 import pandas as pd
 import pytest
-from conftest import TINY_SPEC
-from segment_fns import counting_segment, loss_of
 from typer.testing import CliRunner
 
 from api.cli import app
@@ -22,6 +20,8 @@ from orchestrator.service import Orchestrator
 from orchestrator.settings import get_settings
 from sweeps.planner import plan
 from sweeps.spec import load_spec
+from tests.orchestrator.conftest import TINY_SPEC
+from tests.orchestrator.segment_fns import counting_segment, loss_of
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import TINY_SPEC
-from segment_fns import counting_segment
 
 from orchestrator.gc import collect_garbage
 from orchestrator.scheduler import Scheduler
 from orchestrator.service import Orchestrator
 from sweeps.spec import load_spec
+from tests.orchestrator.conftest import TINY_SPEC
+from tests.orchestrator.segment_fns import counting_segment
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -16,11 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from conftest import TINY_SPEC
-
 from orchestrator.service import Orchestrator
 from sweeps.planner import plan
 from sweeps.spec import load_spec
+from tests.orchestrator.conftest import TINY_SPEC
 
 SCRIPT = Path(__file__).parent / "sweep_process.py"
 

@@ -13,15 +13,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import TINY_SPEC
 from mlflow.tracking import MlflowClient
-from segment_fns import counting_segment, loss_of
 
 from orchestrator.scheduler import Scheduler
 from orchestrator.service import Orchestrator
 from sweeps.planner import plan
 from sweeps.segments import SegmentSpec
 from sweeps.spec import load_spec
+from tests.orchestrator.conftest import TINY_SPEC
+from tests.orchestrator.segment_fns import counting_segment, loss_of
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

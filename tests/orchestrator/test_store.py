@@ -10,7 +10,6 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from conftest import TINY_SPEC
 from sqlalchemy import inspect
 
 from orchestrator.errors import OrchestratorError
@@ -19,6 +18,7 @@ from orchestrator.store import Store, alembic_config
 from sweeps.planner import plan
 from sweeps.segments import SegmentResult
 from sweeps.spec import load_spec
+from tests.orchestrator.conftest import TINY_SPEC
 
 
 @pytest.fixture
