@@ -61,7 +61,7 @@ FULL = seg("dense_decay", end_tokens=20 * TPS, decay_start_tokens=16 * TPS)  # o
 @pytest.fixture(scope="module")
 def runs(home: Path) -> dict:
     trunk = run_segment(TRUNK, rt(home, "trunk", mlflow_tracking_uri=f"sqlite:///{home / 'mlflow.db'}",
-                                  mlflow_tags={"sweep": "test"}))
+                                  mlflow_tags={"sweep": "test"}, eval_every_tokens=8 * TPS))
     decay = run_segment(DECAY, rt(home, "decay", parent_checkpoints={TRUNK.id: trunk.branch_checkpoints[16 * TPS]}))
     full = run_segment(FULL, rt(home, "full"))
     return {"trunk": trunk, "decay": decay, "full": full}
@@ -138,10 +138,12 @@ def test_mlflow_receives_metrics_and_tags(home: Path, runs: dict) -> None:
     assert run.data.tags["sweep"] == "test" and run.data.tags["d_model"] == "32"
     assert run.info.status == "FINISHED"
     val = client.get_metric_history(run.info.run_id, "val_loss")
-    assert [m.step for m in val] == [0, 20 * TPS]
+    assert [m.step for m in val] == [0, 8 * TPS, 16 * TPS, 20 * TPS]  # start, every 8 steps, end
+    assert val[0].value > val[1].value > val[2].value
     assert val[-1].value == pytest.approx(runs["trunk"].val_loss)
     train = client.get_metric_history(run.info.run_id, "train_loss")
     assert [m.step for m in train] == [4 * TPS, 8 * TPS, 12 * TPS, 16 * TPS, 20 * TPS]
+    assert {"lr", "tokens_per_s", "peak_lr"} <= set(run.data.metrics)
 
 
 def test_nan_loss_stops_names_the_step_and_keeps_the_last_checkpoint(home: Path) -> None:
