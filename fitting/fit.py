@@ -244,9 +244,10 @@ class Problem:
                 x = R_inv @ res.x
                 H = R_inv @ res.hess_inv @ R_inv.T
         # |θ| < 700 keeps exp(θ) finite: a scale that overflows is a divergence, not a converged fit
-        ok = bool(res.success) and bool(np.isfinite(res.fun)) and bool(np.all(np.abs(x) < 700))
-        return StartResult(tuple(map(float, start)), tuple(map(float, x)), float(res.fun), ok, int(res.nit),
-                           str(res.message), H)
+        finite = bool(np.isfinite(res.fun)) and bool(np.all(np.abs(x) < 700))
+        message = str(res.message) if finite else "diverged (a parameter ran off to infinity)"
+        return StartResult(tuple(map(float, start)), tuple(map(float, x)), float(res.fun), bool(res.success) and finite,
+                           int(res.nit), message, H)
 
 
 def _fixed_fitted(law: Law, p: Param, value: float) -> float:

@@ -81,13 +81,13 @@ def progress_bar(total: int, label: str) -> Iterator[Callable[[int], None] | Non
 
 @app.command("laws")
 def laws_command() -> None:
-    """The registry: one law a line with its formula and the columns it needs."""
+    """The registry: one law a line with its formula, the columns it needs and its source in the paper."""
     from fitting.laws import LAWS
 
-    table = Table("law", "formula", "columns", "source")
+    width = max(map(len, LAWS))
     for name, law in LAWS.items():
-        table.add_row(name, law.formula, ", ".join(law.columns), law.source)
-    console.print(table)
+        console.print(f"{name:<{width}}  {law.formula}  [dim]columns: {', '.join(law.columns)} · {law.source}[/]",
+                      soft_wrap=True, highlight=False)
 
 
 def _fit_table(rep: dict[str, Any], title: str) -> Table:
