@@ -34,9 +34,9 @@ State-dict names (what the upcycling adapter in workers/upcycling/adapter.py rea
 always-on shared expert `blocks.{l}.ffn.shared.{w_gate,w_up,w_down}.weight`, `norm.weight`, `lm_head.weight`.
 
 Routers (`router_type`): "linear" (DeepSpeed's `wg`, n_expert x d_model, the paper's router); "mixture" (Router
-Upcycling's mixture of m routers: queries `wg.queries[m, d', d]`, expert keys `wg.keys[n, m, d']`,
-score_i(x) = sum_j (W^j x)·K_i^j / sqrt(d'), summed with no non-linearity as the paper's Eq. 8, so at any weights it
-is the linear router with W_eff[i] = sum_j K_i^j W^j / sqrt(d'); the parameterisation, not the function class,
+Upcycling's mixture of m routers: queries `wg.queries[m, d', d]`, one key per expert `wg.keys[n, d']`,
+score_i(x) = sum_j (W^j x)·K_i / sqrt(d'), summed with no non-linearity as the paper's Eqs. 7-8, so at any weights
+it is the linear router with W_eff[i] = K_i · sum_j W^j / sqrt(d'); the parameterisation, not the function class,
 differs); "mlp" (LLaMA-MoE's gate network Linear(d, n) -> tanh -> Linear(n, n)). DeepSpeed's `TopKGate` computes
 `linear(x, wg.weight)` inline, so the gate is replaced by `_RouterGate`, a subclass whose logits come from the
 router module; the gating functions (top-1/top-2/top-k, capacity, aux loss) are DeepSpeed's own.
@@ -245,19 +245,19 @@ class Attention(nn.Module):
 
 
 class MixtureRouter(nn.Module):
-    """Router Upcycling's m routers with per-expert keys, summed (Ran et al. Eq. 6-9)."""
+    """Router Upcycling's m routers and one key per expert, scores summed over routers (Ran et al. Eqs. 4-8)."""
 
     def __init__(self, d_model: int, n_expert: int, n_routers: int) -> None:
         super().__init__()
         d_sub = d_model // n_routers
         self.queries = nn.Parameter(torch.empty(n_routers, d_sub, d_model))
-        self.keys = nn.Parameter(torch.empty(n_expert, n_routers, d_sub))
+        self.keys = nn.Parameter(torch.empty(n_expert, d_sub))
 
     @property
     def weight(self) -> torch.Tensor:
-        """W_eff[i] = sum_j K_i^j W^j / sqrt(d'); computing logits through it is exact and costs n·d per token."""
+        """W_eff[i] = K_i · sum_j W^j / sqrt(d'); computing logits through it is exact and costs n·d per token."""
         d_sub = self.queries.shape[1]
-        return torch.einsum("imk,mkd->id", self.keys, self.queries) / math.sqrt(d_sub)
+        return self.keys @ self.queries.sum(0) / math.sqrt(d_sub)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight.float())
@@ -446,7 +446,7 @@ def init_router(cfg: ModelConfig, gen: torch.Generator) -> dict[str, torch.Tenso
     # A random mixture router: queries like attention projections, keys at the router init scale.
     m = cfg.routers
     q = torch.randn(m, d // m, d, generator=gen) * cfg.init_std
-    return {"queries": q, "keys": draw(n * m, d // m).view(n, m, d // m)}
+    return {"queries": q, "keys": draw(n, d // m)}
 
 
 def build_model(cfg: ModelConfig, seed: int, device: str | torch.device | None = None) -> UpscaleLM:

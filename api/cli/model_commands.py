@@ -68,7 +68,7 @@ def upcycle_command(
     ),
     n_residual: Annotated[int, typer.Option(help="llama-moe sharing-inter: always-on residual experts.")] = 1,
     granularity: Annotated[int, typer.Option(help="granular: G = dense d_ff / expert d_ff.")] = 2,
-    routers: Annotated[int, typer.Option(help="router-upcycling: routers m (0 = experts, the paper's best).")] = 0,
+    routers: Annotated[int, typer.Option(help="router-upcycling: routers m; 0 or --experts (the paper's m = n).")] = 0,
     router_init: Annotated[str, typer.Option(help="normal_2_5d | normal_0.02 | uniform_0.02 | kaiming_uniform.")] = (
         "normal_2_5d"
     ),

@@ -1,6 +1,6 @@
 """Data passes through the frozen dense model for the methods that need data (llama-moe sharing, router-upcycling).
 
-* `ffn_inputs`: each layer's FFN input (after the post-attention RMSNorm), the vectors an MoE router will see.
+* `attention_inputs`: each layer's attention input (after the pre-attention RMSNorm), what its keys are made of.
 * `ffn_importance`: LLaMA-MoE's first-order Taylor importance per neuron and token group,
   v_j = mean over tokens |h_j · dL/dh_j| with h = silu(W_gate x) ⊙ W_up x the input of W_down
   (`importance_type=feature_change`, `kernel=l1_norm`; METHODS.md §4c), L the next-token loss of the group.
@@ -47,11 +47,11 @@ def dense_model(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> UpscaleL
 
 
 @torch.no_grad()
-def ffn_inputs(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Per layer, the FFN inputs of every calibration token, [B·T, d_model]."""
+def attention_inputs(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, the attention inputs of every calibration token, [B·T, d_model]."""
     model = dense_model(dense_sd, cfg)
     seen: list[torch.Tensor] = []
-    hooks = [b.ffn.register_forward_pre_hook(lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
+    hooks = [b.attn.register_forward_pre_hook(lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
              for b in model.blocks]
     try:
         model(tokens)

@@ -1,46 +1,70 @@
-"""Router Upcycling (Ran et al., arXiv 2509.00679; METHODS.md §5): experts are copies, the router is a mixture of
-m routers initialised from the preceding attention layer.
+"""Router Upcycling (Ran et al., arXiv 2509.00679, §3.2-3.3; METHODS.md §5): experts are copies, the router is a
+mixture of m routers initialised from the preceding attention layer, with m = n (the paper's best setting, §5.2.1).
 
-Per layer, with d' = d_model/m: router j's query projection is the block of W_Q rows of head group j
-(rows j·d' .. (j+1)·d'; no RoPE: routing must not depend on position); expert i's key K_i^j is the average of
-W_K^j x over the calibration tokens x associated with expert i. Those sets come from k-means (n clusters) over the
-collected keys W_K x, because keys averaged over the *same* tokens would tie every expert (METHODS.md §5). The
-router inputs x are collected where the router sits, at the FFN input after the post-attention RMSNorm.
-score_i(x) = Σ_j (W^j x)·K_i^j / √d' (the paper's Eq. 8, summed without a non-linearity): a linear router at any
-weights with W_eff[i] = Σ_j K_i^j W^j / √d' (`workers.model.MixtureRouter`); what changes is the parameterisation.
-The model has no GQA (the paper's architecture), so kv head = query head. Copies + DeepSpeed's renormalised
-top-k (k >= 2) reproduce the dense function for any router (Identity B).
+Per layer, with d' = d_model/m: split the attention into u = max(m, h) units of d/u query/key dimensions (heads; or,
+when m > h, each head split into m/h parts, as the paper's m=32-from-16-heads variant). K_A = each unit's average
+attention key, W_K x averaged over the calibration tokens x at the attention input (pre-RoPE: averaging rotated keys
+over positions would mix RoPE's frequency pairs). Units are merged into m groups of u/m by the similarity of their
+K_A (balanced k-means on the normalised average keys; the paper merges the most cosine-similar heads). Router j's
+query projection W^j is the W_Q rows of group j; expert i's key K_i is the concatenated K_A of group i (Eqs. 4-5),
+so experts differ because their head groups do. Scores S_i = Σ_j (W^j x)·K_i / √d' (Eqs. 7-8), no normalisation,
+softmax and top-k on top: a linear router at any weights (`workers.model.MixtureRouter`). Routing uses no RoPE.
+The model has no GQA (the paper's architecture), so each query head has its own key head. Copies + DeepSpeed's
+renormalised top-k (k >= 2) reproduce the dense function for any router (Identity B).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from sweeps.segments import UpcycleSpec
+from workers.errors import WorkerError
 from workers.model import ModelConfig, seeded_generator
 from workers.upcycling import naive
 from workers.upcycling.adapter import LayerMoE, assemble, attention, dense_ffn
-from workers.upcycling.calibration import check_tokens, ffn_inputs
+from workers.upcycling.calibration import attention_inputs, check_tokens
 from workers.upcycling.clustering import kmeans
 
-_KEY_STREAM = 6
+_GROUP_STREAM = 6
 
 
 def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
-    """Copied experts (naive's shape rule) and a mixture router of m = spec.n_routers or n_expert routers."""
+    """Copied experts (naive's shape rule) and a mixture router of m = n_expert routers, one key per expert."""
     cfg = naive.configure(cfg, spec)
-    return cfg.updated(router_type="mixture", n_routers=spec.n_routers or cfg.n_expert)
+    m = spec.n_routers or cfg.n_expert
+    if m != cfg.n_expert:
+        raise WorkerError(
+            f"router-upcycling gives expert i the key of head group i, so it needs n_routers = n_expert "
+            f"(the paper's best setting); got n_routers={m}, n_expert={cfg.n_expert}"
+        )
+    return cfg.updated(router_type="mixture", n_routers=m)
+
+
+def head_groups(avg_keys: torch.Tensor, m: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """Unit ids of each of m groups: the units themselves when there are m, else balanced k-means on the
+    normalised average keys [u, d/u] (groups of u/m most similar units), each group sorted."""
+    u = avg_keys.shape[0]
+    if u == m:
+        return [torch.tensor([i]) for i in range(m)]
+    labels = kmeans(F.normalize(avg_keys.double(), dim=1), m, gen, balanced=True)
+    return [torch.nonzero(labels == j).flatten() for j in range(m)]
 
 
 def mixture_router(
-    wq: torch.Tensor, wk: torch.Tensor, x: torch.Tensor, n_expert: int, m: int, gen: torch.Generator
+    wq: torch.Tensor, wk: torch.Tensor, x: torch.Tensor, m: int, n_head: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
-    """`queries` [m, d', d] from W_Q and `keys` [n, m, d'] = per-cluster mean of W_K x over router inputs x [N, d]."""
+    """`queries` [m, d', d] (W_Q rows of each group) and `keys` [m, d'] (each group's average key) from the
+    attention weights and its inputs x [N, d]."""
     d = wq.shape[1]
-    keys = x @ wk.T  # [N, d]: every token's key, all heads, no RoPE
-    labels = kmeans(keys, n_expert, gen)
-    centroids = torch.stack([keys[labels == i].mean(0) for i in range(n_expert)])
-    return {"queries": wq.reshape(m, d // m, d).clone(), "keys": centroids.reshape(n_expert, m, d // m)}
+    u = max(m, n_head)
+    avg = (x @ wk.T).mean(0).view(u, d // u)  # each unit's average key, no RoPE
+    groups = head_groups(avg, m, gen)
+    units = wq.view(u, d // u, d)
+    return {
+        "queries": torch.stack([units[g].reshape(-1, d) for g in groups]),
+        "keys": torch.stack([avg[g].reshape(-1) for g in groups]),
+    }
 
 
 def build(
@@ -50,12 +74,12 @@ def build(
     calibration_tokens: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     tokens = check_tokens(calibration_tokens, cfg, "router-upcycling")
-    inputs = ffn_inputs(dense_sd, cfg, tokens)
+    inputs = attention_inputs(dense_sd, cfg, tokens)
     layers = []
     for l in range(cfg.n_layer):
         router = mixture_router(
-            attention(dense_sd, l, "wq"), attention(dense_sd, l, "wk"), inputs[l], cfg.n_expert, cfg.routers,
-            seeded_generator(spec.seed, _KEY_STREAM, l),
+            attention(dense_sd, l, "wq"), attention(dense_sd, l, "wk"), inputs[l], cfg.routers, cfg.n_head,
+            seeded_generator(spec.seed, _GROUP_STREAM, l),
         )
         layers.append(LayerMoE(naive.copies(dense_ffn(dense_sd, l), cfg.n_expert), router))
     return assemble(dense_sd, cfg, layers)

@@ -39,7 +39,8 @@ def test_every_method_is_seeded_by_spec_and_loads(dense_cfg: ModelConfig, dense_
     _, b = upcycle(dense_sd, moe_cfg, method_spec(method, seed=1, **SPECS[method]), tokens)
     _, c = upcycle(dense_sd, moe_cfg, method_spec(method, seed=2, **SPECS[method]), tokens)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(a[k], c[k]) for k in a)
+    # router-upcycling draws nothing at random (copies; router from the attention weights and data) at this shape
+    assert any(not torch.equal(a[k], c[k]) for k in a) == (method != "router-upcycling")
     model = instantiate(a_cfg, a)
     experts = [p for n, p in model.named_parameters() if ".deepspeed_experts." in n]
     assert experts and all(p.allreduce is False and p.group_name == "ep_size_1" for p in experts)
