@@ -71,3 +71,15 @@ def test_wrong_shape_checkpoint_names_the_tensor(dense_cfg: ModelConfig, dense_s
     wider = dense_cfg.updated(d_model=64, n_head=2, n_expert=4, topk=2)
     with pytest.raises(WorkerError, match=r"tok_emb\.weight has shape \(64, 32\); the config expects \(64, 64\)"):
         upcycle(dense_sd, wider, method_spec("naive"))
+
+
+def test_bf16_checkpoint_stays_bf16_with_exact_copies(dense_cfg: ModelConfig, dense_sd: dict, tokens) -> None:
+    # statistics and slicing run in fp32; the MoE is written back in the checkpoint's dtype, copies bit-exact
+    bf16 = {k: v.to(torch.bfloat16) for k, v in dense_sd.items()}
+    moe_cfg = dense_cfg.updated(n_expert=4, topk=2)
+    for method in ("naive", "drop", "llama-moe"):
+        _, sd = upcycle(bf16, moe_cfg, method_spec(method, r=0.0), tokens)
+        assert all(v.dtype == torch.bfloat16 for v in sd.values())
+    _, sd = upcycle(bf16, moe_cfg, method_spec("naive"))
+    expert = "blocks.0.ffn.moe.deepspeed_moe.experts.deepspeed_experts.3.w_up.weight"
+    assert torch.equal(sd[expert], bf16["blocks.0.ffn.w_up.weight"])
