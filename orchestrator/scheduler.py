@@ -192,6 +192,7 @@ class Scheduler:
         if run_id is None:
             run_id = self.tracker.start_segment(sweep.mlflow_run_id, seg.key, seg.kind, axes)
             self.store.set_segment_run(seg.key, run_id)
+            seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
         res = sweep.resources
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
