@@ -7,8 +7,10 @@ on stdout: val_loss, tokens, wall_s, tokens_per_s, checkpoint). torch and DeepSp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -51,7 +53,24 @@ def train_segment(
     checkpoint_every_tokens: Annotated[int | None, typer.Option(help="Periodic resume checkpoints.")] = None,
     zero_stage: Annotated[int, typer.Option(min=0, max=2, help="DeepSpeed ZeRO stage.")] = 0,
 ) -> None:
-    """Train one segment (any kind but lr_search) and report its validation loss; resumes if interrupted."""
+    """Run one segment of any kind alone and report its validation loss; resumes if interrupted."""
+    # DeepSpeed logs to stdout (bound when it is imported); keep stdout for the result alone
+    with contextlib.redirect_stdout(sys.stderr):
+        result = _run(segment, checkpoint_dir, parent or [], mlflow_uri, threads, device, eval_every_tokens,
+                      checkpoint_every_tokens, zero_stage, quiet=json_out)
+    out = {k: getattr(result, k) for k in ("val_loss", "tokens", "wall_s", "tokens_per_s", "checkpoint")}
+    if json_out:
+        typer.echo(json.dumps(out))
+        return
+    loss = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
+    console.print(f"{result.kind} {result.segment_id}: val_loss {loss}, {result.tokens} tokens in "
+                  f"{result.wall_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s); checkpoint {result.checkpoint}")
+
+
+def _run(segment: Path, checkpoint_dir: Path | None, parent: list[str], mlflow_uri: str | None, threads: int,
+         device: str, eval_every_tokens: int | None, checkpoint_every_tokens: int | None, zero_stage: int,
+         quiet: bool):
+    """Parse the spec, build the runtime, run the segment under a progress bar on stderr."""
     from pydantic import ValidationError
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -68,15 +87,15 @@ def train_segment(
         where = ".".join(str(p) for p in first["loc"])
         raise WorkerError(f"{segment}: {where}: {first['msg']} ({e.error_count()} error(s))") from None
     runtime = SegmentRuntime(
-        checkpoint_dir=str(checkpoint_dir or Path(os.environ.get("UPSCALE_CHECKPOINT_DIR", upscale_home() /
-                                                                 "checkpoints")) / spec.id),
-        parent_checkpoints=_parents(parent or [], spec.parent_ids),
+        checkpoint_dir=str((checkpoint_dir or Path(os.environ.get("UPSCALE_CHECKPOINT_DIR", upscale_home() /
+                                                                  "checkpoints")) / spec.id).absolute()),
+        parent_checkpoints=_parents(parent, spec.parent_ids),
         mlflow_tracking_uri=mlflow_uri, num_threads=threads, device=device, eval_every_tokens=eval_every_tokens,
         checkpoint_every_tokens=checkpoint_every_tokens, zero_stage=zero_stage,
     )
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
                TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=json_out) as bar:
+    with Progress(*columns, console=err_console, transient=quiet) as bar:
         task = bar.add_task(f"{spec.kind} {spec.id}", total=max(1, spec.end_tokens - spec.start_tokens),
                             status="starting")
 
@@ -84,11 +103,4 @@ def train_segment(
             bar.update(task, completed=info.tokens - info.start_tokens,
                        status=f"{info.tokens} tokens  loss {info.loss:.4f}  lr {info.lr:.2e}")
 
-        result = run_segment(spec, runtime, on_step=on_step)
-    out = {k: getattr(result, k) for k in ("val_loss", "tokens", "wall_s", "tokens_per_s", "checkpoint")}
-    if json_out:
-        typer.echo(json.dumps(out))
-        return
-    loss = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
-    console.print(f"{spec.kind} {spec.id}: val_loss {loss}, {result.tokens} tokens in {result.wall_s:.1f} s "
-                  f"({result.tokens_per_s:,.0f} tokens/s); checkpoint {result.checkpoint}")
+        return run_segment(spec, runtime, on_step=on_step)

@@ -191,7 +191,7 @@ def test_cli_train_segment_json(home: Path, runs: dict, capsys: pytest.CaptureFi
     out = CliRunner().invoke(app, ["train-segment", str(spec_file), "--json", "--checkpoint-dir",
                                    str(home / "cli"), "--parent", parent])
     assert out.exit_code == 0, out.output
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout)  # stdout holds the JSON alone (DeepSpeed's logging goes to stderr)
     assert set(result) == {"val_loss", "tokens", "wall_s", "tokens_per_s", "checkpoint"}
     assert result["val_loss"] == runs["decay"].val_loss and result["tokens"] == 4 * TPS
     assert Path(result["checkpoint"]).parent == home / "cli"
