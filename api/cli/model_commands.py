@@ -28,20 +28,30 @@ app.add_typer(model_app, name="model")
 
 @model_app.command("init")
 def model_init(
-    size: Annotated[str, typer.Option(help="Named size: nano, micro, tiny, or the paper's 15M ... 1B.")],
     out: Annotated[Path, typer.Option(help="Model directory to write (config.json + weights.pt).")],
+    size: Annotated[str | None, typer.Option(help="Named size: nano, micro, tiny, or the paper's 15M ... 1B.")] = None,
+    n_layer: Annotated[int | None, typer.Option(help="Explicit shape instead of --size: decoder blocks.")] = None,
+    d_model: Annotated[int | None, typer.Option(help="Explicit shape: residual width (d_ff = 4·d_model).")] = None,
+    n_head: Annotated[int | None, typer.Option(help="Explicit shape: attention heads.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation.")] = 0,
     vocab_size: Annotated[int, typer.Option(help="Vocabulary size (256 for byte-level text).")] = 4096,
     context: Annotated[int, typer.Option(help="Maximum sequence length.")] = 1024,
 ) -> None:
     """Write a randomly initialised dense model (the starting point of `upscale upcycle`)."""
+    from workers.errors import validated
     from workers.model import ModelConfig, build_model
     from workers.weights import save_model
 
-    cfg = ModelConfig.from_size(size, vocab_size=vocab_size, context=context)
+    shape = {"n_layer": n_layer, "d_model": d_model, "n_head": n_head}
+    given = {k: v for k, v in shape.items() if v is not None}
+    if (size is None) == (len(given) == 0) or (size is None and len(given) != 3):
+        raise WorkerError("give either --size or all of --n-layer, --d-model and --n-head")
+    common = {"vocab_size": vocab_size, "context": context}
+    cfg = ModelConfig.from_size(size, **common) if size else validated(ModelConfig, **given, **common)
     model = build_model(cfg, seed=seed)
     save_model(out, cfg, model.state_dict())
-    console.print(f"dense {size}: n1={model.n1():,} non-embedding params -> {out}")
+    name = size or f"{cfg.n_layer}x{cfg.d_model}"
+    console.print(f"dense {name}: n1={model.n1():,} non-embedding params -> {out}")
 
 
 @app.command("upcycle")

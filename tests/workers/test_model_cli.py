@@ -102,3 +102,21 @@ def test_out_must_not_overwrite_the_dense_model(dense_dir: Path, monkeypatch: py
                      "--topk", "2", "--out", str(dense_dir))
     assert code == 2 and "is the dense model directory" in " ".join(err.split())
     assert (dense_dir / "weights.pt").read_bytes() == before
+
+
+def test_model_init_explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture) -> None:
+    from workers.weights import load_model
+
+    code, _ = main(monkeypatch, capsys, "model", "init", "--n-layer", "1", "--d-model", "16", "--n-head", "2",
+                   "--vocab-size", "32", "--out", str(tmp_path / "m"))
+    assert code == 0
+    cfg, sd = load_model(tmp_path / "m")
+    assert (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.vocab_size) == (1, 16, 2, 32)
+    assert sd["blocks.0.ffn.w_up.weight"].shape == (64, 16)
+    code, err = main(monkeypatch, capsys, "model", "init", "--size", "nano", "--d-model", "16", "--out",
+                     str(tmp_path / "x"))
+    assert code == 2 and "give either --size or all of --n-layer, --d-model and --n-head" in err
+    code, err = main(monkeypatch, capsys, "model", "init", "--n-layer", "1", "--d-model", "16", "--n-head", "3",
+                     "--out", str(tmp_path / "x"))
+    assert code == 2 and "d_model=16 is not divisible by n_head=3" in err
