@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 app = typer.Typer(
     name="upscale",
@@ -37,5 +38,5 @@ def main() -> None:
     try:
         app()
     except tuple(USER_ERRORS) as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)  # Text: no markup parsing
         sys.exit(2)
