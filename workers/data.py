@@ -3,7 +3,7 @@
 Sources (`DataSpec.corpus`): `builtin:python-stdlib` (the running Python's standard-library .py files, tests and
 site-packages excluded: ~11 MB of real text on every machine, no download), a folder of text files (read
 recursively), a `.jsonl` or `.parquet` file with a text column, or a Hugging Face dataset saved with `save_to_disk`
-(its `*.arrow` shards are read with pyarrow, so the `datasets` package is not needed).
+(its `*.arrow` shards, every split of a DatasetDict, are read with pyarrow: the `datasets` package is not needed).
 
 Tokens are computed once per (corpus fingerprint, tokeniser) and stored as uint8/16/32 arrays under
 `<cache>/<key>/{train,val}.bin`, written to a temporary folder and renamed, so concurrent jobs never read a half
@@ -54,6 +54,11 @@ def _stdlib_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts[:-1]))
 
 
+def _is_hf_dataset(path: Path) -> bool:
+    """A folder written by `datasets`' `save_to_disk` (a Dataset or a DatasetDict)."""
+    return any((path / f).is_file() for f in ("state.json", "dataset_info.json", "dataset_dict.json"))
+
+
 def _source_files(corpus: str) -> list[Path]:
     """The files that make up a corpus (their stat is the cheap fingerprint of the cache key)."""
     if corpus == BUILTIN_STDLIB:
@@ -66,8 +71,8 @@ def _source_files(corpus: str) -> list[Path]:
         if path.suffix not in (".jsonl", ".parquet"):
             raise WorkerError(f"corpus file {corpus!r} must end in .jsonl or .parquet")
         files = [path]
-    elif (path / "dataset_info.json").exists() or (path / "state.json").exists():
-        files = sorted(path.rglob("*.arrow"))
+    elif _is_hf_dataset(path):
+        files = sorted(path.rglob("*.arrow"))  # a DatasetDict: every split's shards
     else:
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     if not files or all(f.stat().st_size == 0 for f in files):
@@ -99,7 +104,7 @@ def iter_documents(data: DataSpec) -> Iterator[str]:
             import pyarrow.parquet as pq
 
             yield from _text_column(pq.read_table(f), data.text_column, f)
-        elif f.suffix == ".arrow" and path.is_dir() and data.corpus != BUILTIN_STDLIB:
+        elif f.suffix == ".arrow" and data.corpus != BUILTIN_STDLIB and _is_hf_dataset(path):
             import pyarrow as pa
 
             with pa.memory_map(str(f)) as src:

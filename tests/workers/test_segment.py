@@ -221,3 +221,37 @@ def test_lr_search_picks_an_lr_that_trunks_inherit(home: Path) -> None:
     a = run_segment(inherit, rt(home, "inherit", parent_checkpoints={search.id: res.checkpoint}))
     b = run_segment(explicit, rt(home, "explicit"))
     assert a.val_loss == b.val_loss
+
+
+@pytest.mark.slow
+def test_sigkilled_process_resumes_to_the_same_loss(home: Path, runs: dict) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runtime = rt(home, "sigkill", checkpoint_every_tokens=4 * TPS)
+    code = ("import sys, time, torch; torch.set_num_threads(1)\n"
+            "from sweeps.segments import SegmentSpec, SegmentRuntime\n"
+            "from workers.segment import run_segment\n"
+            "spec = SegmentSpec.model_validate_json(sys.argv[1])\n"
+            "rt = SegmentRuntime.model_validate_json(sys.argv[2])\n"
+            "run_segment(spec, rt, on_step=lambda info: time.sleep(0.3))\n")
+    # a fresh process: without this process group's MASTER_PORT & co., which init_single_process would reuse
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    log = home / "sigkill.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code, FULL.model_dump_json(), runtime.model_dump_json()],
+                                cwd=Path(__file__).parents[2], env=env, stdout=out, stderr=out)
+    marker = home / "sigkill" / tag_for(8 * TPS) / "meta.json"
+    deadline = time.time() + 300
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists(), log.read_text()[-2000:]
+    assert not (home / "sigkill" / tag_for(20 * TPS)).exists()  # killed mid-segment
+    resumed = run_segment(FULL, runtime)
+    assert resumed.val_loss == runs["full"].val_loss
