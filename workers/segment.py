@@ -7,10 +7,12 @@ else a fresh init), wrap it in the DeepSpeed engine, then for every step draw th
 periodically, evaluate. Nothing depends on where a run started, so trunk + decay branch, a resumed run and one
 uninterrupted WSD run are the same computation (bit-exact on CPU).
 
-Starting states (`runtime.parent_checkpoints`, one parent): a folder written by `workers.checkpoints.save` (a trunk's
-branch point: weights and optimiser state, resumed with `load_checkpoint`), or one holding only a `model/` export
-(an upcycled MoE: fresh optimiser). Upcycle segments do not train: they load the parent's decayed dense model, call
-the upcycling registry (with calibration windows from the training data) and save the MoE.
+Starting states (`runtime.parent_checkpoints`: at most one checkpoint parent, plus an optional lr_search parent whose
+chosen LR replaces `optim.lr=None`): a folder written by `workers.checkpoints.save` (a trunk's branch point: weights
+and optimiser state, resumed with `load_checkpoint`), or one holding only a `model/` export (an upcycled MoE: fresh
+optimiser). Upcycle segments do not train: they load the parent's decayed dense model, call the upcycling registry
+(with calibration windows from the training data) and save the MoE. lr_search segments run an Optuna study of short
+runs (workers/lr_search.py).
 """
 
 from __future__ import annotations

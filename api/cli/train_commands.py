@@ -12,12 +12,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from api.cli.app import app, console, err_console, register_user_error
 from workers.errors import WorkerError
+
+if TYPE_CHECKING:
+    from sweeps.segments import SegmentResult
 
 register_user_error(WorkerError)
 
@@ -69,7 +72,7 @@ def train_segment(
 
 def _run(segment: Path, checkpoint_dir: Path | None, parent: list[str], mlflow_uri: str | None, threads: int,
          device: str, eval_every_tokens: int | None, checkpoint_every_tokens: int | None, zero_stage: int,
-         quiet: bool):
+         quiet: bool) -> SegmentResult:
     """Parse the spec, build the runtime, run the segment under a progress bar on stderr."""
     from pydantic import ValidationError
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
