@@ -7,12 +7,12 @@ else a fresh init), wrap it in the DeepSpeed engine, then for every step draw th
 periodically, evaluate. Nothing depends on where a run started, so trunk + decay branch, a resumed run and one
 uninterrupted WSD run are the same computation (bit-exact on CPU).
 
-Starting states (`runtime.parent_checkpoints`: at most one checkpoint parent, plus an optional lr_search parent whose
-chosen LR replaces `optim.lr=None`): a folder written by `workers.checkpoints.save` (a trunk's branch point: weights
-and optimiser state, resumed with `load_checkpoint`), or one holding only a `model/` export (an upcycled MoE: fresh
-optimiser). Upcycle segments do not train: they load the parent's decayed dense model, call the upcycling registry
-(with calibration windows from the training data) and save the MoE. lr_search segments run an Optuna study of short
-runs (workers/lr_search.py).
+Starting states (`runtime.parent_checkpoints`): a folder written by `workers.checkpoints.save` (a trunk's branch
+point: weights and optimiser state, resumed with `load_checkpoint`), or one holding only a `model/` export (an
+upcycled MoE: fresh optimiser). Upcycle segments do not train: they load the parent's decayed dense model, call the
+upcycling registry (with calibration windows from the training data) and save the MoE. lr_search segments are the
+orchestrator's (an Optuna study whose trials are ordinary segments run here); it resolves `optim.lr` for their
+children before calling this function.
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ from pathlib import Path
 
 import torch
 
-from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from sweeps.segments import DECAY_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from workers import checkpoints
 from workers.data import TokenData, load_tokens
 from workers.engine import NonFiniteLoss, build_engine, train_step
 from workers.errors import WorkerError
 from workers.evaluate import expert_load, val_loss
-from workers.lr_search import best_lr, is_lr_search_dir, run_lr_search
 from workers.model import ModelConfig, build_model
 from workers.schedule import check_schedule, lr_multiplier
 from workers.tracking import MetricLogger
-from workers.weights import load_model, save_model
+from workers.weights import CONFIG_FILE, load_model, save_model
 
 CALIBRATION_TOKENS = 8192  # windows handed to data-driven upcycling methods (llama-moe sharing, router-upcycling)
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "vocab_size", "context")
@@ -72,7 +71,8 @@ def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | 
     if runtime.workers > 1:  # Ray Train across processes is not wired yet
         raise WorkerError(f"workers={runtime.workers}: multi-process segments are not supported yet; use workers=1")
     if spec.kind == "lr_search":
-        return run_lr_search(spec, runtime, run_segment)
+        raise WorkerError("lr_search segments are run by the orchestrator (orchestrator/lr_search.py: an Optuna "
+                          "study whose trials call run_segment); give optim.lr to train a segment alone")
     if spec.kind == "upcycle":
         return _upcycle(spec, runtime, t0)
     return _train(spec, runtime, on_step, t0)
@@ -99,22 +99,29 @@ def _meta(spec: SegmentSpec) -> dict:
     return {"segment_id": spec.id, "kind": spec.kind, "parent_ids": list(spec.parent_ids)}
 
 
-def _parents(spec: SegmentSpec, runtime: SegmentRuntime) -> tuple[Path | None, float | None]:
-    """(the checkpoint to start from, the peak LR an lr_search parent chose): at most one of each."""
+def _start_checkpoint(spec: SegmentSpec, runtime: SegmentRuntime) -> Path | None:
+    """The parent checkpoint a segment starts from; None = a fresh init.
+
+    Trunks trained from init have only lr_search parents, whose LR the orchestrator has already put into
+    `optim.lr`, so their parents are not read. Decay branches past 0 tokens, MoE trunks and upcycles need exactly
+    one parent folder holding a model (a checkpoint sidecar, or a model folder).
+    """
+    needed = spec.kind in ("upcycle", "moe_trunk") or (spec.kind in DECAY_KINDS and spec.start_tokens > 0)
+    if not needed:
+        return None
     missing = [p for p in spec.parent_ids if p not in runtime.parent_checkpoints]
-    if missing:
-        raise WorkerError(f"{spec.kind} segment {spec.id}: no checkpoint given for parent(s) {missing} in "
-                          f"runtime.parent_checkpoints")
+    if missing or not spec.parent_ids:
+        raise WorkerError(f"{spec.kind} segment {spec.id}: needs its parent's checkpoint; none given for parent(s) "
+                          f"{missing or '(no parent_ids)'} in runtime.parent_checkpoints")
     paths = [Path(runtime.parent_checkpoints[p]) for p in spec.parent_ids]
-    for path in paths:
-        if not path.exists():
-            raise WorkerError(f"parent checkpoint {path} does not exist")
-    searches = [p for p in paths if is_lr_search_dir(p)]
-    starts = [p for p in paths if not is_lr_search_dir(p)]
-    if len(starts) > 1 or len(searches) > 1:
-        raise WorkerError(f"{spec.kind} segment {spec.id}: expected at most one checkpoint and one lr_search "
-                          f"parent, got {[str(p) for p in paths]}")
-    return (starts[0] if starts else None), (best_lr(searches[0]) if searches else None)
+    found = [p for p in paths if (p / checkpoints.META_FILE).is_file() or
+             (checkpoints.model_dir(p) / CONFIG_FILE).is_file()]
+    if len(found) != 1:
+        absent = [str(p) for p in paths if not p.exists()]
+        why = f"{absent} does not exist" if absent else f"{len(found)} of {[str(p) for p in paths]} hold a model"
+        raise WorkerError(f"{spec.kind} segment {spec.id}: expected exactly one parent checkpoint holding a model; "
+                          f"{why}")
+    return found[0]
 
 
 def _check_shape(cfg: ModelConfig, spec: SegmentSpec, where: Path) -> None:
@@ -135,9 +142,8 @@ def _data(spec: SegmentSpec, runtime: SegmentRuntime) -> TokenData:
 def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentResult:
     from workers.upcycling import upcycle
 
-    parent, _ = _parents(spec, runtime)
-    if parent is None:
-        raise WorkerError(f"upcycle segment {spec.id} needs the decayed dense model as its parent")
+    parent = _start_checkpoint(spec, runtime)
+    assert parent is not None  # upcycle always needs one
     dense_cfg, dense_sd = load_model(checkpoints.model_dir(parent))
     _check_shape(dense_cfg, spec, parent)
     if dense_cfg.is_moe:
@@ -156,11 +162,10 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     optim, sched = spec.optim, spec.schedule
     assert optim is not None and sched is not None  # guaranteed by SegmentSpec for training kinds
     check_schedule(sched, spec.decay_start_tokens, spec.end_tokens)
-    parent, searched_lr = _parents(spec, runtime)
     if optim.lr is None:
-        if searched_lr is None:
-            raise WorkerError(f"segment {spec.id}: optim.lr is None and no lr_search parent checkpoint was given")
-        optim = optim.model_copy(update={"lr": searched_lr})
+        raise WorkerError(f"segment {spec.id}: optim.lr is None; the orchestrator sets it from the lr_search parent "
+                          f"before training; give optim.lr to run the segment alone")
+    parent = _start_checkpoint(spec, runtime)
     data = _data(spec, runtime)
     root = Path(runtime.checkpoint_dir)
     own = checkpoints.complete(root, spec.id)

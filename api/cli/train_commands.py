@@ -56,7 +56,7 @@ def train_segment(
     checkpoint_every_tokens: Annotated[int | None, typer.Option(help="Periodic resume checkpoints.")] = None,
     zero_stage: Annotated[int, typer.Option(min=0, max=2, help="DeepSpeed ZeRO stage.")] = 0,
 ) -> None:
-    """Run one segment of any kind alone and report its validation loss; resumes if interrupted."""
+    """Run one segment alone (any kind but lr_search, which the orchestrator runs); resumes if interrupted."""
     # DeepSpeed logs to stdout (bound when it is imported); keep stdout for the result alone
     with contextlib.redirect_stdout(sys.stderr):
         result = _run(segment, checkpoint_dir, parent or [], mlflow_uri, threads, device, eval_every_tokens,

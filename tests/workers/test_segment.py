@@ -13,7 +13,6 @@ import torch
 
 from sweeps.segments import (
     DataSpec,
-    LrSearchSpec,
     ModelSpec,
     OptimSpec,
     ScheduleSpec,
@@ -204,23 +203,16 @@ def test_cli_train_segment_json(home: Path, runs: dict, capsys: pytest.CaptureFi
     assert e.value.code == 2 and "does not exist" in capsys.readouterr().err
 
 
-def test_lr_search_picks_an_lr_that_trunks_inherit(home: Path) -> None:
-    search = SegmentSpec(kind="lr_search", model=DENSE, data=DATA, optim=OPTIM.model_copy(update={"lr": None}),
-                         schedule=ScheduleSpec(warmup_tokens=TPS), end_tokens=4 * TPS,
-                         lr_search=LrSearchSpec(trials=3, low=1e-4, high=1e-2, tokens=4 * TPS))
-    res = run_segment(search, rt(home, "lrs"))
-    saved = json.loads((Path(res.checkpoint) / "lr_search.json").read_text())
-    assert len(saved["trials"]) == 3 and res.tokens == 12 * TPS
-    assert res.best_lr == saved["best_lr"] == min(saved["trials"], key=lambda t: t["val_loss"])["lr"]
-    assert 1e-4 <= res.best_lr <= 1e-2 and res.val_loss == saved["best_val_loss"]
-    assert not list(Path(res.checkpoint).glob("trial_*"))  # the trials' weights are not kept
-    inherit = seg("dense_trunk", end_tokens=2 * TPS, parent_ids=(search.id,)).model_copy(
-        update={"optim": OPTIM.model_copy(update={"lr": None})})
-    explicit = seg("dense_trunk", end_tokens=2 * TPS).model_copy(
-        update={"optim": OPTIM.model_copy(update={"lr": res.best_lr})})
-    a = run_segment(inherit, rt(home, "inherit", parent_checkpoints={search.id: res.checkpoint}))
-    b = run_segment(explicit, rt(home, "explicit"))
-    assert a.val_loss == b.val_loss
+def test_trunks_ignore_lr_search_parents_and_need_a_resolved_lr(home: Path) -> None:
+    # the orchestrator passes an lr_search parent's folder (no model in it) and has already set optim.lr
+    trunk = seg("dense_trunk", end_tokens=TPS, parent_ids=("lrsearch0000000",))
+    res = run_segment(trunk, rt(home, "lr_child", parent_checkpoints={"lrsearch0000000": str(home / "no-such")}))
+    assert res.metrics["val_loss_start"] == pytest.approx(5.55, abs=0.1)  # trained from a fresh init
+    with pytest.raises(WorkerError, match=r"optim.lr is None"):
+        run_segment(trunk.model_copy(update={"optim": OPTIM.model_copy(update={"lr": None})}), rt(home, "nolr"))
+    moe = seg("moe_trunk", MOE, end_tokens=TPS, parent_ids=("up", "lrs"))
+    with pytest.raises(WorkerError, match=r"exactly one parent checkpoint holding a model; .* does not exist"):
+        run_segment(moe, rt(home, "moe_nop", parent_checkpoints={"up": str(home / "x"), "lrs": str(home / "y")}))
 
 
 @pytest.mark.slow
