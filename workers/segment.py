@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from sweeps.segments import DECAY_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from workers import checkpoints
 from workers.data import TokenData, load_tokens
 from workers.engine import NonFiniteLoss, build_engine, train_step
@@ -102,11 +102,12 @@ def _meta(spec: SegmentSpec) -> dict:
 def _start_checkpoint(spec: SegmentSpec, runtime: SegmentRuntime) -> Path | None:
     """The parent checkpoint a segment starts from; None = a fresh init.
 
-    Trunks trained from init have only lr_search parents, whose LR the orchestrator has already put into
-    `optim.lr`, so their parents are not read. Decay branches past 0 tokens, MoE trunks and upcycles need exactly
-    one parent folder holding a model (a checkpoint sidecar, or a model folder).
+    Trunks from init (start_tokens 0) have only lr_search parents, whose LR the orchestrator has already put into
+    `optim.lr`, so their parents are not read. Anything starting past 0 tokens (a decay branch, a trunk continued
+    in chunks), MoE trunks and upcycles need exactly one parent folder holding a model (a checkpoint sidecar, or a
+    model folder).
     """
-    needed = spec.kind in ("upcycle", "moe_trunk") or (spec.kind in DECAY_KINDS and spec.start_tokens > 0)
+    needed = spec.kind in ("upcycle", "moe_trunk") or spec.start_tokens > 0
     if not needed:
         return None
     missing = [p for p in spec.parent_ids if p not in runtime.parent_checkpoints]
@@ -173,9 +174,6 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     # The model: its config comes from the parent (an upcycling method may have reshaped the MoE), else the spec.
     parent_meta: dict | None = None
     if parent is None:
-        if spec.start_tokens:
-            raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but has no parent "
-                              f"checkpoint to start from")
         cfg = ModelConfig.from_spec(spec.model)
         model = build_model(cfg, spec.seed)
     elif checkpoints.has_engine_state(parent):  # a branch point: weights and optimiser come from load_checkpoint

@@ -78,6 +78,16 @@ def test_trunk_plus_decay_equals_one_uninterrupted_run(runs: dict) -> None:
     assert meta["segment_id"] == DECAY.id and meta["parent_ids"] == [TRUNK.id] and meta["phase"] == "decay"
 
 
+def test_a_trunk_continued_in_chunks_equals_the_whole_trunk(home: Path, runs: dict) -> None:
+    # how the orchestrator's LR search runs a trial: trunk segments chained through their final checkpoints
+    rest = seg("dense_trunk", start_tokens=16 * TPS, end_tokens=20 * TPS, parent_ids=(TRUNK.id,))
+    branch16 = runs["trunk"].branch_checkpoints[16 * TPS]
+    res = run_segment(rest, rt(home, "chunk", parent_checkpoints={TRUNK.id: branch16}))
+    assert res.val_loss == runs["trunk"].val_loss
+    a, b = weights(res.checkpoint), weights(runs["trunk"].checkpoint)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_validation_loss_falls(runs: dict) -> None:
     # nano dense on the Python stdlib: from ~ln(256)=5.55 to below 4.0 within 20 steps (5,120 tokens) at lr 3e-3
     trunk = runs["trunk"]
