@@ -166,6 +166,11 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     if optim.lr is None:
         raise WorkerError(f"segment {spec.id}: optim.lr is None; the orchestrator sets it from the lr_search parent "
                           f"before training; give optim.lr to run the segment alone")
+    for name in ("checkpoint_every_tokens", "eval_every_tokens"):
+        every = getattr(runtime, name)
+        if every is not None and (every <= 0 or every % spec.tokens_per_step):
+            raise WorkerError(f"runtime.{name}={every} must be a positive multiple of batch_size·context="
+                              f"{spec.tokens_per_step}")
     parent = _start_checkpoint(spec, runtime)
     data = _data(spec, runtime)
     root = Path(runtime.checkpoint_dir)

@@ -182,6 +182,8 @@ def test_bad_inputs_are_clear_errors(home: Path, runs: dict) -> None:
     short = seg("dense_decay", end_tokens=4 * TPS, decay_start_tokens=2 * TPS)  # warmup is 4 steps
     with pytest.raises(WorkerError, match="budget too small for the warmup"):
         run_segment(short, rt(home, "short"))
+    with pytest.raises(WorkerError, match="checkpoint_every_tokens=100 must be a positive multiple of"):
+        run_segment(FULL, rt(home, "every", checkpoint_every_tokens=100))
     missing = seg("dense_trunk", end_tokens=TPS).model_copy(update={"data": DataSpec(corpus=str(home / "none"))})
     with pytest.raises(WorkerError, match="does not exist"):
         run_segment(missing, rt(home, "missing"))
