@@ -30,7 +30,7 @@ from workers.data import TokenData, load_tokens
 from workers.engine import NonFiniteLoss, build_engine, train_step
 from workers.errors import WorkerError
 from workers.evaluate import expert_load, val_loss
-from workers.model import ModelConfig, build_model
+from workers.model import ModelConfig, UpscaleLM, build_model
 from workers.schedule import check_schedule, lr_multiplier
 from workers.tracking import MetricLogger
 from workers.weights import CONFIG_FILE, load_model, save_model
@@ -159,6 +159,24 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
                          tokens_per_s=0.0, checkpoint=str(out))
 
 
+def _initial_model(spec: SegmentSpec, parent: Path | None) -> tuple[ModelConfig, UpscaleLM, dict | None]:
+    """The model to train and, for a branch point, the parent's sidecar. Its config comes from the parent when
+    there is one (an upcycling method may have reshaped the MoE), else from the spec."""
+    if parent is None:
+        cfg = ModelConfig.from_spec(spec.model)
+        return cfg, build_model(cfg, spec.seed), None
+    if checkpoints.has_engine_state(parent):  # a branch point: weights and optimiser come from load_checkpoint
+        meta = checkpoints.read_meta(parent)
+        cfg = ModelConfig.model_validate(meta["model_config"])
+        _check_shape(cfg, spec, parent)
+        return cfg, build_model(cfg, spec.seed), meta
+    cfg, sd = load_model(checkpoints.model_dir(parent))  # weights only (an upcycled MoE): fresh optimiser
+    _check_shape(cfg, spec, parent)
+    model = build_model(cfg, spec.seed)
+    model.load_state_dict(sd)
+    return cfg, model, None
+
+
 def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None, t0: float) -> SegmentResult:
     optim, sched = spec.optim, spec.schedule
     assert optim is not None and sched is not None  # guaranteed by SegmentSpec for training kinds
@@ -176,21 +194,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     root = Path(runtime.checkpoint_dir)
     own = checkpoints.complete(root, spec.id)
 
-    # The model: its config comes from the parent (an upcycling method may have reshaped the MoE), else the spec.
-    parent_meta: dict | None = None
-    if parent is None:
-        cfg = ModelConfig.from_spec(spec.model)
-        model = build_model(cfg, spec.seed)
-    elif checkpoints.has_engine_state(parent):  # a branch point: weights and optimiser come from load_checkpoint
-        parent_meta = checkpoints.read_meta(parent)
-        cfg = ModelConfig.model_validate(parent_meta["model_config"])
-        model = build_model(cfg, spec.seed)
-    else:  # weights only (an upcycled MoE, or a bare model folder): fresh optimiser
-        cfg, sd = load_model(checkpoints.model_dir(parent))
-        model = build_model(cfg, spec.seed)
-        model.load_state_dict(sd)
-    if parent is not None:
-        _check_shape(cfg, spec, parent)
+    cfg, model, parent_meta = _initial_model(spec, parent)
     if parent_meta is not None and not own and parent_meta["tokens"] != spec.start_tokens:
         raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but its parent checkpoint "
                           f"{parent} is at {parent_meta['tokens']} tokens: the branch point is not one the trunk "
