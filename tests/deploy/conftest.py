@@ -1,0 +1,42 @@
+"""Fixtures for the deployment tests: a fresh database per test on the real PostgreSQL server named by
+UPSCALE_TEST_POSTGRES_URL (.ci/run starts one on loopback; unset on a developer machine, so these tests skip), and
+the orchestrator tests' session Ray, shared rather than started twice."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.orchestrator.conftest import TINY_SPEC, mlflow_uri, ray_session  # noqa: F401  (fixtures, re-exported)
+
+POSTGRES_ENV = "UPSCALE_TEST_POSTGRES_URL"
+
+
+def libpq(url: str) -> str:
+    """The SQLAlchemy URL as psycopg's own connection string (no +driver)."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def with_database(url: str, name: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A new, empty database on the test server, dropped afterwards (tests never see each other's rows)."""
+    base = os.environ.get(POSTGRES_ENV)
+    if not base:
+        pytest.skip(f"{POSTGRES_ENV} is not set (no PostgreSQL server; .ci/run starts one)")
+    import psycopg
+
+    name = f"upscale_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(libpq(base), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(base, name)
+    finally:
+        with psycopg.connect(libpq(base), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
