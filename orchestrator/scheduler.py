@@ -11,6 +11,7 @@ trained to completion twice. A segment another live scheduler runs is waited for
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -25,12 +26,14 @@ from pathlib import Path
 import ray
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.lr_search import resolve_lr, run_lr_search
 from orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
 from orchestrator.settings import Settings
 from orchestrator.store import Store
 from orchestrator.task import SegmentFn, read_result, run_segment_task, train_segment, worker_running
 from orchestrator.tracking import RunTree, segment_tags
 from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from workers.errors import WorkerError
 
 
 @dataclass
@@ -115,29 +118,48 @@ class Scheduler:
         ensure_ray(self.settings)
         t0 = time.perf_counter()
         sweep = self.store.sweep(sweep_id)
-        if sweep.status in ("failed", "cancelled"):
-            self.store.reset_failed([s.key for s, _ in self.store.members(sweep_id)])
+        self.store.reset_failed([s.key for s, _ in self.store.members(sweep_id)])  # each run: a fresh retry budget
         if sweep.mlflow_run_id is None:
             sweep.mlflow_run_id = self.tracker.start_sweep(sweep.id, sweep.name, sweep.spec)
             self.store.set_sweep(sweep_id, mlflow_run_id=sweep.mlflow_run_id)
         self.store.set_sweep(sweep_id, status="running", error=None)
         out = SweepOutcome(sweep_id, "running")
         inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]] = {}
+        try:
+            self._loop(sweep, out, inflight)
+        except BaseException:  # Ctrl-C or a bug: stop the workers and leave every segment resumable
+            self._cancel(inflight)
+            self.store.set_sweep(sweep_id, status="cancelled", error="interrupted; run it again to resume")
+            raise
+        out.wall_s = time.perf_counter() - t0
+        segs = self.store.segments([s.key for s, _ in self.store.members(sweep_id)])
+        failed = [s.key for s in segs.values() if s.status == "failed"]
+        self.store.set_sweep(sweep_id, status=out.status,
+                             error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
+        mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
+        self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status, {"wall_s": out.wall_s, "compute_s": out.compute_s,
+                                                                    "segments_trained": len(out.trained)})
+        self._progress(segs, out)
+        return out
+
+    def _loop(self, sweep: SweepRecord, out: SweepOutcome,
+              inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
+        """Launch ready segments and settle finished ones until the sweep is done, blocked or cancelled."""
         limit = self.max_concurrent or self._slots(sweep)
         last_beat = time.monotonic()
         while True:
-            members = self.store.members(sweep_id)
+            members = self.store.members(sweep.id)
             segs = {s.key: s for s, _ in members}
             axes = {s.key: link.axes for s, link in members}
-            if self.store.sweep(sweep_id).status == "cancelling":
+            if self.store.sweep(sweep.id).status == "cancelling":
                 self._cancel(inflight)
                 out.status = "cancelled"
-                break
+                return
             self._recover(segs, out)
             progress = self._progress(segs, out)
             if progress.done == len(segs):
                 out.status = "done"
-                break
+                return
             ready = [s for s in segs.values()
                      if s.status == "pending" and all(segs[p].status == "done" for p in s.parents)]
             for seg in ready:
@@ -153,7 +175,7 @@ class Scheduler:
                     self._report_msg(f"FAILED {seg.kind} {seg.key}: {e}")
             if not inflight and not ready and not any(s.status == "running" for s in segs.values()):
                 out.status = "failed"  # nothing runs and nothing can start: a failure blocks the rest
-                break
+                return
             if inflight:
                 finished, _ = ray.wait(list(inflight), num_returns=1, timeout=self.poll_s)
                 for ref in finished:
@@ -163,15 +185,6 @@ class Scheduler:
             if time.monotonic() - last_beat > self.heartbeat_s:
                 self.store.heartbeat(self.owner)
                 last_beat = time.monotonic()
-        out.wall_s = time.perf_counter() - t0
-        failed = [s.key for s in self.store.segments(list(segs)).values() if s.status == "failed"]
-        self.store.set_sweep(sweep_id, status=out.status,
-                             error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
-        mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
-        self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status, {"wall_s": out.wall_s, "compute_s": out.compute_s,
-                                                                    "segments_trained": len(out.trained)})
-        self._progress(self.store.segments(list(segs)), out)
-        return out
 
     def _slots(self, sweep: SweepRecord) -> int:
         """Default concurrency: as many segments as the cluster's CPUs (and GPUs) hold at once."""
@@ -206,7 +219,10 @@ class Scheduler:
         self._report_msg(f"start {seg.kind} {seg.key}")
         options = {"num_cpus": float(res.get("cpus", 1)) * runtime.workers,
                    "num_gpus": float(res.get("gpus", 0)) * runtime.workers}
-        return run_segment_task.options(**options).remote(self.segment_fn, spec, runtime)
+        fn = self.segment_fn
+        if spec.kind == "lr_search":
+            fn = functools.partial(run_lr_search, storage=self.store.url, train=self.segment_fn)
+        return run_segment_task.options(**options).remote(fn, resolve_lr(spec, segs), runtime, seg.key)
 
     def segment_dir(self, key: str) -> str:
         return str(Path(self.settings.checkpoint_dir) / key)
@@ -219,7 +235,9 @@ class Scheduler:
             result = SegmentResult.model_validate(ray.get(ref))
         except Exception as e:  # the worker's exception, re-raised by ray.get as a RayTaskError
             error = _one_line(e)
-            status = self.store.fail(key, attempt, error, self.max_attempts)
+            # A WorkerError is a bad value (spec, checkpoint, NaN loss): the same attempt would fail the same way.
+            retry = not isinstance(getattr(e, "cause", None), WorkerError)
+            status = self.store.fail(key, attempt, error, self.max_attempts, retry=retry)
             if status == "pending":
                 out.retried += 1
             elif seg.mlflow_run_id:

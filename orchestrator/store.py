@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -32,19 +32,8 @@ from orchestrator.records import (
     SweepSegmentRecord,
     utcnow,
 )
-from sweeps.segments import SegmentResult, SegmentSpec
-
-
-class PlannedSegmentLike(Protocol):
-    """What the store reads of `sweeps.planner.PlannedSegment`."""
-
-    id: str
-    spec: SegmentSpec
-    flops: float
-    tokens: int
-    observation: Any
-    trunk: str
-    axes: dict
+from sweeps.planner import PlannedSegment
+from sweeps.segments import SegmentResult
 
 
 def make_engine(url: str) -> Engine:
@@ -78,15 +67,6 @@ def migrate(engine: Engine) -> None:
         command.upgrade(alembic_config(conn), "head")
 
 
-def _plain(obj: Any) -> dict[str, Any] | None:
-    """A planned observation as a dict (the planner's may be a dataclass or a pydantic model)."""
-    if obj is None or isinstance(obj, dict):
-        return obj
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return obj.model_dump(mode="json")
-
-
 class Store:
     """Typed operations on the state database; every method is one transaction."""
 
@@ -105,7 +85,7 @@ class Store:
     # -- sweeps ---------------------------------------------------------------------------------------------------
 
     def create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
-                     segments: Sequence[PlannedSegmentLike]) -> SweepRecord:
+                     segments: Sequence[PlannedSegment]) -> SweepRecord:
         """Record a sweep and its segments; segments another sweep already created are shared, not duplicated."""
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, resources=resources, status="pending")
         with self.transaction() as s:
@@ -116,7 +96,8 @@ class Store:
                     s.add(SegmentRecord(
                         key=p.id, kind=p.spec.kind, config=p.spec.model_dump(mode="json"),
                         parents=list(p.spec.parent_ids), status="pending", attempts=0, tokens=int(p.tokens),
-                        flops=float(p.flops), trunk=p.trunk, observation=_plain(p.observation),
+                        flops=float(p.flops), trunk=p.trunk,
+                        observation=dataclasses.asdict(p.observation) if p.observation else None,
                     ))
                     known.add(p.id)
                 s.add(SweepSegmentRecord(sweep_id=sweep.id, segment_key=p.id, position=position,
@@ -193,10 +174,6 @@ class Store:
         with self.transaction() as s:
             s.execute(update(SegmentRecord).where(SegmentRecord.owner == owner, SegmentRecord.status == "running")
                       .values(heartbeat_at=utcnow()))
-
-    def running(self) -> list[SegmentRecord]:
-        with self.transaction() as s:
-            return list(s.scalars(select(SegmentRecord).where(SegmentRecord.status == "running")))
 
     def complete(self, key: str, attempt: AttemptRecord, result: SegmentResult, adopted: bool = False) -> bool:
         """Record a finished segment: result, checkpoints and its observation, atomically.

@@ -34,7 +34,9 @@ def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
 # max_calls=0: a worker process is reused for any number of segments, so torch/deepspeed are imported once per
 # worker (~5 s each, DESIGN.md "Facts measured"), not once per segment.
 @ray.remote(max_calls=0)
-def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime) -> dict:
+def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> dict:
+    """Run ``spec`` and leave its result, filed under the segment's key ``key`` (which differs from spec.id when
+    the scheduler filled in an LR found by a search), in the segment's folder."""
     directory = Path(runtime.checkpoint_dir)
     directory.mkdir(parents=True, exist_ok=True)
     marker = directory / WORKER_FILE
@@ -43,6 +45,7 @@ def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentR
         result = segment_fn(spec, runtime)
         if result.segment_id != spec.id:
             raise ValueError(f"segment function returned the result of {result.segment_id} for {spec.id}")
+        result = result.model_copy(update={"segment_id": key})
         write_result(directory, result)
     finally:
         marker.unlink(missing_ok=True)

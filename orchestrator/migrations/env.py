@@ -8,10 +8,14 @@ from sqlalchemy import create_engine
 from orchestrator.records import Base
 from orchestrator.settings import get_settings
 
+# Our own version table: Optuna's LR-search studies live in the same database and keep theirs in `alembic_version`.
+VERSION_TABLE = "upscale_alembic_version"
+
 
 def _run(connection) -> None:
     # render_as_batch: SQLite cannot ALTER most things in place; batch mode copies the table instead.
-    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True,
+                      version_table=VERSION_TABLE)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -6,7 +6,8 @@
   `<checkpoint root>/knobs.json`), writes a resume checkpoint every `runtime.checkpoint_every_tokens`, and on a new
   attempt resumes from the last one, as the real worker does.
 * A file `<checkpoint root>/fail-<segment id>` holding n makes the next n attempts fail half-way (after a resume
-  checkpoint), which is how tests inject worker failures.
+  checkpoint), which is how tests inject worker failures; holding `bad` makes it raise a WorkerError (a bad value,
+  which no retry can fix) at once.
 * `<checkpoint root>/events.jsonl` gets one line per start (with the token count it resumed from) and per finish.
 Its loss is a known function of the budget, so observations can be checked exactly.
 """
@@ -14,15 +15,18 @@ Its loss is a known function of the budget, so observations can be checked exact
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from workers.errors import WorkerError
 
 
 def loss_of(spec: SegmentSpec) -> float:
-    """The deterministic 'validation loss' of a segment: falls with tokens, MoE a little lower."""
-    return 2.0 + 40.0 * spec.end_tokens ** -0.5 - 0.01 * spec.model.n_expert
+    """The deterministic 'validation loss' of a segment: falls with tokens, MoE a little lower, best at LR 10^-2.5."""
+    lr_penalty = 0.1 * (math.log10(spec.optim.lr) + 2.5) ** 2 if spec.optim and spec.optim.lr else 0.0
+    return 2.0 + 40.0 * spec.end_tokens ** -0.5 - 0.01 * spec.model.n_expert + lr_penalty
 
 
 def log_event(root: Path, **event: object) -> None:
@@ -41,9 +45,12 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
     knobs = json.loads((root / "knobs.json").read_text()) if (root / "knobs.json").exists() else {}
     resume = out / "resume.json"
     tokens = json.loads(resume.read_text())["tokens"] if resume.exists() else spec.start_tokens
-    log_event(root, event="start", segment=spec.id, kind=spec.kind, tokens=tokens)
+    log_event(root, event="start", segment=spec.id, kind=spec.kind, tokens=tokens, lr=spec.optim and spec.optim.lr)
     fail = root / f"fail-{spec.id}"
-    failures_left = int(fail.read_text()) if fail.exists() else 0
+    planned = fail.read_text() if fail.exists() else "0"
+    if planned == "bad":
+        raise WorkerError(f"segment {spec.id}: a bad value")
+    failures_left = int(planned)
     step = spec.tokens_per_step or spec.end_tokens or 1
     every = runtime.checkpoint_every_tokens
     while tokens < spec.end_tokens:

@@ -104,6 +104,19 @@ def test_a_segment_failing_past_the_maximum_fails_the_sweep_and_a_rerun_finishes
     assert max(ends(settings).values()) == 1
 
 
+def test_a_worker_error_is_not_retried(settings) -> None:
+    orch = Orchestrator.open(settings)
+    spec = load_spec(TINY_SPEC)
+    scratch = next(s for s in plan(spec).segments if s.spec.kind == "scratch_trunk")
+    knobs(settings)
+    (Path(settings.checkpoint_dir) / f"fail-{scratch.id}").write_text("bad")
+    out = orch.run(spec, scheduler(orch, max_attempts=3))
+    assert out.status == "failed" and out.retried == 0
+    assert [a.status for a in orch.store.attempts(scratch.id)] == ["failed"]
+    assert "WorkerError: segment" in orch.store.segment(scratch.id).error
+    assert len(ends(settings)) == 19  # everything but the scratch trunk and its decay
+
+
 def test_an_overlapping_sweep_trains_only_its_new_segments(settings) -> None:
     orch = Orchestrator.open(settings)
     first = load_spec(TINY_SPEC)
