@@ -13,6 +13,17 @@ import pytest
 from tests.orchestrator.conftest import TINY_SPEC, mlflow_uri, ray_session  # noqa: F401  (fixtures, re-exported)
 
 POSTGRES_ENV = "UPSCALE_TEST_POSTGRES_URL"
+# Seven segments (one of each kind: dense trunk and decay, upcycle, MoE trunk and decay, scratch trunk and decay),
+# three observations: the smallest sweep that exercises every path through the scheduler.
+MICRO_SPEC = """
+name: micro
+model: {sizes: [nano]}
+moe: {experts: [4], topk: [1]}
+upcycling: {methods: [naive], r: [0.5]}
+tokens: {d1: [512], d2: [256], scratch: [512]}
+train: {context: 16, batch_size: 4, lr: {dense: 3.0e-3, moe: 2.0e-3}, warmup_tokens: 64}
+resources: {cpus: 1}
+"""
 
 
 def libpq(url: str) -> str:
