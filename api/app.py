@@ -1,0 +1,65 @@
+"""The FastAPI control plane: `create_app(settings)` builds one app on one store, with the sweep loop and the refit
+loop running in background threads of the same process unless `scheduler=False` (`upscale serve --no-scheduler`).
+
+Errors a caller can fix come back as `{"detail": ...}`: a bad spec as 422 with one entry per problem whose `loc`
+is the field path, a fitting problem as 422 with its message, a missing resource as 404.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from api.background import SweepLoop
+from api.refits import RefitLoop
+from api.routes import fits, ops, refits, sweeps
+from api.services import Services
+from orchestrator.settings import Settings
+from sweeps.spec import SpecError
+
+DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
+upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz and /metrics takes a bearer token
+(`upscale token create --scope read|write`); mutations need scope `write`."""
+
+
+def _loc(path: str) -> list[str | int]:
+    """SpecError's "tokens.d1[0]" as FastAPI's loc ["tokens", "d1", 0]."""
+    return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
+
+
+async def _spec_error(_: Request, e: SpecError) -> JSONResponse:
+    detail = [{"loc": ["body", *_loc(path)], "msg": msg, "type": "spec"} for path, msg in e.problems]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _value_error(_: Request, e: ValueError) -> JSONResponse:
+    return JSONResponse({"detail": str(e)}, status_code=422)
+
+
+def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True, refit_tick_s: float = 5.0,
+               poll_s: float = 1.0) -> FastAPI:
+    """The app on ``settings``' store; its lifespan starts and gracefully stops the background loops."""
+    services = Services.open(settings, auth=auth)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if scheduler:
+            app.state.loops = (SweepLoop(services, poll_s=poll_s), RefitLoop(services, tick_s=refit_tick_s))
+            for loop in app.state.loops:
+                loop.start()
+        yield
+        if app.state.loops:
+            for loop in app.state.loops:
+                loop.stop()
+
+    app = FastAPI(title="upscale", version="1", description=DESCRIPTION, lifespan=lifespan)
+    app.state.services, app.state.loops = services, None
+    app.add_exception_handler(SpecError, _spec_error)
+    app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
+    for module in (sweeps, fits, refits, ops):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,91 @@
+"""Fits and decisions behind the routes: fit a law on stored observations (or inline rows), keep the report, its
+plots and `report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits.
+
+The numerics are fitting/'s (`report`, `decide`, `dstar_results`); the plots are `upscale fit --plot`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pandas as pd
+from sqlalchemy import select
+
+from api.cli.fit_commands import _fit_plots, clean, dstar_results
+from api.records import FitRecord
+from api.schemas import Decision, FitCreate
+from api.services import Services
+from fitting.data import data_hash
+from fitting.dstar import decide
+from fitting.errors import FitError
+from fitting.laws import get_law
+from fitting.summary import FittedLaw, load_fit, report
+from orchestrator.observations import table
+
+
+def fit_dir(services: Services, fit_id: str) -> Path:
+    return services.settings.home / "fits" / fit_id
+
+
+def observations_table(services: Services, sweep_ids: list[str], kind: str) -> pd.DataFrame:
+    """The sweeps' observations of ``kind``, one row per segment even when sweeps share segments."""
+    df = pd.concat([table(services.store.observations(s), kind) for s in sweep_ids], ignore_index=True)
+    return df.drop_duplicates("segment", ignore_index=True)
+
+
+def create_fit(services: Services, req: FitCreate, owner: str) -> FitRecord:
+    """Fit, write report.json and plots, record the fit; FitError for anything the caller must fix."""
+    law = get_law(req.law)
+    df = pd.DataFrame(req.rows) if req.rows is not None else observations_table(services, req.sweep_ids, req.kind)
+    if df.empty:
+        raise FitError(f"no {req.kind} observations in sweep(s) {', '.join(req.sweep_ids)} yet")
+    rep, _ = report(law, df, req.fixed, req.bootstrap)
+    rep = clean(rep)
+    fit_id = uuid.uuid4().hex[:12]
+    out = fit_dir(services, fit_id)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(rep))
+    plots = [p.stem for p in _fit_plots(law.name, rep, df, out)]
+    record = FitRecord(id=fit_id, law=law.name, kind=req.kind, request=req.model_dump(mode="json"), report=rep,
+                       data_hash=data_hash(df, (*law.columns, "loss")), plots=plots, owner=owner)
+    with services.store.transaction() as s:
+        s.add(record)
+    return record
+
+
+def get_fit(services: Services, fit_id: str) -> FitRecord | None:
+    with services.store.transaction() as s:
+        return s.get(FitRecord, fit_id)
+
+
+def list_fits(services: Services) -> list[FitRecord]:
+    with services.store.transaction() as s:
+        return list(s.scalars(select(FitRecord).order_by(FitRecord.created_at)))
+
+
+def latest_fit(services: Services, kind: str) -> FitRecord | None:
+    with services.store.transaction() as s:
+        return s.scalar(select(FitRecord).where(FitRecord.kind == kind).order_by(FitRecord.created_at.desc()))
+
+
+def fitted(services: Services, fit_id: str) -> FittedLaw:
+    """A stored fit as the law, its parameters and its bootstrap samples."""
+    return load_fit(fit_dir(services, fit_id) / "report.json")
+
+
+def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str | None,
+             upcycled_fit: str | None) -> Decision:
+    """The verdict for (N1, D1, D2) from a from-scratch MoE fit and an upcycled fit (default: the latest ones)."""
+    ids = {}
+    for role, given, kind in (("moe", moe_fit, "scratch"), ("upcycled", upcycled_fit, "upcycled")):
+        record = get_fit(services, given) if given else latest_fit(services, kind)
+        if record is None:
+            raise FitError(f"no {kind} fit {given or ''}; POST /fits with kind={kind!r} first")
+        ids[role] = record.id
+    moe, up = fitted(services, ids["moe"]), fitted(services, ids["upcycled"])
+    d = decide(moe, up, n1, d1, d2).to_json()
+    star = dstar_results(moe, up, [n1])["results"][0]
+    return Decision(**clean({**d, "dstar": star["dstar"], "dstar_ci": star["ci"], "fits": ids}))
+

@@ -1,0 +1,90 @@
+"""The API's tables (tokens, sweep owners, fits, refit schedules, refit records) on the orchestrator's declarative
+Base, so there is one schema and one Alembic history (migration 0002 creates them).
+
+Fits and refit records are immutable once written: a refit is a new row with the next `version`, its inputs' hash
+and its diff from the previous version, never an update.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from orchestrator.records import Base, utcnow
+
+
+class TokenRecord(Base):
+    """A bearer token: only its sha256 is stored; `scope` is read or write (write implies read)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SweepOwnerRecord(Base):
+    """Who submitted a sweep (a token's name), and the sweep it extends, if any."""
+
+    __tablename__ = "sweep_owners"
+
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    extends: Mapped[str | None] = mapped_column(String(32))
+
+
+class FitRecord(Base):
+    """One fit of one law on a selection of observations: the request, the `upscale fit --json` report, plots."""
+
+    __tablename__ = "fits"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    law: Mapped[str] = mapped_column(String(32), index=True)
+    kind: Mapped[str] = mapped_column(String(16), index=True, doc="dense | upcycled | scratch: what the rows are.")
+    request: Mapped[dict[str, Any]] = mapped_column()
+    report: Mapped[dict[str, Any]] = mapped_column()
+    data_hash: Mapped[str] = mapped_column(String(64))
+    plots: Mapped[list[str]] = mapped_column(doc="Plot names, served at /fits/{id}/plots/{name}.png.")
+    owner: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RefitScheduleRecord(Base):
+    """When to refit (a 5-field cron expression, or whenever a sweep's observations change) and what to fit."""
+
+    __tablename__ = "refit_schedules"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    trigger: Mapped[str] = mapped_column(String(32), doc="cron | on_new_observations")
+    cron: Mapped[str | None] = mapped_column(String(100))
+    request: Mapped[dict[str, Any]] = mapped_column(doc="RefitRequest as JSON.")
+    owner: Mapped[str] = mapped_column(String(200))
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    last_error: Mapped[str | None] = mapped_column(String(2000))
+    last_checked_hash: Mapped[str | None] = mapped_column(String(64), doc="Inputs last tried (failed ones too).")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RefitRecord(Base):
+    """One version of a schedule's refit: the fits it made, D*, and what changed since the previous version."""
+
+    __tablename__ = "refits"
+    __table_args__ = (UniqueConstraint("schedule_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("refit_schedules.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    inputs_hash: Mapped[str] = mapped_column(String(64))
+    fits: Mapped[dict[str, Any]] = mapped_column(doc="kind -> fit id.")
+    dstar: Mapped[float | None] = mapped_column(Float)
+    dstar_ci: Mapped[list[float] | None] = mapped_column(JSON)
+    diff: Mapped[dict[str, Any]] = mapped_column(doc="Parameter and D* changes from the previous version.")
+    left_interval: Mapped[bool] = mapped_column(Boolean, default=False,
+                                                doc="D* is outside the previous version's interval.")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

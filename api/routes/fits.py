@@ -1,0 +1,72 @@
+"""/fits and /decisions: fit a law on observations, read fits and their plots, decide upcycle or scratch."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import FileResponse
+
+from api import fits
+from api.records import FitRecord
+from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from api.schemas import Decision, FitCreate, FitPublic
+
+router = APIRouter(tags=["fits"], responses=AUTH_ERRORS)
+MAX_COUNT = 1e18  # tokens and parameters beyond this are typos, not budgets
+
+
+def _public(record: FitRecord, request: Request) -> FitPublic:
+    return FitPublic(id=record.id, law=record.law, kind=record.kind, owner=record.owner,
+                     created_at=record.created_at, data_hash=record.data_hash, request=record.request,
+                     report=record.report,
+                     plots={p: str(request.url_for("fit_plot", fit_id=record.id, name=p)) for p in record.plots})
+
+
+@router.post("/fits", status_code=201, summary="Fit a law", response_model=FitPublic,
+             responses={422: {"description": "Unknown law, missing columns, too few points..."}})
+def create_fit(body: FitCreate, request: Request, services: ServicesDep, owner: Writer) -> FitPublic:
+    """Huber/BFGS fit of `law` on the selected observations, with LOO RMS, bootstrap intervals over trunks when
+    `bootstrap` > 0, and diagnostic plots. The fit is stored and never changes."""
+    return _public(fits.create_fit(services, body, owner), request)
+
+
+@router.get("/fits", summary="List fits", response_model=list[FitPublic])
+def list_fits(request: Request, services: ServicesDep, _: Reader) -> list[FitPublic]:
+    """Every stored fit, oldest first."""
+    return [_public(r, request) for r in fits.list_fits(services)]
+
+
+def _fit_or_404(services: ServicesDep, fit_id: str) -> FitRecord:
+    record = fits.get_fit(services, fit_id)
+    if record is None:
+        raise HTTPException(404, f"no fit {fit_id!r}; GET /fits lists them")
+    return record
+
+
+@router.get("/fits/{fit_id}", summary="A fit", response_model=FitPublic, responses=NOT_FOUND)
+def get_fit(fit_id: str, request: Request, services: ServicesDep, _: Reader) -> FitPublic:
+    """Parameters, intervals, LOO RMS, the fitter's record (version, data hash) and plot links."""
+    return _public(_fit_or_404(services, fit_id), request)
+
+
+@router.get("/fits/{fit_id}/plots/{name}.png", summary="A fit's plot", response_class=FileResponse,
+            responses={**NOT_FOUND, 200: {"content": {"image/png": {}}, "description": "The PNG."}})
+def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileResponse:
+    """One of the fit's diagnostic plots (parity, residuals, loss_vs_d2, alpha_d1), as listed in its `plots`."""
+    if name not in _fit_or_404(services, fit_id).plots:
+        raise HTTPException(404, f"fit {fit_id} has no plot {name!r}")
+    return FileResponse(fits.fit_dir(services, fit_id) / f"{name}.png", media_type="image/png")
+
+
+@router.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=Decision,
+            tags=["decisions"], responses={422: {"description": "Missing fits or bad values."}})
+def decide_upcycle(services: ServicesDep, _: Reader,
+                   n1: float = Query(gt=0, le=MAX_COUNT, description="Dense model size (parameters)."),
+                   d1: float = Query(gt=0, le=MAX_COUNT, description="Tokens the dense model was trained on."),
+                   d2: float = Query(gt=0, le=MAX_COUNT, description="Tokens you would spend on the upcycled MoE."),
+                   moe_fit: str | None = Query(None, description="Fit id of the from-scratch MoE law (default: "
+                                               "the latest scratch fit)."),
+                   upcycled_fit: str | None = Query(None, description="Fit id of the upcycled law (default: the "
+                                                    "latest upcycled fit).")) -> Decision:
+    """The catch-up budget from scratch needs to match upcycling, the verdict (upcycle when it exceeds D1), its
+    bootstrap probability, and D* at this N1, from two stored fits."""
+    return fits.decision(services, n1, d1, d2, moe_fit, upcycled_fit)

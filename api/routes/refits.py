@@ -1,0 +1,67 @@
+"""/refit-schedules and /refits: when to refit, forcing one now, and the versioned history."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query
+
+from api import refits
+from api.records import RefitRecord, RefitScheduleRecord
+from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, sweep_or_404
+from api.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
+
+router = APIRouter(tags=["refits"], responses=AUTH_ERRORS)
+
+
+def _schedule(r: RefitScheduleRecord) -> RefitSchedulePublic:
+    return RefitSchedulePublic.model_validate(r, from_attributes=True)
+
+
+def _refit(r: RefitRecord) -> RefitPublic:
+    return RefitPublic.model_validate(r, from_attributes=True)
+
+
+def _schedule_or_404(services: ServicesDep, schedule_id: str) -> RefitScheduleRecord:
+    record = refits.get_schedule(services, schedule_id)
+    if record is None:
+        raise HTTPException(404, f"no refit schedule {schedule_id!r}")
+    return record
+
+
+@router.post("/refit-schedules", status_code=201, summary="Create a refit schedule",
+             response_model=RefitSchedulePublic, responses=NOT_FOUND)
+def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Writer) -> RefitSchedulePublic:
+    """Refit the given laws on the sweeps' observations on a 5-field cron, or whenever they change."""
+    for sweep_id in body.request.sweep_ids:
+        sweep_or_404(services, sweep_id)
+    return _schedule(refits.create_schedule(services, body, owner))
+
+
+@router.get("/refit-schedules", summary="List refit schedules", response_model=list[RefitSchedulePublic])
+def list_schedules(services: ServicesDep, _: Reader,
+                   all: bool = Query(False, description="Include deleted (inactive) schedules.")
+                   ) -> list[RefitSchedulePublic]:
+    """Schedules with their last error, if their latest refit failed."""
+    return [_schedule(r) for r in refits.schedules(services, active_only=not all)]
+
+
+@router.delete("/refit-schedules/{schedule_id}", status_code=204, summary="Delete a refit schedule",
+               responses=NOT_FOUND)
+def delete_schedule(schedule_id: str, services: ServicesDep, _: Writer) -> None:
+    """Stop the schedule; its refit records are kept."""
+    _schedule_or_404(services, schedule_id)
+    refits.deactivate(services, schedule_id)
+
+
+@router.post("/refit-schedules/{schedule_id}/run", status_code=201, summary="Refit now",
+             response_model=RefitPublic, responses={**NOT_FOUND, 422: {"description": "A fit failed."}})
+def run_schedule(schedule_id: str, services: ServicesDep, _: Writer) -> RefitPublic:
+    """Refit at once and record the next version, whether or not the inputs changed."""
+    return _refit(refits.run_refit(services, _schedule_or_404(services, schedule_id), force=True))
+
+
+@router.get("/refits", summary="Refit history", response_model=list[RefitPublic])
+def list_refits(services: ServicesDep, _: Reader,
+                schedule_id: str | None = Query(None, description="Only this schedule's versions.")
+                ) -> list[RefitPublic]:
+    """Every refit version: inputs hash, fits, D* and interval, diff from the previous version, interval flag."""
+    return [_refit(r) for r in refits.refits(services, schedule_id)]

@@ -1,0 +1,87 @@
+"""/sweeps: submit (JSON or YAML), list, inspect, cancel, extend, and export observations."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import yaml
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import Response
+
+from api import sweeps
+from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, sweep_or_404
+from api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
+from orchestrator.observations import as_row, table
+from sweeps.spec import parse_spec
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
+
+SPEC_BODY = {"requestBody": {"required": True, "description": "A sweep spec (sweeps/spec.py), as JSON or YAML.",
+                             "content": {"application/json": {"schema": {"type": "object"}},
+                                         "application/yaml": {"schema": {"type": "string"}}}}}
+
+
+async def _spec_data(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        if "yaml" in request.headers.get("content-type", ""):
+            return yaml.safe_load(raw)
+        return json.loads(raw)
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPException(422, [{"loc": ["body"], "msg": f"not JSON/YAML: {e}", "type": "parse"}]) from None
+
+
+@router.post("", status_code=201, summary="Submit a sweep", response_model=SweepCreated, openapi_extra=SPEC_BODY,
+             responses={422: {"description": "Invalid spec: every problem with its field path."}})
+async def submit_sweep(request: Request, services: ServicesDep, owner: Writer) -> SweepCreated:
+    """Validate and plan a sweep spec, record it under the caller's token name, and queue it for the scheduler.
+    Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`)."""
+    data = await _spec_data(request)
+    return sweeps.submit(services, parse_spec(data), owner)
+
+
+@router.get("", summary="List sweeps", response_model=list[SweepSummary])
+def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
+    """Every sweep, oldest first, with its status, owner and segments done."""
+    owners = sweeps.owners(services)
+    return [sweeps.summary(services, s, owners.get(s.id)) for s in services.store.sweeps()]
+
+
+@router.get("/{sweep_id}", summary="A sweep's status and progress", response_model=SweepDetail, responses=NOT_FOUND)
+def get_sweep(sweep_id: str, services: ServicesDep, _: Reader) -> SweepDetail:
+    """Status, every segment's state and attempts, and FLOPs done so far vs planned."""
+    sweep_or_404(services, sweep_id)
+    return sweeps.detail(services, sweep_id)
+
+
+@router.post("/{sweep_id}/cancel", summary="Cancel a sweep", response_model=SweepSummary, responses=NOT_FOUND)
+def cancel_sweep(sweep_id: str, services: ServicesDep, _: Writer) -> SweepSummary:
+    """A running sweep stops after releasing its running segments (they resume if it is submitted again); a pending
+    one is cancelled at once."""
+    sweep_or_404(services, sweep_id)
+    services.store.request_cancel(sweep_id)
+    return sweeps.summary(services, services.store.sweep(sweep_id), sweeps.owners(services).get(sweep_id))
+
+
+@router.post("/{sweep_id}/extend", status_code=201, summary="Add grid points to a sweep",
+             response_model=SweepCreated, responses=NOT_FOUND)
+def extend_sweep(sweep_id: str, body: SweepExtend, services: ServicesDep, owner: Writer) -> SweepCreated:
+    """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train."""
+    sweep_or_404(services, sweep_id)
+    return sweeps.extend(services, sweep_id, body.additions, owner)
+
+
+@router.get("/{sweep_id}/observations", summary="A sweep's observations (JSON or CSV)",
+            response_model=list[dict[str, Any]],
+            responses={**NOT_FOUND, 200: {"content": {"text/csv": {}}}})
+def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _: Reader,
+                       format: Literal["json", "csv"] | None = Query(
+                           None, description="csv: the table `upscale fit --data` reads; default from Accept.")
+                       ) -> Any:
+    """One row per finished decay segment: kind, N, D, N1, D1, D2, N2, P, loss, trunk, segment, MLflow run."""
+    sweep_or_404(services, sweep_id)
+    records = services.store.observations(sweep_id)
+    if format == "csv" or (format is None and "text/csv" in request.headers.get("accept", "")):
+        return Response(table(records).to_csv(index=False), media_type="text/csv")
+    return [as_row(o) for o in records]

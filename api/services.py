@@ -1,0 +1,31 @@
+"""What the routes and the CLI share: the settings, the orchestrator's store, and whether auth is enforced.
+
+`Services.open(settings)` migrates the database (the orchestrator's and the API's tables, one Alembic history).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import api.records  # noqa: F401  (registers the API's tables on the shared metadata)
+from orchestrator.service import Orchestrator
+from orchestrator.settings import Settings
+from orchestrator.store import Store
+
+
+@dataclass
+class Services:
+    orch: Orchestrator
+    auth: bool = True  # False for the CLI's in-process calls: whoever holds the database needs no token
+
+    @classmethod
+    def open(cls, settings: Settings, auth: bool = True) -> Services:
+        return cls(Orchestrator.open(settings), auth)
+
+    @property
+    def store(self) -> Store:
+        return self.orch.store
+
+    @property
+    def settings(self) -> Settings:
+        return self.orch.settings

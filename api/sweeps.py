@@ -1,0 +1,80 @@
+"""Sweep operations behind the routes: submit with a plan summary and an owner, progress and cost, extend.
+
+Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from api.records import SweepOwnerRecord
+from api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
+from api.services import Services
+from orchestrator.records import SweepRecord
+from sweeps.planner import plan
+from sweeps.spec import SweepSpec, parse_spec
+
+
+def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None) -> SweepCreated:
+    """Record ``spec`` as a new sweep owned by ``owner``; segments already done anywhere are not retrained."""
+    p = plan(spec)
+    known = services.store.segments([s.id for s in p.segments])
+    sweep = services.orch.submit(spec)
+    with services.store.transaction() as s:
+        s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
+    summary = PlanSummary(
+        segments=len(p.segments), new_segments=sum(1 for s in p.segments if getattr(known.get(s.id), "status", "")
+                                                   != "done"),
+        by_kind=p.by_kind(), observations=len(p.observations()), total_flops=p.total_flops,
+        independent_flops=p.independent_flops, saving=p.saving, notes=list(p.notes))
+    return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=summary)
+
+
+def merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``additions``: nested dicts merged, lists unioned (order kept), scalars replaced."""
+    out = dict(base)
+    for k, v in additions.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        elif isinstance(v, list) and isinstance(out.get(k), list):
+            out[k] = out[k] + [x for x in v if x not in out[k]]
+        else:
+            out[k] = v
+    return out
+
+
+def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: str) -> SweepCreated:
+    """A new sweep whose spec is the old one plus ``additions``: only its new segments train."""
+    old = services.store.sweep(sweep_id)
+    return submit(services, parse_spec(merge(old.spec, additions)), owner, extends=sweep_id)
+
+
+def owners(services: Services) -> dict[str, str]:
+    with services.store.transaction() as s:
+        return {r.sweep_id: r.owner for r in s.query(SweepOwnerRecord)}
+
+
+def summary(services: Services, sweep: SweepRecord, owner: str | None) -> SweepSummary:
+    statuses = [seg.status for seg, _ in services.store.members(sweep.id)]
+    return SweepSummary(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner,
+                        segments_done=statuses.count("done"), segments_total=len(statuses),
+                        created_at=sweep.created_at)
+
+
+def detail(services: Services, sweep_id: str) -> SweepDetail:
+    """Status, per-segment progress and FLOPs done vs planned."""
+    sweep = services.store.sweep(sweep_id)
+    members = services.store.members(sweep_id)
+    segs = [SegmentProgress(key=seg.key, kind=seg.kind, status=seg.status, attempts=seg.attempts, tokens=seg.tokens,
+                            flops=seg.flops, axes=link.axes, val_loss=(seg.result or {}).get("val_loss"),
+                            error=seg.error) for seg, link in members]
+    by_status = Counter(s.status for s in segs)
+    with services.store.transaction() as s:
+        owner = s.get(SweepOwnerRecord, sweep_id)
+    return SweepDetail(
+        id=sweep.id, name=sweep.name, status=sweep.status, owner=owner.owner if owner else None,
+        segments_done=by_status["done"], segments_total=len(segs), created_at=sweep.created_at, error=sweep.error,
+        mlflow_run_id=sweep.mlflow_run_id, by_status=dict(by_status),
+        flops_done=sum(s.flops for s in segs if s.status == "done"), flops_planned=sum(s.flops for s in segs),
+        segments=segs)

@@ -1,0 +1,65 @@
+"""Auth and validation against a live server: every failure mode a caller can hit returns the documented status and
+a `detail` that names what to fix. No background loops run here, so nothing submitted trains."""
+
+from __future__ import annotations
+
+import yaml
+
+from api.auth import digest
+from api.records import TokenRecord
+from api.services import Services
+
+SPEC = {"name": "auth-check", "model": {"sizes": ["nano"]}, "moe": {"experts": [2], "topk": [1]},
+        "upcycling": {"methods": ["naive"]}, "tokens": {"d1": [256], "d2": [128, 256]},
+        "train": {"context": 16, "batch_size": 4, "lr": {"dense": 3e-3, "moe": 2e-3}, "warmup_tokens": 64},
+        "resources": {"cpus": 1}}
+
+
+def test_no_token_is_401_and_read_token_cannot_write(live) -> None:
+    with live.client({}) as c:
+        r = c.get("/sweeps")
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert c.get("/sweeps", headers={"Authorization": "Bearer ups_nope"}).status_code == 401
+        assert c.get("/healthz").json() == {"status": "ok", "scheduler": False}
+    with live.client(live.read) as c:
+        assert c.get("/sweeps").status_code == 200
+        r = c.post("/sweeps", json=SPEC)
+        assert r.status_code == 403 and "bob" in r.json()["detail"] and "write" in r.json()["detail"]
+        assert c.post("/fits", json={"law": "power-d2", "kind": "upcycled", "rows": []}).status_code == 403
+    with Services.open(live.settings).store.transaction() as s:  # only hashes are stored
+        hashes = {t.token_hash for t in s.query(TokenRecord)}
+    assert digest(live.write["Authorization"].split()[1]) in hashes
+    assert not any(t.startswith("ups_") for t in hashes)
+
+
+def test_bad_spec_is_422_naming_each_field(live) -> None:
+    bad = {**SPEC, "tokens": {"d1": ["lots"], "d2": [128]}, "moe": {"experts": [2], "topk": [3]}}
+    with live.client() as c:
+        r = c.post("/sweeps", json=bad)
+        assert r.status_code == 422
+        locs = [d["loc"] for d in r.json()["detail"]]
+        assert ["body", "tokens", "d1", 0] in locs
+        r = c.post("/sweeps", content="name: [unclosed", headers={"content-type": "application/yaml"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]
+        assert c.get("/sweeps/nope").status_code == 404
+        r = c.post("/fits", json={"law": "no-such-law", "kind": "upcycled", "rows": [{"D2": 1, "loss": 1}]})
+        assert r.status_code == 422 and "no-such-law" in r.json()["detail"]
+
+
+def test_yaml_submit_records_owner_and_plan(live) -> None:
+    with live.client() as c:
+        r = c.post("/sweeps", content=yaml.safe_dump(SPEC), headers={"content-type": "application/yaml"})
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert body["owner"] == "alice" and body["status"] == "pending"
+        assert body["plan"]["segments"] == 6 == body["plan"]["new_segments"]  # trunk, decay, upcycle, trunk, 2 decays
+        assert body["plan"]["by_kind"]["moe_decay"] == 2 and body["plan"]["observations"] == 3
+        detail = c.get(f"/sweeps/{body['id']}").json()
+        assert detail["owner"] == "alice" and detail["segments_total"] == 6 and detail["flops_done"] == 0
+        assert detail["flops_planned"] == sum(s["flops"] for s in detail["segments"]) > 0
+        ext = c.post(f"/sweeps/{body['id']}/extend", json={"additions": {"tokens": {"d2": [384]}}}).json()
+        assert ext["plan"]["segments"] == 7 and ext["plan"]["new_segments"] == 7  # nothing trained yet
+        assert c.post(f"/sweeps/{body['id']}/cancel").json()["status"] == "cancelled"
+        metrics = c.get("/metrics", headers={}).text
+        # the extension's MoE trunk runs longer (to D2=384), so it and its decays are new: 6 + 4 segments
+        assert 'upscale_segments{state="pending"} 10.0' in metrics and "upscale_queue_length 1.0" in metrics

@@ -1,0 +1,129 @@
+"""The whole flow on a live server that runs its own scheduler threads: submit a tiny sweep that trains for real on
+embedded Ray (nano model, context 16, a few steps per segment), watch its progress, read its observations as JSON and
+CSV, fit a law on them, see an `on_new_observations` refit fire and record versions, decide from fits, and find the
+sweep's run tree in MLflow. Values are checked against the planner and against fitting/ called directly."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from api.fits import fitted
+from api.services import Services
+from fitting.data import read_table
+from fitting.dstar import decide
+from fitting.synthetic import bundled_path
+from orchestrator.settings import Settings
+from sweeps.planner import plan
+from sweeps.spec import load_spec
+from tests.api.conftest import serve
+
+FLOW_SPEC = """
+name: api-flow
+model: {sizes: [nano]}
+moe: {experts: [2], topk: [1]}
+upcycling: {methods: [naive]}
+tokens: {d1: [256, 512], d2: [128, 256, 384]}
+train: {context: 16, batch_size: 4, lr: {dense: 3.0e-3, moe: 2.0e-3}, warmup_tokens: 64}
+data: {corpus: "builtin:python-stdlib", tokenizer: bytes, eval_tokens: 512}
+resources: {cpus: 1}
+"""
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory, mlflow_uri, ray_session):
+    settings = Settings(home=tmp_path_factory.mktemp("flow"), mlflow_tracking_uri=mlflow_uri)
+    with serve(settings, refit_tick_s=0.5, poll_s=0.2) as server:
+        yield server
+
+
+def wait_for(fn, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_submit_train_observe_fit_refit_decide(flow) -> None:
+    c = flow.client()
+    created = c.post("/sweeps", content=FLOW_SPEC, headers={"content-type": "application/yaml"}).json()
+    sid = created["id"]
+    planned = plan(load_spec(FLOW_SPEC))
+    assert created["plan"]["segments"] == len(planned.segments) == 13
+    schedule = c.post("/refit-schedules", json={
+        "name": "data-mul-noint on arrival", "trigger": "on_new_observations",
+        "request": {"sweep_ids": [sid], "laws": {"upcycled": "data-mul-noint"}}}).json()
+
+    seen = set()
+
+    def finished():
+        d = c.get(f"/sweeps/{sid}").json()
+        seen.update(s["status"] for s in d["segments"])
+        return d if d["status"] in ("done", "failed") else None
+
+    detail = wait_for(finished, 240, "the sweep to finish")
+    assert detail["status"] == "done", detail
+    assert detail["by_status"] == {"done": 13} and detail["segments_done"] == 13
+    assert detail["flops_done"] == detail["flops_planned"] == pytest.approx(planned.total_flops)
+    assert "running" in seen or "pending" in seen  # progress was visible before the end
+
+    rows = c.get(f"/sweeps/{sid}/observations").json()
+    up = sorted((r["D1"], r["D2"]) for r in rows if r["kind"] == "upcycled")
+    assert up == [(d1, d2) for d1 in (256, 512) for d2 in (128, 256, 384)]
+    assert all(r["loss"] > 0 and r["mlflow_run_id"] for r in rows) and len(rows) == 8
+    csv = pd.read_csv(io.StringIO(c.get(f"/sweeps/{sid}/observations?format=csv").text))
+    assert list(csv["loss"]) == [r["loss"] for r in rows]
+
+    fit = c.post("/fits", json={"law": "data-mul-noint", "kind": "upcycled", "sweep_ids": [sid]})
+    assert fit.status_code == 201, fit.text
+    fit = fit.json()
+    assert fit["report"]["n_points"] == 6 and set(fit["report"]["params"]) == {"A", "alpha1", "alpha2", "E"}
+    png = c.get(fit["plots"]["parity"])
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+    assert c.get(f"/fits/{fit['id']}").json()["data_hash"] == fit["data_hash"]
+
+    versions = wait_for(lambda: c.get("/refits", params={"schedule_id": schedule["id"]}).json(), 30,
+                        "the scheduled refit")
+    first = versions[0]
+    assert first["version"] == 1 and len(first["inputs_hash"]) == 64 and first["diff"] == {}
+    refit_fit = c.get(f"/fits/{first['fits']['upcycled']}").json()
+    assert refit_fit["report"]["params"] == fit["report"]["params"]  # same data, deterministic fitter
+    again = c.post(f"/refit-schedules/{schedule['id']}/run").json()
+    assert again["version"] == 2 and again["inputs_hash"] == first["inputs_hash"]
+    assert again["diff"]["upcycled"] == {"A": 0.0, "alpha1": 0.0, "alpha2": 0.0, "E": 0.0}
+    assert not again["left_interval"]
+
+    client = MlflowClient(flow.settings.mlflow_tracking_uri)
+    parent = client.get_run(detail["mlflow_run_id"])
+    assert parent.data.tags["upscale.sweep_id"] == sid and parent.info.status == "FINISHED"
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {r.info.run_id for r in children} >= {s["mlflow_run_id"] for s in rows}
+    assert len(children) == 13 and all(r.info.status == "FINISHED" for r in children)
+    metrics = c.get("/metrics").text
+    assert 'upscale_segments{state="done"} 13.0' in metrics and "upscale_refit_age_seconds NaN" not in metrics
+
+
+def test_decision_matches_fitting(flow) -> None:
+    c = flow.client()
+    ids = {}
+    for kind, law, table in (("scratch", "chinchilla", "moe"), ("upcycled", "joint", "upcycled")):
+        rows = read_table(bundled_path(table)).to_dict(orient="records")
+        r = c.post("/fits", json={"law": law, "kind": kind, "rows": rows})
+        assert r.status_code == 201, r.text
+        ids[kind] = r.json()["id"]
+    d = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9}).json()
+    assert d["fits"] == {"moe": ids["scratch"], "upcycled": ids["upcycled"]}  # the latest fits by default
+    services = Services.open(flow.settings)
+    direct = decide(fitted(services, ids["scratch"]), fitted(services, ids["upcycled"]), 1e9, 1e9, 1e9).to_json()
+    assert d["verdict"] == direct["verdict"] and d["catch_up_tokens"] == pytest.approx(direct["catch_up_tokens"])
+    assert d["dstar"] > 0
+    r = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, "moe_fit": ids["upcycled"]})
+    assert r.status_code == 422 and "detail" in r.json()  # an upcycled law is not a from-scratch MoE law

@@ -1,0 +1,50 @@
+"""The API's tables come from migration 0002 exactly as api/records.py declares them, and the cron matcher agrees
+with hand-checked minutes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from api.cron import parse_cron
+from api.records import RefitRecord, TokenRecord
+from orchestrator.records import Base
+from orchestrator.store import Store, alembic_config
+
+API_TABLES = {"api_tokens", "sweep_owners", "fits", "refit_schedules", "refits"}
+
+
+def test_migration_builds_the_api_tables(tmp_path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'u.db'}")
+    assert {TokenRecord.__tablename__, RefitRecord.__tablename__} <= API_TABLES <= set(Base.metadata.tables)
+    with store.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": "upscale_alembic_version"})
+        diffs = [d for d in compare_metadata(context, Base.metadata) if any(t in repr(d) for t in API_TABLES)]
+        assert diffs == []
+        head = ScriptDirectory.from_config(alembic_config(conn)).get_current_head()
+        assert context.get_current_revision() == head
+
+
+@pytest.mark.parametrize(("expr", "when", "hit"), [
+    ("*/15 * * * *", datetime(2026, 11, 23, 12, 45, tzinfo=UTC), True),
+    ("*/15 * * * *", datetime(2026, 11, 23, 12, 46, tzinfo=UTC), False),
+    ("0 3 * * 1-5", datetime(2026, 11, 23, 3, 0, tzinfo=UTC), True),  # a Monday
+    ("0 3 * * 0,6", datetime(2026, 11, 23, 3, 0, tzinfo=UTC), False),
+    ("0 3 * * 7", datetime(2026, 11, 22, 3, 0, tzinfo=UTC), True),  # Sunday as 7
+    ("0 0 1 * 1", datetime(2026, 11, 23, 0, 0, tzinfo=UTC), True),  # both day fields set: either matches
+    ("30 12 23 11 *", datetime(2026, 11, 23, 12, 30, tzinfo=UTC), True),
+])
+def test_cron_matches(expr: str, when: datetime, hit: bool) -> None:
+    assert parse_cron(expr).matches(when) is hit
+
+
+@pytest.mark.parametrize(("expr", "field"), [("* * *", "5 fields"), ("61 * * * *", "minute"),
+                                             ("* * * 13 *", "month"), ("*/0 * * * *", "minute"),
+                                             ("x * * * *", "minute")])
+def test_cron_errors_name_the_field(expr: str, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        parse_cron(expr)
