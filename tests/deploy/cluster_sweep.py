@@ -1,0 +1,85 @@
+"""Driver for tests/deploy/test_ray_cluster.py, run as its own process (`python -m tests.deploy.cluster_sweep DIR
+MODE`) so that its Ray cluster never meets the embedded Ray of the rest of the test session.
+
+It starts a multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head with no CPUs, as in
+deploy/, and two worker nodes with one CPU each), then runs the micro sweep through the orchestrator with
+RAY_ADDRESS set to the cluster, exactly as a deployed API would. The segment function is the counting one from
+tests/orchestrator, wrapped to record which node ran each start. MODE `spread` just runs the sweep; MODE `kill`
+removes the node running the dense trunk once that trunk has written a resume checkpoint, mid-sweep. Writes
+DIR/outcome.json; the events are in DIR/home/checkpoints/events.jsonl."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+from ray import cloudpickle
+from ray.cluster_utils import Cluster
+
+from orchestrator.scheduler import Scheduler
+from orchestrator.service import Orchestrator
+from orchestrator.settings import Settings
+from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from sweeps.spec import load_spec
+from tests.deploy import conftest
+from tests.orchestrator import segment_fns
+
+
+def node_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
+    """The counting segment, after logging the Ray node this start runs on."""
+    root = Path(runtime.checkpoint_dir).parent
+    segment_fns.log_event(root, event="node", segment=spec.id, kind=spec.kind,
+                          node=ray.get_runtime_context().get_node_id())
+    return segment_fns.counting_segment(spec, runtime)
+
+
+def main(out: Path, mode: str) -> None:
+    cloudpickle.register_pickle_by_value(segment_fns)  # not an installed package: ship it to the nodes by value
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    workers = {}
+    for _ in range(2):
+        node = cluster.add_node(num_cpus=1)
+        workers[node.node_id] = node
+    cluster.wait_for_nodes()
+    settings = Settings(home=out / "home", ray_address=cluster.address,
+                        mlflow_tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    root = Path(settings.checkpoint_dir)
+    root.mkdir(parents=True)
+    (root / "knobs.json").write_text(json.dumps({"step_s": 0.4 if mode == "kill" else 0.02}))
+    orch = Orchestrator.open(settings)
+    spec = load_spec(conftest.MICRO_SPEC)
+    sweep = orch.submit(spec)
+    scheduler = Scheduler(orch.store, settings, segment_fn=node_segment, poll_s=0.1, checkpoint_every_tokens=64)
+    outcome: dict = {"workers": sorted(workers), "head": cluster.head_node.node_id}
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=scheduler.run(sweep.id)))
+    t0 = time.monotonic()
+    thread.start()
+    if mode == "kill":
+        trunk = next(p for p in orch.store.members(sweep.id) if p[0].kind == "dense_trunk")[0].key
+        resume = root / trunk / "resume.json"
+        while not (resume.exists() and json.loads(resume.read_text())["tokens"] >= 128):
+            if time.monotonic() - t0 > 240 or not thread.is_alive():
+                raise RuntimeError("the dense trunk never wrote its resume checkpoint")
+            time.sleep(0.05)
+        events = [json.loads(line) for line in (root / "events.jsonl").read_text().splitlines()]
+        victim = next(e["node"] for e in events if e["event"] == "node" and e["segment"] == trunk)
+        outcome |= {"removed": victim, "trunk": trunk, "removed_at_tokens": json.loads(resume.read_text())["tokens"]}
+        cluster.remove_node(workers[victim], allow_graceful=False)
+    thread.join(timeout=400)
+    sweep_out = result["out"]
+    outcome |= {"status": sweep_out.status, "trained": sweep_out.trained, "retried": sweep_out.retried,
+                "wall_s": time.monotonic() - t0, "sweep_id": sweep.id,
+                "attempts": {k: [a.status for a in orch.store.attempts(k)] for k in sweep_out.trained},
+                "observations": len(orch.store.observations(sweep.id))}
+    (out / "outcome.json").write_text(json.dumps(outcome))
+    ray.shutdown()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
