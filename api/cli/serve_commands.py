@@ -1,0 +1,224 @@
+"""`upscale serve|scheduler|token create|submit|status|refit|ui`: run the control plane and talk to it.
+
+`submit`, `status` and `refit` go through the REST routes either way: with `--api URL` over HTTP to a remote server
+(token from `--token` or UPSCALE_TOKEN), otherwise to the same app in-process (Starlette's TestClient, no network,
+no token: whoever holds the database needs none), so local and remote share one code path. In-process, nothing
+trains a submitted sweep unless `--wait` (which runs it here) or an `upscale serve`/`upscale scheduler` is running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from api.cli.app import app, console, err_console, register_user_error
+
+
+class ApiError(RuntimeError):
+    """The server refused a request; the message carries its status and detail."""
+
+
+register_user_error(ApiError)
+
+ApiOpt = Annotated[str | None, typer.Option("--api", help="A remote server's URL, e.g. http://host:8000; default: "
+                                            "in-process on this machine's store.")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="UPSCALE_TOKEN", help="Bearer token for --api.")]
+token_app = typer.Typer(help="API bearer tokens.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+FINAL = ("done", "failed", "cancelled")
+
+
+def _client(api: str | None, token: str | None):
+    if api:
+        import httpx
+
+        return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=120)
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from orchestrator.settings import get_settings
+
+    return TestClient(create_app(get_settings(), auth=False, scheduler=False))
+
+
+def _call(client, method: str, path: str, **kwargs: Any) -> Any:
+    r = client.request(method, path, **kwargs)
+    if r.status_code >= 400:
+        detail = r.json().get("detail", r.text) if r.headers.get("content-type", "").startswith("application/json") \
+            else r.text
+        if isinstance(detail, list):
+            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])[1:])) or '<spec>'}: {d.get('msg')}"
+                               for d in detail)
+        raise ApiError(f"{method} {path} -> {r.status_code}: {detail}")
+    return r.json() if r.content and r.headers.get("content-type", "").startswith("application/json") else None
+
+
+@app.command("serve")
+def serve_command(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    no_scheduler: Annotated[bool, typer.Option("--no-scheduler", help="Serve only; run `upscale scheduler` "
+                                               "elsewhere to train.")] = False,
+    refit_tick_s: Annotated[float, typer.Option(help="How often refit schedules are checked (s).")] = 5.0,
+) -> None:
+    """The REST API (OpenAPI page at /docs) with the sweep scheduler and refit loops in the same process.
+    Ctrl-C / SIGTERM shut down gracefully: running segments are released and their sweep resumes on restart."""
+    import uvicorn
+
+    from api.app import create_app
+    from orchestrator.scheduler import ensure_ray
+    from orchestrator.settings import get_settings
+
+    settings = get_settings()
+    if not no_scheduler:
+        ensure_ray(settings)  # from the main thread: Ray installs signal handlers
+    uvicorn.run(create_app(settings, scheduler=not no_scheduler, refit_tick_s=refit_tick_s), host=host, port=port)
+
+
+@app.command("scheduler")
+def scheduler_command(
+    refit_tick_s: Annotated[float, typer.Option(help="How often refit schedules are checked (s).")] = 5.0,
+) -> None:
+    """Only the background work of `upscale serve`: train pending sweeps and fire refit schedules, until Ctrl-C."""
+    from api.background import SweepLoop
+    from api.refits import RefitLoop
+    from api.services import Services
+    from orchestrator.scheduler import ensure_ray
+    from orchestrator.settings import get_settings
+
+    services = Services.open(get_settings())
+    ensure_ray(services.settings)
+    loops = (SweepLoop(services), RefitLoop(services, tick_s=refit_tick_s))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for loop in loops:
+        loop.start()
+    err_console.print(f"scheduler running on {services.settings.db_url}; Ctrl-C stops it")
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    for loop in loops:
+        loop.stop()
+
+
+@token_app.command("create")
+def token_create_command(
+    scope: Annotated[str, typer.Option(help="read, or write (also reads).")] = "read",
+    name: Annotated[str, typer.Option(help="Who holds it: recorded as the owner of what it submits.")]
+    = os.environ.get("USER", "user"),
+) -> None:
+    """Print a new bearer token (shown once; only its sha256 is stored)."""
+    from api.auth import create_token
+    from api.services import Services
+    from orchestrator.settings import get_settings
+
+    if scope not in ("read", "write"):
+        raise ApiError(f"--scope {scope!r}: use read or write")
+    print(create_token(Services.open(get_settings()).store, scope, name))  # type: ignore[arg-type]
+
+
+@app.command("submit")
+def submit_command(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress until the sweep ends (in-process: train it "
+                                       "here).")] = False,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving)."""
+    if not spec.is_file():
+        raise ApiError(f"no such spec file: {spec}")
+    kind = "application/json" if spec.suffix == ".json" else "application/yaml"
+    with _client(api, token) as c:
+        out = _call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind})
+        p = out["plan"]
+        console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
+                      f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
+        if wait:
+            _wait(c, out["id"], remote=api is not None)
+
+
+def _wait(client, sweep_id: str, remote: bool) -> None:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[note]}"), console=err_console) as bar:
+        task = bar.add_task(f"sweep {sweep_id}", total=None, note="")
+        if not remote:  # nobody else trains it: run the orchestrator's scheduler here, on the same store
+            from orchestrator.scheduler import Scheduler
+
+            services = client.app.state.services
+
+            def show(p) -> None:
+                bar.update(task, note=p.message) if p.message else bar.update(task, total=p.total, completed=p.done)
+
+            Scheduler(services.store, services.settings, on_progress=show).run(sweep_id)
+        while (d := _call(client, "GET", f"/sweeps/{sweep_id}"))["status"] not in FINAL:
+            bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
+            time.sleep(2.0)
+        bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
+    if d["status"] != "done":
+        raise ApiError(f"sweep {sweep_id} {d['status']}: {d['error'] or 'stopped'}")
+
+
+@app.command("status")
+def status_command(
+    sweep: Annotated[str | None, typer.Argument(help="Sweep id; none: every sweep.")] = None,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """Sweeps and their progress; with an id, its segments by kind and status and the FLOPs done vs planned."""
+    with _client(api, token) as c:
+        if sweep is None:
+            t = Table("sweep", "name", "status", "owner", "segments done", "created")
+            for s in _call(c, "GET", "/sweeps"):
+                t.add_row(s["id"], s["name"], s["status"], s["owner"] or "", f"{s['segments_done']}/"
+                          f"{s['segments_total']}", s["created_at"][:16])
+            console.print(t)
+            return
+        d = _call(c, "GET", f"/sweeps/{sweep}")
+    t = Table("kind", "status", "attempts", "tokens", "val_loss", "error",
+              title=f"sweep {d['id']} ({d['name']}): {d['status']}, {d['segments_done']}/{d['segments_total']} done, "
+                    f"{d['flops_done']:.3g} of {d['flops_planned']:.3g} FLOPs")
+    for s in d["segments"]:
+        t.add_row(s["kind"], s["status"], str(s["attempts"]), str(s["tokens"]),
+                  "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
+    console.print(t)
+
+
+@app.command("refit")
+def refit_command(
+    schedule: Annotated[str | None, typer.Argument(help="Refit schedule id; none: every active schedule.")] = None,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """Refit now: a new version per schedule, with D*, its interval and whether it left the previous one."""
+    with _client(api, token) as c:
+        ids = [schedule] if schedule else [s["id"] for s in _call(c, "GET", "/refit-schedules")]
+        if not ids:
+            raise ApiError("no refit schedules; POST /refit-schedules creates one")
+        for sid in ids:
+            r = _call(c, "POST", f"/refit-schedules/{sid}/run")
+            star = "no D* (needs scratch and upcycled laws)" if r["dstar"] is None else f"D* {r['dstar']:.4g}"
+            flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
+            console.print(f"schedule {sid} v{r['version']}: fits {r['fits']}, {star}{flag}")
+
+
+@app.command("ui")
+def ui_command(
+    launch: Annotated[bool, typer.Option("--launch", help="Run it instead of printing it.")] = False,
+    port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = 5000,
+) -> None:
+    """The MLflow UI on this store's runs: one parent run per sweep, one child per segment."""
+    from orchestrator.settings import get_settings
+
+    argv = ["mlflow", "ui", "--backend-store-uri", get_settings().mlflow_tracking_uri, "--port", str(port)]
+    if not launch:
+        print(" ".join(argv))
+        return
+    os.execvp(argv[0], argv)

@@ -1,0 +1,96 @@
+"""The CLI against a real `upscale serve` subprocess (console script, loopback port, temporary UPSCALE_HOME):
+token create, submit and status over `--api`, status in-process on the same store, ui; and a graceful SIGTERM
+while a sweep trains leaves no segment running and the sweep pending, to resume on the next start (slow)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.services import Services
+from orchestrator.settings import Settings
+from tests.api.conftest import free_port
+from tests.api.test_flow import FLOW_SPEC
+
+UPSCALE = str(Path(sys.executable).parent / "upscale")
+
+
+def _env(home: Path, mlflow_uri: str) -> dict[str, str]:
+    return {**os.environ, "UPSCALE_HOME": str(home), "MLFLOW_TRACKING_URI": mlflow_uri, "UPSCALE_TOKEN": ""}
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM; uvicorn shuts down gracefully, then re-raises the signal (so the exit status is -15)."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=timeout_s)
+    assert "Application shutdown complete" in out, out[-3000:]
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    r = subprocess.run([UPSCALE, *args], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def _start(env: dict[str, str], *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([UPSCALE, "serve", "--port", str(port), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        try:
+            if httpx.get(f"{url}/healthz").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.3)
+
+
+def test_cli_over_http_and_in_process(tmp_path, mlflow_uri) -> None:
+    env = _env(tmp_path, mlflow_uri)
+    token = _cli(env, "token", "create", "--scope", "write", "--name", "carol").strip()
+    spec = tmp_path / "flow.yaml"
+    spec.write_text(FLOW_SPEC)
+    proc, url = _start(env, "--no-scheduler")
+    try:
+        r = subprocess.run([UPSCALE, "submit", str(spec), "--api", url], env=env, capture_output=True, text=True)
+        assert r.returncode == 2 and "401" in r.stderr  # no token
+        out = _cli(env, "submit", str(spec), "--api", url, "--token", token)
+        assert "13 segments, 13 to train" in out
+        sweep_id = out.split()[1]
+        assert sweep_id in _cli(env, "status", "--api", url, "--token", token)
+        assert "carol" in httpx.get(f"{url}/sweeps/{sweep_id}", headers={"Authorization": f"Bearer {token}"}).text
+    finally:
+        _stop(proc, 30)
+    local = _cli(env, "status", sweep_id)  # in-process, on the same store, no token
+    assert "pending" in local and "0 of" in local
+    assert _cli(env, "ui").split() == ["mlflow", "ui", "--backend-store-uri", mlflow_uri, "--port", "5000"]
+
+
+@pytest.mark.slow
+def test_sigterm_while_training_releases_segments(tmp_path, mlflow_uri) -> None:
+    env = _env(tmp_path, mlflow_uri)
+    token = _cli(env, "token", "create", "--scope", "write").strip()
+    proc, url = _start(env)
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        sid = httpx.post(f"{url}/sweeps", content=FLOW_SPEC, headers={**headers, "content-type": "application/yaml"}
+                         ).json()["id"]
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{url}/sweeps/{sid}", headers=headers).json()["by_status"].get("running", 0) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        _stop(proc, 90)
+    store = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)).store
+    assert store.sweep(sid).status == "pending"
+    statuses = [seg.status for seg, _ in store.members(sid)]
+    assert "running" not in statuses and statuses.count("pending") >= 1
