@@ -6,6 +6,7 @@ from api.cli import (  # noqa: F401  (imported for their @app.command side effec
     model_commands,
     plan_commands,
     run_commands,
+    serve_commands,
     train_commands,
 )
 from api.cli.app import app, main
