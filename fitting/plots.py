@@ -104,10 +104,11 @@ def dstar_band(n1: np.ndarray, dstar: np.ndarray, lo: np.ndarray | None, hi: np.
     return _save(fig, path)
 
 
-def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: list[float], d1s: list[float], path: str | Path) -> Path:
+def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: list[float], d1s: list[float], path: str | Path,
+                    tokens: tuple[float, float] = (1e8, 1e13)) -> Path:
     """Loss against tokens, from scratch (D_MoE) and upcycled (D2) at several sunk costs (Fig. 15 analogue)."""
     fig, axes = plt.subplots(1, len(n1s), figsize=(3.8 * len(n1s), 3.6), squeeze=False)
-    t = np.geomspace(1e8, 1e13, 120)
+    t = np.geomspace(*tokens, 120)
     for ax, n1 in zip(axes[0], n1s, strict=True):
         ax.plot(t, moe_loss(moe, n1, t), "k-", lw=1.5, label="MoE from scratch")
         for i, d1 in enumerate(d1s):

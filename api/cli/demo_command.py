@@ -1,18 +1,21 @@
 """`upscale demo`: the main job end to end on embedded defaults (what `make demo` runs).
 
-Until the sweep pipeline produces real observations, the demo fits the bundled SYNTHETIC tables (generated from the
-paper's Table 2 parameters with noise, fitting/data/README.md) the way the paper does: E shared by the dense and
-MoE laws, then fixed in the upcycled `joint` fit; cluster bootstrap over trunks; D* with intervals; a verdict;
-plots in <home>/demo. ``fit_demo`` is the reusable part: give it other tables (e.g. a finished sweep's) and it
-runs the same analysis.
+It runs sweeps/examples/demo.yaml for real: embedded Ray, the SQLite store and the MLflow store under UPSCALE_HOME.
+That means dense trunks and their decay branches, upcycling (naive and Drop-Upcycling), MoE trunks and branches, and
+MoEs from scratch. Then it fits the laws the paper's way: E shared by the dense and from-scratch laws, then fixed in
+the upcycled `joint` fit, with a cluster bootstrap over trunks. It prints D* with intervals and a verdict per method,
+writes the plots and says how to open the MLflow UI on the runs. A second run reuses every trained segment.
+
+`--synthetic` skips training and fits the bundled SYNTHETIC tables instead (generated from the paper's Table 2
+parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. ``fit_demo`` is the analysis both
+share.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -23,16 +26,19 @@ from api.cli.fit_commands import decision_text, dstar_results, dstar_table, fmt,
 if TYPE_CHECKING:
     import pandas as pd
 
-DEMO_N1 = (1e8, 1e9, 7e9)  # dense sizes whose D* the demo reports
-DEMO_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))  # (N1, D1, D2): a small sunk cost, and Llama-2-7B-like
-BAND_N1 = 8  # model sizes on the D*(N1) plot
+DEMO_SPEC = Path(__file__).resolve().parents[2] / "sweeps" / "examples" / "demo.yaml"
+# The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
+PAPER_N1 = (1e8, 1e9, 7e9)
+PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
+BAND_POINTS = 8  # model sizes on the D*(N1) plot
 
 
-def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n_boot: int = 200) -> dict[str, Any]:
-    """Fit dense+MoE with a shared E, then the upcycled law with E fixed; D*, verdicts and plots.
+def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n1s: list[float],
+             decisions: list[tuple[float, float, float]], n_boot: int = 200) -> dict[str, Any]:
+    """Fit dense+MoE with a shared E, then the upcycled law with E fixed; D* at ``n1s``, ``decisions`` for
+    (N1, D1, D2) cases, and the plots in ``out_dir``.
 
     ``tables`` has "dense" and "moe" (columns D, N, loss[, trunk]) and "upcycled" (D1, D2, N1, loss[, trunk]).
-    Returns the fitted reports, D* results, decisions and the plot paths.
     """
     import numpy as np
 
@@ -53,12 +59,14 @@ def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n_boot: int = 200) 
         up_rep, up_boot = report(joint, tables["upcycled"], {"E": E}, n_boot, workers=w, progress=advance)
     moe = FittedLaw(chin, moe_rep["params"], moe_boot.samples if moe_boot else None)
     up = FittedLaw(joint, up_rep["params"], up_boot.samples if up_boot else None)
-    dstar = dstar_results(moe, up, list(DEMO_N1))
-    decisions = [decide(moe, up, *case).to_json() for case in DEMO_DECISIONS]
+    dstar = dstar_results(moe, up, list(n1s))
+    verdicts = [decide(moe, up, *case).to_json() for case in decisions]
 
-    band_n1 = np.geomspace(1e8, 1e11, BAND_N1)
+    band_n1 = np.geomspace(min(n1s) / 10, max(n1s) * 10, BAND_POINTS)
     central = np.array([crossings(moe, up, n).dstar for n in band_n1])
     bands = np.array([percentile_interval(dstar_samples(moe, up, n)) for n in band_n1]) if moe_boot else None
+    d1s = sorted({d for d, *_ in (case[1:] for case in decisions)} | {float(tables["upcycled"]["D1"].median())})
+    span = (float(tables["upcycled"]["D2"].min()) / 10, float(tables["upcycled"]["D2"].max()) * 1e3)
     paths = [
         plots.parity(up, tables["upcycled"], out_dir / "upcycled_parity.png"),
         plots.residuals(up, tables["upcycled"], out_dir / "upcycled_residuals.png"),
@@ -66,41 +74,86 @@ def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n_boot: int = 200) 
         plots.alpha_diagnostics(alpha_d1(tables["upcycled"], E=E), out_dir / "alpha_d1.png"),
         plots.dstar_band(band_n1, central, None if bands is None else bands[:, 0],
                          None if bands is None else bands[:, 1], dstar["closed_form"], out_dir / "dstar.png"),
-        plots.catch_up_curves(moe, up, [1e9, 7e9, 70e9], [1e10, 1e11, 1e12], out_dir / "catch_up.png"),
+        plots.catch_up_curves(moe, up, list(n1s), d1s, out_dir / "catch_up.png", tokens=span),
     ]
-    return {"shared_E": E, "moe": moe_rep, "upcycled": up_rep, "dstar": dstar, "decisions": decisions,
+    return {"shared_E": E, "moe": moe_rep, "upcycled": up_rep, "dstar": dstar, "decisions": verdicts,
             "plots": [str(p) for p in paths]}
 
 
-def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float]) -> Table:
-    table = Table("param", "fitted", "95% interval", "generating value", title=title)
+def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
+    columns = ("param", "fitted", "95% interval", *(("generating value",) if truth else ()))
+    table = Table(*columns, title=title)
     for k, v in rep["params"].items():
         lo, hi = rep["ci"].get(k, [None, None])
         ci = f"[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else "(fixed: shared E)"
-        table.add_row(k, fmt(v), ci, fmt(truth.get(k)))
+        table.add_row(k, fmt(v), ci, *((fmt(truth.get(k)),) if truth else ()))
     table.caption = f"{rep['n_points']} points · LOO RMS {fmt(rep['loo_rms'])} (loss units)"
+    for w in rep.get("warnings", []):
+        table.caption += f"\n[yellow]{w}[/]"
     return table
 
 
-@app.command("demo")
-def demo_command(
-    out: Path | None = typer.Option(None, "--out", help="Plot folder (default <UPSCALE_HOME>/demo)."),
-) -> None:
-    """Fit the bundled SYNTHETIC tables, print the laws, D* with intervals and a verdict; plots to .upscale/demo."""
-    from fitting.data import read_table
-    from fitting.synthetic import TABLE2, bundled_path
-
-    start = time.perf_counter()
-    out_dir = out or Path(os.environ.get("UPSCALE_HOME", ".upscale")) / "demo"
-    console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
-                  "(fitting/data/README.md), not measurements.")
-    tables = {k: read_table(bundled_path(k)) for k in ("dense", "moe", "upcycled")}
-    res = fit_demo(tables, out_dir)
-    console.print(f"shared E (dense + MoE fitted jointly): {res['shared_E']:.4f}  (generating value 0.165)")
-    console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", res["moe"], TABLE2["moe"]))
-    console.print(_params_table("upcycled (joint, Eq. 12)", res["upcycled"], TABLE2["upcycled"]))
+def _print_results(res: dict[str, Any], truth: dict[str, dict[str, float]] | None = None) -> None:
+    console.print(f"shared E (dense + MoE fitted jointly): {res['shared_E']:.4f}")
+    console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", res["moe"], truth and truth["moe"]))
+    console.print(_params_table("upcycled (joint, Eq. 12)", res["upcycled"], truth and truth["upcycled"]))
     console.print(dstar_table(res["dstar"]))
     for d in res["decisions"]:
         console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))
     console.print(f"plots: {', '.join(res['plots'])}")
-    console.print(f"[dim]SYNTHETIC demo done in {time.perf_counter() - start:.1f} s[/]")
+
+
+def _synthetic(out_dir: Path, n_boot: int) -> None:
+    from fitting.data import read_table
+    from fitting.synthetic import TABLE2, bundled_path
+
+    console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
+                  "(fitting/data/README.md), not measurements.")
+    tables = {k: read_table(bundled_path(k)) for k in ("dense", "moe", "upcycled")}
+    res = fit_demo(tables, out_dir, list(PAPER_N1), list(PAPER_DECISIONS), n_boot)
+    console.print("generating value of E: 0.165")
+    _print_results(res, TABLE2)
+
+
+def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
+    from api.cli.run_commands import run_sweep
+    from orchestrator.observations import table
+    from sweeps.spec import load_spec
+
+    spec = load_spec(spec_path)
+    orch, outcome = run_sweep(spec, str(spec_path))
+    console.print(f"sweep {outcome.sweep_id}: {len(outcome.trained)} segment(s) trained this run (the rest reused), "
+                  f"{outcome.wall_s:.0f} s wall")
+    obs = orch.store.observations(outcome.sweep_id)
+    dense, scratch, upcycled = (table(obs, k) for k in ("dense", "scratch", "upcycled"))
+    n1s = sorted(float(n) for n in dense["N"].unique())
+    for method, rows in upcycled.groupby("method", sort=False):
+        label = method if rows["r"].isna().all() else f"{method} r={rows['r'].iloc[0]:g}"
+        console.rule(f"[bold]upcycling method: {label}")
+        tables = {"dense": dense, "moe": scratch, "upcycled": rows.reset_index(drop=True)}
+        biggest = (n1s[-1], float(rows["D1"].max()), float(rows["D2"].max()))
+        smallest = (n1s[0], float(rows["D1"].min()), float(rows["D2"].min()))
+        _print_results(fit_demo(tables, out_dir / str(method), n1s, [smallest, biggest], n_boot))
+    console.print(f"observations: `upscale observations {outcome.sweep_id} --csv`; the runs in the MLflow UI: "
+                  f"`{Path('.venv/bin/mlflow')} ui --backend-store-uri {orch.settings.mlflow_tracking_uri}`")
+
+
+@app.command("demo")
+def demo_command(
+    spec: Annotated[Path, typer.Option(help="Sweep spec to run (default: the bundled demo, 2 CPU cores, minutes).")]
+    = DEMO_SPEC,
+    synthetic: Annotated[bool, typer.Option("--synthetic", help="Skip training: fit the bundled SYNTHETIC tables "
+                                            "(paper-scale, generated from Table 2) in seconds.")] = False,
+    bootstrap: Annotated[int, typer.Option(min=0, help="Cluster-bootstrap refits for the intervals.")] = 200,
+    out: Annotated[Path | None, typer.Option(help="Plot folder (default <UPSCALE_HOME>/demo).")] = None,
+) -> None:
+    """Run the demo sweep for real, fit the dense, from-scratch and upcycled laws, print D* and a verdict, plot."""
+    from orchestrator.settings import get_settings
+
+    start = time.perf_counter()
+    out_dir = out or Path(get_settings().home) / "demo"
+    if synthetic:
+        _synthetic(out_dir, bootstrap)
+    else:
+        _sweep(spec, out_dir, bootstrap)
+    console.print(f"[dim]demo done in {time.perf_counter() - start:.1f} s[/]")

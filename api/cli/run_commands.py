@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -19,6 +19,11 @@ from rich.table import Table
 
 from api.cli.app import app, console, err_console, register_user_error
 from orchestrator.errors import OrchestratorError
+
+if TYPE_CHECKING:
+    from orchestrator.scheduler import SweepOutcome
+    from orchestrator.service import Orchestrator
+    from sweeps.spec import SweepSpec
 
 register_user_error(OrchestratorError)
 
@@ -32,24 +37,15 @@ def _orchestrator():
     return Orchestrator.open(get_settings())
 
 
-@app.command("run")
-def run_command(
-    spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print {sweep_id, observations} as JSON.")] = False,
-    max_concurrent: Annotated[int | None, typer.Option(min=1, help="Segments at once; default: as many as the "
-                                                       "cluster's CPUs/GPUs hold.")] = None,
-    max_attempts: Annotated[int, typer.Option(min=1, help="Failures allowed per segment before the sweep fails.")]
-    = 3,
-) -> None:
-    """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations."""
-    from orchestrator.observations import JSON_FIELDS, as_row
+def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_concurrent: int | None = None,
+              max_attempts: int = 3) -> tuple[Orchestrator, SweepOutcome]:
+    """Train ``sweep_spec`` to completion with a live progress bar on stderr; an unfinished sweep is an error that
+    says how to resume it (``source`` is the spec file named in that message). Shared by `run` and `demo`."""
     from orchestrator.scheduler import Scheduler
-    from sweeps.spec import load_spec
 
-    sweep_spec = load_spec(spec)
     orch = _orchestrator()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[note]}"), console=err_console, transient=as_json) as bar:
+                  TextColumn("{task.fields[note]}"), console=err_console, transient=transient) as bar:
         task = bar.add_task(f"sweep {sweep_spec.name}", total=None, note="starting Ray")
 
         def show(p) -> None:
@@ -64,7 +60,25 @@ def run_command(
     if out.status != "done":
         sweep = orch.store.sweep(out.sweep_id)
         raise OrchestratorError(f"sweep {out.sweep_id} {out.status}: {sweep.error or 'stopped'}; "
-                                f"`upscale run {spec}` again resumes it")
+                                f"`upscale run {source}` again resumes it")
+    return orch, out
+
+
+@app.command("run")
+def run_command(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print {sweep_id, observations} as JSON.")] = False,
+    max_concurrent: Annotated[int | None, typer.Option(min=1, help="Segments at once; default: as many as the "
+                                                       "cluster's CPUs/GPUs hold.")] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, help="Failures allowed per segment before the sweep fails.")]
+    = 3,
+) -> None:
+    """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations."""
+    from orchestrator.observations import JSON_FIELDS, as_row
+    from sweeps.spec import load_spec
+
+    orch, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
+                          max_attempts=max_attempts)
     rows = [as_row(o) for o in orch.store.observations(out.sweep_id)]
     if as_json:
         print(json.dumps({"sweep_id": out.sweep_id, "observations": [{k: r[k] for k in JSON_FIELDS} for r in rows]},
