@@ -75,10 +75,12 @@ def group_keys(df: pd.DataFrame, by: list[str]) -> list[tuple[dict[str, Any], pd
         have = ", ".join(map(str, df.columns))
         raise FitError(f"--by column(s) {', '.join(missing)} not in the table; it has {have}")
     out = []
-    for key, part in df.groupby(by, sort=True):
+    # dropna=False: a group whose key is empty (r of a method that takes none) is a group, not dropped rows.
+    for key, part in df.groupby(by, sort=True, dropna=False):
         values = key if isinstance(key, tuple) else (key,)
-        out.append(({c: (v.item() if hasattr(v, "item") else v) for c, v in zip(by, values, strict=True)},
-                    part.reset_index(drop=True)))
+        plain = {c: None if pd.isna(v) else (v.item() if hasattr(v, "item") else v)
+                 for c, v in zip(by, values, strict=True)}
+        out.append((plain, part.reset_index(drop=True)))
     return out
 
 

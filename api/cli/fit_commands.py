@@ -101,6 +101,21 @@ def _fit_table(rep: dict[str, Any], title: str) -> Table:
     return table
 
 
+def _groups_table(out: dict[str, Any]) -> Table:
+    """One row per group, one column per parameter (value and interval): how each parameter moves across groups."""
+    names = list(out["groups"][0]["params"])
+    table = Table(*out["by"], *names, "points", "LOO RMS", title=f"{out['law']} by {', '.join(out['by'])}")
+    for rep in out["groups"]:
+        cells = []
+        for k in names:
+            lo, hi = rep["ci"].get(k, [None, None])
+            cells.append(fmt(rep["params"][k]) + (f"\n[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else ""))
+        table.add_row(*(fmt(v) if isinstance(v, float) else str(v) for v in rep["group"].values()), *cells,
+                      str(rep["n_points"]), fmt(rep["loo_rms"]))
+    table.caption = "".join(f"\n{rep['group']}: warning: {w}" for rep in out["groups"] for w in rep["warnings"])
+    return table
+
+
 def _fit_plots(law_name: str, rep: dict[str, Any], df: Any, out: Path) -> list[Path]:
     from fitting import plots
     from fitting.diagnostics import alpha_d1
@@ -152,9 +167,7 @@ def fit_command(
     if as_json:
         print_json(out)
         return
-    for rep, _ in reps:
-        title = f"{the_law.name}" + (f"  {rep['group']}" if "group" in rep else "")
-        console.print(_fit_table(rep, title))
+    console.print(_groups_table(out) if cols else _fit_table(out, the_law.name))
     if plot is not None:
         console.print(f"plots written to {plot}/")
 

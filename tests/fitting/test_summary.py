@@ -40,6 +40,15 @@ def test_grouped_report_fits_each_group():
         grouped_report(LAW, parts[0], ["n_expert"])
 
 
+def test_a_group_with_an_empty_key_is_kept():
+    # Observations export r empty for methods that take none (naive): those rows form a group of their own.
+    naive = generate(LAW, TABLE2["moe"], design(LAW, GRID), noise=0.003, seed=1).assign(method="naive", r=np.nan)
+    drop = generate(LAW, TABLE2["moe"], design(LAW, GRID), noise=0.003, seed=2).assign(method="drop", r=0.5)
+    out = grouped_report(LAW, pd.concat([naive, drop], ignore_index=True), ["method", "r"], {"E": 0.165})
+    assert [g["group"] for g in out["groups"]] == [{"method": "drop", "r": 0.5}, {"method": "naive", "r": None}]
+    assert [g["n_points"] for g in out["groups"]] == [30, 30]
+
+
 def test_load_fit_errors_say_what_to_do(tmp_path):
     with pytest.raises(FitError, match="does not exist; write one with `upscale fit --json > FILE`"):
         load_fit(tmp_path / "missing.json")
