@@ -178,9 +178,13 @@ class TokenData:
     vocab_size: int
     cache_dir: Path
 
-    def batch(self, seed: int, step: int, batch_size: int, context: int) -> torch.Tensor:
-        """[batch_size, context + 1] int64 windows of the train tokens; a pure function of (seed, step)."""
-        return self._windows(np.random.default_rng([seed, step]), batch_size, context + 1)
+    def batch(self, seed: int, step: int, batch_size: int, context: int, stream: int = 0) -> torch.Tensor:
+        """[batch_size, context + 1] int64 windows of the train tokens; a pure function of (seed, step, stream).
+
+        Stream 0 is the dense models' (and the from-scratch MoEs'); an upcycled MoE draws from its own stream so that
+        its D2 tokens are fresh samples rather than a replay of the batches its dense parent saw."""
+        key = [seed, step] if stream == 0 else [seed, step, stream + 1]  # +1: apart from calibration's [seed, 0, 1]
+        return self._windows(np.random.default_rng(key), batch_size, context + 1)
 
     def _windows(self, rng: np.random.Generator, n: int, length: int) -> torch.Tensor:
         starts = rng.integers(0, len(self.train) - length, size=n)

@@ -213,6 +213,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
         checkpoints.load(engine, parent, cfg)
 
     tps, bs, ctx = spec.tokens_per_step, optim.batch_size, spec.model.context
+    stream = 1 if spec.kind in ("moe_trunk", "moe_decay") else 0  # D2 tokens are new to the upcycled model
     val_set = data.val_batches(spec.data.eval_tokens, ctx, bs)
     summary: dict[str, float] = {}
     logger = MetricLogger(runtime.mlflow_tracking_uri, runtime.mlflow_run_id, axis_tags(spec, runtime),
@@ -225,7 +226,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
         while tokens < spec.end_tokens:
             ts = time.perf_counter()  # tokens/s counts batch drawing and the step, not evaluation or checkpoints
             step = tokens // tps
-            batch = data.batch(spec.data.data_seed, step, bs, ctx)
+            batch = data.batch(spec.data.data_seed, step, bs, ctx, stream=stream)
             lr = optim.lr * lr_multiplier(tokens + tps, sched, spec.decay_start_tokens, spec.end_tokens)
             try:
                 stats = train_step(engine, batch, lr, cfg.aux_loss_coef, runtime.device)

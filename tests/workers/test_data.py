@@ -67,6 +67,9 @@ def test_cache_split_by_document_and_batches_pure(tmp_path: Path) -> None:
     b1, b2 = data.batch(3, 7, 4, 16), data.batch(3, 7, 4, 16)
     assert b1.shape == (4, 17) and torch.equal(b1, b2)
     assert not torch.equal(b1, data.batch(3, 8, 4, 16))
+    # The upcycled MoE's stream: reproducible, and not a replay of the dense parent's batches at the same step.
+    assert torch.equal(data.batch(3, 7, 4, 16, stream=1), data.batch(3, 7, 4, 16, stream=1))
+    assert not torch.equal(b1, data.batch(3, 7, 4, 16, stream=1))
     vb = data.val_batches(320, 16, 8)
     assert sum(b.shape[0] for b in vb) == 20 and torch.equal(vb[0][1, 0], vb[0][0, 16])  # consecutive windows
 
