@@ -4,19 +4,23 @@ MODE`) so that its Ray cluster never meets the embedded Ray of the rest of the t
 It starts a multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head with no CPUs, as in
 deploy/, and two worker nodes with one CPU each), then runs the micro sweep through the orchestrator with
 RAY_ADDRESS set to the cluster, exactly as a deployed API would. The segment function is the counting one from
-tests/orchestrator, wrapped to record which node ran each start. MODE `spread` just runs the sweep; MODE `kill`
+tests/orchestrator, wrapped to record which node ran each start. The driver connects as the deployed API does,
+through the head's Ray Client server (RAY_ADDRESS=ray://...). MODE `spread` just runs the sweep; MODE `kill`
 removes the node running the dense trunk once that trunk has written a resume checkpoint, mid-sweep. Writes
 DIR/outcome.json; the events are in DIR/home/checkpoints/events.jsonl."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
 import ray
+import ray.util.client
 from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
@@ -29,6 +33,12 @@ from tests.deploy import conftest
 from tests.orchestrator import segment_fns
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def node_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
     """The counting segment, after logging the Ray node this start runs on."""
     root = Path(runtime.checkpoint_dir).parent
@@ -39,13 +49,18 @@ def node_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
 
 def main(out: Path, mode: str) -> None:
     cloudpickle.register_pickle_by_value(segment_fns)  # not an installed package: ship it to the nodes by value
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    # The client server the head's proxier spawns for a new client must answer within this many seconds (Ray's
+    # default, 30, is too short for a Python process importing Ray on 2 busy cores); inherited by the head.
+    os.environ["RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S"] = "240"
+    client_port = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "ray_client_server_port": client_port})
     workers = {}
     for _ in range(2):
         node = cluster.add_node(num_cpus=1)
         workers[node.node_id] = node
     cluster.wait_for_nodes()
-    settings = Settings(home=out / "home", ray_address=cluster.address,
+    # The deployed API is no Ray node: it drives the cluster through the head's Ray Client server (deploy/).
+    settings = Settings(home=out / "home", ray_address=f"ray://127.0.0.1:{client_port}",
                         mlflow_tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     root = Path(settings.checkpoint_dir)
     root.mkdir(parents=True)
@@ -75,7 +90,8 @@ def main(out: Path, mode: str) -> None:
     outcome |= {"status": sweep_out.status, "trained": sweep_out.trained, "retried": sweep_out.retried,
                 "wall_s": time.monotonic() - t0, "sweep_id": sweep.id,
                 "attempts": {k: [a.status for a in orch.store.attempts(k)] for k in sweep_out.trained},
-                "observations": len(orch.store.observations(sweep.id))}
+                "observations": len(orch.store.observations(sweep.id)),
+                "ray_client": ray.util.client.ray.is_connected()}
     (out / "outcome.json").write_text(json.dumps(outcome))
     ray.shutdown()
     cluster.shutdown()

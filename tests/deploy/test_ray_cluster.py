@@ -1,7 +1,7 @@
 """A multi-node Ray cluster on one machine (head with no CPUs + 2 worker nodes, `ray.cluster_utils.Cluster`) runs a
-sweep through the orchestrator as a deployed API would (RAY_ADDRESS = the cluster): segments spread across the
-worker nodes, and removing a node mid-sweep loses nothing: its segment resumes on the other node from the checkpoint
-it left on the shared checkpoint directory, and every segment is trained to completion exactly once.
+sweep through the orchestrator as a deployed API would (RAY_ADDRESS = ray://<head>, Ray Client): segments spread
+across the worker nodes, and removing a node mid-sweep loses nothing: its segment resumes on the other node from the
+checkpoint it left on the shared checkpoint directory, and every segment is trained to completion exactly once.
 
 Strategy: the cluster and the sweep run in a child process (tests/deploy/cluster_sweep.py) so they never meet this
 session's embedded Ray; it removes the node running the dense trunk (hard, no graceful drain) once that trunk has
@@ -33,6 +33,7 @@ def test_segments_spread_over_nodes_and_a_removed_node_loses_nothing(tmp_path: P
     starts = [e for e in events if e["event"] == "start"]
 
     assert outcome["status"] == "done" and len(outcome["trained"]) == 7 and outcome["observations"] == 3
+    assert outcome["ray_client"]  # the scheduler drove the cluster through ray:// as in deploy/
     # every segment trained to completion exactly once, whatever it took
     assert Counter(e["segment"] for e in events if e["event"] == "end") == Counter(set(outcome["trained"]))
     # spread: the two first segments ran at once, one per worker node; nothing ever ran on the head
