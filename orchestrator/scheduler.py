@@ -68,8 +68,9 @@ def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
     (`upscale run --json`), and a failure reaches the store through the task's exception."""
     if not ray.is_initialized():
         local = settings.ray_address is None
-        ray.init(address=settings.ray_address, num_cpus=num_cpus if local else None, include_dashboard=False,
-                 configure_logging=False, log_to_driver=False)
+        # "local" always starts a fresh embedded instance; address=None would join any Ray started on this host.
+        ray.init(address=settings.ray_address or "local", num_cpus=num_cpus if local else None,
+                 include_dashboard=False, configure_logging=False, log_to_driver=False)
 
 
 def owner_id() -> str:
@@ -246,6 +247,8 @@ class Scheduler:
             return
         if result.val_loss is not None and not math.isfinite(result.val_loss):
             self.store.fail(key, attempt, f"validation loss is {result.val_loss}: lower the LR", 0, retry=False)
+            if seg.mlflow_run_id:
+                self.tracker.end_segment(seg.mlflow_run_id, "FAILED")
             return
         if self.store.complete(key, attempt, result):
             out.trained.append(key)
@@ -267,6 +270,8 @@ class Scheduler:
             if result is not None and self.store.complete(seg.key, attempt, result, adopted=True):
                 out.adopted.append(seg.key)
                 out.compute_s += result.wall_s
+                if seg.mlflow_run_id:
+                    self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result))
                 self._report_msg(f"adopted {seg.kind} {seg.key}")
             elif result is None and worker_running(directory):
                 continue  # its worker outlived the scheduler: adopt the result when it lands

@@ -31,7 +31,7 @@ def ray_session():
 
     # The test segment function lives outside any installed package: ship it to workers by value.
     cloudpickle.register_pickle_by_value(segment_fns)
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -19,7 +19,7 @@ from orchestrator.settings import Settings
 if __name__ == "__main__":
     home, mlflow_uri, sweep_id = sys.argv[1:4]
     cloudpickle.register_pickle_by_value(segment_fns)
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     orch = Orchestrator.open(Settings(home=home, mlflow_tracking_uri=mlflow_uri))
     out = Scheduler(orch.store, orch.settings, segment_fn=segment_fns.counting_segment, poll_s=0.05,
                     checkpoint_every_tokens=64).run(sweep_id)

@@ -36,7 +36,8 @@ def test_a_killed_scheduler_restarted_trains_each_segment_once(settings) -> None
     root.mkdir(parents=True)
     (root / "knobs.json").write_text(json.dumps({"step_s": 0.05}))
     args = [sys.executable, str(SCRIPT), str(settings.home), settings.mlflow_tracking_uri, sweep.id]
-    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    log = settings.home / "first-run.log"
+    proc = subprocess.Popen(args, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300  # Ray's start alone took 30 s on the shared 2 cores
     while time.monotonic() < deadline:
         events = _events(root / "events.jsonl")
@@ -44,6 +45,7 @@ def test_a_killed_scheduler_restarted_trains_each_segment_once(settings) -> None
         started = {e["segment"] for e in events if e["event"] == "start"}
         if len(ended) >= 3 and started - ended:
             break
+        assert proc.poll() is None, f"the scheduler process exited early:\n{log.read_text()[-3000:]}"
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
