@@ -272,3 +272,23 @@ def test_database_urls_use_the_installed_driver_and_the_postgres_service(key: st
     url = urlsplit(by_kind("Secret")["upscale-db"]["stringData"][key])
     assert url.scheme == "postgresql+psycopg" and url.hostname in by_kind("Service")
     assert any(d.startswith("psycopg[binary]") for d in PYPROJECT["project"]["optional-dependencies"]["worker"])
+
+
+def test_the_api_command_the_manifests_run_exists_with_those_options() -> None:
+    import typer
+
+    from api.cli import app
+
+    click = typer.main.get_command(app)
+    serve = click.commands["serve"]
+    options = {o for p in serve.params for o in p.opts}
+    api_target = (DEPLOY / "Dockerfile").read_text().split(" AS api\n")[1]
+    commands = [re.search(r"^CMD (\[.*\])$", api_target, re.M).group(1)]  # compose's api runs the image's CMD
+    assert "command" not in compose()["services"]["api"]
+    commands.append(by_kind("Deployment")["upscale-api"]["spec"]["template"]["spec"]["containers"][0]["command"])
+    for command in commands:
+        argv = yaml.safe_load(command) if isinstance(command, str) else command
+        assert argv[:2] == ["upscale", "serve"], argv
+        assert {a for a in argv[2:] if a.startswith("--")} <= options, (argv, options)
+        assert argv[argv.index("--host") + 1] == "0.0.0.0"  # reachable from outside its container
+    assert "create" in click.commands["token"].commands and "submit" in click.commands  # deploy/README.md step 6
