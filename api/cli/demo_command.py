@@ -93,9 +93,11 @@ def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | Non
     return table
 
 
-def _print_results(res: dict[str, Any], truth: dict[str, dict[str, float]] | None = None) -> None:
-    console.print(f"shared E (dense + MoE fitted jointly): {res['shared_E']:.4f}")
-    console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", res["moe"], truth and truth["moe"]))
+def _print_results(res: dict[str, Any], truth: dict[str, dict[str, float]] | None = None,
+                   with_moe: bool = True) -> None:
+    if with_moe:  # the from-scratch law does not depend on the upcycling method: shown once
+        console.print(f"shared E (dense + MoE fitted jointly): {res['shared_E']:.4f}")
+        console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", res["moe"], truth and truth["moe"]))
     console.print(_params_table("upcycled (joint, Eq. 12)", res["upcycled"], truth and truth["upcycled"]))
     console.print(dstar_table(res["dstar"]))
     for d in res["decisions"]:
@@ -127,13 +129,13 @@ def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     obs = orch.store.observations(outcome.sweep_id)
     dense, scratch, upcycled = (table(obs, k) for k in ("dense", "scratch", "upcycled"))
     n1s = sorted(float(n) for n in dense["N"].unique())
-    for method, rows in upcycled.groupby("method", sort=False):
+    for i, (method, rows) in enumerate(upcycled.groupby("method", sort=False)):
         label = method if rows["r"].isna().all() else f"{method} r={rows['r'].iloc[0]:g}"
         console.rule(f"[bold]upcycling method: {label}")
         tables = {"dense": dense, "moe": scratch, "upcycled": rows.reset_index(drop=True)}
         biggest = (n1s[-1], float(rows["D1"].max()), float(rows["D2"].max()))
         smallest = (n1s[0], float(rows["D1"].min()), float(rows["D2"].min()))
-        _print_results(fit_demo(tables, out_dir / str(method), n1s, [smallest, biggest], n_boot))
+        _print_results(fit_demo(tables, out_dir / str(method), n1s, [smallest, biggest], n_boot), with_moe=i == 0)
     console.print(f"observations: `upscale observations {outcome.sweep_id} --csv`; the runs in the MLflow UI: "
                   f"`{Path('.venv/bin/mlflow')} ui --backend-store-uri {orch.settings.mlflow_tracking_uri}`")
 
