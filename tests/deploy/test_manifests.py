@@ -292,3 +292,8 @@ def test_the_api_command_the_manifests_run_exists_with_those_options() -> None:
         assert {a for a in argv[2:] if a.startswith("--")} <= options, (argv, options)
         assert argv[argv.index("--host") + 1] == "0.0.0.0"  # reachable from outside its container
     assert "create" in click.commands["token"].commands and "submit" in click.commands  # deploy/README.md step 6
+
+
+def test_the_deploy_readme_documents_exactly_the_settings() -> None:
+    table = re.findall(r"^\| `(\w+)` \|", (DEPLOY / "README.md").read_text(), re.M)
+    assert sorted(table) == sorted(settings_env())
