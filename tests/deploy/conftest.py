@@ -1,6 +1,8 @@
 """Fixtures for the deployment tests: a fresh database per test on the real PostgreSQL server named by
 UPSCALE_TEST_POSTGRES_URL (.ci/run starts one on loopback; unset on a developer machine, so these tests skip), and
-the orchestrator tests' session Ray, shared rather than started twice."""
+an embedded Ray for this package (2 CPUs, as tests/orchestrator uses). That Ray is shut down when the package's tests
+end, so tests/orchestrator's session Ray can start after it; if a Ray is already up (theirs ran first), it is reused
+and left running."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.orchestrator.conftest import TINY_SPEC, mlflow_uri, ray_session  # noqa: F401  (fixtures, re-exported)
+from tests.orchestrator.conftest import TINY_SPEC  # noqa: F401  (re-exported for this package's tests)
 
 POSTGRES_ENV = "UPSCALE_TEST_POSTGRES_URL"
 # Seven segments (one of each kind: dense trunk and decay, upcycle, MoE trunk and decay, scratch trunk and decay),
@@ -51,3 +53,25 @@ def postgres_url() -> Iterator[str]:
     finally:
         with psycopg.connect(libpq(base), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="package")
+def deploy_ray():
+    import ray
+    from ray import cloudpickle
+
+    from tests.orchestrator import segment_fns
+
+    cloudpickle.register_pickle_by_value(segment_fns)  # not an installed package: ship it to workers by value
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="package")
+def mlflow_sqlite(tmp_path_factory) -> str:
+    """An MLflow SQLite store shared by this package's tests (creating its schema takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
