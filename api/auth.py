@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 import uuid
 from typing import Literal
 
@@ -13,9 +14,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 
 from api.records import TokenRecord
+from api.services import Services
 from orchestrator.store import Store
 
 Scope = Literal["read", "write"]
+CACHE_S = 10.0  # a new token works at once; a token's scope is fixed, so a cached answer stays right
 LOCAL_OWNER = "local"  # the owner of what in-process CLI calls create (they hold the database itself)
 _bearer = HTTPBearer(auto_error=False, description="`upscale token create --scope read|write` prints one.")
 
@@ -37,6 +40,21 @@ def lookup(store: Store, token: str) -> TokenRecord | None:
         return s.scalar(select(TokenRecord).where(TokenRecord.token_hash == digest(token)))
 
 
+def caller(services: Services, token: str) -> tuple[str, str] | None:
+    """(name, scope) of a valid token, remembered for CACHE_S: every request is authenticated, most by the same
+    few tokens, and the lookup would otherwise be a transaction per request. Unknown tokens are not remembered (a
+    flood of random ones must not grow the cache)."""
+    now = time.monotonic()
+    hit = services.token_cache.get(token)
+    if hit is not None and hit[1] >= now:
+        return hit[0]
+    record = lookup(services.store, token)
+    if record is None:
+        return None
+    services.token_cache[token] = ((record.name, record.scope), now + CACHE_S)
+    return record.name, record.scope
+
+
 def require(scope: Scope):
     """A dependency that returns the caller's name: 401 without a valid token, 403 if its scope is too small."""
 
@@ -44,11 +62,12 @@ def require(scope: Scope):
         services = request.app.state.services
         if not services.auth:
             return LOCAL_OWNER
-        record = lookup(services.store, cred.credentials) if cred else None
-        if record is None:
+        found = caller(services, cred.credentials) if cred else None
+        if found is None:
             raise HTTPException(401, "missing or unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
-        if scope == "write" and record.scope != "write":
-            raise HTTPException(403, f"token {record.name!r} has scope {record.scope!r}; this needs 'write'")
-        return record.name
+        name, has = found
+        if scope == "write" and has != "write":
+            raise HTTPException(403, f"token {name!r} has scope {has!r}; this needs 'write'")
+        return name
 
     return dependency

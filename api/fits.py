@@ -7,6 +7,7 @@ The numerics are fitting/'s (`report`, `decide`, `dstar_results`); the plots are
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from fitting.errors import FitError
 from fitting.laws import get_law
 from fitting.summary import FittedLaw, load_fit, report
 from orchestrator.observations import table
+
+# matplotlib (its mathtext parser included) is not thread-safe: request threads and the refit loop plot in turn
+PLOT_LOCK = threading.Lock()
 
 
 def fit_dir(services: Services, fit_id: str) -> Path:
@@ -47,7 +51,8 @@ def create_fit(services: Services, req: FitCreate, owner: str) -> FitRecord:
     out = fit_dir(services, fit_id)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rep))
-    plots = [p.stem for p in _fit_plots(law.name, rep, df, out)]
+    with PLOT_LOCK:
+        plots = [p.stem for p in _fit_plots(law.name, rep, df, out)]
     record = FitRecord(id=fit_id, law=law.name, kind=req.kind, request=req.model_dump(mode="json"), report=rep,
                        data_hash=data_hash(df, (*law.columns, "loss")), plots=plots, owner=owner)
     with services.store.transaction() as s:

@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import api.records  # noqa: F401  (registers the API's tables on the shared metadata)
 from orchestrator.service import Orchestrator
@@ -17,6 +18,8 @@ from orchestrator.store import Store
 class Services:
     orch: Orchestrator
     auth: bool = True  # False for the CLI's in-process calls: whoever holds the database needs no token
+    detail_cache: dict[str, tuple[Any, bytes, str]] = field(default_factory=dict)  # sweep -> (version, JSON, ETag)
+    token_cache: dict[str, tuple[tuple[str, str], float]] = field(default_factory=dict)  # api/auth.py
 
     @classmethod
     def open(cls, settings: Settings, auth: bool = True) -> Services:

@@ -5,13 +5,16 @@ Planning and recording go through `Orchestrator.submit`; this module adds what t
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from typing import Any
+
+from sqlalchemy import func, select
 
 from api.records import SweepOwnerRecord
 from api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from api.services import Services
-from orchestrator.records import SweepRecord
+from orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
 from sweeps.planner import plan
 from sweeps.spec import SweepSpec, parse_spec
 
@@ -60,6 +63,32 @@ def summary(services: Services, sweep: SweepRecord, owner: str | None) -> SweepS
     return SweepSummary(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner,
                         segments_done=statuses.count("done"), segments_total=len(statuses),
                         created_at=sweep.created_at)
+
+
+def version(services: Services, sweep_id: str) -> tuple[Any, ...] | None:
+    """What changes whenever the sweep's detail does (every store write to a sweep or segment sets `updated_at`);
+    None if there is no such sweep. One Core query: this runs on every poll."""
+    link = SweepSegmentRecord.segment_key == SegmentRecord.key
+    latest = (select(func.count(), func.max(SegmentRecord.updated_at)).select_from(SweepSegmentRecord).join(
+        SegmentRecord, link).where(SweepSegmentRecord.sweep_id == sweep_id).subquery())
+    q = select(SweepRecord.updated_at, SweepRecord.status, latest).where(SweepRecord.id == sweep_id)
+    with services.store.engine.connect() as conn:
+        row = conn.execute(q).first()
+    return None if row is None else tuple(row)
+
+
+def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes] | None:
+    """`detail` as (ETag, JSON), rebuilt only when `version` changed: polling a 1,000-segment sweep costs one small
+    query instead of loading and serialising every segment (bench/api_load.py); None if there is no such sweep."""
+    key = version(services, sweep_id)
+    if key is None:
+        return None
+    cached = services.detail_cache.get(sweep_id)
+    if cached is None or cached[0] != key:
+        body = detail(services, sweep_id).model_dump_json().encode()
+        cached = (key, body, f'"{hashlib.sha256(body).hexdigest()[:32]}"')
+        services.detail_cache[sweep_id] = cached
+    return cached[2], cached[1]
 
 
 def detail(services: Services, sweep_id: str) -> SweepDetail:

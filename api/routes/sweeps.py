@@ -48,11 +48,18 @@ def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
     return [sweeps.summary(services, s, owners.get(s.id)) for s in services.store.sweeps()]
 
 
-@router.get("/{sweep_id}", summary="A sweep's status and progress", response_model=SweepDetail, responses=NOT_FOUND)
-def get_sweep(sweep_id: str, services: ServicesDep, _: Reader) -> SweepDetail:
-    """Status, every segment's state and attempts, and FLOPs done so far vs planned."""
-    sweep_or_404(services, sweep_id)
-    return sweeps.detail(services, sweep_id)
+@router.get("/{sweep_id}", summary="A sweep's status and progress", response_model=SweepDetail,
+            responses={**NOT_FOUND, 304: {"description": "Unchanged since the ETag sent in If-None-Match."}})
+def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader) -> Response:
+    """Status, every segment's state and attempts, and FLOPs done so far vs planned. Pollers can send the
+    `ETag` back as `If-None-Match`: 304 with no body until something changes."""
+    found = sweeps.detail_json(services, sweep_id)
+    if found is None:
+        raise HTTPException(404, f"no sweep {sweep_id!r}; GET /sweeps lists them")
+    etag, body = found
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(body, media_type="application/json", headers={"ETag": etag})
 
 
 @router.post("/{sweep_id}/cancel", summary="Cancel a sweep", response_model=SweepSummary, responses=NOT_FOUND)
