@@ -12,9 +12,9 @@ import hashlib
 import json
 import threading
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.cli.fit_commands import dstar_results
@@ -121,6 +121,16 @@ def fail(services: Services, schedule_id: str, error: str) -> None:
         s.get(RefitScheduleRecord, schedule_id).last_error = error[:2000]
 
 
+def _last_refit_minute(services: Services, schedule_id: str) -> datetime | None:
+    """The minute of the schedule's latest refit, from the store: a cron minute fires once even with several
+    loops (serve + scheduler processes) watching the same schedules."""
+    with services.store.transaction() as s:
+        last = s.scalar(select(func.max(RefitRecord.created_at)).where(RefitRecord.schedule_id == schedule_id))
+    if last is None:
+        return None
+    return (last if last.tzinfo else last.replace(tzinfo=UTC)).replace(second=0, microsecond=0)
+
+
 class RefitLoop(threading.Thread):
     """Fires due schedules every ``tick_s``; a failing refit is noted on its schedule, never fatal to the loop."""
 
@@ -128,7 +138,6 @@ class RefitLoop(threading.Thread):
         super().__init__(name="upscale-refits", daemon=True)
         self.services, self.tick_s = services, tick_s
         self.stopping = threading.Event()
-        self._fired: dict[str, datetime] = {}  # cron schedule -> minute it last fired
 
     def run(self) -> None:
         while not self.stopping.wait(self.tick_s):
@@ -139,10 +148,9 @@ class RefitLoop(threading.Thread):
         for schedule in schedules(self.services):
             if self.stopping.is_set():
                 return
-            if schedule.trigger == "cron":
-                if self._fired.get(schedule.id) == now or not parse_cron(schedule.cron or "").matches(now):
-                    continue
-                self._fired[schedule.id] = now
+            if schedule.trigger == "cron" and (not parse_cron(schedule.cron or "").matches(now)
+                                               or _last_refit_minute(self.services, schedule.id) == now):
+                continue
             try:
                 run_refit(self.services, schedule, force=schedule.trigger == "cron")
             except (FitError, OrchestratorError, ValueError) as e:

@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from api.fits import fitted
+from api.refits import RefitLoop
 from api.services import Services
 from fitting.data import read_table
 from fitting.dstar import decide
@@ -127,3 +128,25 @@ def test_decision_matches_fitting(flow) -> None:
     assert d["dstar"] > 0
     r = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, "moe_fit": ids["upcycled"]})
     assert r.status_code == 422 and "detail" in r.json()  # an upcycled law is not a from-scratch MoE law
+
+
+def test_cron_schedule_fires_once_per_matching_minute(flow) -> None:
+    c = flow.client()
+    sid = next(s["id"] for s in c.get("/sweeps").json() if s["status"] == "done")
+    schedule = c.post("/refit-schedules", json={
+        "name": "every minute", "trigger": "cron", "cron": "* * * * *",
+        "request": {"sweep_ids": [sid], "laws": {"upcycled": "data-mul-noint"}}}).json()
+    first = wait_for(lambda: c.get("/refits", params={"schedule_id": schedule["id"]}).json(), 30, "the cron refit")
+    time.sleep(2.0)  # four more ticks of the server's refit loop
+    versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()
+    if time.gmtime().tm_min == int(first[0]["created_at"][14:16]):  # still the minute it fired in
+        assert [v["version"] for v in versions] == [1]
+    RefitLoop(Services.open(flow.settings)).tick()  # a second loop (e.g. `upscale scheduler`) does not fire it again
+    assert len(c.get("/refits", params={"schedule_id": schedule["id"]}).json()) <= len(versions) + (
+        time.gmtime().tm_min != int(first[0]["created_at"][14:16]))
+    assert c.delete(f"/refit-schedules/{schedule['id']}").status_code == 204
+    assert schedule["id"] not in {s["id"] for s in c.get("/refit-schedules").json()}
+    assert c.get("/refits", params={"schedule_id": schedule["id"]}).json() == versions  # history kept
+    bad = c.post("/refit-schedules", json={"name": "x", "trigger": "cron", "cron": "61 * * * *",
+                                           "request": {"sweep_ids": [sid], "laws": {"upcycled": "joint"}}})
+    assert bad.status_code == 422 and "minute" in bad.text
