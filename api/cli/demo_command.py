@@ -46,20 +46,25 @@ def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n1s: list[float],
     from fitting.bootstrap import percentile_interval
     from fitting.diagnostics import alpha_d1
     from fitting.dstar import crossings, decide, dstar_samples
+    from fitting.errors import FitError
     from fitting.fit import fit_shared
     from fitting.laws import get_law
     from fitting.summary import FittedLaw, report
 
     chin, joint = get_law("chinchilla"), get_law("joint")
-    shared = fit_shared({"dense": (chin, tables["dense"]), "moe": (chin, tables["moe"])}, shared=("E",))
-    E = shared.params["E"]
+    try:
+        pair = {"dense": (chin, tables["dense"]), "moe": (chin, tables["moe"])}
+        E, e_note = fit_shared(pair, shared=("E",)).params["E"], ""
+    except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
+        E = chin.param("E").bounds[0]
+        e_note = f"E is not identified by this grid ({e}); fixed at {E:g}, the low end of its plausible range"
     with progress_bar(2 * n_boot, "bootstrap") as advance:
         w = workers_for(n_boot)
         moe_rep, moe_boot = report(chin, tables["moe"], {"E": E}, n_boot, workers=w, progress=advance)
         up_rep, up_boot = report(joint, tables["upcycled"], {"E": E}, n_boot, workers=w, progress=advance)
     moe = FittedLaw(chin, moe_rep["params"], moe_boot.samples if moe_boot else None)
     up = FittedLaw(joint, up_rep["params"], up_boot.samples if up_boot else None)
-    dstar = dstar_results(moe, up, list(n1s))
+    dstar = dstar_results(moe, up, list(n1s), (min(n1s) / 10, max(n1s) * 10))
     verdicts = [decide(moe, up, *case).to_json() for case in decisions]
 
     band_n1 = np.geomspace(min(n1s) / 10, max(n1s) * 10, BAND_POINTS)
@@ -76,8 +81,8 @@ def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n1s: list[float],
                          None if bands is None else bands[:, 1], dstar["closed_form"], out_dir / "dstar.png"),
         plots.catch_up_curves(moe, up, list(n1s), d1s, out_dir / "catch_up.png", tokens=span),
     ]
-    return {"shared_E": E, "moe": moe_rep, "upcycled": up_rep, "dstar": dstar, "decisions": verdicts,
-            "plots": [str(p) for p in paths]}
+    return {"shared_E": E, "shared_E_note": e_note, "moe": moe_rep, "upcycled": up_rep, "dstar": dstar,
+            "decisions": verdicts, "plots": [str(p) for p in paths]}
 
 
 def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
@@ -97,6 +102,8 @@ def _print_results(res: dict[str, Any], truth: dict[str, dict[str, float]] | Non
                    with_moe: bool = True) -> None:
     if with_moe:  # the from-scratch law does not depend on the upcycling method: shown once
         console.print(f"shared E (dense + MoE fitted jointly): {res['shared_E']:.4f}")
+        if res["shared_E_note"]:
+            console.print(f"[yellow]{res['shared_E_note']}[/]", highlight=False)
         console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", res["moe"], truth and truth["moe"]))
     console.print(_params_table("upcycled (joint, Eq. 12)", res["upcycled"], truth and truth["upcycled"]))
     console.print(dstar_table(res["dstar"]))

@@ -198,8 +198,10 @@ def compare_command(
     console.print(table)
 
 
-def dstar_results(moe: Any, up: Any, n1s: list[float]) -> dict[str, Any]:
-    """The `upscale dstar` JSON for fitted laws (shared with the demo)."""
+def dstar_results(moe: Any, up: Any, n1s: list[float],
+                  n1_range: tuple[float, float] = N1_RANGE) -> dict[str, Any]:
+    """The `upscale dstar` JSON for fitted laws (shared with the demo); the closed form is fitted over ``n1_range``
+    and is null where fewer than 3 sizes there have a finite D* (upcycling always, or never, wins)."""
     import numpy as np
 
     from fitting.bootstrap import percentile_interval
@@ -215,8 +217,11 @@ def dstar_results(moe: Any, up: Any, n1s: list[float]) -> dict[str, Any]:
         results.append({"n1": n1, "crossings": list(c.crossings), "dstar": c.dstar,
                         "ci": list(percentile_interval(samples)) if samples.size else None,
                         "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]})
-    grid = np.geomspace(*N1_RANGE, 16)
-    closed = fit_closed_form(grid, np.array([crossings(moe, up, n).dstar for n in grid]))
+    grid = np.geomspace(*n1_range, 16)
+    try:
+        closed = fit_closed_form(grid, np.array([crossings(moe, up, n).dstar for n in grid]))
+    except FitError:
+        closed = None
     return {"results": results, "closed_form": closed}
 
 
@@ -244,7 +249,8 @@ def dstar_table(out: dict[str, Any]) -> Table:
         wins = "; ".join(f"{s['wins']} {fmt(s['from'])}–{fmt(s['to'])}" for s in r["segments"])
         table.add_row(fmt(r["n1"]), fmt(r["dstar"]), ci, ", ".join(fmt(x) for x in r["crossings"]) or "none", wins)
     cf = out["closed_form"]
-    table.caption = f"closed form D* ≈ {cf['a']:.3g}·(N1/1e9)^({cf['b']:.3f} + {cf['c']:.4f}·log(N1/1e9)) tokens"
+    table.caption = ("no closed form: too few model sizes have a finite D*" if cf is None else
+                     f"closed form D* ≈ {cf['a']:.3g}·(N1/1e9)^({cf['b']:.3f} + {cf['c']:.4f}·log(N1/1e9)) tokens")
     return table
 
 
