@@ -68,10 +68,12 @@ def summary(services: Services, sweep: SweepRecord, owner: str | None) -> SweepS
 def version(services: Services, sweep_id: str) -> tuple[Any, ...] | None:
     """What changes whenever the sweep's detail does (every store write to a sweep or segment sets `updated_at`);
     None if there is no such sweep. One Core query: this runs on every poll."""
-    link = SweepSegmentRecord.segment_key == SegmentRecord.key
-    latest = (select(func.count(), func.max(SegmentRecord.updated_at)).select_from(SweepSegmentRecord).join(
-        SegmentRecord, link).where(SweepSegmentRecord.sweep_id == sweep_id).subquery())
-    q = select(SweepRecord.updated_at, SweepRecord.status, latest).where(SweepRecord.id == sweep_id)
+    members = SweepSegmentRecord.sweep_id == sweep_id
+    count = select(func.count()).select_from(SweepSegmentRecord).where(members).scalar_subquery()
+    latest = (select(func.max(SegmentRecord.updated_at))
+              .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key).where(members)
+              .scalar_subquery())
+    q = select(SweepRecord.updated_at, SweepRecord.status, count, latest).where(SweepRecord.id == sweep_id)
     with services.store.engine.connect() as conn:
         row = conn.execute(q).first()
     return None if row is None else tuple(row)
