@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 from sqlalchemy import select
 
-from api.cli.fit_commands import _fit_plots, clean, dstar_results
+from api.cli.fit_commands import clean, dstar_results, fit_plots
 from api.records import FitRecord
 from api.schemas import Decision, FitCreate
 from api.services import Services
@@ -52,7 +52,7 @@ def create_fit(services: Services, req: FitCreate, owner: str) -> FitRecord:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rep))
     with PLOT_LOCK:
-        plots = [p.stem for p in _fit_plots(law.name, rep, df, out)]
+        plots = [p.stem for p in fit_plots(law.name, rep, df, out)]
     record = FitRecord(id=fit_id, law=law.name, kind=req.kind, request=req.model_dump(mode="json"), report=rep,
                        data_hash=data_hash(df, (*law.columns, "loss")), plots=plots, owner=owner)
     with services.store.transaction() as s:

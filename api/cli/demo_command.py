@@ -72,17 +72,23 @@ def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n1s: list[float],
     bands = np.array([percentile_interval(dstar_samples(moe, up, n)) for n in band_n1]) if moe_boot else None
     d1s = sorted({d for d, *_ in (case[1:] for case in decisions)} | {float(tables["upcycled"]["D1"].median())})
     span = (float(tables["upcycled"]["D2"].min()) / 10, float(tables["upcycled"]["D2"].max()) * 1e3)
-    paths = [
-        plots.parity(up, tables["upcycled"], out_dir / "upcycled_parity.png"),
-        plots.residuals(up, tables["upcycled"], out_dir / "upcycled_residuals.png"),
-        plots.loss_vs_d2(up, tables["upcycled"], out_dir / "upcycled_loss_vs_d2.png"),
-        plots.alpha_diagnostics(alpha_d1(tables["upcycled"], E=E), out_dir / "alpha_d1.png"),
-        plots.dstar_band(band_n1, central, None if bands is None else bands[:, 0],
-                         None if bands is None else bands[:, 1], dstar["closed_form"], out_dir / "dstar.png"),
-        plots.catch_up_curves(moe, up, list(n1s), d1s, out_dir / "catch_up.png", tokens=span),
-    ]
+    drawings = {
+        "upcycled_parity": lambda p: plots.parity(up, tables["upcycled"], p),
+        "upcycled_residuals": lambda p: plots.residuals(up, tables["upcycled"], p),
+        "upcycled_loss_vs_d2": lambda p: plots.loss_vs_d2(up, tables["upcycled"], p),
+        "alpha_d1": lambda p: plots.alpha_diagnostics(alpha_d1(tables["upcycled"], E=E), p),
+        "dstar": lambda p: plots.dstar_band(band_n1, central, None if bands is None else bands[:, 0],
+                                           None if bands is None else bands[:, 1], dstar["closed_form"], p),
+        "catch_up": lambda p: plots.catch_up_curves(moe, up, list(n1s), d1s, p, tokens=span),
+    }
+    paths, skipped = [], []
+    for name, draw in drawings.items():
+        try:
+            paths.append(str(draw(out_dir / f"{name}.png")))
+        except FitError as e:  # a diagnostic the grid is too small for (e.g. alpha(D1) needs 3+ D2 per D1)
+            skipped.append(f"{name}: {e}")
     return {"shared_E": E, "shared_E_note": e_note, "moe": moe_rep, "upcycled": up_rep, "dstar": dstar,
-            "decisions": verdicts, "plots": [str(p) for p in paths]}
+            "decisions": verdicts, "plots": paths, "skipped_plots": skipped}
 
 
 def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
@@ -110,6 +116,8 @@ def _print_results(res: dict[str, Any], truth: dict[str, dict[str, float]] | Non
     for d in res["decisions"]:
         console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))
     console.print(f"plots: {', '.join(res['plots'])}")
+    for note in res["skipped_plots"]:
+        console.print(f"[yellow]plot skipped[/] {note}", highlight=False)
 
 
 def _synthetic(out_dir: Path, n_boot: int) -> None:

@@ -116,7 +116,8 @@ def _groups_table(out: dict[str, Any]) -> Table:
     return table
 
 
-def _fit_plots(law_name: str, rep: dict[str, Any], df: Any, out: Path) -> list[Path]:
+def fit_plots(law_name: str, rep: dict[str, Any], df: Any, out: Path) -> list[Path]:
+    """The plots of one fit report (parity, residuals; loss vs D2 and alpha(D1) for data laws): CLI and API."""
     from fitting import plots
     from fitting.diagnostics import alpha_d1
     from fitting.laws import get_law
@@ -163,7 +164,7 @@ def fit_command(
     if plot is not None:
         for rep, part in reps:
             sub = plot / "_".join(f"{k}={v}" for k, v in rep["group"].items()) if "group" in rep else plot
-            _fit_plots(the_law.name, rep, part, sub)
+            fit_plots(the_law.name, rep, part, sub)
     if as_json:
         print_json(out)
         return
