@@ -8,6 +8,7 @@ observation table it fills is what `upscale fit --data` reads.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from api.cli.app import app, console, err_console, register_user_error
+from api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
 from orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -98,13 +100,22 @@ def observations_command(
     out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")] = None,
     kind: Annotated[str | None, typer.Option(help=f"Only rows of one kind: {', '.join(KINDS)} (a law's table).")]
     = None,
+    api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
     """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled rows), loss, trunk."""
+    import pandas as pd
+
     from orchestrator.observations import table
 
     if kind is not None and kind not in KINDS:
         raise OrchestratorError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
-    df = table(_orchestrator().store.observations(sweep), kind)
+    if api:
+        with api_client(api, token) as c:
+            text = api_call(c, "GET", f"/sweeps/{sweep}/observations",
+                            params={"format": "csv", **({"kind": kind} if kind else {})})
+        df = pd.read_csv(io.StringIO(text))
+    else:
+        df = table(_orchestrator().store.observations(sweep), kind)
     if csv or out is not None:
         if out is None:
             df.to_csv(sys.stdout, index=False)
@@ -127,11 +138,17 @@ def sweeps_command() -> None:
 
 
 @app.command("cancel")
-def cancel_command(sweep: Annotated[str, typer.Argument(help="Sweep id.")]) -> None:
+def cancel_command(sweep: Annotated[str, typer.Argument(help="Sweep id.")], api: ApiOpt = None,
+                   token: TokenOpt = None) -> None:
     """Ask the scheduler running SWEEP to stop; running segments are released and resume on the next run."""
-    orch = _orchestrator()
-    orch.store.request_cancel(sweep)
-    console.print(f"sweep {sweep}: {orch.store.sweep(sweep).status}")
+    if api:
+        with api_client(api, token) as c:
+            status = api_call(c, "POST", f"/sweeps/{sweep}/cancel")["status"]
+    else:
+        orch = _orchestrator()
+        orch.store.request_cancel(sweep)
+        status = orch.store.sweep(sweep).status
+    console.print(f"sweep {sweep}: {status}")
 
 
 @app.command("gc")

@@ -36,7 +36,8 @@ app.add_typer(token_app, name="token")
 FINAL = ("done", "failed", "cancelled")
 
 
-def _client(api: str | None, token: str | None):
+def api_client(api: str | None, token: str | None):
+    """httpx to a remote server with ``api``; else the same app in-process (no network, no token)."""
     if api:
         import httpx
 
@@ -49,7 +50,8 @@ def _client(api: str | None, token: str | None):
     return TestClient(create_app(get_settings(), auth=False, scheduler=False))
 
 
-def _call(client, method: str, path: str, **kwargs: Any) -> Any:
+def api_call(client, method: str, path: str, **kwargs: Any) -> Any:
+    """The response's JSON (or text, e.g. CSV); an error status becomes one ApiError line with the server's detail."""
     r = client.request(method, path, **kwargs)
     if r.status_code >= 400:
         detail = r.json().get("detail", r.text) if r.headers.get("content-type", "").startswith("application/json") \
@@ -58,7 +60,9 @@ def _call(client, method: str, path: str, **kwargs: Any) -> Any:
             detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])[1:])) or '<spec>'}: {d.get('msg')}"
                                for d in detail)
         raise ApiError(f"{method} {path} -> {r.status_code}: {detail}")
-    return r.json() if r.content and r.headers.get("content-type", "").startswith("application/json") else None
+    if not r.content:
+        return None
+    return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
 
 
 @app.command("serve")
@@ -138,8 +142,8 @@ def submit_command(
     if not spec.is_file():
         raise ApiError(f"no such spec file: {spec}")
     kind = "application/json" if spec.suffix == ".json" else "application/yaml"
-    with _client(api, token) as c:
-        out = _call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind})
+    with api_client(api, token) as c:
+        out = api_call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind})
         p = out["plan"]
         console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
                       f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
@@ -160,7 +164,7 @@ def _wait(client, sweep_id: str, remote: bool) -> None:
                 bar.update(task, note=p.message) if p.message else bar.update(task, total=p.total, completed=p.done)
 
             Scheduler(services.store, services.settings, on_progress=show).run(sweep_id)
-        while (d := _call(client, "GET", f"/sweeps/{sweep_id}"))["status"] not in FINAL:
+        while (d := api_call(client, "GET", f"/sweeps/{sweep_id}"))["status"] not in FINAL:
             bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
             time.sleep(2.0)
         bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
@@ -174,15 +178,15 @@ def status_command(
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
     """Sweeps and their progress; with an id, its segments by kind and status and the FLOPs done vs planned."""
-    with _client(api, token) as c:
+    with api_client(api, token) as c:
         if sweep is None:
             t = Table("sweep", "name", "status", "owner", "segments done", "created")
-            for s in _call(c, "GET", "/sweeps"):
+            for s in api_call(c, "GET", "/sweeps"):
                 t.add_row(s["id"], s["name"], s["status"], s["owner"] or "", f"{s['segments_done']}/"
                           f"{s['segments_total']}", s["created_at"][:16])
             console.print(t)
             return
-        d = _call(c, "GET", f"/sweeps/{sweep}")
+        d = api_call(c, "GET", f"/sweeps/{sweep}")
     t = Table("kind", "status", "attempts", "tokens", "val_loss", "error",
               title=f"sweep {d['id']} ({d['name']}): {d['status']}, {d['segments_done']}/{d['segments_total']} done, "
                     f"{d['flops_done']:.3g} of {d['flops_planned']:.3g} FLOPs")
@@ -198,12 +202,12 @@ def refit_command(
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
     """Refit now: a new version per schedule, with D*, its interval and whether it left the previous one."""
-    with _client(api, token) as c:
-        ids = [schedule] if schedule else [s["id"] for s in _call(c, "GET", "/refit-schedules")]
+    with api_client(api, token) as c:
+        ids = [schedule] if schedule else [s["id"] for s in api_call(c, "GET", "/refit-schedules")]
         if not ids:
             raise ApiError("no refit schedules; POST /refit-schedules creates one")
         for sid in ids:
-            r = _call(c, "POST", f"/refit-schedules/{sid}/run")
+            r = api_call(c, "POST", f"/refit-schedules/{sid}/run")
             star = "no D* (needs scratch and upcycled laws)" if r["dstar"] is None else f"D* {r['dstar']:.4g}"
             flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
             console.print(f"schedule {sid} v{r['version']}: fits {r['fits']}, {star}{flag}")

@@ -84,11 +84,12 @@ def extend_sweep(sweep_id: str, body: SweepExtend, services: ServicesDep, owner:
             responses={**NOT_FOUND, 200: {"content": {"text/csv": {}}}})
 def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _: Reader,
                        format: Literal["json", "csv"] | None = Query(
-                           None, description="csv: the table `upscale fit --data` reads; default from Accept.")
-                       ) -> Any:
+                           None, description="csv: the table `upscale fit --data` reads; default from Accept."),
+                       kind: Literal["dense", "upcycled", "scratch"] | None = Query(
+                           None, description="Only the rows of one kind (one law's table).")) -> Any:
     """One row per finished decay segment: kind, N, D, N1, D1, D2, N2, P, loss, trunk, segment, MLflow run."""
     sweep_or_404(services, sweep_id)
-    records = services.store.observations(sweep_id)
+    records = [o for o in services.store.observations(sweep_id) if kind is None or o.kind == kind]
     if format == "csv" or (format is None and "text/csv" in request.headers.get("accept", "")):
         return Response(table(records).to_csv(index=False), media_type="text/csv")
     return [as_row(o) for o in records]

@@ -68,6 +68,10 @@ def test_cli_over_http_and_in_process(tmp_path, mlflow_uri) -> None:
         sweep_id = out.split()[1]
         assert sweep_id in _cli(env, "status", "--api", url, "--token", token)
         assert "carol" in httpx.get(f"{url}/sweeps/{sweep_id}", headers={"Authorization": f"Bearer {token}"}).text
+        # Nothing trained yet (no scheduler): the table `upscale fit` reads, with its header and no rows.
+        csv = _cli(env, "observations", sweep_id, "--csv", "--kind", "upcycled", "--api", url, "--token", token)
+        assert csv.splitlines()[0].startswith("kind,N,D,N1,D1,D2") and len(csv.splitlines()) == 1
+        assert _cli(env, "cancel", sweep_id, "--api", url, "--token", token).strip() == f"sweep {sweep_id}: cancelled"
     finally:
         _stop(proc, 30)
     local = _cli(env, "status", sweep_id)  # in-process, on the same store, no token
