@@ -151,8 +151,9 @@ def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
         biggest = (n1s[-1], float(rows["D1"].max()), float(rows["D2"].max()))
         smallest = (n1s[0], float(rows["D1"].min()), float(rows["D2"].min()))
         _print_results(fit_demo(tables, out_dir / str(method), n1s, [smallest, biggest], n_boot), with_moe=i == 0)
-    console.print(f"observations: `upscale observations {outcome.sweep_id} --csv`; the runs in the MLflow UI: "
-                  f"`{Path('.venv/bin/mlflow')} ui --backend-store-uri {orch.settings.mlflow_tracking_uri}`")
+    console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
+    console.print(f"the runs in the MLflow UI: mlflow ui --backend-store-uri {orch.settings.mlflow_tracking_uri}",
+                  soft_wrap=True)  # never wrapped: people paste it
 
 
 @app.command("demo")

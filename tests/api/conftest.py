@@ -59,24 +59,6 @@ def serve(settings: Settings, **options) -> Iterator[Live]:
         thread.join(90)
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="session")
-def mlflow_uri(tmp_path_factory) -> str:
-    """One MLflow SQLite store for the session (creating its schema takes seconds)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, mlflow_uri) -> Iterator[Live]:
     """A server without the background loops: for auth, validation and schema tests."""

@@ -56,22 +56,6 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="package")
-def deploy_ray():
-    import ray
-    from ray import cloudpickle
-
-    from tests.orchestrator import segment_fns
-
-    cloudpickle.register_pickle_by_value(segment_fns)  # not an installed package: ship it to workers by value
-    if ray.is_initialized():
-        yield ray
-        return
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="package")
 def mlflow_sqlite(tmp_path_factory) -> str:
     """An MLflow SQLite store shared by this package's tests (creating its schema takes seconds)."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"

@@ -69,7 +69,7 @@ def mlflow_server(postgres_url: str, tmp_path: Path) -> Iterator[str]:
 
 
 def test_a_sweeps_runs_reach_the_tracking_server_over_http(postgres_url: str, mlflow_server: str, tmp_path: Path,
-                                                           deploy_ray) -> None:
+                                                           ray_session) -> None:
     settings = Settings(home=tmp_path / "home", mlflow_tracking_uri=mlflow_server)
     orch = Orchestrator.open(settings)
     out = orch.run(load_spec(MICRO_SPEC), Scheduler(orch.store, settings, segment_fn=counting_segment, poll_s=0.05))

@@ -85,7 +85,7 @@ def test_claims_race_across_connections_and_exactly_one_wins(postgres_url: str) 
 
 
 def test_the_scheduler_runs_a_sweep_on_postgres_and_two_schedulers_share_it(postgres_url: str, tmp_path: Path,
-                                                                            mlflow_sqlite: str, deploy_ray) -> None:
+                                                                            mlflow_sqlite: str, ray_session) -> None:
     # postgres_url first: without a server the test skips before Ray and the MLflow store are started
     settings = Settings(home=tmp_path, db_url=postgres_url, mlflow_tracking_uri=mlflow_sqlite)
     orch = Orchestrator.open(settings)
