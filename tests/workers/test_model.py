@@ -12,18 +12,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from sweeps import sizes
 from sweeps.segments import ModelSpec
+from tests.sweeps.test_sizes import TABLE_3  # the paper's N_dense and N_total (8 experts)
 from workers.errors import WorkerError
 from workers.model import ModelConfig, build_model
-
-# Table 3 of the upcycling-scaling-laws paper: N_dense and N_total of the 8-expert MoE.
-TABLE_3 = {
-    "15M": (14_751_680, 92_189_120),
-    "44M": (44_248_800, 276_538_080),
-    "0.1B": (98_323_840, 614_496_640),
-    "0.2B": (232_623_040, 1_453_845_952),
-    "0.5B": (521_889_760, 3_261_732_320),
-    "1B": (1_085_859_424, 6_786_500_704),
-}
 
 
 @pytest.mark.parametrize("size", TABLE_3)
