@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from api.cli.app import app, console, register_user_error
+from api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
 from fitting.errors import FitError
 
 if TYPE_CHECKING:
@@ -257,18 +258,30 @@ def dstar_table(out: dict[str, Any]) -> Table:
 
 @app.command("decide")
 def decide_command(
-    moe: Annotated[Path, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N).")],
-    upcycled: Annotated[Path, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law.")],
     n1: Annotated[float, typer.Option("--n1", help="Dense model size (parameters).")],
     d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on (sunk cost).")],
     d2: Annotated[float, typer.Option("--d2", help="Tokens you would spend training the upcycled MoE.")],
+    moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N).")]
+    = None,
+    upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law.")]
+    = None,
+    api: ApiOpt = None, token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability."""
+    """Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability.
+
+    From two fit files, or with --api from the server's latest from-scratch and upcycled fits."""
     from fitting.dstar import decide
     from fitting.summary import load_fit
 
-    d = decide(load_fit(moe), load_fit(upcycled), n1, d1, d2).to_json()
+    if api:
+        with api_client(api, token) as c:
+            d = api_call(c, "GET", "/decisions/upcycle", params={"n1": n1, "d1": d1, "d2": d2})
+    elif moe is None or upcycled is None:
+        raise FitError("give --moe and --upcycled fit files (`upscale fit --json`), or --api URL to use the "
+                       "server's latest fits")
+    else:
+        d = decide(load_fit(moe), load_fit(upcycled), n1, d1, d2).to_json()
     if as_json:
         print_json(d)
         return

@@ -6,7 +6,11 @@ sweep's run tree in MLflow. Values are checked against the planner and against f
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -126,6 +130,13 @@ def test_decision_matches_fitting(flow) -> None:
     direct = decide(fitted(services, ids["scratch"]), fitted(services, ids["upcycled"]), 1e9, 1e9, 1e9).to_json()
     assert d["verdict"] == direct["verdict"] and d["catch_up_tokens"] == pytest.approx(direct["catch_up_tokens"])
     assert d["dstar"] > 0
+    # `upscale decide --api` is this endpoint from the command line (a read token is enough).
+    token = flow.read["Authorization"].split()[1]
+    cli = subprocess.run([str(Path(sys.executable).parent / "upscale"), "decide", "--n1", "1e9", "--d1", "1e9",
+                          "--d2", "1e9", "--api", flow.url, "--token", token, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["catch_up_tokens"] == pytest.approx(d["catch_up_tokens"])
     r = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, "moe_fit": ids["upcycled"]})
     assert r.status_code == 422 and "detail" in r.json()  # an upcycled law is not a from-scratch MoE law
 
