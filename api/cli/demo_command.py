@@ -7,15 +7,15 @@ the upcycled `joint` fit, with a cluster bootstrap over trunks. It prints D* wit
 writes the plots and says how to open the MLflow UI on the runs. A second run reuses every trained segment.
 
 `--synthetic` skips training and fits the bundled SYNTHETIC tables instead (generated from the paper's Table 2
-parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. ``fit_demo`` is the analysis both
-share.
+parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. ``fit_scratch`` and ``fit_demo``
+are the analysis both share; the from-scratch side is fitted once, whatever the number of upcycling methods.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 from rich.table import Table
@@ -26,6 +26,8 @@ from api.cli.fit_commands import decision_text, dstar_results, dstar_table, fmt,
 if TYPE_CHECKING:
     import pandas as pd
 
+    from fitting.summary import FittedLaw
+
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "sweeps" / "examples" / "demo.yaml"
 # The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
 PAPER_N1 = (1e8, 1e9, 7e9)
@@ -33,12 +35,41 @@ PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
 BAND_POINTS = 8  # model sizes on the D*(N1) plot
 
 
-def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n1s: list[float],
-             decisions: list[tuple[float, float, float]], n_boot: int = 200) -> dict[str, Any]:
-    """Fit dense+MoE with a shared E, then the upcycled law with E fixed; D* at ``n1s``, ``decisions`` for
-    (N1, D1, D2) cases, and the plots in ``out_dir``.
+class ScratchFit(NamedTuple):
+    """The from-scratch side of the analysis: the same for every upcycling method, so fitted once."""
 
-    ``tables`` has "dense" and "moe" (columns D, N, loss[, trunk]) and "upcycled" (D1, D2, N1, loss[, trunk]).
+    E: float
+    E_note: str  # why E was fixed rather than fitted, if it was
+    report: dict[str, Any]
+    law: FittedLaw
+
+
+def fit_scratch(tables: dict[str, pd.DataFrame], n_boot: int) -> ScratchFit:
+    """E shared by the dense and from-scratch laws (fitted jointly), then the from-scratch law with E fixed.
+
+    ``tables`` has "dense" and "moe" (columns D, N, loss[, trunk]).
+    """
+    from fitting.errors import FitError
+    from fitting.fit import fit_shared
+    from fitting.laws import get_law
+    from fitting.summary import FittedLaw, report
+
+    chin = get_law("chinchilla")
+    try:
+        pair = {"dense": (chin, tables["dense"]), "moe": (chin, tables["moe"])}
+        E, note = fit_shared(pair, shared=("E",)).params["E"], ""
+    except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
+        E = chin.param("E").bounds[0]
+        note = f"E is not identified by this grid ({e}); fixed at {E:g}, the low end of its plausible range"
+    with progress_bar(n_boot, "bootstrap (from scratch)") as advance:
+        rep, boot = report(chin, tables["moe"], {"E": E}, n_boot, workers=workers_for(n_boot), progress=advance)
+    return ScratchFit(E, note, rep, FittedLaw(chin, rep["params"], boot.samples if boot else None))
+
+
+def fit_demo(scratch: ScratchFit, upcycled: pd.DataFrame, out_dir: Path, n1s: list[float],
+             decisions: list[tuple[float, float, float]], n_boot: int = 200) -> dict[str, Any]:
+    """The upcycled law with the shared E fixed; D* at ``n1s``, ``decisions`` for (N1, D1, D2) cases, and the plots
+    in ``out_dir``. ``upcycled`` has columns D1, D2, N1, loss[, trunk].
     """
     import numpy as np
 
@@ -47,36 +78,26 @@ def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n1s: list[float],
     from fitting.diagnostics import alpha_d1
     from fitting.dstar import crossings, decide, dstar_samples
     from fitting.errors import FitError
-    from fitting.fit import fit_shared
     from fitting.laws import get_law
     from fitting.summary import FittedLaw, report
 
-    chin, joint = get_law("chinchilla"), get_law("joint")
-    try:
-        pair = {"dense": (chin, tables["dense"]), "moe": (chin, tables["moe"])}
-        E, e_note = fit_shared(pair, shared=("E",)).params["E"], ""
-    except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
-        E = chin.param("E").bounds[0]
-        e_note = f"E is not identified by this grid ({e}); fixed at {E:g}, the low end of its plausible range"
-    with progress_bar(2 * n_boot, "bootstrap") as advance:
-        w = workers_for(n_boot)
-        moe_rep, moe_boot = report(chin, tables["moe"], {"E": E}, n_boot, workers=w, progress=advance)
-        up_rep, up_boot = report(joint, tables["upcycled"], {"E": E}, n_boot, workers=w, progress=advance)
-    moe = FittedLaw(chin, moe_rep["params"], moe_boot.samples if moe_boot else None)
+    joint, moe, E = get_law("joint"), scratch.law, scratch.E
+    with progress_bar(n_boot, "bootstrap (upcycled)") as advance:
+        up_rep, up_boot = report(joint, upcycled, {"E": E}, n_boot, workers=workers_for(n_boot), progress=advance)
     up = FittedLaw(joint, up_rep["params"], up_boot.samples if up_boot else None)
     dstar = dstar_results(moe, up, list(n1s), (min(n1s) / 10, max(n1s) * 10))
     verdicts = [decide(moe, up, *case).to_json() for case in decisions]
 
     band_n1 = np.geomspace(min(n1s) / 10, max(n1s) * 10, BAND_POINTS)
     central = np.array([crossings(moe, up, n).dstar for n in band_n1])
-    bands = np.array([percentile_interval(dstar_samples(moe, up, n)) for n in band_n1]) if moe_boot else None
-    d1s = sorted({d for d, *_ in (case[1:] for case in decisions)} | {float(tables["upcycled"]["D1"].median())})
-    span = (float(tables["upcycled"]["D2"].min()) / 10, float(tables["upcycled"]["D2"].max()) * 1e3)
+    bands = np.array([percentile_interval(dstar_samples(moe, up, n)) for n in band_n1]) if up_boot else None
+    d1s = sorted({case[1] for case in decisions} | {float(upcycled["D1"].median())})
+    span = (float(upcycled["D2"].min()) / 10, float(upcycled["D2"].max()) * 1e3)
     drawings = {
-        "upcycled_parity": lambda p: plots.parity(up, tables["upcycled"], p),
-        "upcycled_residuals": lambda p: plots.residuals(up, tables["upcycled"], p),
-        "upcycled_loss_vs_d2": lambda p: plots.loss_vs_d2(up, tables["upcycled"], p),
-        "alpha_d1": lambda p: plots.alpha_diagnostics(alpha_d1(tables["upcycled"], E=E), p),
+        "upcycled_parity": lambda p: plots.parity(up, upcycled, p),
+        "upcycled_residuals": lambda p: plots.residuals(up, upcycled, p),
+        "upcycled_loss_vs_d2": lambda p: plots.loss_vs_d2(up, upcycled, p),
+        "alpha_d1": lambda p: plots.alpha_diagnostics(alpha_d1(upcycled, E=E), p),
         "dstar": lambda p: plots.dstar_band(band_n1, central, None if bands is None else bands[:, 0],
                                            None if bands is None else bands[:, 1], dstar["closed_form"], p),
         "catch_up": lambda p: plots.catch_up_curves(moe, up, list(n1s), d1s, p, tokens=span),
@@ -87,8 +108,7 @@ def fit_demo(tables: dict[str, pd.DataFrame], out_dir: Path, n1s: list[float],
             paths.append(str(draw(out_dir / f"{name}.png")))
         except FitError as e:  # a diagnostic the grid is too small for (e.g. alpha(D1) needs 3+ D2 per D1)
             skipped.append(f"{name}: {e}")
-    return {"shared_E": E, "shared_E_note": e_note, "moe": moe_rep, "upcycled": up_rep, "dstar": dstar,
-            "decisions": verdicts, "plots": paths, "skipped_plots": skipped}
+    return {"upcycled": up_rep, "dstar": dstar, "decisions": verdicts, "plots": paths, "skipped_plots": skipped}
 
 
 def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
@@ -104,14 +124,15 @@ def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | Non
     return table
 
 
-def _print_results(res: dict[str, Any], truth: dict[str, dict[str, float]] | None = None,
-                   with_moe: bool = True) -> None:
-    if with_moe:  # the from-scratch law does not depend on the upcycling method: shown once
-        console.print(f"shared E (dense + MoE fitted jointly): {res['shared_E']:.4f}")
-        if res["shared_E_note"]:
-            console.print(f"[yellow]{res['shared_E_note']}[/]", highlight=False)
-        console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", res["moe"], truth and truth["moe"]))
-    console.print(_params_table("upcycled (joint, Eq. 12)", res["upcycled"], truth and truth["upcycled"]))
+def _print_scratch(scratch: ScratchFit, truth: dict[str, float] | None = None) -> None:
+    console.print(f"shared E (dense + MoE fitted jointly): {scratch.E:.4f}")
+    if scratch.E_note:
+        console.print(f"[yellow]{scratch.E_note}[/]", highlight=False)
+    console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", scratch.report, truth))
+
+
+def _print_upcycled(res: dict[str, Any], truth: dict[str, float] | None = None) -> None:
+    console.print(_params_table("upcycled (joint, Eq. 12)", res["upcycled"], truth))
     console.print(dstar_table(res["dstar"]))
     for d in res["decisions"]:
         console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))
@@ -122,14 +143,16 @@ def _print_results(res: dict[str, Any], truth: dict[str, dict[str, float]] | Non
 
 def _synthetic(out_dir: Path, n_boot: int) -> None:
     from fitting.data import read_table
-    from fitting.synthetic import TABLE2, bundled_path
+    from fitting.synthetic import E_TABLE2, TABLE2, bundled_path
 
     console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
                   "(fitting/data/README.md), not measurements.")
     tables = {k: read_table(bundled_path(k)) for k in ("dense", "moe", "upcycled")}
-    res = fit_demo(tables, out_dir, list(PAPER_N1), list(PAPER_DECISIONS), n_boot)
-    console.print("generating value of E: 0.165")
-    _print_results(res, TABLE2)
+    scratch = fit_scratch(tables, n_boot)
+    console.print(f"generating value of E: {E_TABLE2}")
+    _print_scratch(scratch, TABLE2["moe"])
+    _print_upcycled(fit_demo(scratch, tables["upcycled"], out_dir, list(PAPER_N1), list(PAPER_DECISIONS), n_boot),
+                    TABLE2["upcycled"])
 
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
@@ -144,13 +167,15 @@ def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     obs = orch.store.observations(outcome.sweep_id)
     dense, scratch, upcycled = (table(obs, k) for k in ("dense", "scratch", "upcycled"))
     n1s = sorted(float(n) for n in dense["N"].unique())
-    for i, (method, rows) in enumerate(upcycled.groupby("method", sort=False)):
+    fitted_scratch = fit_scratch({"dense": dense, "moe": scratch}, n_boot)
+    _print_scratch(fitted_scratch)
+    for method, rows in upcycled.groupby("method", sort=False):
         label = method if rows["r"].isna().all() else f"{method} r={rows['r'].iloc[0]:g}"
         console.rule(f"[bold]upcycling method: {label}")
-        tables = {"dense": dense, "moe": scratch, "upcycled": rows.reset_index(drop=True)}
         biggest = (n1s[-1], float(rows["D1"].max()), float(rows["D2"].max()))
         smallest = (n1s[0], float(rows["D1"].min()), float(rows["D2"].min()))
-        _print_results(fit_demo(tables, out_dir / str(method), n1s, [smallest, biggest], n_boot), with_moe=i == 0)
+        _print_upcycled(fit_demo(fitted_scratch, rows.reset_index(drop=True), out_dir / str(method), n1s,
+                                 [smallest, biggest], n_boot))
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     console.print(f"the runs in the MLflow UI: mlflow ui --backend-store-uri {orch.settings.mlflow_tracking_uri}",
                   soft_wrap=True)  # never wrapped: people paste it
