@@ -116,7 +116,7 @@ def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | Non
     table = Table(*columns, title=title)
     for k, v in rep["params"].items():
         lo, hi = rep["ci"].get(k, [None, None])
-        ci = f"[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else "(fixed: shared E)"
+        ci = f"[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else "(fixed: shared E)" if k in rep["fixed"] else ""
         table.add_row(k, fmt(v), ci, *((fmt(truth.get(k)),) if truth else ()))
     table.caption = f"{rep['n_points']} points · LOO RMS {fmt(rep['loo_rms'])} (loss units)"
     for w in rep.get("warnings", []):
