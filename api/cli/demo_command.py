@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
-from rich.table import Table
 
 from api.cli.app import app, console
-from api.cli.fit_commands import decision_text, dstar_results, dstar_table, fmt, progress_bar, workers_for
+from api.cli.fit_commands import (
+    decision_text,
+    dstar_results,
+    dstar_table,
+    fit_table,
+    fmt,
+    progress_bar,
+    workers_for,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -111,28 +118,15 @@ def fit_demo(scratch: ScratchFit, upcycled: pd.DataFrame, out_dir: Path, n1s: li
     return {"upcycled": up_rep, "dstar": dstar, "decisions": verdicts, "plots": paths, "skipped_plots": skipped}
 
 
-def _params_table(title: str, rep: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
-    columns = ("param", "fitted", "95% interval", *(("generating value",) if truth else ()))
-    table = Table(*columns, title=title)
-    for k, v in rep["params"].items():
-        lo, hi = rep["ci"].get(k, [None, None])
-        ci = f"[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else "(fixed: shared E)" if k in rep["fixed"] else ""
-        table.add_row(k, fmt(v), ci, *((fmt(truth.get(k)),) if truth else ()))
-    table.caption = f"{rep['n_points']} points · LOO RMS {fmt(rep['loo_rms'])} (loss units)"
-    for w in rep.get("warnings", []):
-        table.caption += f"\n[yellow]{w}[/]"
-    return table
-
-
 def _print_scratch(scratch: ScratchFit, truth: dict[str, float] | None = None) -> None:
     console.print(f"shared E (dense + MoE fitted jointly): {scratch.E:.4f}")
     if scratch.E_note:
         console.print(f"[yellow]{scratch.E_note}[/]", highlight=False)
-    console.print(_params_table("MoE from scratch (chinchilla on D, N = N1)", scratch.report, truth))
+    console.print(fit_table(scratch.report, "MoE from scratch (chinchilla on D, N = N1)", truth))
 
 
 def _print_upcycled(res: dict[str, Any], truth: dict[str, float] | None = None) -> None:
-    console.print(_params_table("upcycled (joint, Eq. 12)", res["upcycled"], truth))
+    console.print(fit_table(res["upcycled"], "upcycled (joint, Eq. 12)", truth))
     console.print(dstar_table(res["dstar"]))
     for d in res["decisions"]:
         console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))

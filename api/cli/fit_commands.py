@@ -91,12 +91,14 @@ def laws_command() -> None:
                       soft_wrap=True, highlight=False)
 
 
-def _fit_table(rep: dict[str, Any], title: str) -> Table:
-    table = Table("param", "value", "95% interval", title=title)
+def fit_table(rep: dict[str, Any], title: str, truth: dict[str, float] | None = None) -> Table:
+    """One fit report as a table; ``truth`` adds the generating values of synthetic data (the demo)."""
+    table = Table("param", "value", "95% interval", *(("generating value",) if truth else ()), title=title)
     for k, v in rep["params"].items():
         lo, hi = rep["ci"].get(k, [None, None])
         fixed = " (fixed)" if k in rep["fixed"] else ""
-        table.add_row(k, fmt(v) + fixed, f"[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else "")
+        table.add_row(k, fmt(v) + fixed, f"[{fmt(lo)}, {fmt(hi)}]" if k in rep["ci"] else "",
+                      *((fmt(truth.get(k)),) if truth else ()))
     table.caption = (f"{rep['n_points']} points · objective {rep['objective']:.4g} · LOO RMS {fmt(rep['loo_rms'])}"
                      + "".join(f"\nwarning: {w}" for w in rep["warnings"]))
     return table
@@ -169,7 +171,7 @@ def fit_command(
     if as_json:
         print_json(out)
         return
-    console.print(_groups_table(out) if cols else _fit_table(out, the_law.name))
+    console.print(_groups_table(out) if cols else fit_table(out, the_law.name))
     if plot is not None:
         console.print(f"plots written to {plot}/")
 
