@@ -30,7 +30,7 @@ from orchestrator.lr_search import resolve_lr, run_lr_search
 from orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
 from orchestrator.settings import Settings
 from orchestrator.store import Store
-from orchestrator.task import SegmentFn, read_result, run_segment_task, train_segment, worker_running
+from orchestrator.task import SegmentFn, pid_alive, read_result, run_segment_task, train_segment, worker_running
 from orchestrator.tracking import RunTree, segment_tags
 from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from workers.errors import WorkerError
@@ -82,13 +82,7 @@ def owner_alive(seg: SegmentRecord, stale_after_s: float) -> bool:
     """Whether the scheduler that claimed ``seg`` still runs: its pid on this host, its heartbeat elsewhere."""
     host, pid, _ = (seg.owner or "::").split(":")
     if host == socket.gethostname():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_alive(int(pid))
     beat = seg.heartbeat_at
     if beat is None:
         return False
@@ -133,7 +127,7 @@ class Scheduler:
             self.store.set_sweep(sweep_id, status="cancelled", error="interrupted; run it again to resume")
             raise
         out.wall_s = time.perf_counter() - t0
-        segs = self.store.segments([s.key for s, _ in self.store.members(sweep_id)])
+        segs = {s.key: s for s, _ in self.store.members(sweep_id)}
         failed = [s.key for s in segs.values() if s.status == "failed"]
         self.store.set_sweep(sweep_id, status=out.status,
                              error=f"segment(s) failed: {', '.join(failed)}" if failed else None)

@@ -78,8 +78,13 @@ def worker_running(directory: Path) -> bool:
         return False
     if worker.get("host") != socket.gethostname():
         return False
+    return pid_alive(int(worker["pid"]))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` on this host exists (signal 0 probes without sending; EPERM means it exists)."""
     try:
-        os.kill(int(worker["pid"]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

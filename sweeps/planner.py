@@ -37,7 +37,6 @@ from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, expert_widths
 
 AxisValue = str | int | float | None
 LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_search parents that will fix it)
-MOE_KINDS = frozenset({"upcycle", "moe_trunk", "moe_decay", "scratch_trunk", "scratch_decay"})
 
 
 @dataclass(frozen=True)
