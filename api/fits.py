@@ -18,7 +18,6 @@ from api.cli.fit_commands import clean, dstar_results, fit_plots
 from api.records import FitRecord
 from api.schemas import Decision, FitCreate
 from api.services import Services
-from fitting.data import data_hash
 from fitting.dstar import decide
 from fitting.errors import FitError
 from fitting.laws import get_law
@@ -54,7 +53,7 @@ def create_fit(services: Services, req: FitCreate, owner: str) -> FitRecord:
     with PLOT_LOCK:
         plots = [p.stem for p in fit_plots(law.name, rep, df, out)]
     record = FitRecord(id=fit_id, law=law.name, kind=req.kind, request=req.model_dump(mode="json"), report=rep,
-                       data_hash=data_hash(df, (*law.columns, "loss")), plots=plots, owner=owner)
+                       data_hash=rep["record"]["data_hash"], plots=plots, owner=owner)
     with services.store.transaction() as s:
         s.add(record)
     return record

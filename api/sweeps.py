@@ -23,7 +23,7 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
     """Record ``spec`` as a new sweep owned by ``owner``; segments already done anywhere are not retrained."""
     p = plan(spec)
     known = services.store.segments([s.id for s in p.segments])
-    sweep = services.orch.submit(spec)
+    sweep = services.orch.submit(spec, p)
     with services.store.transaction() as s:
         s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
     summary = PlanSummary(

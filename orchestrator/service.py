@@ -12,7 +12,7 @@ from orchestrator.records import SweepRecord
 from orchestrator.scheduler import Scheduler, SweepOutcome, ensure_ray
 from orchestrator.settings import Settings
 from orchestrator.store import Store
-from sweeps.planner import plan
+from sweeps.planner import Plan, plan
 from sweeps.spec import ClusterResources, SweepSpec, check_resources
 
 
@@ -27,9 +27,10 @@ class Orchestrator:
     def open(cls, settings: Settings) -> Orchestrator:
         return cls(Store(settings.db_url), settings)
 
-    def submit(self, spec: SweepSpec) -> SweepRecord:
-        """Plan ``spec`` and record it; segments already known (from any sweep) are shared, not re-planned."""
-        p = plan(spec)
+    def submit(self, spec: SweepSpec, planned: Plan | None = None) -> SweepRecord:
+        """Record ``spec`` with its plan (planned here unless the caller has it); segments already known (from any
+        sweep) are shared, not re-planned."""
+        p = planned or plan(spec)
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
                                        spec.resources.model_dump(mode="json"), p.segments)
 

@@ -256,8 +256,9 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
                 on_step(StepInfo(step, tokens, spec.start_tokens, spec.end_tokens, stats.loss, lr))
         final = val_loss(engine.module, val_set, runtime.device)
         logger.log(tokens, val_loss=final)
-    final_ckpt = checkpoints.complete(root, spec.id)[spec.end_tokens]
-    branches = {t: str(p) for t, p in checkpoints.complete(root, spec.id).items() if t in spec.save_at_tokens}
+    done = checkpoints.complete(root, spec.id)
+    final_ckpt = done[spec.end_tokens]
+    branches = {t: str(p) for t, p in done.items() if t in spec.save_at_tokens}
     return SegmentResult(
         segment_id=spec.id, kind=spec.kind, val_loss=final, tokens=spec.end_tokens - spec.start_tokens,
         wall_s=time.perf_counter() - t0, tokens_per_s=trained / train_s if train_s else 0.0,
