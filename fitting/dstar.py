@@ -19,7 +19,7 @@ from scipy.optimize import brentq
 
 from fitting.bootstrap import percentile_interval
 from fitting.errors import FitError
-from fitting.summary import FittedLaw
+from fitting.summary import FittedLaw, finite_or_none
 
 TOKEN_RANGE = (1e6, 1e16)  # where crossings are searched: far beyond any training run at both ends
 _GRID = 400
@@ -134,13 +134,11 @@ class Decision:
     catch_up_ci: tuple[float, float] | None
 
     def to_json(self) -> dict:
-        def fin(x: float) -> float | None:
-            return float(x) if np.isfinite(x) else None
-
         return {"n1": self.n1, "d1": self.d1, "d2": self.d2, "loss_upcycled": self.loss_upcycled,
-                "catch_up_tokens": fin(self.catch_up_tokens), "tokens_saved": fin(self.catch_up_tokens - self.d2),
+                "catch_up_tokens": finite_or_none(self.catch_up_tokens),
+                "tokens_saved": finite_or_none(self.catch_up_tokens - self.d2),
                 "verdict": self.verdict, "probability_upcycle": self.probability_upcycle,
-                "catch_up_ci": [fin(v) for v in self.catch_up_ci] if self.catch_up_ci else None}
+                "catch_up_ci": [finite_or_none(v) for v in self.catch_up_ci] if self.catch_up_ci else None}
 
 
 def decide(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float) -> Decision:

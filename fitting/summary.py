@@ -38,7 +38,8 @@ class FittedLaw:
         return [dict(zip(self.law.param_names, row, strict=True)) for row in self.samples]
 
 
-def _finite(x: float) -> float | None:
+def finite_or_none(x: float) -> float | None:
+    """A number for JSON: NaN and infinities (no crossing, a failed bound) become null."""
     return float(x) if np.isfinite(x) else None
 
 
@@ -57,8 +58,8 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
         "converged": result.converged,
         "n_points": result.n_points,
         "loo_rms": loo_rms(problem, result.best, options),
-        "ci": {k: [_finite(lo), _finite(hi)] for k, (lo, hi) in boot.ci().items() if k not in result.fixed}
-        if boot else {},
+        "ci": {k: [finite_or_none(lo), finite_or_none(hi)] for k, (lo, hi) in boot.ci().items()
+               if k not in result.fixed} if boot else {},
         "fixed": result.fixed,
         "warnings": list(result.warnings),
         "record": result.to_json()["record"],
