@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -77,8 +76,8 @@ def _run(segment: Path, checkpoint_dir: Path | None, parent: list[str], mlflow_u
     from pydantic import ValidationError
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from orchestrator.settings import get_settings
     from sweeps.segments import SegmentRuntime, SegmentSpec
-    from workers.data import upscale_home
     from workers.segment import StepInfo, run_segment
 
     if not segment.is_file():
@@ -90,8 +89,7 @@ def _run(segment: Path, checkpoint_dir: Path | None, parent: list[str], mlflow_u
         where = ".".join(str(p) for p in first["loc"])
         raise WorkerError(f"{segment}: {where}: {first['msg']} ({e.error_count()} error(s))") from None
     runtime = SegmentRuntime(
-        checkpoint_dir=str((checkpoint_dir or Path(os.environ.get("UPSCALE_CHECKPOINT_DIR", upscale_home() /
-                                                                  "checkpoints")) / spec.id).absolute()),
+        checkpoint_dir=str((checkpoint_dir or Path(get_settings().checkpoint_dir) / spec.id).absolute()),
         parent_checkpoints=_parents(parent, spec.parent_ids),
         mlflow_tracking_uri=mlflow_uri, num_threads=threads, device=device, eval_every_tokens=eval_every_tokens,
         checkpoint_every_tokens=checkpoint_every_tokens, zero_stage=zero_stage,

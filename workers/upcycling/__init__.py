@@ -52,9 +52,7 @@ def upcycle(
     calibration_tokens: torch.Tensor | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Build the MoE `spec` describes from a dense state dict; returns the MoE's (adjusted) config and weights."""
-    module = METHODS.get(spec.method)
-    if module is None:
-        raise WorkerError(f"unknown upcycling method {spec.method!r}; valid methods: {', '.join(METHODS)}")
+    module = METHODS[spec.method]  # spec.method is a validated Method, and METHODS covers every one (checked above)
     if not moe_cfg.is_moe:
         raise WorkerError(f"upcycling needs an MoE config (n_expert >= 2); got n_expert={moe_cfg.n_expert}")
     cfg = module.configure(moe_cfg, spec)

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from workers.errors import WorkerError
-from workers.model import ModelConfig, UpscaleLM, build_model, seeded_generator
+from workers.model import ModelConfig, UpscaleLM, seeded_generator
 from workers.upcycling.clustering import kmeans
+from workers.weights import instantiate
 
 _GROUP_STREAM = 5
 
@@ -41,9 +42,7 @@ def check_tokens(tokens: torch.Tensor | None, cfg: ModelConfig, who: str) -> tor
 
 def dense_model(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> UpscaleLM:
     """The dense model of `cfg`'s trunk with `dense_sd` loaded, in fp32 eval mode."""
-    model = build_model(cfg.dense(), 0)
-    model.load_state_dict({k: v.float() for k, v in dense_sd.items()})
-    return model.eval()
+    return instantiate(cfg.dense(), {k: v.float() for k, v in dense_sd.items()}).eval()
 
 
 @torch.no_grad()
