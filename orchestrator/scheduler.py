@@ -202,18 +202,21 @@ class Scheduler:
             self.store.set_segment_run(seg.key, run_id)
             seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
         res = sweep.resources
+        # Upcycles do not train and an LR search's trials are short single-process runs: one worker each.
+        workers = 1 if spec.kind in ("upcycle", "lr_search") else int(res.get("workers", 1))
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))
                                 for p in spec.parent_ids},
             mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=segment_tags(axes),
-            num_threads=max(1, math.floor(res.get("cpus", 1))), workers=int(res.get("workers", 1)),
+            num_threads=max(1, math.floor(res.get("cpus", 1))), workers=workers,
             device="cuda" if res.get("gpus", 0) else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
             data_cache_dir=str(self.settings.home / "data"),
         )
         self._report_msg(f"start {seg.kind} {seg.key}")
-        options = {"num_cpus": float(res.get("cpus", 1)) * runtime.workers,
-                   "num_gpus": float(res.get("gpus", 0)) * runtime.workers}
+        # A multi-worker task only drives its Ray Train group, whose workers hold the CPUs and GPUs.
+        options = ({"num_cpus": 0} if workers > 1 else
+                   {"num_cpus": float(res.get("cpus", 1)), "num_gpus": float(res.get("gpus", 0))})
         fn = self.segment_fn
         if spec.kind == "lr_search":
             fn = functools.partial(run_lr_search, storage=self.store.url, train=self.segment_fn)

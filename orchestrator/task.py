@@ -17,6 +17,7 @@ from pathlib import Path
 
 import ray
 
+from orchestrator.worker_group import run_worker_group
 from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from workers import storage
 
@@ -38,18 +39,27 @@ def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
 @ray.remote(max_calls=0)
 def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> dict:
     """Run ``spec`` and leave its result, filed under the segment's key ``key`` (which differs from spec.id when
-    the scheduler filled in an LR found by a search), in the segment's folder."""
+    the scheduler filled in an LR found by a search), in the segment's folder. With ``runtime.workers > 1`` this
+    task only drives a Ray Train worker group (orchestrator/worker_group.py), which holds the resources."""
     directory = runtime.checkpoint_dir
     storage.write_text(directory, WORKER_FILE, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     try:
-        result = segment_fn(spec, runtime)
-        if result.segment_id != spec.id:
-            raise ValueError(f"segment function returned the result of {result.segment_id} for {spec.id}")
-        result = result.model_copy(update={"segment_id": key})
-        write_result(directory, result)
+        if runtime.workers > 1:
+            result = run_worker_group(segment_fn, spec, runtime, key)
+        else:
+            result = finish_attempt(segment_fn(spec, runtime), spec, runtime, key)
     finally:
         storage.delete(directory, WORKER_FILE)
     return result.model_dump(mode="json")
+
+
+def finish_attempt(result: SegmentResult, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> SegmentResult:
+    """File a segment function's result under the segment's key in its folder (its presence = the attempt is done)."""
+    if result.segment_id != spec.id:
+        raise ValueError(f"segment function returned the result of {result.segment_id} for {spec.id}")
+    result = result.model_copy(update={"segment_id": key})
+    write_result(runtime.checkpoint_dir, result)
+    return result
 
 
 def write_result(directory: str | Path, result: SegmentResult) -> None:

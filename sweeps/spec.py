@@ -326,6 +326,11 @@ class SweepSpec(Frozen):
         if self.train.lr_search:
             problems += [(f"per_size.{k}.lr", "train.lr_search sets the LR; drop this or use train.lr")
                          for k, o in self.per_size.items() if o.lr]
+        w = self.resources.workers
+        problems += [(path, f"batch_size={bs} does not split evenly over resources.workers={w}; use a multiple of {w}")
+                     for path, bs in [("train.batch_size", self.train.batch_size)] +
+                     [(f"per_size.{k}.batch_size", o.batch_size) for k, o in self.per_size.items() if o.batch_size]
+                     if bs % w]
         if not problems:
             problems += resolve(self).problems
         variants = self.upcycling.variants()

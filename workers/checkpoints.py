@@ -3,10 +3,10 @@
 Layout under a segment's `checkpoint_dir`: one folder per saved token count, `tokens_<15 digits>/`, holding
 DeepSpeed's files (`engine.save_checkpoint(dir, tag)`), a `model/` export in the `workers.weights` format (the
 weights alone, what an upcycle segment or `upscale model` reads), and `meta.json` (STYLE.md item 9: segment id,
-parents, tokens, schedule phase, the full ModelConfig, schema_version). `meta.json` is written last, atomically:
-a folder without it is an interrupted save and is never resumed from. Resume = the newest complete folder whose
-sidecar names this segment. These functions work on local folders (DeepSpeed's); `workers.storage` publishes them
-to a URI and fetches them back, with the same sidecar-last rule.
+parents, tokens, schedule phase, the full ModelConfig, the expert-parallel size of the engine state,
+schema_version). `meta.json` is written last, atomically: a folder without it is an interrupted save and is never
+resumed from. Resume = the newest complete folder whose sidecar names this segment. These functions work on local
+folders (DeepSpeed's); `workers.storage` publishes them to a URI and fetches them back, with the same rule.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from workers import storage
 from workers.errors import WorkerError
 from workers.model import ModelConfig
+from workers.parallel import SINGLE, Ranks, full_state_dict
 from workers.storage import META_FILE, TAG_PREFIX
 from workers.weights import save_model
 
@@ -30,14 +31,23 @@ def tag_for(tokens: int) -> str:
     return f"{TAG_PREFIX}{tokens:015d}"
 
 
-def save(engine, root: str | Path, tokens: int, cfg: ModelConfig, meta: dict[str, Any]) -> Path:
-    """Save engine state + weights export at `tokens`; returns the checkpoint folder."""
+def save(engine, root: str | Path, tokens: int, cfg: ModelConfig, meta: dict[str, Any], ep_size: int = 1,
+         ranks: Ranks = SINGLE) -> Path:
+    """Save engine state + weights export at `tokens`; returns the checkpoint folder.
+
+    On several ranks every rank calls this: DeepSpeed writes each rank's experts and optimiser shard, the full
+    model is gathered for the export, and rank 0 writes the export and, once every rank is done, the sidecar."""
     root = Path(root)
     tag = tag_for(tokens)
     engine.save_checkpoint(str(root), tag=tag, client_state={"tokens": tokens})
     path = root / tag
-    save_model(path / MODEL_DIR, cfg, engine.module.state_dict())
-    write_meta(path, {**meta, "tokens": tokens}, cfg)
+    weights = full_state_dict(engine.module, cfg, ep_size)
+    if ranks.main:
+        save_model(path / MODEL_DIR, cfg, weights)
+    ranks.barrier()  # every rank's DeepSpeed files are on disk before the sidecar marks the folder complete
+    if ranks.main:
+        write_meta(path, {**meta, "tokens": tokens, "ep_size": ep_size}, cfg)
+    ranks.barrier()
     return path
 
 
@@ -81,11 +91,17 @@ def check_same_model(meta: dict[str, Any], cfg: ModelConfig, where: str | Path) 
         raise WorkerError(f"checkpoint {where} is of a different model shape ({detail})")
 
 
-def load(engine, path: str | Path, cfg: ModelConfig) -> dict[str, Any]:
-    """Restore weights and optimiser state from a checkpoint folder after checking its model; returns its meta."""
+def load(engine, path: str | Path, cfg: ModelConfig, ep_size: int = 1) -> dict[str, Any]:
+    """Restore weights and optimiser state from a checkpoint folder after checking its model and its expert
+    partition (an MoE's optimiser state is sharded by ep_size); returns its meta."""
     path = Path(path)
     meta = read_meta(path)
     check_same_model(meta, cfg, path)
+    saved_ep = meta.get("ep_size", 1)
+    if cfg.is_moe and saved_ep != ep_size:
+        raise WorkerError(f"checkpoint {path} holds MoE optimiser state sharded over ep_size={saved_ep} (trained "
+                          f"with a worker count w where gcd(w, n_expert)={saved_ep}); this run has ep_size={ep_size}. "
+                          f"Train this segment with the same resources.workers as its parent, or retrain the parent")
     loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                        load_lr_scheduler_states=False, load_module_strict=True)
     if loaded is None:

@@ -6,11 +6,14 @@ ZeRO 1/2 with MoE; METHODS.md pitfall 14). The engine holds fp32 weights everywh
 bf16 autocast (the `SegmentRuntime.device` contract), on CPU in plain fp32 over gloo. The LR is set on the
 optimiser's groups before every step from the pure schedule function, so no DeepSpeed LR scheduler state exists
 to save or to drift. The loss is cross-entropy plus `aux_loss_coef` times the summed DeepSpeed load-balancing loss.
+On several processes (workers/parallel.py) each rank steps on its rows of the global batch and DeepSpeed averages
+the gradients (expert gradients over the expert-data-parallel group, scaled by the whole data-parallel size).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +23,7 @@ from sweeps.segments import OptimSpec
 from workers.distributed import init_single_process
 from workers.errors import WorkerError
 from workers.model import UpscaleLM
+from workers.parallel import SINGLE, Ranks
 
 
 def param_groups(model: UpscaleLM, weight_decay: float) -> list[dict]:
@@ -33,21 +37,27 @@ def param_groups(model: UpscaleLM, weight_decay: float) -> list[dict]:
     return split_params_into_different_moe_groups_for_optimizer(groups)
 
 
-def build_engine(model: UpscaleLM, optim: OptimSpec, zero_stage: int = 0, device: str = "cpu"):
-    """A DeepSpeed engine (world size 1) around `model` with AdamW; returns the engine."""
+def build_engine(model: UpscaleLM, optim: OptimSpec, zero_stage: int = 0, device: str = "cpu",
+                 ranks: Ranks = SINGLE):
+    """A DeepSpeed engine around `model` with AdamW over the process group of `ranks` (created here for a single
+    process); each rank steps on `batch_size / world` rows of the global batch. Returns the engine."""
     import deepspeed
 
     if zero_stage not in (0, 1, 2):
         raise WorkerError(f"zero_stage={zero_stage}: DeepSpeed-MoE supports ZeRO stages 0, 1 and 2 (not 3)")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise WorkerError(f"device={device!r} asked for but CUDA is not available; use device='cpu'")
-    init_single_process("nccl" if device.startswith("cuda") else "gloo")
+    if optim.batch_size % ranks.world:
+        raise WorkerError(f"batch_size={optim.batch_size} is not divisible by workers={ranks.world}: each worker "
+                          f"takes an equal share of the batch")
+    if ranks.world == 1:
+        init_single_process("nccl" if device.startswith("cuda") else "gloo")
     model.to(device)
     opt = torch.optim.AdamW(param_groups(model, optim.weight_decay), lr=optim.lr or 0.0,
                             betas=(optim.beta1, optim.beta2), eps=optim.eps)
     config = {
         "train_batch_size": optim.batch_size,
-        "train_micro_batch_size_per_gpu": optim.batch_size,
+        "train_micro_batch_size_per_gpu": optim.batch_size // ranks.world,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": {"stage": zero_stage},
@@ -93,14 +103,16 @@ class NonFiniteLoss(WorkerError):
     """The loss became NaN or infinite; raised before the step, so the weights are still the last good ones."""
 
 
-def train_step(engine, tokens: torch.Tensor, lr: float, aux_coef: float, device: str) -> StepStats:
-    """Forward, backward and AdamW step at `lr`; a non-finite loss raises before anything is updated."""
+def train_step(engine, tokens: torch.Tensor, lr: float, aux_coef: float, device: str,
+               ranks: Ranks = SINGLE) -> StepStats:
+    """Forward, backward and AdamW step at `lr` on this rank's rows of `tokens`; the reported losses are means over
+    ranks, and a non-finite loss on any rank raises on every rank before anything is updated."""
     set_lr(engine, lr)
-    ce, aux = lm_loss(engine, tokens, device)
-    total = ce + aux_coef * aux
-    if not torch.isfinite(total):
-        raise NonFiniteLoss(f"loss is {ce.item()} (aux {aux.item()})")
-    engine.backward(total)
+    ce, aux = lm_loss(engine, ranks.rows(tokens), device)
+    loss, aux_loss = ranks.mean(torch.stack([ce.detach(), aux.detach()])).tolist()  # one device sync
+    if not math.isfinite(loss + aux_coef * aux_loss):
+        raise NonFiniteLoss(f"loss is {loss} (aux {aux_loss})")
+    engine.backward(ce + aux_coef * aux)
     engine.step()
     norm = engine.get_global_grad_norm()
-    return StepStats(loss=ce.item(), aux_loss=aux.item(), grad_norm=float(norm) if norm is not None else None)
+    return StepStats(loss=loss, aux_loss=aux_loss, grad_norm=float(norm) if norm is not None else None)

@@ -6,23 +6,39 @@ import torch
 
 from workers.engine import lm_loss
 from workers.model import UpscaleLM
+from workers.parallel import SINGLE, Ranks
 
 
 @torch.no_grad()
-def val_loss(model: torch.nn.Module, batches: list[torch.Tensor], device: str) -> float:
-    """Mean next-token cross-entropy over every predicted token of `batches` (eval mode, restored after)."""
+def val_loss(model: torch.nn.Module, batches: list[torch.Tensor], device: str, ranks: Ranks = SINGLE) -> float:
+    """Mean next-token cross-entropy over every predicted token of `batches` (eval mode, restored after).
+
+    On several ranks each evaluates its rows of every batch and the sums are reduced; a last batch too short to
+    split evenly is evaluated whole by every rank (each forward is a collective for an expert-parallel MoE) and
+    counted once."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     try:
         for b in batches:
-            ce, _ = lm_loss(model, b, device)
-            n = b[:, 1:].numel()
-            total += float(ce) * n
-            count += n
+            even = b.shape[0] % ranks.world == 0
+            rows = ranks.rows(b) if even else b
+            ce, _ = lm_loss(model, rows, device)
+            if even or ranks.main:
+                n = rows[:, 1:].numel()
+                total += float(ce) * n
+                count += n
     finally:
         model.train(was_training)
+    if ranks.world > 1:
+        total, count = ranks.sum(torch.tensor([total, count], dtype=torch.float64)).tolist()
     return total / count
+
+
+def reduce_expert_counts(model: UpscaleLM, ranks: Ranks) -> None:
+    """Sum the last forward's per-expert token counts over ranks (each rank routed only its own tokens)."""
+    if ranks.world > 1 and model.expert_counts:
+        model.expert_counts = [ranks.sum(c) for c in model.expert_counts]
 
 
 def expert_load(model: UpscaleLM) -> dict[str, float]:

@@ -33,8 +33,9 @@ from workers import checkpoints, storage
 from workers.data import TokenData, load_tokens
 from workers.engine import NonFiniteLoss, build_engine, train_step
 from workers.errors import WorkerError
-from workers.evaluate import expert_load, val_loss
+from workers.evaluate import expert_load, reduce_expert_counts, val_loss
 from workers.model import ModelConfig, UpscaleLM, build_model
+from workers.parallel import Ranks, current_ranks, ep_size_for, expert_parallel_rank, expert_slice
 from workers.schedule import check_schedule, lr_multiplier
 from workers.tracking import MetricLogger
 from workers.weights import CONFIG_FILE, load_model, save_model
@@ -47,10 +48,13 @@ class NaNLossError(WorkerError):
     """Training stopped because the loss became NaN/inf; the last good checkpoint is kept."""
 
     def __init__(self, step: int, tokens: int, detail: str, last_checkpoint: Path | None) -> None:
-        self.step, self.tokens, self.last_checkpoint = step, tokens, last_checkpoint
+        self.step, self.tokens, self.detail, self.last_checkpoint = step, tokens, detail, last_checkpoint
         kept = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
         super().__init__(f"loss became non-finite at step {step} ({tokens} tokens): {detail}; training stopped, "
                          f"{kept}; lower optim.lr or raise warmup_tokens")
+
+    def __reduce__(self):  # rebuilt from its fields when it crosses processes (Ray, a Ray Train worker group)
+        return type(self), (self.step, self.tokens, self.detail, self.last_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -69,17 +73,21 @@ StepHook = Callable[[StepInfo], None]
 
 
 def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None = None) -> SegmentResult:
-    """Run one segment to completion (resuming from its own last checkpoint if one exists)."""
+    """Run one segment to completion (resuming from its own last checkpoint if one exists).
+
+    With `runtime.workers > 1` every process of the group calls this (workers/parallel.py); rank 0 writes the
+    files and the metrics, and every rank returns the same result."""
     t0 = time.perf_counter()
     torch.set_num_threads(runtime.num_threads)
-    if runtime.workers > 1:  # Ray Train across processes is not wired yet
-        raise WorkerError(f"workers={runtime.workers}: multi-process segments are not supported yet; use workers=1")
+    ranks = current_ranks(runtime.workers)
     if spec.kind == "lr_search":
         raise WorkerError("lr_search segments are run by the orchestrator (orchestrator/lr_search.py: an Optuna "
                           "study whose trials call run_segment); give optim.lr to train a segment alone")
     if spec.kind == "upcycle":
+        if ranks.world > 1:
+            raise WorkerError("an upcycle segment does not train: run it with workers=1")
         return _upcycle(spec, runtime, t0)
-    return _train(spec, runtime, on_step, t0)
+    return _train(spec, runtime, on_step, t0, ranks)
 
 
 def axis_tags(spec: SegmentSpec, runtime: SegmentRuntime) -> dict[str, str]:
@@ -166,25 +174,45 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
                          tokens_per_s=0.0, checkpoint=folder.location_of(out))
 
 
-def _initial_model(spec: SegmentSpec, parent: Path | None) -> tuple[ModelConfig, UpscaleLM, dict | None]:
-    """The model to train and, for a branch point, the parent's sidecar. Its config comes from the parent when
-    there is one (an upcycling method may have reshaped the MoE), else from the spec."""
+@dataclass
+class _Start:
+    """Where training starts: the model's config (the single-process one, what checkpoints record), the model
+    this rank trains, the full weights to load into it once the engine has made the expert-parallel groups (a
+    multi-process fresh init or weights-only parent; None when the model holds them already or the engine state
+    comes from `meta`'s checkpoint), and a branch point's sidecar."""
+
+    cfg: ModelConfig
+    model: UpscaleLM
+    weights: dict[str, torch.Tensor] | None
+    meta: dict | None
+
+
+def _initial_model(spec: SegmentSpec, parent: Path | None, world: int) -> _Start:
+    """The model to train. Its config comes from the parent when there is one (an upcycling method may have
+    reshaped the MoE), else from the spec; on `world` processes the MoE is built expert parallel."""
+    meta, weights = None, None
     if parent is None:
         cfg = ModelConfig.from_spec(spec.model)
-        return cfg, build_model(cfg, spec.seed), None
-    if checkpoints.has_engine_state(parent):  # a branch point: weights and optimiser come from load_checkpoint
+    elif checkpoints.has_engine_state(parent):  # a branch point: weights and optimiser come from load_checkpoint
         meta = checkpoints.read_meta(parent)
         cfg = ModelConfig.model_validate(meta["model_config"])
+    else:  # weights only (an upcycled MoE): fresh optimiser
+        cfg, weights = load_model(checkpoints.model_dir(parent))
+    if parent is not None:
         _check_shape(cfg, spec, parent)
-        return cfg, build_model(cfg, spec.seed), meta
-    cfg, sd = load_model(checkpoints.model_dir(parent))  # weights only (an upcycled MoE): fresh optimiser
-    _check_shape(cfg, spec, parent)
-    model = build_model(cfg, spec.seed)
-    model.load_state_dict(sd)
-    return cfg, model, None
+    ep_size = ep_size_for(cfg, world)
+    if ep_size == 1:  # the single-process model, built exactly as it always was
+        model = build_model(cfg, spec.seed)
+        if weights is not None:
+            model.load_state_dict(weights)
+        return _Start(cfg, model, None, meta)
+    if parent is None:  # each rank's experts are its slice of the single-process init
+        weights = build_model(cfg, spec.seed).state_dict()
+    return _Start(cfg, build_model(cfg.model_copy(update={"ep_size": ep_size}), spec.seed), weights, meta)
 
 
-def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None, t0: float) -> SegmentResult:
+def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None, t0: float,
+           ranks: Ranks) -> SegmentResult:
     optim, sched = spec.optim, spec.schedule
     assert optim is not None and sched is not None  # guaranteed by SegmentSpec for training kinds
     check_schedule(sched, spec.decay_start_tokens, spec.end_tokens)
@@ -202,12 +230,16 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     root = folder.pull(spec.id)  # a URI: its local mirror, holding the newest checkpoint it published
     own = checkpoints.complete(root, spec.id)
 
-    cfg, model, parent_meta = _initial_model(spec, parent)
+    start = _initial_model(spec, parent, ranks.world)
+    cfg, parent_meta = start.cfg, start.meta
     if parent_meta is not None and not own and parent_meta["tokens"] != spec.start_tokens:
         raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but its parent checkpoint "
                           f"{parent} is at {parent_meta['tokens']} tokens: the branch point is not one the trunk "
                           f"saved")
-    engine = build_engine(model, optim, runtime.zero_stage, runtime.device)
+    engine = build_engine(start.model, optim, runtime.zero_stage, runtime.device, ranks)
+    ep_size = start.model.cfg.ep_size
+    if start.weights is not None:  # in place, after the engine made the expert groups: DeepSpeed's params stay
+        engine.module.load_state_dict(expert_slice(start.weights, cfg, ep_size, expert_parallel_rank(ep_size)))
 
     tokens = spec.start_tokens
     keep = set(spec.save_at_tokens) | {spec.end_tokens}
@@ -215,20 +247,20 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     periodic: Path | None = None  # the latest resume-only checkpoint, removed when superseded
     if own:
         tokens, last_good = max(own.items())
-        checkpoints.load(engine, last_good, cfg)
+        checkpoints.load(engine, last_good, cfg, ep_size)
         periodic = None if tokens in keep else last_good
     elif parent_meta is not None:
-        checkpoints.load(engine, parent, cfg)
+        checkpoints.load(engine, parent, cfg, ep_size)
 
     tps, bs, ctx = spec.tokens_per_step, optim.batch_size, spec.model.context
     stream = 1 if spec.kind in ("moe_trunk", "moe_decay") else 0  # D2 tokens are new to the upcycled model
     val_set = data.val_batches(spec.data.eval_tokens, ctx, bs)
     summary: dict[str, float] = {}
-    logger = MetricLogger(runtime.mlflow_tracking_uri, runtime.mlflow_run_id, axis_tags(spec, runtime),
-                          run_name=f"{spec.kind}-{spec.id}")
+    logger = MetricLogger(runtime.mlflow_tracking_uri if ranks.main else None, runtime.mlflow_run_id,
+                          axis_tags(spec, runtime), run_name=f"{spec.kind}-{spec.id}")
     with logger:
         if not own:
-            summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device)
+            summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device, ranks)
             logger.log(tokens, val_loss=summary["val_loss_start"], peak_lr=optim.lr)
         train_s, trained = 0.0, 0
         while tokens < spec.end_tokens:
@@ -237,7 +269,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
             batch = data.batch(spec.data.data_seed, step, bs, ctx, stream=stream)
             lr = optim.lr * lr_multiplier(tokens + tps, sched, spec.decay_start_tokens, spec.end_tokens)
             try:
-                stats = train_step(engine, batch, lr, cfg.aux_loss_coef, runtime.device)
+                stats = train_step(engine, batch, lr, cfg.aux_loss_coef, runtime.device, ranks)
             except NonFiniteLoss as e:
                 logger.log(tokens, nan_step=step)
                 raise NaNLossError(step, tokens, str(e), last_good) from None
@@ -249,21 +281,23 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
                 if stats.grad_norm is not None:
                     point["grad_norm"] = stats.grad_norm
                 if cfg.is_moe:
+                    reduce_expert_counts(engine.module, ranks)
                     point |= {"aux_loss": stats.aux_loss, **expert_load(engine.module)}
                 logger.log(tokens, **point)
                 summary |= {k: v for k, v in point.items() if not k.startswith("load/")}
             every = runtime.checkpoint_every_tokens
             if tokens in keep or (every and tokens % every == 0):
-                last_good = checkpoints.save(engine, root, tokens, cfg, {**_meta(spec), "phase": _phase(spec, tokens)})
-                folder.push(last_good)  # published now: a node lost later resumes elsewhere from it
+                last_good = checkpoints.save(engine, root, tokens, cfg, {**_meta(spec), "phase": _phase(spec, tokens)},
+                                             ep_size, ranks)
+                folder.push(last_good, ranks)  # published now: a node lost later resumes elsewhere from it
                 if periodic is not None:
-                    folder.remove(periodic)
+                    folder.remove(periodic, ranks)
                 periodic = None if tokens in keep else last_good
             if runtime.eval_every_tokens and tokens % runtime.eval_every_tokens == 0 and tokens < spec.end_tokens:
-                logger.log(tokens, val_loss=val_loss(engine.module, val_set, runtime.device))
+                logger.log(tokens, val_loss=val_loss(engine.module, val_set, runtime.device, ranks))
             if on_step is not None:
                 on_step(StepInfo(step, tokens, spec.start_tokens, spec.end_tokens, stats.loss, lr))
-        final = val_loss(engine.module, val_set, runtime.device)
+        final = val_loss(engine.module, val_set, runtime.device, ranks)
         logger.log(tokens, val_loss=final)
     done = folder.complete(spec.id)
     final_ckpt = done[spec.end_tokens]

@@ -19,6 +19,9 @@ One job: move checkpoint folders (and the small files beside them) between a loc
   renamed into place, under a per-folder file lock, so segments running side by side never see half a copy. A local
   copy counts as complete when it holds the folder's marker (`meta.json`, or `config.json` for a bare model folder,
   which `workers.weights.save_model` writes last) and the URI still holds it.
+* A segment trained on several processes (workers/parallel.py) shares the mirror among the ranks of a node: `pull`
+  and fetches run under a file lock, and after a save each node pushes what its ranks wrote once, then rank 0 pushes
+  the sidecar when every node is done (so shards written on other nodes reach the URI before it looks complete).
 * The orchestrator uses only the location-level calls (`join`, `write_text`/`read_text`/`delete` for `result.json`
   and `worker.json`, `size` and `remove` for garbage collection), never a mirror. They work on local paths too, so
   its code has one path for both. Small files are written to a temporary name and moved into place, so a reader
@@ -39,13 +42,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from workers.errors import WorkerError
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
+PUSHED = ".pushed"  # left in a local checkpoint folder once this node has uploaded it (several ranks per node)
 META_FILE = "meta.json"  # a checkpoint folder's sidecar, written (and pushed) last: its presence marks it complete
 TAG_PREFIX = "tokens_"  # checkpoint folders of a segment: tokens_<15 digits>
 MARKERS = (META_FILE, "config.json")  # the file written last in a checkpoint folder / a bare model folder
@@ -163,20 +167,33 @@ def push(local: str | Path, uri: str) -> None:
     """Upload the folder ``local`` to ``uri`` (its files under it), `meta.json` last; a `meta.json` already there
     is removed first, so the folder never looks complete while it is being overwritten."""
     local = Path(local)
-    files = sorted(f for f in local.rglob("*") if f.is_file())
-    rel = [f.relative_to(local).as_posix() for f in files]
-    if META_FILE not in rel:
+    if not (local / META_FILE).is_file():
         raise WorkerError(f"{local} is not a complete checkpoint ({META_FILE} missing); refusing to push it")
+    _unmark(uri)
+    _push_body(local, uri)
+    _push_marker(local, uri)
+
+
+def _unmark(uri: str) -> None:
     fs, path = filesystem(uri)
-    marker = f"{path}/{META_FILE}"
-    if fs.exists(marker):
-        fs.rm_file(marker)
-    body = [(str(f), f"{path}/{r}") for f, r in zip(files, rel, strict=True) if r != META_FILE]
+    if fs.exists(f"{path}/{META_FILE}"):
+        fs.rm_file(f"{path}/{META_FILE}")
+
+
+def _push_body(local: Path, uri: str) -> None:
+    """Upload every file of ``local`` but the sidecar (and this module's own dotfiles)."""
+    files = sorted(f for f in local.rglob("*") if f.is_file() and f.name not in (META_FILE, PUSHED))
+    fs, path = filesystem(uri)
+    body = [(str(f), f"{path}/{f.relative_to(local).as_posix()}") for f in files]
     for parent in sorted({r.rsplit("/", 1)[0] for _, r in body} | {path}):
         fs.makedirs(parent, exist_ok=True)  # real folders need it (file://, sftp); object stores ignore it
     if body:
         fs.put([lp for lp, _ in body], [rp for _, rp in body])
-    fs.put_file(str(local / META_FILE), marker)
+
+
+def _push_marker(local: Path, uri: str) -> None:
+    fs, path = filesystem(uri)
+    fs.put_file(str(local / META_FILE), f"{path}/{META_FILE}")
 
 
 # -- local copies of URIs ----------------------------------------------------------------------------------------
@@ -251,6 +268,15 @@ def _lock(local: Path) -> Iterator[None]:
         yield
 
 
+class Group(Protocol):
+    """The process group of a segment (workers.parallel.Ranks): rank 0 is `main`; `barrier` waits for every rank."""
+
+    @property
+    def main(self) -> bool: ...
+
+    def barrier(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class SegmentFolder:
     """A segment's checkpoint location and the local folder DeepSpeed writes in (the same folder for a path)."""
@@ -275,27 +301,51 @@ class SegmentFolder:
         complete stay, and the newest of ``segment_id``'s is there (fetched if this node lacks it)."""
         if not self.remote:
             return self.local
-        published = complete(self.location, segment_id)
-        names = {uri.rsplit("/", 1)[-1] for uri in published.values()}
-        if self.local.is_dir():
-            for d in self.local.glob(f"{TAG_PREFIX}*"):
-                if d.name not in names or not (d / META_FILE).is_file():
-                    shutil.rmtree(d, ignore_errors=True)  # saved here, never pushed (or a half copy)
-        if published:
-            assert self.staging is not None
-            fetch(published[max(published)], self.staging)
+        assert self.staging is not None
+        with _lock(self.local):  # the ranks of a node share this folder: one reconciles it, the others find it done
+            published = complete(self.location, segment_id)
+            names = {uri.rsplit("/", 1)[-1] for uri in published.values()}
+            if self.local.is_dir():
+                for d in self.local.glob(f"{TAG_PREFIX}*"):
+                    if d.name not in names or not (d / META_FILE).is_file():
+                        shutil.rmtree(d, ignore_errors=True)  # saved here, never pushed (or a half copy)
+            if published:
+                fetch(published[max(published)], self.staging)
         return self.local
 
-    def push(self, checkpoint: Path) -> None:
-        """Publish a checkpoint folder just saved in `local` (nothing to do for a path)."""
-        if self.remote:
-            push(checkpoint, self.location_of(checkpoint))
+    def push(self, checkpoint: Path, ranks: Group | None = None) -> None:
+        """Publish a checkpoint folder just saved in `local` (nothing to do for a path). On several ranks every rank
+        calls this after `checkpoints.save`: each node uploads its ranks' files once, then rank 0 the sidecar."""
+        if not self.remote:
+            return
+        uri = self.location_of(checkpoint)
+        if ranks is None:
+            push(checkpoint, uri)
+            return
+        if ranks.main:
+            _unmark(uri)
+        ranks.barrier()
+        with _lock(checkpoint):
+            if not (checkpoint / PUSHED).exists():
+                _push_body(checkpoint, uri)
+                (checkpoint / PUSHED).touch()
+        ranks.barrier()  # every node's shards are at the URI
+        if ranks.main:
+            _push_marker(checkpoint, uri)
+        ranks.barrier()  # complete at the URI for every rank that lists it next
 
-    def remove(self, checkpoint: Path) -> None:
-        """Delete a checkpoint folder of `local`, and its published copy first."""
-        if self.remote:
+    def remove(self, checkpoint: Path, ranks: Group | None = None) -> None:
+        """Delete a checkpoint folder of `local`, its published copy first (on several ranks: rank 0 deletes what
+        they share; every rank drops its node's staged copy)."""
+        main = ranks is None or ranks.main
+        if not self.remote:
+            if main:
+                remove(checkpoint)
+            return
+        if main:
             remove(self.location_of(checkpoint))
-        remove(checkpoint)
+        (checkpoint / META_FILE).unlink(missing_ok=True)
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
     def complete(self, segment_id: str) -> dict[int, str]:
         """The segment's complete checkpoints where they are published, by token count."""

@@ -10,6 +10,7 @@ and its children must start from its checkpoints at the URI."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -133,3 +134,42 @@ def test_lr_search_trials_at_a_uri_chain_their_chunks_and_leave_nothing_behind(t
     assert chunks == [f"{root}/trial-0/chunk-{k}" for k in range(2)]
     assert not storage.exists(f"{root}/trial-0")  # trial weights are deleted at the URI
     assert not (tmp_path / "staging" / "memory" / "lr-search" / "seg" / "trial-0").exists()  # and their staging
+
+
+@pytest.mark.slow  # two Ray Train groups: ~110 s on 2 cores
+@pytest.mark.usefixtures("ray_session")
+def test_a_two_worker_segment_publishes_every_ranks_shards_and_branches_from_them(tmp_path: Path) -> None:
+    """A 4x2 MoE trunk on a Ray Train group of two (expert parallel: each rank writes its own shards) with a
+    file:// root, then its decay branch on two workers from the URI with the staging wiped (both ranks fetch the
+    branch point at once): both match the single-process runs with plain paths (tolerance of test_worker_group)."""
+    from tests.orchestrator.test_worker_group import COMMON, REL_TOL, TPS, on_ray
+    from workers.segment import run_segment
+
+    trunk = SegmentSpec(kind="scratch_trunk", end_tokens=8 * TPS, save_at_tokens=(6 * TPS, 8 * TPS), **COMMON)
+    decay = SegmentSpec(kind="scratch_decay", start_tokens=6 * TPS, end_tokens=8 * TPS, decay_start_tokens=6 * TPS,
+                        parent_ids=(trunk.id,), **COMMON)
+
+    def rt(location: str, workers: int, **kw) -> SegmentRuntime:
+        return SegmentRuntime(checkpoint_dir=location, data_cache_dir=str(tmp_path / "cache"), workers=workers,
+                              num_threads=1, log_every_steps=4, **kw)
+
+    root = f"file://{tmp_path / 'remote'}"
+    two = SegmentResult.model_validate(on_ray(trunk, rt(f"{root}/trunk", 2)))
+    one = run_segment(trunk, rt(str(tmp_path / "trunk-1"), 1))
+    assert two.val_loss == pytest.approx(one.val_loss, rel=REL_TOL)
+    assert two.branch_checkpoints == {t: f"{root}/trunk/tokens_{t:015d}" for t in (6 * TPS, 8 * TPS)}
+    published = tmp_path / "remote" / "trunk" / f"tokens_{6 * TPS:015d}"
+    local = tmp_path / "trunk-1" / f"tokens_{6 * TPS:015d}"
+    names = {p.relative_to(published).as_posix() for p in published.rglob("*") if p.is_file()}
+    assert storage.META_FILE in names and storage.PUSHED not in names
+    # every file DeepSpeed wrote on either rank is there: the one-process files plus rank 1's expert shards
+    assert {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()} < names
+    assert any("expp_rank_1" in n or "_1_mp_rank" in n for n in names), sorted(names)
+    shutil.rmtree(tmp_path / "staging")  # a fresh node: both ranks fetch the branch point
+    decay_two = SegmentResult.model_validate(on_ray(decay, rt(f"{root}/decay", 2, parent_checkpoints={
+        trunk.id: two.branch_checkpoints[6 * TPS]})))
+    decay_one = run_segment(decay, rt(str(tmp_path / "decay-1"), 1, parent_checkpoints={
+        trunk.id: one.branch_checkpoints[6 * TPS]}))
+    assert decay_two.val_loss == pytest.approx(decay_one.val_loss, rel=REL_TOL)
+    assert decay_two.checkpoint == f"{root}/decay/tokens_{8 * TPS:015d}"
+    assert (tmp_path / "remote" / "decay" / f"tokens_{8 * TPS:015d}" / "meta.json").is_file()
