@@ -144,14 +144,15 @@ class Tokenizer:
         return [np.asarray(e.ids, dtype=np.int64) for e in self.bpe.encode_batch(texts)]
 
 
-def get_tokenizer(data: DataSpec, cache_dir: Path) -> Tokenizer:
-    """The byte tokeniser, or the BPE trained on this corpus (trained once, cached by corpus hash and size)."""
+def get_tokenizer(data: DataSpec, cache_dir: Path, fingerprint: str) -> Tokenizer:
+    """The byte tokeniser, or the BPE trained on this corpus (trained once, cached by the corpus's `fingerprint`
+    and the vocabulary size)."""
     if data.tokenizer == "bytes":
         return Tokenizer("bytes")
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    path = cache_dir / "tokenizers" / f"bpe-{corpus_fingerprint(data)}-{data.bpe_vocab_size}.json"
+    path = cache_dir / "tokenizers" / f"bpe-{fingerprint}-{data.bpe_vocab_size}.json"
     if not path.exists():
         tok = HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -208,12 +209,12 @@ class TokenData:
 def load_tokens(data: DataSpec, context: int, cache_dir: Path | None = None) -> TokenData:
     """Tokenise the corpus once (cached by corpus + tokeniser + split) and memory-map the arrays."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    tok = get_tokenizer(data, cache_dir)
-    key_src = json.dumps([CACHE_VERSION, corpus_fingerprint(data), data.tokenizer,
+    fingerprint = corpus_fingerprint(data)
+    key_src = json.dumps([CACHE_VERSION, fingerprint, data.tokenizer,
                           data.bpe_vocab_size if data.tokenizer == "bpe" else 0, data.eval_tokens, data.data_seed])
     out = cache_dir / hashlib.sha256(key_src.encode()).hexdigest()[:16]
-    if not (out / "meta.json").exists():
-        _build_cache(data, tok, out, key_src)
+    if not (out / "meta.json").exists():  # the tokeniser is needed (and a BPE trained) only to build the cache
+        _build_cache(data, get_tokenizer(data, cache_dir, fingerprint), out, key_src)
     meta = json.loads((out / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
     train = np.memmap(out / "train.bin", dtype=dtype, mode="r")

@@ -229,28 +229,24 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     folder = storage.SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir)
     root = folder.pull(spec.id)  # a URI: its local mirror, holding the newest checkpoint it published
     own = checkpoints.complete(root, spec.id)
-
-    start = _initial_model(spec, parent, ranks.world)
-    cfg, parent_meta = start.cfg, start.meta
-    if parent_meta is not None and not own and parent_meta["tokens"] != spec.start_tokens:
+    resume = max(own.items())[1] if own else None  # our own newest checkpoint beats the parent's
+    start = _initial_model(spec, resume or parent, ranks.world)
+    cfg = start.cfg
+    if start.meta is not None and not resume and start.meta["tokens"] != spec.start_tokens:
         raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but its parent checkpoint "
-                          f"{parent} is at {parent_meta['tokens']} tokens: the branch point is not one the trunk "
+                          f"{parent} is at {start.meta['tokens']} tokens: the branch point is not one the trunk "
                           f"saved")
     engine = build_engine(start.model, optim, runtime.zero_stage, runtime.device, ranks)
     ep_size = start.model.cfg.ep_size
     if start.weights is not None:  # in place, after the engine made the expert groups: DeepSpeed's params stay
         engine.module.load_state_dict(expert_slice(start.weights, cfg, ep_size, expert_parallel_rank(ep_size)))
+    if start.meta is not None:  # a branch point or our own resume checkpoint: weights and optimiser state
+        checkpoints.load(engine, resume or parent, cfg, ep_size)
 
-    tokens = spec.start_tokens
+    tokens = spec.start_tokens if resume is None else start.meta["tokens"]
     keep = set(spec.save_at_tokens) | {spec.end_tokens}
-    last_good: Path | None = None
-    periodic: Path | None = None  # the latest resume-only checkpoint, removed when superseded
-    if own:
-        tokens, last_good = max(own.items())
-        checkpoints.load(engine, last_good, cfg, ep_size)
-        periodic = None if tokens in keep else last_good
-    elif parent_meta is not None:
-        checkpoints.load(engine, parent, cfg, ep_size)
+    last_good: Path | None = resume
+    periodic: Path | None = None if resume is None or tokens in keep else resume  # resume-only: removed when superseded
 
     tps, bs, ctx = spec.tokens_per_step, optim.batch_size, spec.model.context
     stream = 1 if spec.kind in ("moe_trunk", "moe_decay") else 0  # D2 tokens are new to the upcycled model
@@ -259,7 +255,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     logger = MetricLogger(runtime.mlflow_tracking_uri if ranks.main else None, runtime.mlflow_run_id,
                           axis_tags(spec, runtime), run_name=f"{spec.kind}-{spec.id}")
     with logger:
-        if not own:
+        if resume is None:
             summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device, ranks)
             logger.log(tokens, val_loss=summary["val_loss_start"], peak_lr=optim.lr)
         train_s, trained = 0.0, 0
