@@ -7,20 +7,19 @@ MoE trunk from it) and each trunk's checkpoints (a resume, a new budget at an ex
 rest, the final models of finished decay branches (MoE and from scratch), which nothing trains from. A checkpoint
 deleted with `everything` that a later sweep needs makes that sweep's segment fail with a clear error. Only
 checkpoints the store recorded are touched; deleted ones keep their row with `deleted_at` set, so lineage stays
-queryable.
+queryable. A checkpoint is a path or a URI: both are measured and deleted through `workers.storage` (fsspec).
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sqlalchemy import select
 
 from orchestrator.records import CheckpointRecord, SegmentRecord, utcnow
 from orchestrator.store import Store
 from sweeps.segments import TRUNK_KINDS
+from workers import storage
 
 LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay", "upcycle"}
 
@@ -50,16 +49,10 @@ def collect_garbage(store: Store, everything: bool = False, dry_run: bool = Fals
                 report.kept.append(ckpt.uri)
                 continue
             if ckpt.uri not in seen:
-                report.freed_bytes += _size(Path(ckpt.uri))
+                report.freed_bytes += storage.size(ckpt.uri)
                 report.deleted.append(ckpt.uri)
                 seen.add(ckpt.uri)
             if not dry_run:
-                shutil.rmtree(ckpt.uri, ignore_errors=True)
+                storage.remove(ckpt.uri)
                 ckpt.deleted_at = utcnow()
     return report
-
-
-def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0

@@ -10,15 +10,14 @@ with the segment's seed. Children whose `optim.lr` is None train at the study's 
 
 from __future__ import annotations
 
-import shutil
 import time
-from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.records import SegmentRecord
 from orchestrator.task import SegmentFn
 from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from workers.errors import WorkerError
+from workers.storage import SegmentFolder, join
 
 CHUNKS = 4  # validation points per trial, i.e. pruning opportunities
 
@@ -46,7 +45,7 @@ def run_lr_search(spec: SegmentSpec, runtime: SegmentRuntime, storage: str, trai
     def objective(trial: optuna.Trial) -> float:
         nonlocal trained
         lr = trial.suggest_float("lr", search.low, search.high, log=True)
-        root = Path(runtime.checkpoint_dir) / f"trial-{trial.number}"
+        root = join(runtime.checkpoint_dir, f"trial-{trial.number}")  # a path or a URI
         parent: tuple[str, str] | None = None
         start, loss = 0, float("inf")
         try:
@@ -55,7 +54,7 @@ def run_lr_search(spec: SegmentSpec, runtime: SegmentRuntime, storage: str, trai
                                     optim=spec.optim.model_copy(update={"lr": lr}), schedule=spec.schedule,
                                     start_tokens=start, end_tokens=end, parent_ids=(parent[0],) if parent else ())
                 rt = runtime.model_copy(update={
-                    "checkpoint_dir": str(root / f"chunk-{k}"), "parent_checkpoints": dict([parent]) if parent else {},
+                    "checkpoint_dir": join(root, f"chunk-{k}"), "parent_checkpoints": dict([parent]) if parent else {},
                     "mlflow_tracking_uri": None, "mlflow_run_id": None, "checkpoint_every_tokens": None})
                 result = train(chunk, rt)
                 trained += end - start
@@ -71,7 +70,7 @@ def run_lr_search(spec: SegmentSpec, runtime: SegmentRuntime, storage: str, trai
                 raise optuna.TrialPruned(str(e)) from None
             raise
         finally:
-            shutil.rmtree(root, ignore_errors=True)  # trial weights are never reused
+            SegmentFolder.open(root, runtime.data_cache_dir).discard()  # trial weights are never reused
         return loss
 
     finished = (TrialState.COMPLETE, TrialState.PRUNED)

@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
 import ray
 
@@ -33,6 +32,7 @@ from orchestrator.store import Store
 from orchestrator.task import SegmentFn, pid_alive, read_result, run_segment_task, train_segment, worker_running
 from orchestrator.tracking import RunTree, segment_tags
 from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from workers import storage
 from workers.errors import WorkerError
 
 
@@ -223,7 +223,7 @@ class Scheduler:
         return run_segment_task.options(**options).remote(fn, resolve_lr(spec, segs), runtime, seg.key)
 
     def segment_dir(self, key: str) -> str:
-        return str(Path(self.settings.checkpoint_dir) / key)
+        return storage.join(self.settings.checkpoint_dir, key)  # a path, or a URI ('/'-joined)
 
     def _settle(self, ref: ray.ObjectRef, key: str, attempt: AttemptRecord, segs: dict[str, SegmentRecord],
                 out: SweepOutcome) -> None:
@@ -262,7 +262,7 @@ class Scheduler:
             attempt = self.store.open_attempt(seg.key)
             if attempt is None or attempt.owner != seg.owner:
                 continue
-            directory = Path(self.segment_dir(seg.key))
+            directory = self.segment_dir(seg.key)
             result = read_result(directory, seg.key)
             if result is not None and self.store.complete(seg.key, attempt, result, adopted=True):
                 out.adopted.append(seg.key)

@@ -2,6 +2,8 @@
 
 Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over. The API and
 the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.
+The checkpoint root may be an fsspec URI (`s3://bucket/upscale`); one whose protocol cannot be opened here (unknown,
+or its package, e.g. s3fs, not installed) is refused when the settings are read.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers import storage
+
 
 class Settings(BaseSettings):
     """Database, checkpoint store, MLflow tracking and Ray address; unset paths derive from `home`."""
@@ -20,8 +24,9 @@ class Settings(BaseSettings):
 
     home: Path = Field(Path(".upscale"), description="UPSCALE_HOME: root of generated state.")
     db_url: str = Field("", description="UPSCALE_DB_URL: the state store; default sqlite:///<home>/upscale.db.")
-    checkpoint_dir: str = Field("", description="UPSCALE_CHECKPOINT_DIR: checkpoint root (a shared filesystem on a "
-                                                "cluster); default <home>/checkpoints.")
+    checkpoint_dir: str = Field("", description="UPSCALE_CHECKPOINT_DIR: checkpoint root, a path (a shared filesystem "
+                                                "on a cluster) or an fsspec URI such as s3://bucket/upscale; default "
+                                                "<home>/checkpoints.")
     mlflow_tracking_uri: str = Field("", validation_alias="MLFLOW_TRACKING_URI",
                                      description="MLflow tracking URI; default sqlite:///<home>/mlflow.db.")
     ray_address: str | None = Field(None, validation_alias="RAY_ADDRESS",
@@ -35,6 +40,10 @@ class Settings(BaseSettings):
             object.__setattr__(self, "db_url", f"sqlite:///{home / 'upscale.db'}")
         if not self.checkpoint_dir:
             object.__setattr__(self, "checkpoint_dir", str(home / "checkpoints"))
+        try:
+            storage.check(self.checkpoint_dir)  # a URI nothing here can open: say what to install or fix, now
+        except ValueError as e:
+            raise ValueError(f"UPSCALE_CHECKPOINT_DIR: {e}") from None
         if not self.mlflow_tracking_uri:
             object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{home / 'mlflow.db'}")
         if not self.ray_address:

@@ -3,7 +3,8 @@
 Two files let a restarted scheduler *adopt* work its dead predecessor started instead of training it again:
 `worker.json` (host and pid of the process running the segment, present only while it runs) and `result.json`
 (written atomically after the segment function returns, so its presence means the segment is complete). An embedded
-Ray worker can outlive its killed driver for a while and finish its task; these files make that harmless.
+Ray worker can outlive its killed driver for a while and finish its task; these files make that harmless. Both go
+through `workers.storage`, so a segment folder may be a path or a URI.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import ray
 
 from orchestrator.worker_group import run_worker_group
 from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from workers import storage
 
 SegmentFn = Callable[[SegmentSpec, SegmentRuntime], SegmentResult]
 RESULT_FILE = "result.json"
@@ -39,17 +41,15 @@ def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentR
     """Run ``spec`` and leave its result, filed under the segment's key ``key`` (which differs from spec.id when
     the scheduler filled in an LR found by a search), in the segment's folder. With ``runtime.workers > 1`` this
     task only drives a Ray Train worker group (orchestrator/worker_group.py), which holds the resources."""
-    directory = Path(runtime.checkpoint_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    marker = directory / WORKER_FILE
-    marker.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    directory = runtime.checkpoint_dir
+    storage.write_text(directory, WORKER_FILE, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     try:
         if runtime.workers > 1:
             result = run_worker_group(segment_fn, spec, runtime, key)
         else:
             result = finish_attempt(segment_fn(spec, runtime), spec, runtime, key)
     finally:
-        marker.unlink(missing_ok=True)
+        storage.delete(directory, WORKER_FILE)
     return result.model_dump(mode="json")
 
 
@@ -58,33 +58,29 @@ def finish_attempt(result: SegmentResult, spec: SegmentSpec, runtime: SegmentRun
     if result.segment_id != spec.id:
         raise ValueError(f"segment function returned the result of {result.segment_id} for {spec.id}")
     result = result.model_copy(update={"segment_id": key})
-    write_result(Path(runtime.checkpoint_dir), result)
+    write_result(runtime.checkpoint_dir, result)
     return result
 
 
-def write_result(directory: Path, result: SegmentResult) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{RESULT_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(result.model_dump(mode="json")))
-    tmp.replace(directory / RESULT_FILE)
+def write_result(directory: str | Path, result: SegmentResult) -> None:
+    storage.write_text(directory, RESULT_FILE, json.dumps(result.model_dump(mode="json")))
 
 
-def read_result(directory: Path, segment_id: str) -> SegmentResult | None:
+def read_result(directory: str | Path, segment_id: str) -> SegmentResult | None:
     """The result a finished attempt left in ``directory``, if it is there and belongs to ``segment_id``."""
-    path = directory / RESULT_FILE
-    if not path.is_file():
+    text = storage.read_text(directory, RESULT_FILE)
+    if text is None:
         return None
-    result = SegmentResult.model_validate_json(path.read_text())
+    result = SegmentResult.model_validate_json(text)
     return result if result.segment_id == segment_id else None
 
 
-def worker_running(directory: Path) -> bool:
+def worker_running(directory: str | Path) -> bool:
     """Whether a process on this host is still running the segment in ``directory`` (another host: unknown, False;
     on a cluster Ray itself kills the tasks of a dead driver)."""
-    path = directory / WORKER_FILE
     try:
-        worker = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        worker = json.loads(storage.read_text(directory, WORKER_FILE) or "")
+    except json.JSONDecodeError:
         return False
     if worker.get("host") != socket.gethostname():
         return False

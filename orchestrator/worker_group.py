@@ -10,9 +10,8 @@ a scheduler restart works the same way.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from workers.storage import SegmentFolder
 
 
 def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> SegmentResult:
@@ -31,13 +30,16 @@ def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key
         if ray.train.get_context().get_world_rank() == 0:
             finish_attempt(result, spec, runtime, key)
 
+    # Ray Train's own run files (no checkpoints: retries are the scheduler's) stay on local disk: for a URI
+    # checkpoint root, in its staging folder (workers/storage.py); Ray Train cannot write every fsspec protocol
+    ray_train_dir = SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir).local / "ray-train"
     gpu = runtime.device.startswith("cuda")
     per_worker = {"CPU": runtime.num_threads, **({"GPU": 1} if gpu else {})}
     trainer = TorchTrainer(
         loop,
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=runtime.workers, use_gpu=gpu, resources_per_worker=per_worker),
-        run_config=RunConfig(name=f"segment-{key}", storage_path=str(Path(runtime.checkpoint_dir) / "ray-train"),
+        run_config=RunConfig(name=f"segment-{key}", storage_path=str(ray_train_dir),
                              failure_config=FailureConfig(max_failures=0)),
     )
     try:
@@ -47,7 +49,7 @@ def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key
         if failures:
             raise failures[min(failures)] from None
         raise
-    result = read_result(Path(runtime.checkpoint_dir), key)
+    result = read_result(runtime.checkpoint_dir, key)
     if result is None:
         raise RuntimeError(f"segment {key}: the worker group finished but rank 0 left no result")
     return result

@@ -5,26 +5,26 @@ DeepSpeed's files (`engine.save_checkpoint(dir, tag)`), a `model/` export in the
 weights alone, what an upcycle segment or `upscale model` reads), and `meta.json` (STYLE.md item 9: segment id,
 parents, tokens, schedule phase, the full ModelConfig, the expert-parallel size of the engine state,
 schema_version). `meta.json` is written last, atomically: a folder without it is an interrupted save and is never
-resumed from. Resume = the newest complete folder whose sidecar names this segment.
+resumed from. Resume = the newest complete folder whose sidecar names this segment. These functions work on local
+folders (DeepSpeed's); `workers.storage` publishes them to a URI and fetches them back, with the same rule.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
+from workers import storage
 from workers.errors import WorkerError
 from workers.model import ModelConfig
 from workers.parallel import SINGLE, Ranks, full_state_dict
+from workers.storage import META_FILE, TAG_PREFIX
 from workers.weights import save_model
 
 SCHEMA_VERSION = 1
-META_FILE = "meta.json"
 MODEL_DIR = "model"
-TAG_PREFIX = "tokens_"
 
 
 def tag_for(tokens: int) -> str:
@@ -110,21 +110,11 @@ def load(engine, path: str | Path, cfg: ModelConfig, ep_size: int = 1) -> dict[s
 
 
 def complete(root: str | Path, segment_id: str) -> dict[int, Path]:
-    """Complete checkpoints of `segment_id` under `root`, by token count."""
-    root = Path(root)
-    if not root.is_dir():
-        return {}
-    found = {}
-    for d in root.glob(f"{TAG_PREFIX}*"):
-        f = d / META_FILE
-        if f.is_file() and json.loads(f.read_text()).get("segment_id") == segment_id:
-            found[int(d.name.removeprefix(TAG_PREFIX))] = d
-    return dict(sorted(found.items()))
+    """Complete checkpoints of `segment_id` under the folder `root`, by token count."""
+    return {tokens: Path(p) for tokens, p in storage.complete(Path(root), segment_id).items()}
 
 
 def remove(path: str | Path) -> None:
     """Delete a checkpoint folder (a superseded periodic resume checkpoint): sidecar first, so it never looks
     complete while half deleted."""
-    path = Path(path)
-    (path / META_FILE).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
+    storage.remove(Path(path))

@@ -13,6 +13,10 @@ upcycled MoE: fresh optimiser). Upcycle segments do not train: they load the par
 upcycling registry (with calibration windows from the training data) and save the MoE. lr_search segments are the
 orchestrator's (an Optuna study whose trials are ordinary segments run here); it resolves `optim.lr` for their
 children before calling this function.
+
+Checkpoint locations (`runtime.checkpoint_dir`, parent checkpoints, the result's) are local paths or fsspec URIs:
+`workers.storage` stages a URI on local disk for DeepSpeed, publishes each checkpoint as soon as it is saved, and
+fetches parents.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 import torch
 
 from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from workers import checkpoints
+from workers import checkpoints, storage
 from workers.data import TokenData, load_tokens
 from workers.engine import NonFiniteLoss, build_engine, train_step
 from workers.errors import WorkerError
@@ -122,12 +126,13 @@ def _start_checkpoint(spec: SegmentSpec, runtime: SegmentRuntime) -> Path | None
     if missing or not spec.parent_ids:
         raise WorkerError(f"{spec.kind} segment {spec.id}: needs its parent's checkpoint; none given for parent(s) "
                           f"{missing or '(no parent_ids)'} in runtime.parent_checkpoints")
-    paths = [Path(runtime.parent_checkpoints[p]) for p in spec.parent_ids]
+    locations = [runtime.parent_checkpoints[p] for p in spec.parent_ids]
+    paths = [storage.fetch(loc, storage.staging_root(runtime.data_cache_dir)) for loc in locations]
     found = [p for p in paths if (p / checkpoints.META_FILE).is_file() or
              (checkpoints.model_dir(p) / CONFIG_FILE).is_file()]
     if len(found) != 1:
-        absent = [str(p) for p in paths if not p.exists()]
-        why = f"{absent} does not exist" if absent else f"{len(found)} of {[str(p) for p in paths]} hold a model"
+        absent = [loc for loc in locations if not storage.exists(loc)]
+        why = f"{absent} does not exist" if absent else f"{len(found)} of {locations} hold a model"
         raise WorkerError(f"{spec.kind} segment {spec.id}: expected exactly one parent checkpoint holding a model; "
                           f"{why}")
     return found[0]
@@ -159,12 +164,14 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
         raise WorkerError(f"upcycle parent {parent} is already an MoE ({dense_cfg.n_expert} experts)")
     calibration = _data(spec, runtime).calibration(spec.upcycle.seed, CALIBRATION_TOKENS, spec.model.context)
     cfg, moe_sd = upcycle(dense_sd, ModelConfig.from_spec(spec.model), spec.upcycle, calibration)
-    out = Path(runtime.checkpoint_dir) / "upcycled"
+    folder = storage.SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir)
+    out = folder.local / "upcycled"
     save_model(out / checkpoints.MODEL_DIR, cfg, moe_sd)
     checkpoints.write_meta(out, {**_meta(spec), "tokens": 0}, cfg)
+    folder.push(out)
     wall = time.perf_counter() - t0
     return SegmentResult(segment_id=spec.id, kind=spec.kind, val_loss=None, tokens=0, wall_s=wall,
-                         tokens_per_s=0.0, checkpoint=str(out))
+                         tokens_per_s=0.0, checkpoint=folder.location_of(out))
 
 
 @dataclass
@@ -219,7 +226,8 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
                               f"{spec.tokens_per_step}")
     parent = _start_checkpoint(spec, runtime)
     data = _data(spec, runtime)
-    root = Path(runtime.checkpoint_dir)
+    folder = storage.SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir)
+    root = folder.pull(spec.id)  # a URI: its local mirror, holding the newest checkpoint it published
     own = checkpoints.complete(root, spec.id)
     resume = max(own.items())[1] if own else None  # our own newest checkpoint beats the parent's
     start = _initial_model(spec, resume or parent, ranks.world)
@@ -277,8 +285,9 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
             if tokens in keep or (every and tokens % every == 0):
                 last_good = checkpoints.save(engine, root, tokens, cfg, {**_meta(spec), "phase": _phase(spec, tokens)},
                                              ep_size, ranks)
-                if periodic is not None and ranks.main:
-                    checkpoints.remove(periodic)
+                folder.push(last_good, ranks)  # published now: a node lost later resumes elsewhere from it
+                if periodic is not None:
+                    folder.remove(periodic, ranks)
                 periodic = None if tokens in keep else last_good
             if runtime.eval_every_tokens and tokens % runtime.eval_every_tokens == 0 and tokens < spec.end_tokens:
                 logger.log(tokens, val_loss=val_loss(engine.module, val_set, runtime.device, ranks))
@@ -286,13 +295,13 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
                 on_step(StepInfo(step, tokens, spec.start_tokens, spec.end_tokens, stats.loss, lr))
         final = val_loss(engine.module, val_set, runtime.device, ranks)
         logger.log(tokens, val_loss=final)
-    done = checkpoints.complete(root, spec.id)
+    done = folder.complete(spec.id)
     final_ckpt = done[spec.end_tokens]
-    branches = {t: str(p) for t, p in done.items() if t in spec.save_at_tokens}
+    branches = {t: p for t, p in done.items() if t in spec.save_at_tokens}
     return SegmentResult(
         segment_id=spec.id, kind=spec.kind, val_loss=final, tokens=spec.end_tokens - spec.start_tokens,
         wall_s=time.perf_counter() - t0, tokens_per_s=trained / train_s if train_s else 0.0,
-        checkpoint=str(final_ckpt), branch_checkpoints=branches, metrics=summary,
+        checkpoint=final_ckpt, branch_checkpoints=branches, metrics=summary,
     )
 
 

@@ -43,10 +43,12 @@ def train_segment(
     segment: Annotated[Path, typer.Argument(help="A SegmentSpec JSON file.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
     checkpoint_dir: Annotated[
-        Path | None, typer.Option(help="Where checkpoints go; default <UPSCALE_HOME>/checkpoints/<segment id>.")
+        str | None, typer.Option(help="Where checkpoints go, a path or an fsspec URI (s3://...); default "
+                                      "UPSCALE_CHECKPOINT_DIR/<segment id>.")
     ] = None,
     parent: Annotated[
-        list[str] | None, typer.Option(help="Parent checkpoint as PARENT_ID=DIR (or DIR for a single parent).")
+        list[str] | None, typer.Option(help="Parent checkpoint as PARENT_ID=DIR (or DIR for a single parent); DIR "
+                                            "may be a URI.")
     ] = None,
     mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI; default: no MLflow logging.")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch threads.")] = 1,
@@ -69,7 +71,7 @@ def train_segment(
                   f"{result.wall_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s); checkpoint {result.checkpoint}")
 
 
-def _run(segment: Path, checkpoint_dir: Path | None, parent: list[str], mlflow_uri: str | None, threads: int,
+def _run(segment: Path, checkpoint_dir: str | None, parent: list[str], mlflow_uri: str | None, threads: int,
          device: str, eval_every_tokens: int | None, checkpoint_every_tokens: int | None, zero_stage: int,
          quiet: bool) -> SegmentResult:
     """Parse the spec, build the runtime, run the segment under a progress bar on stderr."""
@@ -78,6 +80,7 @@ def _run(segment: Path, checkpoint_dir: Path | None, parent: list[str], mlflow_u
 
     from orchestrator.settings import get_settings
     from sweeps.segments import SegmentRuntime, SegmentSpec
+    from workers import storage
     from workers.segment import StepInfo, run_segment
 
     if not segment.is_file():
@@ -88,8 +91,9 @@ def _run(segment: Path, checkpoint_dir: Path | None, parent: list[str], mlflow_u
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise WorkerError(f"{segment}: {where}: {first['msg']} ({e.error_count()} error(s))") from None
+    location = checkpoint_dir or storage.join(get_settings().checkpoint_dir, spec.id)
     runtime = SegmentRuntime(
-        checkpoint_dir=str((checkpoint_dir or Path(get_settings().checkpoint_dir) / spec.id).absolute()),
+        checkpoint_dir=location if storage.is_uri(location) else str(Path(location).absolute()),
         parent_checkpoints=_parents(parent, spec.parent_ids),
         mlflow_tracking_uri=mlflow_uri, num_threads=threads, device=device, eval_every_tokens=eval_every_tokens,
         checkpoint_every_tokens=checkpoint_every_tokens, zero_stage=zero_stage,

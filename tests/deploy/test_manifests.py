@@ -217,6 +217,14 @@ def test_dockerfile_pins_python_and_torch_as_pyproject() -> None:
         assert f"COPY {package.rstrip('*')} " in dockerfile  # every package the wheel includes is in the image
 
 
+def test_the_image_can_open_s3_checkpoint_uris() -> None:
+    # UPSCALE_CHECKPOINT_DIR may be an fsspec URI (workers/storage.py): fsspec is a worker dependency, and the image
+    # installs the S3 protocol's package in the same pip command (so pip picks an s3fs matching that fsspec)
+    assert any(re.match(r"fsspec\b", d) for d in PYPROJECT["project"]["optional-dependencies"]["worker"])
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r'^RUN pip install "\.\[worker\]" "s3fs[=<>~]=?[\d.]+"', dockerfile, re.M)
+
+
 # -- settings ---------------------------------------------------------------------------------------------------
 
 
