@@ -68,6 +68,7 @@ class RefitScheduleRecord(Base):
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     last_error: Mapped[str | None] = mapped_column(String(2000))
     last_checked_hash: Mapped[str | None] = mapped_column(String(64), doc="Inputs last tried (failed ones too).")
+    last_fired_minute: Mapped[datetime | None] = mapped_column(doc="cron: the minute a refit loop last claimed.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -12,9 +12,9 @@ import hashlib
 import json
 import threading
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from api.cli.fit_commands import dstar_results
@@ -121,14 +121,17 @@ def fail(services: Services, schedule_id: str, error: str) -> None:
         s.get(RefitScheduleRecord, schedule_id).last_error = error[:2000]
 
 
-def _last_refit_minute(services: Services, schedule_id: str) -> datetime | None:
-    """The minute of the schedule's latest refit, from the store: a cron minute fires once even with several
-    loops (serve + scheduler processes) watching the same schedules."""
+def claim_minute(services: Services, schedule_id: str, minute: datetime) -> bool:
+    """Claim a cron schedule's `minute` for this loop: one conditional UPDATE, so of several loops (serve and
+    scheduler processes, replicas) watching the same schedules exactly one fires it."""
     with services.store.transaction() as s:
-        last = s.scalar(select(func.max(RefitRecord.created_at)).where(RefitRecord.schedule_id == schedule_id))
-    if last is None:
-        return None
-    return (last if last.tzinfo else last.replace(tzinfo=UTC)).replace(second=0, microsecond=0)
+        claimed = s.execute(
+            update(RefitScheduleRecord)
+            .where(RefitScheduleRecord.id == schedule_id,
+                   or_(RefitScheduleRecord.last_fired_minute.is_(None),
+                       RefitScheduleRecord.last_fired_minute < minute))
+            .values(last_fired_minute=minute))
+    return claimed.rowcount == 1
 
 
 class RefitLoop(threading.Thread):
@@ -148,8 +151,8 @@ class RefitLoop(threading.Thread):
         for schedule in schedules(self.services):
             if self.stopping.is_set():
                 return
-            if schedule.trigger == "cron" and (not parse_cron(schedule.cron or "").matches(now)
-                                               or _last_refit_minute(self.services, schedule.id) == now):
+            if schedule.trigger == "cron" and not (parse_cron(schedule.cron or "").matches(now)
+                                                   and claim_minute(self.services, schedule.id, now)):
                 continue
             try:
                 run_refit(self.services, schedule, force=schedule.trigger == "cron")

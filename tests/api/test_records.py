@@ -48,3 +48,25 @@ def test_cron_matches(expr: str, when: datetime, hit: bool) -> None:
 def test_cron_errors_name_the_field(expr: str, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         parse_cron(expr)
+
+
+def test_racing_refit_loops_claim_a_cron_minute_once(tmp_path, mlflow_uri) -> None:
+    """Eight loops (threads, each its own connection) claim the same minute of one schedule: exactly one fires;
+    the next minute can be claimed again, an earlier one never."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from api.records import RefitScheduleRecord
+    from api.refits import claim_minute
+    from api.services import Services
+    from orchestrator.settings import Settings
+
+    services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
+    with services.store.transaction() as s:
+        s.add(RefitScheduleRecord(id="s1", name="each minute", trigger="cron", cron="* * * * *", request={},
+                                  owner="t", active=True))
+    minute = datetime(2026, 11, 23, 12, 45, tzinfo=UTC)
+    with ThreadPoolExecutor(8) as pool:
+        wins = list(pool.map(lambda _: claim_minute(services, "s1", minute), range(8)))
+    assert wins.count(True) == 1
+    assert claim_minute(services, "s1", minute.replace(minute=46))
+    assert not claim_minute(services, "s1", minute)
