@@ -88,10 +88,13 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     """Refit now; None when the inputs are those last tried and not ``force``. FitError if a fit fails."""
     req = RefitRequest.model_validate(schedule.request)
     digest = inputs_hash(services, req)
-    if not force and digest == schedule.last_checked_hash:
-        return None
-    with services.store.transaction() as s:
-        s.get(RefitScheduleRecord, schedule.id).last_checked_hash = digest
+    with services.store.transaction() as s:  # a conditional UPDATE: of racing loops, one fires on new inputs
+        mark = update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id).values(last_checked_hash=digest)
+        if not force:
+            mark = mark.where(or_(RefitScheduleRecord.last_checked_hash.is_(None),
+                                  RefitScheduleRecord.last_checked_hash != digest))
+        if s.execute(mark).rowcount == 0:
+            return None
     schedule.last_checked_hash = digest
     fit_ids, params = {}, {}
     for kind, law in sorted(req.laws.items()):
