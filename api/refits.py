@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.cli.fit_commands import dstar_results
 from api.cron import parse_cron
 from api.fits import create_fit, fitted, observations_table
 from api.records import FitRecord, RefitRecord, RefitScheduleRecord
 from api.schemas import FitCreate, RefitRequest, RefitScheduleCreate
 from api.services import Services
+from fitting.dstar import dstar_results
 from fitting.errors import FitError
 from orchestrator.errors import OrchestratorError
 from orchestrator.records import utcnow

@@ -7,12 +7,15 @@ parameters at N1 = 1e9: ~3e9 and ~5e11 tokens). D* is the first crossing where u
 
 Catch-up budget: for a user's (N1, D1, D2), the D_MoE at which from-scratch training reaches the upcycled loss.
 The verdict follows the paper (Fig. 15, Sec. 5.1): upcycling is efficient when D_MoE exceeds the sunk cost D1.
+``dstar_results`` is the `upscale dstar` JSON (D* and its interval per N1, the closed form D*(N1)).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq
@@ -22,6 +25,7 @@ from fitting.errors import FitError
 from fitting.summary import FittedLaw, finite_or_none
 
 TOKEN_RANGE = (1e6, 1e16)  # where crossings are searched: far beyond any training run at both ends
+N1_RANGE = (1e8, 1e11)  # model sizes over which the closed form D*(N1) is fitted (the paper's Fig. 1 span)
 _GRID = 400
 
 
@@ -102,6 +106,28 @@ def fit_closed_form(n1: np.ndarray, dstar: np.ndarray) -> dict[str, float]:
 def closed_form_dstar(cf: dict[str, float], n1: np.ndarray) -> np.ndarray:
     x = np.log(np.asarray(n1, float) / 1e9)
     return cf["a"] * np.exp(x * (cf["b"] + cf["c"] * x))
+
+
+def dstar_results(moe: FittedLaw, up: FittedLaw, n1s: list[float],
+                  n1_range: tuple[float, float] = N1_RANGE) -> dict[str, Any]:
+    """The `upscale dstar` JSON for fitted laws (the CLI, the demo and the API); the closed form is fitted over
+    ``n1_range`` and is null where fewer than 3 sizes there have a finite D* (upcycling always, or never, wins)."""
+    check_pair(moe, up)
+    results = []
+    for n1 in n1s:
+        if not (math.isfinite(n1) and n1 > 0):
+            raise FitError(f"--n1 must be a positive parameter count, got {n1}")
+        c = crossings(moe, up, n1)
+        samples = dstar_samples(moe, up, n1)
+        results.append({"n1": n1, "crossings": list(c.crossings), "dstar": c.dstar,
+                        "ci": list(percentile_interval(samples)) if samples.size else None,
+                        "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]})
+    grid = np.geomspace(*n1_range, 16)
+    try:
+        closed = fit_closed_form(grid, np.array([crossings(moe, up, n).dstar for n in grid]))
+    except FitError:
+        closed = None
+    return {"results": results, "closed_form": closed}
 
 
 def catch_up(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float,

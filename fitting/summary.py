@@ -9,6 +9,7 @@ With ``by`` columns the table is split and each group gets its own report under 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,18 @@ class FittedLaw:
 def finite_or_none(x: float) -> float | None:
     """A number for JSON: NaN and infinities (no crossing, a failed bound) become null."""
     return float(x) if np.isfinite(x) else None
+
+
+def clean(x: Any) -> Any:
+    """JSON-safe, recursively through dicts, lists and tuples: NaN and infinities become null (strict JSON has
+    neither). What `upscale ... --json` prints and what the API stores."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [clean(v) for v in x]
+    return x
 
 
 def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
