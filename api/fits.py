@@ -1,7 +1,7 @@
 """Fits and decisions behind the routes: fit a law on stored observations (or inline rows), keep the report, its
 plots and `report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits.
 
-The numerics are fitting/'s (`report`, `decide`, `dstar_results`), and so are the plots (`fit_plots`, as
+The numerics are fitting/'s (`report`, `decide`, `dstar_at`), and so are the plots (`fit_plots`, as
 `upscale fit --plot`).
 """
 
@@ -18,7 +18,7 @@ from sqlalchemy import select
 from api.records import FitRecord
 from api.schemas import Decision, FitCreate
 from api.services import Services
-from fitting.dstar import decide, dstar_results
+from fitting.dstar import decide, dstar_at
 from fitting.errors import FitError
 from fitting.laws import get_law
 from fitting.summary import FittedLaw, clean, load_fit, report
@@ -92,6 +92,6 @@ def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str |
         ids[role] = record.id
     moe, up = fitted(services, ids["moe"]), fitted(services, ids["upcycled"])
     d = decide(moe, up, n1, d1, d2).to_json()
-    star = dstar_results(moe, up, [n1])["results"][0]
+    star = dstar_at(moe, up, n1)
     return Decision(**clean({**d, "dstar": star["dstar"], "dstar_ci": star["ci"], "fits": ids}))
 

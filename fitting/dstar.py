@@ -7,7 +7,7 @@ parameters at N1 = 1e9: ~3e9 and ~5e11 tokens). D* is the first crossing where u
 
 Catch-up budget: for a user's (N1, D1, D2), the D_MoE at which from-scratch training reaches the upcycled loss.
 The verdict follows the paper (Fig. 15, Sec. 5.1): upcycling is efficient when D_MoE exceeds the sunk cost D1.
-``dstar_results`` is the `upscale dstar` JSON (D* and its interval per N1, the closed form D*(N1)).
+``dstar_results`` is the `upscale dstar` JSON (``dstar_at``: D* and its interval at one N1; the closed form D*(N1)).
 """
 
 from __future__ import annotations
@@ -172,19 +172,25 @@ def closed_form_dstar(cf: dict[str, float], n1: np.ndarray) -> np.ndarray:
     return cf["a"] * np.exp(x * (cf["b"] + cf["c"] * x))
 
 
+def dstar_at(moe: FittedLaw, up: FittedLaw, n1: float) -> dict[str, Any]:
+    """One N1's entry of the `upscale dstar` JSON: the crossings, D*, its bootstrap interval (null without samples)
+    and who wins where. The decision endpoint and the refits need only this, not the closed form."""
+    check_pair(moe, up)
+    if not (math.isfinite(n1) and n1 > 0):
+        raise FitError(f"--n1 must be a positive parameter count, got {n1}")
+    c, samples = crossings_and_samples(moe, up, n1)
+    return {"n1": n1, "crossings": list(c.crossings), "dstar": c.dstar,
+            "ci": list(percentile_interval(samples)) if samples.size else None,
+            "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]}
+
+
 def dstar_results(moe: FittedLaw, up: FittedLaw, n1s: list[float],
                   n1_range: tuple[float, float] = N1_RANGE) -> dict[str, Any]:
-    """The `upscale dstar` JSON for fitted laws (the CLI, the demo and the API); the closed form is fitted over
-    ``n1_range`` and is null where fewer than 3 sizes there have a finite D* (upcycling always, or never, wins)."""
+    """The `upscale dstar` JSON for fitted laws (the CLI and the demo): ``dstar_at`` for every N1 of ``n1s`` and
+    the closed form, fitted over ``n1_range`` and null where fewer than 3 sizes there have a finite D* (upcycling
+    always, or never, wins)."""
     check_pair(moe, up)
-    results = []
-    for n1 in n1s:
-        if not (math.isfinite(n1) and n1 > 0):
-            raise FitError(f"--n1 must be a positive parameter count, got {n1}")
-        c, samples = crossings_and_samples(moe, up, n1)
-        results.append({"n1": n1, "crossings": list(c.crossings), "dstar": c.dstar,
-                        "ci": list(percentile_interval(samples)) if samples.size else None,
-                        "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]})
+    results = [dstar_at(moe, up, n1) for n1 in n1s]
     grid = np.geomspace(*n1_range, 16)
     try:
         closed = fit_closed_form(grid, np.array([crossings(moe, up, n).dstar for n in grid]))
