@@ -21,7 +21,7 @@ import pandas as pd
 from fitting.bootstrap import Bootstrap, bootstrap
 from fitting.compare import loo_rms
 from fitting.errors import FitError
-from fitting.fit import FitOptions, fit, prepare
+from fitting.fit import FitOptions, fit_problem, prepare
 from fitting.laws import Law, get_law
 
 
@@ -61,9 +61,9 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
            progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
     """Fit, LOO and (if ``n_boot``) bootstrap ``law`` on ``df``: the JSON report and the bootstrap."""
     options = options or FitOptions()
-    result = fit(law, df, fixed, options)
-    problem, _ = prepare(law, df, result.fixed, options)
-    boot = bootstrap(law, df, result, n_boot, seed, options, workers, progress) if n_boot > 0 else None
+    problem, table = prepare(law, df, fixed, options)  # built once: the fit, its LOO and its bootstrap share it
+    result = fit_problem(law, problem, table, fixed, options)
+    boot = bootstrap(law, df, result, n_boot, seed, options, workers, progress, problem=problem) if n_boot > 0 else None
     out: dict[str, Any] = {
         "law": law.name,
         "params": result.params,
