@@ -1,7 +1,8 @@
 """Fits and decisions behind the routes: fit a law on stored observations (or inline rows), keep the report, its
 plots and `report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits.
 
-The numerics are fitting/'s (`report`, `decide`, `dstar_results`); the plots are `upscale fit --plot`'s.
+The numerics are fitting/'s (`report`, `decide`, `dstar_at`), and so are the plots (`fit_plots`, as
+`upscale fit --plot`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from pathlib import Path
 import pandas as pd
 from sqlalchemy import select
 
-from api.cli.fit_commands import clean, dstar_results, fit_plots
 from api.records import FitRecord
 from api.schemas import Decision, FitCreate
 from api.services import Services
-from fitting.dstar import decide
+from fitting.dstar import decide, dstar_at
 from fitting.errors import FitError
 from fitting.laws import get_law
-from fitting.summary import FittedLaw, load_fit, report
+from fitting.summary import FittedLaw, clean, load_fit, report
 from orchestrator.observations import table
 
 # matplotlib (its mathtext parser included) is not thread-safe: request threads and the refit loop plot in turn
@@ -40,6 +40,8 @@ def observations_table(services: Services, sweep_ids: list[str], kind: str) -> p
 
 def create_fit(services: Services, req: FitCreate, owner: str) -> FitRecord:
     """Fit, write report.json and plots, record the fit; FitError for anything the caller must fix."""
+    from fitting.plots import fit_plots  # matplotlib: loaded by the first fit, not at server start
+
     law = get_law(req.law)
     df = pd.DataFrame(req.rows) if req.rows is not None else observations_table(services, req.sweep_ids, req.kind)
     if df.empty:
@@ -90,6 +92,6 @@ def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str |
         ids[role] = record.id
     moe, up = fitted(services, ids["moe"]), fitted(services, ids["upcycled"])
     d = decide(moe, up, n1, d1, d2).to_json()
-    star = dstar_results(moe, up, [n1])["results"][0]
+    star = dstar_at(moe, up, n1)
     return Decision(**clean({**d, "dstar": star["dstar"], "dstar_ci": star["ci"], "fits": ids}))
 

@@ -17,12 +17,12 @@ from datetime import datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from api.cli.fit_commands import dstar_results
 from api.cron import parse_cron
 from api.fits import create_fit, fitted, observations_table
 from api.records import FitRecord, RefitRecord, RefitScheduleRecord
 from api.schemas import FitCreate, RefitRequest, RefitScheduleCreate
 from api.services import Services
+from fitting.dstar import dstar_at
 from fitting.errors import FitError
 from orchestrator.errors import OrchestratorError
 from orchestrator.records import utcnow
@@ -103,8 +103,7 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
         fit_ids[kind], params[kind] = record.id, record.report["params"]
     dstar, ci = None, None
     if {"scratch", "upcycled"} <= set(fit_ids):
-        star = dstar_results(fitted(services, fit_ids["scratch"]), fitted(services, fit_ids["upcycled"]),
-                             [req.n1])["results"][0]
+        star = dstar_at(fitted(services, fit_ids["scratch"]), fitted(services, fit_ids["upcycled"]), req.n1)
         dstar, ci = star["dstar"], star["ci"]
     with services.store.transaction() as s:
         prev = s.scalar(select(RefitRecord).where(RefitRecord.schedule_id == schedule.id)

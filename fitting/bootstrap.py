@@ -70,10 +70,12 @@ def _refit_chunk(problem: Problem, best: StartResult, options: FitOptions,
 
 def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed: int = 0,
               options: FitOptions | None = None, workers: int = 1,
-              progress: Callable[[int], None] | None = None) -> Bootstrap:
-    """``n`` refits of ``result`` on resampled trunks (or points); ``progress(k)`` is told of every k finished."""
+              progress: Callable[[int], None] | None = None, *, problem: Problem | None = None) -> Bootstrap:
+    """``n`` refits of ``result`` on resampled trunks (or points); ``progress(k)`` is told of every k finished.
+    ``problem``: the one ``prepare`` built for this fit (law, df, result.fixed, options), if the caller has it."""
     options = options or FitOptions()
-    problem, _ = prepare(law, df, result.fixed, options)
+    if problem is None:
+        problem, _ = prepare(law, df, result.fixed, options)
     unit, units = _units(df)
     draws = np.random.default_rng(seed).integers(0, len(units), size=(n, len(units)))
     row_sets = [np.concatenate([units[u] for u in d]) for d in draws]

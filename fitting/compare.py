@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fitting.errors import FitError
-from fitting.fit import FitOptions, FitResult, Problem, StartResult, fit, prepare, refit_theta, run_starts
+from fitting.fit import FitOptions, FitResult, Problem, StartResult, fit_problem, prepare, refit_theta, run_starts
 from fitting.laws import Law
 
 
@@ -72,10 +72,12 @@ def information_criteria(problem: Problem, theta: np.ndarray) -> tuple[float, fl
     return float(base + 2 * k), float(base + k * np.log(n))
 
 
-def assess(law: Law, df: pd.DataFrame, result: FitResult, options: FitOptions | None = None) -> Comparison:
-    """The comparison row of an existing fit of ``law`` to ``df``."""
+def assess(law: Law, df: pd.DataFrame, result: FitResult, options: FitOptions | None = None, *,
+           prepared: tuple[Problem, pd.DataFrame] | None = None) -> Comparison:
+    """The comparison row of an existing fit of ``law`` to ``df``; ``prepared``: what ``prepare`` returned for this
+    fit (law, df, result.fixed, options), if the caller has it."""
     options = options or FitOptions()
-    problem, table = prepare(law, df, result.fixed, options)
+    problem, table = prepared or prepare(law, df, result.fixed, options)
     theta = np.array(result.theta)
     aic, bic = information_criteria(problem, theta)
     return Comparison(law.name, problem.n, len(problem.names), result.objective, loo_rms(problem, result.best, options),
@@ -89,5 +91,6 @@ def compare(laws: list[Law], df: pd.DataFrame, fixed: dict[str, float] | None = 
     rows = []
     for law in laws:
         own = {k: v for k, v in (fixed or {}).items() if k in law.param_names}
-        rows.append(assess(law, df, fit(law, df, own, options), options))
+        prepared = prepare(law, df, own, options)
+        rows.append(assess(law, df, fit_problem(law, *prepared, own, options), options, prepared=prepared))
     return rows

@@ -7,22 +7,28 @@ parameters at N1 = 1e9: ~3e9 and ~5e11 tokens). D* is the first crossing where u
 
 Catch-up budget: for a user's (N1, D1, D2), the D_MoE at which from-scratch training reaches the upcycled loss.
 The verdict follows the paper (Fig. 15, Sec. 5.1): upcycling is efficient when D_MoE exceeds the sunk cost D1.
+``dstar_results`` is the `upscale dstar` JSON (``dstar_at``: D* and its interval at one N1; the closed form D*(N1)).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq
 
 from fitting.bootstrap import percentile_interval
 from fitting.errors import FitError
+from fitting.laws import Design, Law
 from fitting.summary import FittedLaw, finite_or_none
 
 TOKEN_RANGE = (1e6, 1e16)  # where crossings are searched: far beyond any training run at both ends
+N1_RANGE = (1e8, 1e11)  # model sizes over which the closed form D*(N1) is fitted (the paper's Fig. 1 span)
 _GRID = 400
+_ROWS = 1024  # parameter rows put through the grid at once: ~terms x 400 x 1024 floats (10 MB) per law
 
 
 def check_pair(moe: FittedLaw, upcycled: FittedLaw) -> None:
@@ -44,6 +50,40 @@ def upcycled_loss(up: FittedLaw, n1: float, d1: np.ndarray, d2: np.ndarray,
     return up.law.predict(params or up.params, {"D1": d1, "D2": d2, "N1": np.full(d1.shape, n1)})
 
 
+class _Curve:
+    """One law along the D* path at model size N1, for rows of parameters (the fit, bootstrap samples): its design
+    planned once per N1 and its parameters converted once, where Law.predict redid both at every grid point, brentq
+    step and sample. ``loss`` (one row) is Law.predict's to the bit; ``losses`` (a block of rows at once) may differ
+    from it in the last bit, which is harmless where it is used: for the signs of the gap on the grid."""
+
+    def __init__(self, law: Law, size_column: str, n1: float, rows: np.ndarray) -> None:
+        self.design = Design(law, {size_column: n1})
+        self.theta = law.fitted_rows(rows)
+
+    def loss(self, X: np.ndarray, row: int) -> np.ndarray:
+        """L̂ at the design's rows for parameter row ``row``."""
+        return np.exp(X @ self.theta[row]).sum(axis=0)
+
+    def losses(self, X: np.ndarray, rows: slice) -> np.ndarray:
+        """L̂ (design row, parameter row) for a block of parameter rows: one matrix product (2-D: BLAS's gemm)."""
+        K, n, p = X.shape
+        return np.exp((X.reshape(K * n, p) @ self.theta[rows].T).reshape(K, n, -1)).sum(axis=0)
+
+
+def _fit_row(fitted: FittedLaw, params: dict[str, float] | None = None) -> np.ndarray:
+    """``params`` (default: the fit's) as one row in the law's parameter order."""
+    values = params or fitted.params
+    return np.array([[values[n] for n in fitted.law.param_names]], dtype=float)
+
+
+def _sample_rows(moe: FittedLaw, up: FittedLaw) -> tuple[np.ndarray, np.ndarray]:
+    """The bootstrap pairs (sample i of each fit, as many as the shorter side has; none without samples on both)."""
+    ms, us = (np.empty((0, len(f.law.params))) if f.samples is None else np.asarray(f.samples, float)
+              for f in (moe, up))
+    n = min(len(ms), len(us))
+    return ms[:n], us[:n]
+
+
 @dataclass(frozen=True)
 class Crossings:
     """Every crossing in TOKEN_RANGE and which side wins on each interval between them."""
@@ -61,31 +101,59 @@ class Crossings:
         return float("inf")
 
 
+class _Path:
+    """L_MoE(N1, D) and L_upcycled(D1 = D, D2 = D, N1) at one N1 (Eq. 13); parameter row r of both is one pair."""
+
+    def __init__(self, moe: FittedLaw, up: FittedLaw, n1: float, moe_rows: np.ndarray, up_rows: np.ndarray) -> None:
+        self.n1 = n1
+        self.moe = _Curve(moe.law, "N", n1, moe_rows)
+        self.up = _Curve(up.law, "N1", n1, up_rows)
+
+    def gap(self, log_d: np.ndarray, row: int) -> np.ndarray:
+        d = np.exp(log_d)
+        return self.moe.loss(self.moe.design({"D": d}), row) - self.up.loss(self.up.design({"D1": d, "D2": d}), row)
+
+    def crossings(self) -> list[Crossings]:
+        """The crossings of every row: the gap on the log grid for all rows at once (one design per law, one
+        product per block of rows), then brentq on each sign change of each row."""
+        x = np.linspace(*np.log(TOKEN_RANGE), _GRID)
+        d = np.exp(x)
+        X_moe, X_up = self.moe.design({"D": d}), self.up.design({"D1": d, "D2": d})
+        out = []
+        for start in range(0, len(self.moe.theta), _ROWS):
+            block = slice(start, start + _ROWS)
+            g = self.moe.losses(X_moe, block) - self.up.losses(X_up, block)  # (grid, rows)
+            change = np.sign(g[:-1]) * np.sign(g[1:]) < 0
+            out.extend(self._row_crossings(start + r, x, np.flatnonzero(change[:, r])) for r in range(g.shape[1]))
+        return out
+
+    def _row_crossings(self, row: int, x: np.ndarray, brackets: np.ndarray) -> Crossings:
+        roots = [float(np.exp(brentq(lambda v: self.gap(np.array([v]), row)[0], x[i], x[i + 1], xtol=1e-12)))
+                 for i in brackets]
+        edges = [TOKEN_RANGE[0], *roots, TOKEN_RANGE[1]]
+        segments = []
+        for lo, hi in itertools.pairwise(edges):
+            mid = np.sqrt(lo * hi)
+            segments.append((lo, hi, "upcycle" if self.gap(np.log([mid]), row)[0] > 0 else "scratch"))
+        return Crossings(self.n1, tuple(roots), tuple(segments))
+
+
 def crossings(moe: FittedLaw, up: FittedLaw, n1: float, moe_params: dict[str, float] | None = None,
               up_params: dict[str, float] | None = None) -> Crossings:
     """Roots of L_MoE(N1, D) − L_upcycled(D, D, N1) over TOKEN_RANGE."""
-
-    def gap(log_d: np.ndarray) -> np.ndarray:
-        d = np.exp(log_d)
-        return moe_loss(moe, n1, d, moe_params) - upcycled_loss(up, n1, d, d, up_params)
-
-    x = np.linspace(*np.log(TOKEN_RANGE), _GRID)
-    g = gap(x)
-    roots = []
-    for i in np.flatnonzero(np.sign(g[:-1]) * np.sign(g[1:]) < 0):
-        roots.append(float(np.exp(brentq(lambda v: gap(np.array([v]))[0], x[i], x[i + 1], xtol=1e-12))))
-    edges = [TOKEN_RANGE[0], *roots, TOKEN_RANGE[1]]
-    segments = []
-    for lo, hi in itertools.pairwise(edges):
-        mid = np.sqrt(lo * hi)
-        segments.append((lo, hi, "upcycle" if gap(np.log([mid]))[0] > 0 else "scratch"))
-    return Crossings(n1, tuple(roots), tuple(segments))
+    return _Path(moe, up, n1, _fit_row(moe, moe_params), _fit_row(up, up_params)).crossings()[0]
 
 
 def dstar_samples(moe: FittedLaw, up: FittedLaw, n1: float) -> np.ndarray:
     """D* for every bootstrap pair (sample i of each fit); empty without samples on both sides."""
-    ms, us = moe.sample_params(), up.sample_params()
-    return np.array([crossings(moe, up, n1, m, u).dstar for m, u in zip(ms, us, strict=False)])
+    return np.array([c.dstar for c in _Path(moe, up, n1, *_sample_rows(moe, up)).crossings()])
+
+
+def crossings_and_samples(moe: FittedLaw, up: FittedLaw, n1: float) -> tuple[Crossings, np.ndarray]:
+    """``crossings`` of the fits and ``dstar_samples``, from one design per law at this N1."""
+    ms, us = _sample_rows(moe, up)
+    first, *rest = _Path(moe, up, n1, np.vstack([_fit_row(moe), ms]), np.vstack([_fit_row(up), us])).crossings()
+    return first, np.array([c.dstar for c in rest])
 
 
 def fit_closed_form(n1: np.ndarray, dstar: np.ndarray) -> dict[str, float]:
@@ -104,13 +172,43 @@ def closed_form_dstar(cf: dict[str, float], n1: np.ndarray) -> np.ndarray:
     return cf["a"] * np.exp(x * (cf["b"] + cf["c"] * x))
 
 
-def catch_up(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float,
-             moe_params: dict[str, float] | None = None, up_params: dict[str, float] | None = None) -> float:
-    """Tokens D_MoE with L_MoE(N1, D_MoE) = L_upcycled(D1, D2, N1); inf when from scratch never gets there."""
-    target = upcycled_loss(up, n1, d1, d2, up_params)[0]
+def dstar_at(moe: FittedLaw, up: FittedLaw, n1: float) -> dict[str, Any]:
+    """One N1's entry of the `upscale dstar` JSON: the crossings, D*, its bootstrap interval (null without samples)
+    and who wins where. The decision endpoint and the refits need only this, not the closed form."""
+    check_pair(moe, up)
+    if not (math.isfinite(n1) and n1 > 0):
+        raise FitError(f"--n1 must be a positive parameter count, got {n1}")
+    c, samples = crossings_and_samples(moe, up, n1)
+    return {"n1": n1, "crossings": list(c.crossings), "dstar": c.dstar,
+            "ci": list(percentile_interval(samples)) if samples.size else None,
+            "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]}
+
+
+def dstar_results(moe: FittedLaw, up: FittedLaw, n1s: list[float],
+                  n1_range: tuple[float, float] = N1_RANGE) -> dict[str, Any]:
+    """The `upscale dstar` JSON for fitted laws (the CLI and the demo): ``dstar_at`` for every N1 of ``n1s`` and
+    the closed form, fitted over ``n1_range`` and null where fewer than 3 sizes there have a finite D* (upcycling
+    always, or never, wins)."""
+    check_pair(moe, up)
+    results = [dstar_at(moe, up, n1) for n1 in n1s]
+    grid = np.geomspace(*n1_range, 16)
+    try:
+        closed = fit_closed_form(grid, np.array([crossings(moe, up, n).dstar for n in grid]))
+    except FitError:
+        closed = None
+    return {"results": results, "closed_form": closed}
+
+
+def _upcycled_tokens(d1: float | np.ndarray, d2: float | np.ndarray) -> dict[str, np.ndarray]:
+    d1, d2 = np.broadcast_arrays(np.atleast_1d(np.asarray(d1, float)), np.atleast_1d(np.asarray(d2, float)))
+    return {"D1": d1, "D2": d2}
+
+
+def _catch_up(moe: _Curve, row: int, target: float) -> float:
+    """Tokens where the MoE law of parameter row ``row`` reaches the loss ``target`` (see ``catch_up``)."""
 
     def f(log_d: float) -> float:
-        return moe_loss(moe, n1, np.exp(log_d), moe_params)[0] - target
+        return moe.loss(moe.design({"D": np.atleast_1d(np.exp(log_d))}), row)[0] - target
 
     lo, hi = np.log(1.0), np.log(TOKEN_RANGE[1] * 1e4)
     if f(hi) > 0:
@@ -118,6 +216,14 @@ def catch_up(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float,
     if f(lo) < 0:
         return 0.0
     return float(np.exp(brentq(f, lo, hi, xtol=1e-12)))
+
+
+def catch_up(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float,
+             moe_params: dict[str, float] | None = None, up_params: dict[str, float] | None = None) -> float:
+    """Tokens D_MoE with L_MoE(N1, D_MoE) = L_upcycled(D1, D2, N1); inf when from scratch never gets there."""
+    upcycled = _Curve(up.law, "N1", n1, _fit_row(up, up_params))
+    target = upcycled.loss(upcycled.design(_upcycled_tokens(d1, d2)), 0)[0]
+    return _catch_up(_Curve(moe.law, "N", n1, _fit_row(moe, moe_params)), 0, target)
 
 
 @dataclass(frozen=True)
@@ -147,12 +253,17 @@ def decide(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float) -> De
     for name, v in (("--n1", n1), ("--d1", d1), ("--d2", d2)):
         if not (np.isfinite(v) and v > 0):
             raise FitError(f"{name} must be a positive number, got {v}")
-    d_moe = catch_up(moe, up, n1, d1, d2)
+    ms, us = _sample_rows(moe, up)
+    scratch = _Curve(moe.law, "N", n1, np.vstack([_fit_row(moe), ms]))  # row 0 the fits, then the bootstrap pairs
+    upcycled = _Curve(up.law, "N1", n1, np.vstack([_fit_row(up), us]))
+    X = upcycled.design(_upcycled_tokens(d1, d2))
+    # one product per row (not one for all): the targets, and so the budgets, are catch_up's to the bit
+    budgets = [_catch_up(scratch, r, upcycled.loss(X, r)[0]) for r in range(len(upcycled.theta))]
+    d_moe = budgets[0]
     prob, ci = None, None
-    pairs = list(zip(moe.sample_params(), up.sample_params(), strict=False))
-    if pairs:
-        budgets = np.array([catch_up(moe, up, n1, d1, d2, m, u) for m, u in pairs])
-        prob = float(np.mean(budgets > d1))
-        ci = percentile_interval(budgets)
-    return Decision(n1, d1, d2, float(upcycled_loss(up, n1, d1, d2)[0]), d_moe,
-                    "upcycle" if d_moe > d1 else "scratch", prob, ci)
+    if len(budgets) > 1:
+        samples = np.array(budgets[1:])
+        prob = float(np.mean(samples > d1))
+        ci = percentile_interval(samples)
+    return Decision(n1, d1, d2, float(upcycled.loss(X, 0)[0]), d_moe, "upcycle" if d_moe > d1 else "scratch", prob,
+                    ci)

@@ -366,10 +366,17 @@ def fit(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None,
         options: FitOptions | None = None) -> FitResult:
     """Fit ``law`` to the table ``df`` (columns: the law's variables and ``loss``)."""
     options = options or FitOptions()
-    fixed = dict(fixed or {})
     problem, table = prepare(law, df, fixed, options)
+    return fit_problem(law, problem, table, fixed, options)
+
+
+def fit_problem(law: Law, problem: Problem, table: pd.DataFrame, fixed: dict[str, float] | None,
+                options: FitOptions) -> FitResult:
+    """``fit`` of the (problem, table) that ``prepare`` built for (law, fixed, options): for callers that go on
+    with the same problem (a report's LOO and bootstrap, a comparison's assessment), so that it is built once."""
     starts, n_grid = run_starts(problem, options)
-    return _finish(law.name, problem, starts, n_grid, fixed, options, data_hash(table, (*law.columns, LOSS)))
+    return _finish(law.name, problem, starts, n_grid, dict(fixed or {}), options,
+                   data_hash(table, (*law.columns, LOSS)))
 
 
 def refit_theta(problem: Problem, best: StartResult, options: FitOptions) -> np.ndarray | None:

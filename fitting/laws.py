@@ -17,6 +17,8 @@ and Eq. 8), so that D2 = 0 rows (the upcycled model before MoE training) can be 
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -129,31 +131,72 @@ class Law:
                 return p
         raise FitError(f"law {self.name!r} has no parameter {name!r}; its parameters are {', '.join(self.param_names)}")
 
+    def log_column(self, column: str, values: np.ndarray) -> np.ndarray:
+        """log of a column the law reads (log1p for D2 in the exact laws)."""
+        v = np.asarray(values, dtype=float)
+        return np.log1p(v) if (self.exact and column == "D2") else np.log(v)
+
     def log_columns(self, df: Table) -> dict[str, np.ndarray]:
         """log of every column the law reads (log1p for D2 in the exact laws)."""
-        out = {}
-        for c in self.columns:
-            v = np.asarray(df[c], dtype=float)
-            out[c] = np.log1p(v) if (self.exact and c == "D2") else np.log(v)
-        return out
+        return {c: self.log_column(c, df[c]) for c in self.columns}
 
     def design(self, df: Table) -> np.ndarray:
         """X[term, row, j] with log L̂ = logsumexp_term(X @ θ), θ in the order of ``param_names``."""
-        index = {n: j for j, n in enumerate(self.param_names)}
-        logs = self.log_columns(df)
-        n_rows = len(next(iter(logs.values()))) if logs else len(df)
-        X = np.zeros((len(self.terms), n_rows, len(index)))
-        for k, term in enumerate(self.terms):
-            X[k, :, index[term.scale]] = 1.0
-            for m in term.monomials:
-                X[k, :, index[m.param]] += m.sign * np.prod([logs[c] for c in m.columns], axis=0)
-        return X
+        return Design(self)(df)
+
+    def fitted_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Parameter rows in user units (columns in ``param_names`` order) in fitted coordinates, as ``predict``
+        converts them (the log of a scale, an exponent as is)."""
+        rows = np.asarray(rows, dtype=float).reshape(-1, len(self.params))
+        return np.column_stack([np.log(rows[:, j]) if p.kind == "scale" else rows[:, j]
+                                for j, p in enumerate(self.params)])
 
     def predict(self, params: dict[str, float], df: Table) -> np.ndarray:
         """L̂ in loss units for every row of ``df`` (params in user units)."""
         theta = np.array([self.param(n).to_fitted(params[n]) for n in self.param_names])
         Z = self.design(df) @ theta
         return np.exp(Z).sum(axis=0)
+
+
+class Design:
+    """A law's design tensor, planned once: where each term's scale and monomials go, and, for the columns held at
+    fixed values (``fixed``: column -> value), their logs and the entries that depend on them alone.
+
+    ``Law.design`` is the plan with nothing fixed. D* holds N (or N1) fixed and evaluates the laws at one token count
+    after another (grid, brentq steps, bootstrap samples): with the plan made once per N1, filling in X for new
+    token counts is a few numpy operations instead of a pass over the law's declaration.
+    """
+
+    def __init__(self, law: Law, fixed: Mapping[str, float] | None = None) -> None:
+        self.law = law
+        self.fixed_logs = {c: law.log_column(c, np.full(1, float(v))) for c, v in (fixed or {}).items()}
+        self.free = tuple(c for c in law.columns if c not in self.fixed_logs)
+        index = {n: j for j, n in enumerate(law.param_names)}
+        self.template = np.zeros((len(law.terms), 1, len(index)))
+        # (term, parameter, sign, columns, the entry when it depends on fixed columns alone), in declaration order
+        self.fill: list[tuple[int, int, float, tuple[str, ...], np.ndarray | None]] = []
+        for k, term in enumerate(law.terms):
+            self.template[k, :, index[term.scale]] = 1.0
+            for m in term.monomials:
+                const = None
+                if all(c in self.fixed_logs for c in m.columns):
+                    const = m.sign * _product([self.fixed_logs[c] for c in m.columns])
+                self.fill.append((k, index[m.param], m.sign, m.columns, const))
+
+    def __call__(self, df: Table) -> np.ndarray:
+        """X[term, row, j] for the rows of ``df`` (which needs only the columns not fixed)."""
+        logs = {c: self.law.log_column(c, df[c]) for c in self.free}
+        n_rows = len(next(iter(logs.values()))) if logs else len(df)
+        logs.update(self.fixed_logs)
+        X = np.repeat(self.template, n_rows, axis=1)
+        for k, j, sign, columns, const in self.fill:
+            X[k, :, j] += const if const is not None else sign * _product([logs[c] for c in columns])
+        return X
+
+
+def _product(arrays: list[np.ndarray]) -> np.ndarray:
+    """Elementwise product, left to right (what np.prod(..., axis=0) computes, with fixed columns broadcast)."""
+    return functools.reduce(operator.mul, arrays)
 
 
 def declare(

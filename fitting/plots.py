@@ -7,6 +7,7 @@ stays light for callers that never plot). Figures are closed after saving so lon
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -15,9 +16,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from fitting.diagnostics import AlphaDiagnostics
+from fitting.diagnostics import AlphaDiagnostics, alpha_d1
 from fitting.dstar import closed_form_dstar, moe_loss, upcycled_loss
-from fitting.laws import LOSS
+from fitting.laws import LOSS, get_law
 from fitting.summary import FittedLaw
 
 
@@ -118,3 +119,15 @@ def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: list[float], d1s: list[f
     axes[0][0].set_ylabel("loss")
     axes[0][0].legend(fontsize=6)
     return _save(fig, path)
+
+
+def fit_plots(law_name: str, rep: dict[str, Any], df: pd.DataFrame, out: Path) -> list[Path]:
+    """The plots of one fit report (parity, residuals; loss vs D2 and alpha(D1) for data laws), written to ``out``:
+    `upscale fit --plot` and the API's fits."""
+    law = get_law(law_name)
+    fitted = FittedLaw(law, rep["params"])
+    paths = [parity(fitted, df, out / "parity.png"), residuals(fitted, df, out / "residuals.png")]
+    if {"D1", "D2"} <= set(law.columns):
+        paths.append(loss_vs_d2(fitted, df, out / "loss_vs_d2.png"))
+        paths.append(alpha_diagnostics(alpha_d1(df, E=rep["params"].get("E")), out / "alpha_d1.png"))
+    return paths

@@ -9,6 +9,7 @@ With ``by`` columns the table is split and each group gets its own report under 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import pandas as pd
 from fitting.bootstrap import Bootstrap, bootstrap
 from fitting.compare import loo_rms
 from fitting.errors import FitError
-from fitting.fit import FitOptions, fit, prepare
+from fitting.fit import FitOptions, fit_problem, prepare
 from fitting.laws import Law, get_law
 
 
@@ -43,14 +44,26 @@ def finite_or_none(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
+def clean(x: Any) -> Any:
+    """JSON-safe, recursively through dicts, lists and tuples: NaN and infinities become null (strict JSON has
+    neither). What `upscale ... --json` prints and what the API stores."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [clean(v) for v in x]
+    return x
+
+
 def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
            options: FitOptions | None = None, workers: int = 1,
            progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
     """Fit, LOO and (if ``n_boot``) bootstrap ``law`` on ``df``: the JSON report and the bootstrap."""
     options = options or FitOptions()
-    result = fit(law, df, fixed, options)
-    problem, _ = prepare(law, df, result.fixed, options)
-    boot = bootstrap(law, df, result, n_boot, seed, options, workers, progress) if n_boot > 0 else None
+    problem, table = prepare(law, df, fixed, options)  # built once: the fit, its LOO and its bootstrap share it
+    result = fit_problem(law, problem, table, fixed, options)
+    boot = bootstrap(law, df, result, n_boot, seed, options, workers, progress, problem=problem) if n_boot > 0 else None
     out: dict[str, Any] = {
         "law": law.name,
         "params": result.params,

@@ -219,10 +219,13 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     return independent
 
 
-# DESIGN.md "Facts measured on these machines": 2-core CPU fp32 peak ~200 GFLOP/s; a PyTorch training loop reaches
+# Default throughputs for the time estimate, when the user gives none.
+# CPU, DESIGN.md "Facts measured on these machines": 2-core fp32 peak ~200 GFLOP/s; a PyTorch training loop reaches
 # ~50% of it at d_model >= 128 and ~33% at d_model = 64; DeepSpeed-MoE runs at ~0.5x a dense model per active FLOP.
 CPU_PEAK_FLOPS_PER_S = 200e9
 MOE_EFFICIENCY = 0.5
+# GPU: the paper's Appendix A.10 assumption for an H100 (bf16, Megatron-LM), per GPU.
+GPU_FLOPS_PER_S = 400e12
 # Per-segment fixed cost on CPU: model build, checkpoint load/save (0.1-0.4 s each), task dispatch; a rounded guess.
 SEGMENT_OVERHEAD_S = 1.0
 
@@ -231,6 +234,13 @@ def cpu_flops_per_s(m: ModelSpec) -> float:
     """Training FLOP/s a 2-core CPU sustains on model `m` (DESIGN.md Facts)."""
     rate = CPU_PEAK_FLOPS_PER_S * (0.5 if m.d_model >= 128 else 0.33)
     return rate * (MOE_EFFICIENCY if m.is_moe else 1.0)
+
+
+def gpu_flops_per_s(spec: SweepSpec) -> float | None:
+    """Training FLOP/s of one segment of a GPU sweep: GPU_FLOPS_PER_S per GPU it holds (resources.gpus x workers);
+    None for a CPU sweep, whose rate depends on each model (cpu_flops_per_s)."""
+    gpus = spec.resources.gpus * spec.resources.workers
+    return GPU_FLOPS_PER_S * gpus if gpus else None
 
 
 def segment_seconds(p: Plan, tokens_per_s: float | None = None, flops_per_s: float | None = None) -> dict[str, float]:

@@ -22,7 +22,6 @@ import typer
 from api.cli.app import app, console
 from api.cli.fit_commands import (
     decision_text,
-    dstar_results,
     dstar_table,
     fit_table,
     fmt,
@@ -83,7 +82,7 @@ def fit_demo(scratch: ScratchFit, upcycled: pd.DataFrame, out_dir: Path, n1s: li
     from fitting import plots
     from fitting.bootstrap import percentile_interval
     from fitting.diagnostics import alpha_d1
-    from fitting.dstar import crossings, decide, dstar_samples
+    from fitting.dstar import crossings, decide, dstar_results, dstar_samples
     from fitting.errors import FitError
     from fitting.laws import get_law
     from fitting.summary import FittedLaw, report

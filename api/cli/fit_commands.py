@@ -26,21 +26,11 @@ if TYPE_CHECKING:
 register_user_error(FitError)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (the scripted contract) instead of tables.")]
-N1_RANGE = (1e8, 1e11)  # model sizes over which the closed form D*(N1) is fitted (the paper's Fig. 1 span)
-
-
-def clean(x: Any) -> Any:
-    """JSON-safe: NaN and infinities become null (strict JSON has neither)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [clean(v) for v in x]
-    return x
 
 
 def print_json(obj: Any) -> None:
+    from fitting.summary import clean
+
     print(json.dumps(clean(obj), indent=2, allow_nan=False))
 
 
@@ -119,22 +109,6 @@ def _groups_table(out: dict[str, Any]) -> Table:
     return table
 
 
-def fit_plots(law_name: str, rep: dict[str, Any], df: Any, out: Path) -> list[Path]:
-    """The plots of one fit report (parity, residuals; loss vs D2 and alpha(D1) for data laws): CLI and API."""
-    from fitting import plots
-    from fitting.diagnostics import alpha_d1
-    from fitting.laws import get_law
-    from fitting.summary import FittedLaw
-
-    law = get_law(law_name)
-    fitted = FittedLaw(law, rep["params"])
-    paths = [plots.parity(fitted, df, out / "parity.png"), plots.residuals(fitted, df, out / "residuals.png")]
-    if {"D1", "D2"} <= set(law.columns):
-        paths.append(plots.loss_vs_d2(fitted, df, out / "loss_vs_d2.png"))
-        paths.append(plots.alpha_diagnostics(alpha_d1(df, E=rep["params"].get("E")), out / "alpha_d1.png"))
-    return paths
-
-
 @app.command("fit")
 def fit_command(
     law: Annotated[str, typer.Option("--law", help="A law of `upscale laws`.")],
@@ -165,6 +139,8 @@ def fit_command(
             out, _ = report(the_law, df, fixed, bootstrap, workers=w, progress=advance)
             reps = [(out, df)]
     if plot is not None:
+        from fitting.plots import fit_plots
+
         for rep, part in reps:
             sub = plot / "_".join(f"{k}={v}" for k, v in rep["group"].items()) if "group" in rep else plot
             fit_plots(the_law.name, rep, part, sub)
@@ -202,33 +178,6 @@ def compare_command(
     console.print(table)
 
 
-def dstar_results(moe: Any, up: Any, n1s: list[float],
-                  n1_range: tuple[float, float] = N1_RANGE) -> dict[str, Any]:
-    """The `upscale dstar` JSON for fitted laws (shared with the demo); the closed form is fitted over ``n1_range``
-    and is null where fewer than 3 sizes there have a finite D* (upcycling always, or never, wins)."""
-    import numpy as np
-
-    from fitting.bootstrap import percentile_interval
-    from fitting.dstar import check_pair, crossings, dstar_samples, fit_closed_form
-
-    check_pair(moe, up)
-    results = []
-    for n1 in n1s:
-        if not (math.isfinite(n1) and n1 > 0):
-            raise FitError(f"--n1 must be a positive parameter count, got {n1}")
-        c = crossings(moe, up, n1)
-        samples = dstar_samples(moe, up, n1)
-        results.append({"n1": n1, "crossings": list(c.crossings), "dstar": c.dstar,
-                        "ci": list(percentile_interval(samples)) if samples.size else None,
-                        "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]})
-    grid = np.geomspace(*n1_range, 16)
-    try:
-        closed = fit_closed_form(grid, np.array([crossings(moe, up, n).dstar for n in grid]))
-    except FitError:
-        closed = None
-    return {"results": results, "closed_form": closed}
-
-
 @app.command("dstar")
 def dstar_command(
     moe: Annotated[Path, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N).")],
@@ -237,6 +186,7 @@ def dstar_command(
     as_json: JsonOpt = False,
 ) -> None:
     """D*: the token count where MoE from scratch catches up with upcycling at the same sunk cost (Eq. 13)."""
+    from fitting.dstar import dstar_results
     from fitting.summary import load_fit
 
     out = dstar_results(load_fit(moe), load_fit(upcycled), n1)

@@ -3,8 +3,9 @@
 The wall-time estimate is a planning aid, not a promise: by default a CPU sweep uses DESIGN.md's measured figures
 (`sweeps.planner.cpu_flops_per_s`: ~50% of a 200 GFLOP/s 2-core peak at d_model >= 128, ~33% below, MoE at half
 that per active FLOP) and a GPU sweep the paper's assumed 400 TFLOP/s per GPU (Appendix A.10) times the GPUs of a
-segment; `--tokens-per-s` or `--flops-per-s` replace them with your own measured throughput. It prints the serial
-time (one segment at a time) and the critical path (every ready segment at once), and GPU-hours at 400 TFLOP/s.
+segment (`sweeps.planner.gpu_flops_per_s`); `--tokens-per-s` or `--flops-per-s` replace them with your own measured
+throughput. It prints the serial time (one segment at a time) and the critical path (every ready segment at once),
+and GPU-hours at 400 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import typer
 from rich.table import Table
 
 from api.cli.app import app, console, register_user_error
-from sweeps.planner import Plan, critical_path_s, plan, segment_seconds
+from sweeps.planner import GPU_FLOPS_PER_S, Plan, critical_path_s, gpu_flops_per_s, plan, segment_seconds
 from sweeps.spec import SpecError, SweepSpec, load_spec
 
 register_user_error(SpecError)
 
-GPU_FLOPS_PER_S = 400e12  # the paper's Appendix A.10 assumption for an H100 (bf16, Megatron-LM)
 KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk",
               "scratch_decay")
 
@@ -33,9 +33,8 @@ def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: f
     Without a throughput, a GPU sweep (resources.gpus > 0) is estimated at 400 TFLOP/s per GPU of a segment, a CPU
     sweep from DESIGN.md's measured CPU figures.
     """
-    gpus = spec.resources.gpus * spec.resources.workers
-    if not tokens_per_s and not flops_per_s and gpus:
-        flops_per_s = GPU_FLOPS_PER_S * gpus
+    if not tokens_per_s and not flops_per_s and (gpu := gpu_flops_per_s(spec)):
+        flops_per_s = gpu
     seconds = segment_seconds(p, tokens_per_s=tokens_per_s, flops_per_s=flops_per_s)
     kinds: dict[str, dict[str, float]] = {}
     for s in p.segments:
