@@ -44,8 +44,7 @@ async def submit_sweep(request: Request, services: ServicesDep, owner: Writer) -
 @router.get("", summary="List sweeps", response_model=list[SweepSummary])
 def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
     """Every sweep, oldest first, with its status, owner and segments done."""
-    owners = sweeps.owners(services)
-    return [sweeps.summary(services, s, owners.get(s.id)) for s in services.store.sweeps()]
+    return sweeps.summaries(services)
 
 
 @router.get("/{sweep_id}", summary="A sweep's status and progress", response_model=SweepDetail,
