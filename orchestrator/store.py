@@ -111,9 +111,11 @@ class Store:
                 raise OrchestratorError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
             return sweep
 
-    def sweeps(self) -> list[SweepRecord]:
+    def sweeps(self, status: str | None = None) -> list[SweepRecord]:
+        """Every sweep, or only those in ``status`` (an indexed column), oldest first."""
+        q = select(SweepRecord).order_by(SweepRecord.created_at)
         with self.transaction() as s:
-            return list(s.scalars(select(SweepRecord).order_by(SweepRecord.created_at)))
+            return list(s.scalars(q if status is None else q.where(SweepRecord.status == status)))
 
     def set_sweep(self, sweep_id: str, **fields: Any) -> None:
         """Update a sweep's status, MLflow run id or error."""
