@@ -22,6 +22,7 @@ from fitting.dstar import decide, dstar_at
 from fitting.errors import FitError
 from fitting.laws import get_law
 from fitting.summary import FittedLaw, clean, load_fit, report
+from orchestrator.errors import NotFoundError, OrchestratorError
 from orchestrator.observations import table
 from orchestrator.records import ObservationRecord
 
@@ -57,8 +58,11 @@ def observations_table(services: Services, sweep_ids: list[str], kind: str,
     """The sweeps' observations of ``kind``, one row per segment even when sweeps share segments; read through
     ``cache`` when given. The result is a new frame (concat), so a caller may change it without touching the
     cache."""
-    parts = [cache.table(s, kind) if cache is not None else table(services.store.observations(s), kind)
-             for s in sweep_ids]
+    try:
+        parts = [cache.table(s, kind) if cache is not None else table(services.store.observations(s), kind)
+                 for s in sweep_ids]
+    except NotFoundError as e:  # a sweep named in a fit's body: 422 like any bad value there, not a missing URL
+        raise OrchestratorError(str(e)) from None
     df = pd.concat(parts, ignore_index=True)
     return df.drop_duplicates("segment", ignore_index=True)
 

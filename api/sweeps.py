@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from api.records import SweepOwnerRecord
 from api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from api.services import Services
+from orchestrator.errors import NotFoundError
 from orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
 from sweeps.planner import plan
 from sweeps.spec import SweepSpec, parse_spec
@@ -104,12 +105,13 @@ def version(services: Services, sweep_id: str) -> tuple[Any, ...] | None:
     return None if row is None else tuple(row)
 
 
-def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes] | None:
+def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes]:
     """`detail` as (ETag, JSON), rebuilt only when `version` changed: polling a 1,000-segment sweep costs one small
-    query instead of loading and serialising every segment (bench/api_load.py); None if there is no such sweep."""
+    query instead of loading and serialising every segment (bench/api_load.py); NotFoundError if there is no such
+    sweep."""
     key = version(services, sweep_id)
     if key is None:
-        return None
+        raise NotFoundError(f"no sweep {sweep_id!r}; GET /sweeps lists them")
     cached = services.detail_cache.get(sweep_id)
     if cached is None or cached[0] != key:
         body = detail(services, sweep_id).model_dump_json().encode()

@@ -22,7 +22,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import NotFoundError
 from orchestrator.records import (
     AttemptRecord,
     CheckpointRecord,
@@ -108,7 +108,7 @@ class Store:
         with self.transaction() as s:
             sweep = s.get(SweepRecord, sweep_id)
             if sweep is None:
-                raise OrchestratorError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+                raise NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
             return sweep
 
     def sweeps(self, status: str | None = None) -> list[SweepRecord]:
@@ -145,7 +145,7 @@ class Store:
         with self.transaction() as s:
             seg = s.get(SegmentRecord, key)
             if seg is None:
-                raise OrchestratorError(f"no segment {key!r}")
+                raise NotFoundError(f"no segment {key!r}")
             return seg
 
     def segments(self, keys: Sequence[str]) -> dict[str, SegmentRecord]:
