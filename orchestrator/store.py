@@ -133,11 +133,24 @@ class Store:
     def members(self, sweep_id: str) -> list[tuple[SegmentRecord, SweepSegmentRecord]]:
         """The sweep's segments in topological order, with this sweep's membership row (axes)."""
         with self.transaction() as s:
-            rows = s.execute(select(SegmentRecord, SweepSegmentRecord)
-                             .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
-                             .where(SweepSegmentRecord.sweep_id == sweep_id)
-                             .order_by(SweepSegmentRecord.position))
-            return [(seg, link) for seg, link in rows]
+            return self._members(s, sweep_id)
+
+    def poll(self, sweep_id: str) -> tuple[str, list[tuple[SegmentRecord, SweepSegmentRecord]]]:
+        """The sweep's status and `members`, read in one transaction: what the scheduler checks on every pass."""
+        with self.transaction() as s:
+            members = self._members(s, sweep_id)
+            status = s.scalar(select(SweepRecord.status).where(SweepRecord.id == sweep_id))
+            if status is None:
+                raise NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+            return status, members
+
+    @staticmethod
+    def _members(s: Session, sweep_id: str) -> list[tuple[SegmentRecord, SweepSegmentRecord]]:
+        rows = s.execute(select(SegmentRecord, SweepSegmentRecord)
+                         .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
+                         .where(SweepSegmentRecord.sweep_id == sweep_id)
+                         .order_by(SweepSegmentRecord.position))
+        return [(seg, link) for seg, link in rows]
 
     # -- segments -------------------------------------------------------------------------------------------------
 
