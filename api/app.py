@@ -18,6 +18,7 @@ from api.background import SweepLoop
 from api.refits import RefitLoop
 from api.routes import fits, ops, refits, sweeps
 from api.services import Services
+from orchestrator.errors import NotFoundError
 from orchestrator.settings import Settings
 from sweeps.spec import SpecError
 
@@ -40,6 +41,11 @@ async def _value_error(_: Request, e: ValueError) -> JSONResponse:
     return JSONResponse({"detail": str(e)}, status_code=422)
 
 
+async def _not_found(_: Request, e: NotFoundError) -> JSONResponse:
+    """The store has no such sweep: 404, the body HTTPException(404, message) would have had."""
+    return JSONResponse({"detail": str(e)}, status_code=404)
+
+
 def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True, refit_tick_s: float = 5.0,
                poll_s: float = 1.0) -> FastAPI:
     """The app on ``settings``' store; its lifespan starts and gracefully stops the background loops."""
@@ -60,6 +66,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.state.services, app.state.loops = services, None
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
+    app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     for module in (sweeps, fits, refits, ops):
         app.include_router(module.router)
     return app

@@ -27,7 +27,7 @@ class SweepLoop(threading.Thread):
         store = self.services.store
         ensure_ray(self.services.settings)
         while not self.stopping.is_set():
-            pending = [s for s in store.sweeps() if s.status == "pending"]
+            pending = store.sweeps(status="pending")
             if not pending:
                 self.stopping.wait(self.poll_s)
                 continue

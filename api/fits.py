@@ -22,7 +22,9 @@ from fitting.dstar import decide, dstar_at
 from fitting.errors import FitError
 from fitting.laws import get_law
 from fitting.summary import FittedLaw, clean, load_fit, report
+from orchestrator.errors import NotFoundError, OrchestratorError
 from orchestrator.observations import table
+from orchestrator.records import ObservationRecord
 
 # matplotlib (its mathtext parser included) is not thread-safe: request threads and the refit loop plot in turn
 PLOT_LOCK = threading.Lock()
@@ -32,18 +34,46 @@ def fit_dir(services: Services, fit_id: str) -> Path:
     return services.settings.home / "fits" / fit_id
 
 
-def observations_table(services: Services, sweep_ids: list[str], kind: str) -> pd.DataFrame:
-    """The sweeps' observations of ``kind``, one row per segment even when sweeps share segments."""
-    df = pd.concat([table(services.store.observations(s), kind) for s in sweep_ids], ignore_index=True)
+class ObservationCache:
+    """Observation reads shared by one refit tick: each sweep's observations are loaded once and each
+    (sweep, kind) table built once, however many schedules and kinds ask for them. Live for one tick only, so
+    the next tick sees new observations."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._records: dict[str, list[ObservationRecord]] = {}
+        self._tables: dict[tuple[str, str], pd.DataFrame] = {}
+
+    def table(self, sweep_id: str, kind: str) -> pd.DataFrame:
+        """The sweep's table of ``kind``; callers get it through `observations_table`, which copies it."""
+        if (sweep_id, kind) not in self._tables:
+            if sweep_id not in self._records:
+                self._records[sweep_id] = self.services.store.observations(sweep_id)
+            self._tables[sweep_id, kind] = table(self._records[sweep_id], kind)
+        return self._tables[sweep_id, kind]
+
+
+def observations_table(services: Services, sweep_ids: list[str], kind: str,
+                       cache: ObservationCache | None = None) -> pd.DataFrame:
+    """The sweeps' observations of ``kind``, one row per segment even when sweeps share segments; read through
+    ``cache`` when given. The result is a new frame (concat), so a caller may change it without touching the
+    cache."""
+    try:
+        parts = [cache.table(s, kind) if cache is not None else table(services.store.observations(s), kind)
+                 for s in sweep_ids]
+    except NotFoundError as e:  # a sweep named in a fit's body: 422 like any bad value there, not a missing URL
+        raise OrchestratorError(str(e)) from None
+    df = pd.concat(parts, ignore_index=True)
     return df.drop_duplicates("segment", ignore_index=True)
 
 
-def create_fit(services: Services, req: FitCreate, owner: str) -> FitRecord:
+def create_fit(services: Services, req: FitCreate, owner: str, cache: ObservationCache | None = None) -> FitRecord:
     """Fit, write report.json and plots, record the fit; FitError for anything the caller must fix."""
     from fitting.plots import fit_plots  # matplotlib: loaded by the first fit, not at server start
 
     law = get_law(req.law)
-    df = pd.DataFrame(req.rows) if req.rows is not None else observations_table(services, req.sweep_ids, req.kind)
+    df = (pd.DataFrame(req.rows) if req.rows is not None
+          else observations_table(services, req.sweep_ids, req.kind, cache))
     if df.empty:
         raise FitError(f"no {req.kind} observations in sweep(s) {', '.join(req.sweep_ids)} yet")
     rep, _ = report(law, df, req.fixed, req.bootstrap)

@@ -18,7 +18,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from api.cron import parse_cron
-from api.fits import create_fit, fitted, observations_table
+from api.fits import ObservationCache, create_fit, fitted, observations_table
 from api.records import FitRecord, RefitRecord, RefitScheduleRecord
 from api.schemas import FitCreate, RefitRequest, RefitScheduleCreate
 from api.services import Services
@@ -61,11 +61,11 @@ def refits(services: Services, schedule_id: str | None = None) -> list[RefitReco
         return list(s.scalars(q.where(RefitRecord.schedule_id == schedule_id) if schedule_id else q))
 
 
-def inputs_hash(services: Services, req: RefitRequest) -> str:
+def inputs_hash(services: Services, req: RefitRequest, cache: ObservationCache | None = None) -> str:
     """sha256 of the request and of every observation table it would fit."""
     h = hashlib.sha256(json.dumps(req.model_dump(mode="json"), sort_keys=True).encode())
     for kind in sorted(req.laws):
-        h.update(observations_table(services, req.sweep_ids, kind).to_csv(index=False).encode())
+        h.update(observations_table(services, req.sweep_ids, kind, cache).to_csv(index=False).encode())
     return h.hexdigest()
 
 
@@ -84,10 +84,15 @@ def _diff(s: Session, old: RefitRecord | None, params: dict[str, dict[str, float
     return out
 
 
-def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = False) -> RefitRecord | None:
-    """Refit now; None when the inputs are those last tried and not ``force``. FitError if a fit fails."""
+def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = False,
+              cache: ObservationCache | None = None) -> RefitRecord | None:
+    """Refit now; None when the inputs are those last tried and not ``force``. FitError if a fit fails.
+
+    ``cache`` (one refit tick's) shares observation reads between schedules; the fits then use the very tables
+    that were hashed."""
     req = RefitRequest.model_validate(schedule.request)
-    digest = inputs_hash(services, req)
+    cache = cache if cache is not None else ObservationCache(services)
+    digest = inputs_hash(services, req, cache)
     with services.store.transaction() as s:  # a conditional UPDATE: of racing loops, one fires on new inputs
         mark = update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id).values(last_checked_hash=digest)
         if not force:
@@ -99,7 +104,7 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     fit_ids, params = {}, {}
     for kind, law in sorted(req.laws.items()):
         record = create_fit(services, FitCreate(law=law, kind=kind, sweep_ids=req.sweep_ids, fixed=req.fixed,
-                                                bootstrap=req.bootstrap), schedule.owner)
+                                                bootstrap=req.bootstrap), schedule.owner, cache)
         fit_ids[kind], params[kind] = record.id, record.report["params"]
     dstar, ci = None, None
     if {"scratch", "upcycled"} <= set(fit_ids):
@@ -150,6 +155,7 @@ class RefitLoop(threading.Thread):
 
     def tick(self) -> None:
         now = utcnow().replace(second=0, microsecond=0)
+        cache = ObservationCache(self.services)  # each sweep's observations are read once per tick
         for schedule in schedules(self.services):
             if self.stopping.is_set():
                 return
@@ -157,7 +163,7 @@ class RefitLoop(threading.Thread):
                                                    and claim_minute(self.services, schedule.id, now)):
                 continue
             try:
-                run_refit(self.services, schedule, force=schedule.trigger == "cron")
+                run_refit(self.services, schedule, force=schedule.trigger == "cron", cache=cache)
             except (FitError, OrchestratorError, ValueError) as e:
                 fail(self.services, schedule.id, str(e))
 

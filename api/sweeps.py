@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from api.records import SweepOwnerRecord
 from api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from api.services import Services
+from orchestrator.errors import NotFoundError
 from orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
 from sweeps.planner import plan
 from sweeps.spec import SweepSpec, parse_spec
@@ -58,11 +59,36 @@ def owners(services: Services) -> dict[str, str]:
         return {r.sweep_id: r.owner for r in s.query(SweepOwnerRecord)}
 
 
-def summary(services: Services, sweep: SweepRecord, owner: str | None) -> SweepSummary:
-    statuses = [seg.status for seg, _ in services.store.members(sweep.id)]
+def segment_counts(services: Services, sweep_id: str | None = None) -> dict[str, tuple[int, int]]:
+    """(segments done, segments total) per sweep id, of every sweep or only ``sweep_id``, in one grouped query;
+    a sweep without segments is absent."""
+    q = (select(SweepSegmentRecord.sweep_id, SegmentRecord.status, func.count())
+         .join(SegmentRecord, SegmentRecord.key == SweepSegmentRecord.segment_key)
+         .group_by(SweepSegmentRecord.sweep_id, SegmentRecord.status))
+    if sweep_id is not None:
+        q = q.where(SweepSegmentRecord.sweep_id == sweep_id)
+    counts: dict[str, tuple[int, int]] = {}
+    with services.store.engine.connect() as conn:
+        for sid, status, n in conn.execute(q):
+            done, total = counts.get(sid, (0, 0))
+            counts[sid] = (done + (n if status == "done" else 0), total + n)
+    return counts
+
+
+def summary(services: Services, sweep: SweepRecord, owner: str | None,
+            counts: tuple[int, int] | None = None) -> SweepSummary:
+    """``counts`` is (done, total) from `segment_counts`; queried for this one sweep when not given."""
+    if counts is None:
+        counts = segment_counts(services, sweep.id).get(sweep.id, (0, 0))
     return SweepSummary(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner,
-                        segments_done=statuses.count("done"), segments_total=len(statuses),
-                        created_at=sweep.created_at)
+                        segments_done=counts[0], segments_total=counts[1], created_at=sweep.created_at)
+
+
+def summaries(services: Services) -> list[SweepSummary]:
+    """Every sweep, oldest first: three queries (sweeps, owners, segment counts by status) whatever their number."""
+    listed = services.store.sweeps()
+    owned, counts = owners(services), segment_counts(services)
+    return [summary(services, s, owned.get(s.id), counts.get(s.id, (0, 0))) for s in listed]
 
 
 def version(services: Services, sweep_id: str) -> tuple[Any, ...] | None:
@@ -79,12 +105,13 @@ def version(services: Services, sweep_id: str) -> tuple[Any, ...] | None:
     return None if row is None else tuple(row)
 
 
-def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes] | None:
+def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes]:
     """`detail` as (ETag, JSON), rebuilt only when `version` changed: polling a 1,000-segment sweep costs one small
-    query instead of loading and serialising every segment (bench/api_load.py); None if there is no such sweep."""
+    query instead of loading and serialising every segment (bench/api_load.py); NotFoundError if there is no such
+    sweep."""
     key = version(services, sweep_id)
     if key is None:
-        return None
+        raise NotFoundError(f"no sweep {sweep_id!r}; GET /sweeps lists them")
     cached = services.detail_cache.get(sweep_id)
     if cached is None or cached[0] != key:
         body = detail(services, sweep_id).model_dump_json().encode()

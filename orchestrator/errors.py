@@ -1,8 +1,13 @@
-"""The exception a user of the orchestrator can cause (unknown sweep, a sweep that cannot finish, a bad request).
+"""The exceptions a user of the orchestrator can cause (unknown sweep, a sweep that cannot finish, a bad request).
 
-Its message says what to fix in one line; the CLI registers it as a user error and the API maps it to a 4xx.
+Their message says what to fix in one line; the CLI registers them as user errors and the API maps them to a 4xx:
+`NotFoundError` to 404, any other `OrchestratorError` to 422.
 """
 
 
 class OrchestratorError(ValueError):
     """A request the orchestrator cannot honour as given; the message names the sweep or segment at fault."""
+
+
+class NotFoundError(OrchestratorError):
+    """The store holds no sweep or segment by that id."""

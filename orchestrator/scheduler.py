@@ -143,10 +143,10 @@ class Scheduler:
         limit = self.max_concurrent or self._slots(sweep)
         last_beat = time.monotonic()
         while True:
-            members = self.store.members(sweep.id)
+            status, members = self.store.poll(sweep.id)  # one transaction per pass
             segs = {s.key: s for s, _ in members}
             axes = {s.key: link.axes for s, link in members}
-            if self.store.sweep(sweep.id).status == "cancelling":
+            if status == "cancelling":
                 self._cancel(inflight)
                 out.status = "cancelled"
                 return

@@ -22,7 +22,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import NotFoundError
 from orchestrator.records import (
     AttemptRecord,
     CheckpointRecord,
@@ -108,12 +108,14 @@ class Store:
         with self.transaction() as s:
             sweep = s.get(SweepRecord, sweep_id)
             if sweep is None:
-                raise OrchestratorError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+                raise NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
             return sweep
 
-    def sweeps(self) -> list[SweepRecord]:
+    def sweeps(self, status: str | None = None) -> list[SweepRecord]:
+        """Every sweep, or only those in ``status`` (an indexed column), oldest first."""
+        q = select(SweepRecord).order_by(SweepRecord.created_at)
         with self.transaction() as s:
-            return list(s.scalars(select(SweepRecord).order_by(SweepRecord.created_at)))
+            return list(s.scalars(q if status is None else q.where(SweepRecord.status == status)))
 
     def set_sweep(self, sweep_id: str, **fields: Any) -> None:
         """Update a sweep's status, MLflow run id or error."""
@@ -131,11 +133,24 @@ class Store:
     def members(self, sweep_id: str) -> list[tuple[SegmentRecord, SweepSegmentRecord]]:
         """The sweep's segments in topological order, with this sweep's membership row (axes)."""
         with self.transaction() as s:
-            rows = s.execute(select(SegmentRecord, SweepSegmentRecord)
-                             .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
-                             .where(SweepSegmentRecord.sweep_id == sweep_id)
-                             .order_by(SweepSegmentRecord.position))
-            return [(seg, link) for seg, link in rows]
+            return self._members(s, sweep_id)
+
+    def poll(self, sweep_id: str) -> tuple[str, list[tuple[SegmentRecord, SweepSegmentRecord]]]:
+        """The sweep's status and `members`, read in one transaction: what the scheduler checks on every pass."""
+        with self.transaction() as s:
+            members = self._members(s, sweep_id)
+            status = s.scalar(select(SweepRecord.status).where(SweepRecord.id == sweep_id))
+            if status is None:
+                raise NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+            return status, members
+
+    @staticmethod
+    def _members(s: Session, sweep_id: str) -> list[tuple[SegmentRecord, SweepSegmentRecord]]:
+        rows = s.execute(select(SegmentRecord, SweepSegmentRecord)
+                         .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
+                         .where(SweepSegmentRecord.sweep_id == sweep_id)
+                         .order_by(SweepSegmentRecord.position))
+        return [(seg, link) for seg, link in rows]
 
     # -- segments -------------------------------------------------------------------------------------------------
 
@@ -143,7 +158,7 @@ class Store:
         with self.transaction() as s:
             seg = s.get(SegmentRecord, key)
             if seg is None:
-                raise OrchestratorError(f"no segment {key!r}")
+                raise NotFoundError(f"no segment {key!r}")
             return seg
 
     def segments(self, keys: Sequence[str]) -> dict[str, SegmentRecord]:

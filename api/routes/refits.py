@@ -6,7 +6,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from api import refits
 from api.records import RefitRecord, RefitScheduleRecord
-from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, sweep_or_404
+from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from api.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
 
 router = APIRouter(tags=["refits"], responses=AUTH_ERRORS)
@@ -31,8 +31,6 @@ def _schedule_or_404(services: ServicesDep, schedule_id: str) -> RefitScheduleRe
              response_model=RefitSchedulePublic, responses=NOT_FOUND)
 def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Writer) -> RefitSchedulePublic:
     """Refit the given laws on the sweeps' observations on a 5-field cron, or whenever they change."""
-    for sweep_id in body.request.sweep_ids:
-        sweep_or_404(services, sweep_id)
     return _schedule(refits.create_schedule(services, body, owner))
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from api import sweeps
-from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, sweep_or_404
+from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from orchestrator.observations import as_row, table
 from sweeps.spec import parse_spec
@@ -44,8 +44,7 @@ async def submit_sweep(request: Request, services: ServicesDep, owner: Writer) -
 @router.get("", summary="List sweeps", response_model=list[SweepSummary])
 def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
     """Every sweep, oldest first, with its status, owner and segments done."""
-    owners = sweeps.owners(services)
-    return [sweeps.summary(services, s, owners.get(s.id)) for s in services.store.sweeps()]
+    return sweeps.summaries(services)
 
 
 @router.get("/{sweep_id}", summary="A sweep's status and progress", response_model=SweepDetail,
@@ -53,10 +52,7 @@ def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
 def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader) -> Response:
     """Status, every segment's state and attempts, and FLOPs done so far vs planned. Pollers can send the
     `ETag` back as `If-None-Match`: 304 with no body until something changes."""
-    found = sweeps.detail_json(services, sweep_id)
-    if found is None:
-        raise HTTPException(404, f"no sweep {sweep_id!r}; GET /sweeps lists them")
-    etag, body = found
+    etag, body = sweeps.detail_json(services, sweep_id)
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers={"ETag": etag})
     return Response(body, media_type="application/json", headers={"ETag": etag})
@@ -66,7 +62,6 @@ def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader)
 def cancel_sweep(sweep_id: str, services: ServicesDep, _: Writer) -> SweepSummary:
     """A running sweep stops after releasing its running segments (they resume if it is submitted again); a pending
     one is cancelled at once."""
-    sweep_or_404(services, sweep_id)
     services.store.request_cancel(sweep_id)
     return sweeps.summary(services, services.store.sweep(sweep_id), sweeps.owners(services).get(sweep_id))
 
@@ -75,7 +70,6 @@ def cancel_sweep(sweep_id: str, services: ServicesDep, _: Writer) -> SweepSummar
              response_model=SweepCreated, responses=NOT_FOUND)
 def extend_sweep(sweep_id: str, body: SweepExtend, services: ServicesDep, owner: Writer) -> SweepCreated:
     """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train."""
-    sweep_or_404(services, sweep_id)
     return sweeps.extend(services, sweep_id, body.additions, owner)
 
 
@@ -88,7 +82,6 @@ def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _
                        kind: Literal["dense", "upcycled", "scratch"] | None = Query(
                            None, description="Only the rows of one kind (one law's table).")) -> Any:
     """One row per finished decay segment: kind, N, D, N1, D1, D2, N2, P, loss, trunk, segment, MLflow run."""
-    sweep_or_404(services, sweep_id)
     records = [o for o in services.store.observations(sweep_id) if kind is None or o.kind == kind]
     if format == "csv" or (format is None and "text/csv" in request.headers.get("accept", "")):
         return Response(table(records).to_csv(index=False), media_type="text/csv")

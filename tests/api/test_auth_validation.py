@@ -46,6 +46,26 @@ def test_bad_spec_is_422_naming_each_field(live) -> None:
         assert r.status_code == 422 and "no-such-law" in r.json()["detail"]
 
 
+def test_an_unknown_sweep_is_404_on_every_route_and_422_in_a_fit_body(live) -> None:
+    """One exception handler maps the store's NotFoundError to 404 with the message as `detail`; a sweep id inside a
+    request body is a bad value (422), not a missing URL."""
+    gone = {"detail": "no sweep 'nope'; `upscale sweeps` lists them"}
+    schedule = {"name": "x", "trigger": "on_new_observations",
+                "request": {"sweep_ids": ["nope"], "laws": {"upcycled": "joint"}}}
+    with live.client() as c:
+        assert c.get("/sweeps/nope").json() == {"detail": "no sweep 'nope'; GET /sweeps lists them"}
+        for method, url, body in (("POST", "/sweeps/nope/cancel", None),
+                                  ("POST", "/sweeps/nope/extend", {"additions": {}}),
+                                  ("GET", "/sweeps/nope/observations", None),
+                                  ("POST", "/refit-schedules", schedule)):
+            r = c.request(method, url, json=body)
+            assert (r.status_code, r.json()) == (404, gone), url
+        r = c.post("/fits", json={"law": "joint", "kind": "upcycled", "sweep_ids": ["nope"]})
+        assert (r.status_code, r.json()) == (422, gone)
+        for path in ("/sweeps/{sweep_id}", "/sweeps/{sweep_id}/cancel", "/sweeps/{sweep_id}/observations"):
+            assert "404" in next(iter(c.get("/openapi.json").json()["paths"][path].values()))["responses"]
+
+
 def test_yaml_submit_records_owner_and_plan(live) -> None:
     with live.client() as c:
         r = c.post("/sweeps", content=yaml.safe_dump(SPEC), headers={"content-type": "application/yaml"})

@@ -70,3 +70,31 @@ def test_racing_refit_loops_claim_a_cron_minute_once(tmp_path, mlflow_uri) -> No
     assert wins.count(True) == 1
     assert claim_minute(services, "s1", minute.replace(minute=46))
     assert not claim_minute(services, "s1", minute)
+
+
+def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, monkeypatch) -> None:
+    """Two schedules over the same two sweeps, two kinds each: one tick loads each sweep's observations once (the
+    fits then fail, as there are none yet, and each schedule records its own error)."""
+    from collections import Counter
+
+    from api import sweeps
+    from api.refits import RefitLoop, create_schedule, schedules
+    from api.schemas import RefitScheduleCreate
+    from api.services import Services
+    from orchestrator.settings import Settings
+    from sweeps.spec import parse_spec
+    from tests.api.test_auth_validation import SPEC
+
+    services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
+    ids = [sweeps.submit(services, parse_spec({**SPEC, "name": n}), "t").id for n in ("a", "b")]
+    request = {"sweep_ids": ids, "laws": {"scratch": "chinchilla", "upcycled": "data-mul-noint"}}
+    for name in ("one", "two"):
+        create_schedule(services, RefitScheduleCreate(name=name, trigger="on_new_observations", request=request), "t")
+    reads, observations = Counter(), services.store.observations
+    monkeypatch.setattr(services.store, "observations", lambda s: reads.update([s]) or observations(s))
+    RefitLoop(services).tick()
+    assert reads == Counter(ids)
+    assert [s.last_error for s in schedules(services)] == ["no scratch observations in sweep(s) "
+                                                           f"{', '.join(ids)} yet"] * 2
+    RefitLoop(services).tick()  # a new tick reads afresh (the inputs are unchanged: nothing fires)
+    assert reads == Counter(ids * 2)

@@ -89,6 +89,26 @@ def test_a_second_sweep_shares_segments_it_has_in_common(store: Store, tiny) -> 
         store.sweep("nope")
 
 
+def test_sweeps_lists_all_or_only_one_status_oldest_first(store: Store, tiny) -> None:
+    a = store.create_sweep("a", {}, {"cpus": 1}, tiny.segments[:2])
+    b = store.create_sweep("b", {}, {"cpus": 1}, tiny.segments[:2])
+    c = store.create_sweep("c", {}, {"cpus": 1}, tiny.segments[:2])
+    store.set_sweep(b.id, status="running")
+    assert [s.id for s in store.sweeps()] == [a.id, b.id, c.id]
+    assert [s.id for s in store.sweeps(status="pending")] == [a.id, c.id]
+    assert [s.id for s in store.sweeps(status="done")] == []
+
+
+def test_poll_reads_status_and_members_together(store: Store, tiny) -> None:
+    a = store.create_sweep("a", {}, {"cpus": 1}, tiny.segments)
+    store.request_cancel(a.id)
+    status, members = store.poll(a.id)
+    assert status == "cancelled" and [(seg.key, link.axes) for seg, link in members] == [
+        (seg.key, link.axes) for seg, link in store.members(a.id)]
+    with pytest.raises(OrchestratorError, match="no sweep 'nope'"):
+        store.poll("nope")
+
+
 def test_claim_is_exclusive_and_failures_retry_up_to_the_maximum(store: Store, tiny) -> None:
     store.create_sweep("a", {}, {"cpus": 1}, tiny.segments)
     key = tiny.segments[0].id
