@@ -129,11 +129,15 @@ def observations_command(
 @app.command("sweeps")
 def sweeps_command() -> None:
     """Every sweep in the store with its status and how many of its segments are done."""
+    from api.services import Services
+    from api.sweeps import segment_counts
+
     orch = _orchestrator()
+    counts = segment_counts(Services(orch, auth=False))  # one grouped query for every sweep
     t = Table("sweep", "name", "status", "segments done", "created")
     for s in orch.store.sweeps():
-        statuses = [seg.status for seg, _ in orch.store.members(s.id)]
-        t.add_row(s.id, s.name, s.status, f"{statuses.count('done')}/{len(statuses)}", f"{s.created_at:%Y-%m-%d %H:%M}")
+        done, total = counts.get(s.id, (0, 0))
+        t.add_row(s.id, s.name, s.status, f"{done}/{total}", f"{s.created_at:%Y-%m-%d %H:%M}")
     console.print(t)
 
 
