@@ -108,7 +108,7 @@ class Store:
         with self.transaction() as s:
             sweep = s.get(SweepRecord, sweep_id)
             if sweep is None:
-                raise NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+                raise _no_sweep(sweep_id)
             return sweep
 
     def sweeps(self, status: str | None = None) -> list[SweepRecord]:
@@ -141,7 +141,7 @@ class Store:
             members = self._members(s, sweep_id)
             status = s.scalar(select(SweepRecord.status).where(SweepRecord.id == sweep_id))
             if status is None:
-                raise NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+                raise _no_sweep(sweep_id)
             return status, members
 
     @staticmethod
@@ -279,3 +279,7 @@ class Store:
             return list(s.scalars(select(ObservationRecord).join(SweepSegmentRecord, link)
                                   .where(SweepSegmentRecord.sweep_id == sweep_id)
                                   .order_by(SweepSegmentRecord.position)))
+
+
+def _no_sweep(sweep_id: str) -> NotFoundError:
+    return NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")

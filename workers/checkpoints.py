@@ -112,9 +112,3 @@ def load(engine, path: str | Path, cfg: ModelConfig, ep_size: int = 1) -> dict[s
 def complete(root: str | Path, segment_id: str) -> dict[int, Path]:
     """Complete checkpoints of `segment_id` under the folder `root`, by token count."""
     return {tokens: Path(p) for tokens, p in storage.complete(Path(root), segment_id).items()}
-
-
-def remove(path: str | Path) -> None:
-    """Delete a checkpoint folder (a superseded periodic resume checkpoint): sidecar first, so it never looks
-    complete while half deleted."""
-    storage.remove(Path(path))

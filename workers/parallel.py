@@ -45,11 +45,7 @@ class Ranks:
 
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         """The mean over ranks of a small tensor (every rank gets it)."""
-        if self.world == 1:
-            return values
-        values = values.clone()
-        torch.distributed.all_reduce(values)
-        return values / self.world
+        return values if self.world == 1 else self.sum(values) / self.world
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of a small tensor (every rank gets it)."""
@@ -114,8 +110,7 @@ def full_state_dict(module: torch.nn.Module, cfg: ModelConfig, ep_size: int) -> 
         return state
     from deepspeed.utils import groups
 
-    group_name = f"ep_size_{ep_size}"
-    group = groups._get_expert_parallel_group(group_name)
+    group = groups._get_expert_parallel_group(_group_name(ep_size))
     local = cfg.n_expert // ep_size
     out = {}
     for key in sorted(state):  # the same order on every rank: the all_gathers pair up
@@ -137,4 +132,9 @@ def expert_parallel_rank(ep_size: int) -> int:
         return 0
     from deepspeed.utils import groups
 
-    return groups._get_expert_parallel_rank(f"ep_size_{ep_size}")
+    return groups._get_expert_parallel_rank(_group_name(ep_size))
+
+
+def _group_name(ep_size: int) -> str:
+    """DeepSpeed-MoE's name for the expert-parallel groups of size `ep_size` (the experts' `group_name`)."""
+    return f"ep_size_{ep_size}"
