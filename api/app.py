@@ -14,13 +14,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from api.background import SweepLoop
-from api.refits import RefitLoop
-from api.routes import fits, ops, refits, sweeps
-from api.services import Services
-from orchestrator.errors import NotFoundError
-from orchestrator.settings import Settings
-from sweeps.spec import SpecError
+from upscale.api.background import SweepLoop
+from upscale.api.refits import RefitLoop
+from upscale.api.routes import fits, ops, refits, sweeps
+from upscale.api.services import Services
+from upscale.orchestrator.errors import NotFoundError
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.spec import SpecError
 
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
 upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz and /metrics takes a bearer token

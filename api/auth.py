@@ -13,9 +13,9 @@ from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 
-from api.records import TokenRecord
-from api.services import Services
-from orchestrator.store import Store
+from upscale.api.records import TokenRecord
+from upscale.api.services import Services
+from upscale.orchestrator.store import Store
 
 Scope = Literal["read", "write"]
 CACHE_S = 10.0  # a new token works at once; a token's scope is fixed, so a cached answer stays right

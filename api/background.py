@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 import traceback
 
-from api.services import Services
-from orchestrator.scheduler import Scheduler, ensure_ray
+from upscale.api.services import Services
+from upscale.orchestrator.scheduler import Scheduler, ensure_ray
 
 
 class SweepLoop(threading.Thread):

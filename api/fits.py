@@ -15,16 +15,16 @@ from pathlib import Path
 import pandas as pd
 from sqlalchemy import select
 
-from api.records import FitRecord
-from api.schemas import Decision, FitCreate
-from api.services import Services
-from fitting.dstar import decide, dstar_at
-from fitting.errors import FitError
-from fitting.laws import get_law
-from fitting.summary import FittedLaw, clean, load_fit, report
-from orchestrator.errors import NotFoundError, OrchestratorError
-from orchestrator.observations import table
-from orchestrator.records import ObservationRecord
+from upscale.api.records import FitRecord
+from upscale.api.schemas import Decision, FitCreate
+from upscale.api.services import Services
+from upscale.fitting.dstar import decide, dstar_at
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import get_law
+from upscale.fitting.summary import FittedLaw, clean, load_fit, report
+from upscale.orchestrator.errors import NotFoundError, OrchestratorError
+from upscale.orchestrator.observations import table
+from upscale.orchestrator.records import ObservationRecord
 
 # matplotlib (its mathtext parser included) is not thread-safe: request threads and the refit loop plot in turn
 PLOT_LOCK = threading.Lock()
@@ -69,7 +69,7 @@ def observations_table(services: Services, sweep_ids: list[str], kind: str,
 
 def create_fit(services: Services, req: FitCreate, owner: str, cache: ObservationCache | None = None) -> FitRecord:
     """Fit, write report.json and plots, record the fit; FitError for anything the caller must fix."""
-    from fitting.plots import fit_plots  # matplotlib: loaded by the first fit, not at server start
+    from upscale.fitting.plots import fit_plots  # matplotlib: loaded by the first fit, not at server start
 
     law = get_law(req.law)
     df = (pd.DataFrame(req.rows) if req.rows is not None

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import func, select
 
-from api.records import RefitRecord
-from api.services import Services
-from orchestrator.records import SegmentRecord, SweepRecord, utcnow
+from upscale.api.records import RefitRecord
+from upscale.api.services import Services
+from upscale.orchestrator.records import SegmentRecord, SweepRecord, utcnow
 
 STATES = ("pending", "running", "done", "failed")
 

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from orchestrator.records import Base, utcnow
+from upscale.orchestrator.records import Base, utcnow
 
 
 class TokenRecord(Base):

@@ -17,15 +17,15 @@ from datetime import datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from api.cron import parse_cron
-from api.fits import ObservationCache, create_fit, fitted, observations_table
-from api.records import FitRecord, RefitRecord, RefitScheduleRecord
-from api.schemas import FitCreate, RefitRequest, RefitScheduleCreate
-from api.services import Services
-from fitting.dstar import dstar_at
-from fitting.errors import FitError
-from orchestrator.errors import OrchestratorError
-from orchestrator.records import utcnow
+from upscale.api.cron import parse_cron
+from upscale.api.fits import ObservationCache, create_fit, fitted, observations_table
+from upscale.api.records import FitRecord, RefitRecord, RefitScheduleRecord
+from upscale.api.schemas import FitCreate, RefitRequest, RefitScheduleCreate
+from upscale.api.services import Services
+from upscale.fitting.dstar import dstar_at
+from upscale.fitting.errors import FitError
+from upscale.orchestrator.errors import OrchestratorError
+from upscale.orchestrator.records import utcnow
 
 
 def create_schedule(services: Services, body: RefitScheduleCreate, owner: str) -> RefitScheduleRecord:

@@ -134,7 +134,7 @@ class RefitScheduleCreate(BaseModel):
 
     @model_validator(mode="after")
     def _cron(self) -> RefitScheduleCreate:
-        from api.cron import parse_cron
+        from upscale.api.cron import parse_cron
 
         if (self.trigger == "cron") != (self.cron is not None):
             raise ValueError("give cron exactly when trigger is 'cron'")

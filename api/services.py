@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import api.records  # noqa: F401  (registers the API's tables on the shared metadata)
-from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
-from orchestrator.store import Store
+import upscale.api.records  # noqa: F401  (registers the API's tables on the shared metadata)
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
+from upscale.orchestrator.store import Store
 
 
 @dataclass

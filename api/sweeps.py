@@ -11,13 +11,13 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from api.records import SweepOwnerRecord
-from api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
-from api.services import Services
-from orchestrator.errors import NotFoundError
-from orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
-from sweeps.planner import plan
-from sweeps.spec import SweepSpec, parse_spec
+from upscale.api.records import SweepOwnerRecord
+from upscale.api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
+from upscale.api.services import Services
+from upscale.orchestrator.errors import NotFoundError
+from upscale.orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import SweepSpec, parse_spec
 
 
 def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None) -> SweepCreated:

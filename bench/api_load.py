@@ -25,11 +25,11 @@ import aiohttp
 import httpx
 import numpy as np
 
-from api.auth import create_token
-from api.services import Services
-from orchestrator.settings import Settings
-from sweeps.planner import plan
-from sweeps.spec import parse_spec
+from upscale.api.auth import create_token
+from upscale.api.services import Services
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import parse_spec
 
 # 1 dense trunk, 10 dense decays, 80 upcycles and MoE trunks, 800 MoE decays, 2 scratch trunks, 30 scratch decays
 TIMEOUT_S = 5.0  # a request slower than this counts as an error: the run stays bounded when the server saturates

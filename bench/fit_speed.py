@@ -25,10 +25,10 @@ import pandas as pd
 from scipy.optimize import minimize
 from scipy.special import logsumexp
 
-from fitting.bootstrap import bootstrap
-from fitting.fit import fit
-from fitting.laws import get_law
-from fitting.synthetic import TABLE2, design, generate
+from upscale.fitting.bootstrap import bootstrap
+from upscale.fitting.fit import fit
+from upscale.fitting.laws import get_law
+from upscale.fitting.synthetic import TABLE2, design, generate
 
 DELTA = 1e-3
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "chinchilla-points.csv"

@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.scheduler import Scheduler, ensure_ray
-from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
-from sweeps.spec import load_spec
+from upscale.orchestrator.scheduler import Scheduler, ensure_ray
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.spec import load_spec
 
 DEMO = Path(__file__).resolve().parent.parent / "sweeps" / "examples" / "demo.yaml"
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import itertools
 import time
 
-from sweeps.planner import plan
-from sweeps.segments import ModelSpec, OptimSpec, ScheduleSpec, SegmentSpec, UpcycleSpec
-from sweeps.spec import SweepSpec, parse_spec, resolve
+from upscale.sweeps.planner import plan
+from upscale.sweeps.segments import ModelSpec, OptimSpec, ScheduleSpec, SegmentSpec, UpcycleSpec
+from upscale.sweeps.spec import SweepSpec, parse_spec, resolve
 
 STEP = 16 * 128
 GRID = {

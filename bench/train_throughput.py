@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sweeps import sizes
-from sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
-from workers.data import TokenData, load_tokens
-from workers.engine import autocast
-from workers.model import ModelConfig, build_model
-from workers.schedule import lr_multiplier
-from workers.segment import run_segment
+from upscale.sweeps import sizes
+from upscale.sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
+from upscale.workers.data import TokenData, load_tokens
+from upscale.workers.engine import autocast
+from upscale.workers.model import ModelConfig, build_model
+from upscale.workers.schedule import lr_multiplier
+from upscale.workers.segment import run_segment
 
 Clock = Callable[[], float]
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from workers.model import ModelConfig, build_model
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.calibration import load_calibration
-from workers.upcycling.report import upcycle_report
+from upscale.workers.model import ModelConfig, build_model
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.calibration import load_calibration
+from upscale.workers.upcycling.report import upcycle_report
 
 CASES: list[tuple[str, dict[str, object], int]] = [
     ("naive", {}, 8),

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import ray
 
-from orchestrator.task import run_segment_task, train_segment
-from sweeps import sizes
-from sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
+from upscale.orchestrator.task import run_segment_task, train_segment
+from upscale.sweeps import sizes
+from upscale.sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
 
 CONTEXT, BATCH = 128, 16
 

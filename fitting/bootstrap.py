@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fitting.fit import FitOptions, FitResult, Problem, StartResult, prepare, refit_theta, user_params
-from fitting.laws import TRUNK, Law
+from upscale.fitting.fit import FitOptions, FitResult, Problem, StartResult, prepare, refit_theta, user_params
+from upscale.fitting.laws import TRUNK, Law
 
 CI_LEVEL = 0.95
 

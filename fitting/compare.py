@@ -13,9 +13,18 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from fitting.errors import FitError
-from fitting.fit import FitOptions, FitResult, Problem, StartResult, fit_problem, prepare, refit_theta, run_starts
-from fitting.laws import Law
+from upscale.fitting.errors import FitError
+from upscale.fitting.fit import (
+    FitOptions,
+    FitResult,
+    Problem,
+    StartResult,
+    fit_problem,
+    prepare,
+    refit_theta,
+    run_starts,
+)
+from upscale.fitting.laws import Law
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fitting.errors import FitError
-from fitting.laws import LOSS, Law
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import LOSS, Law
 
 
 def read_table(path: str | Path) -> pd.DataFrame:

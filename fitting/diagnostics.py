@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fitting.errors import FitError
-from fitting.fit import FitOptions, fit
-from fitting.laws import LOSS, POWER_D2
+from upscale.fitting.errors import FitError
+from upscale.fitting.fit import FitOptions, fit
+from upscale.fitting.laws import LOSS, POWER_D2
 
 
 @dataclass(frozen=True)

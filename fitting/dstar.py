@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 from scipy.optimize import brentq
 
-from fitting.bootstrap import percentile_interval
-from fitting.errors import FitError
-from fitting.laws import Design, Law
-from fitting.summary import FittedLaw, finite_or_none
+from upscale.fitting.bootstrap import percentile_interval
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import Design, Law
+from upscale.fitting.summary import FittedLaw, finite_or_none
 
 TOKEN_RANGE = (1e6, 1e16)  # where crossings are searched: far beyond any training run at both ends
 N1_RANGE = (1e8, 1e11)  # model sizes over which the closed form D*(N1) is fitted (the paper's Fig. 1 span)

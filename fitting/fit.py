@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from fitting.data import data_hash, validate
-from fitting.errors import FitError
-from fitting.laws import LOSS, Law, Param
+from upscale.fitting.data import data_hash, validate
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import LOSS, Law, Param
 
 FITTER_VERSION = "1.0.0"
 HUBER_DELTA = 1e-3  # the paper's and the Chinchilla replication's δ

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from fitting.errors import FitError
+from upscale.fitting.errors import FitError
 
 # Column names the laws use, as in LAWS.md; the loss column and the optional cluster column for the bootstrap.
 LOSS = "loss"

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from fitting.dstar import upcycled_loss
-from fitting.errors import FitError
-from fitting.summary import FittedLaw
+from upscale.fitting.dstar import upcycled_loss
+from upscale.fitting.errors import FitError
+from upscale.fitting.summary import FittedLaw
 
 ACTIVE_RATIO = 1.75  # N2/N1 for 8 experts, top-2 (Eq. 5: (4 + 12·2)/16)
 

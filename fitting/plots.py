@@ -16,10 +16,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from fitting.diagnostics import AlphaDiagnostics, alpha_d1
-from fitting.dstar import closed_form_dstar, moe_loss, upcycled_loss
-from fitting.laws import LOSS, get_law
-from fitting.summary import FittedLaw
+from upscale.fitting.diagnostics import AlphaDiagnostics, alpha_d1
+from upscale.fitting.dstar import closed_form_dstar, moe_loss, upcycled_loss
+from upscale.fitting.laws import LOSS, get_law
+from upscale.fitting.summary import FittedLaw
 
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fitting.bootstrap import Bootstrap, bootstrap
-from fitting.compare import loo_rms
-from fitting.errors import FitError
-from fitting.fit import FitOptions, fit_problem, prepare
-from fitting.laws import Law, get_law
+from upscale.fitting.bootstrap import Bootstrap, bootstrap
+from upscale.fitting.compare import loo_rms
+from upscale.fitting.errors import FitError
+from upscale.fitting.fit import FitOptions, fit_problem, prepare
+from upscale.fitting.laws import Law, get_law
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """SYNTHETIC observations: losses generated from a law's parameters with seeded noise, labelled as such.
 
 Used two ways: tests draw tables from any registered law to check that fits recover the parameters, and
-``python -m fitting.synthetic`` writes the bundled demo tables ``fitting/data/synthetic-{dense,moe,upcycled}.csv``
-from the paper's Table 2 parameters (rounded as printed; E = 0.165 for all three). The noise is multiplicative and
-has two parts, as real sweeps do: one draw per trunk (every branch decayed from one WSD trunk shares it) and one
+``python -m upscale.fitting.synthetic`` writes the bundled demo tables
+``fitting/data/synthetic-{dense,moe,upcycled}.csv`` from the paper's Table 2 parameters (rounded as printed;
+E = 0.165 for all three). The noise is multiplicative and has two parts, as real sweeps do: one draw per trunk (every branch decayed from one WSD trunk shares it) and one
 per point. Every file carries a '# SYNTHETIC' comment line and a ``source`` column equal to ``SYNTHETIC``; these are
 not measurements, only a stand-in until the sweep pipeline produces real ones.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fitting.laws import LOSS, TRUNK, Law, get_law
+from upscale.fitting.laws import LOSS, TRUNK, Law, get_law
 
 # Table 2 of the paper. MoE is fitted with N1 (not N2) as its size variable, as the paper notes.
 E_TABLE2 = 0.165

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from orchestrator.records import CheckpointRecord, SegmentRecord, utcnow
-from orchestrator.store import Store
-from sweeps.segments import TRUNK_KINDS
-from workers import storage
+from upscale.orchestrator.records import CheckpointRecord, SegmentRecord, utcnow
+from upscale.orchestrator.store import Store
+from upscale.sweeps.segments import TRUNK_KINDS
+from upscale.workers import storage
 
 LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay", "upcycle"}
 

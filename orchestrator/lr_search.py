@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.errors import OrchestratorError
-from orchestrator.records import SegmentRecord
-from orchestrator.task import SegmentFn
-from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from workers.errors import WorkerError
-from workers.storage import SegmentFolder, join
+from upscale.orchestrator.errors import OrchestratorError
+from upscale.orchestrator.records import SegmentRecord
+from upscale.orchestrator.task import SegmentFn
+from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.workers.errors import WorkerError
+from upscale.workers.storage import SegmentFolder, join
 
 CHUNKS = 4  # validation points per trial, i.e. pruning opportunities
 
@@ -64,7 +64,7 @@ def run_lr_search(spec: SegmentSpec, runtime: SegmentRuntime, storage: str, trai
                     raise optuna.TrialPruned(f"val loss {loss:.4f} after {end} tokens")
                 parent, start = (chunk.id, result.checkpoint), end
         except WorkerError as e:
-            from workers.segment import NaNLossError  # torch is loaded already: training raised it
+            from upscale.workers.segment import NaNLossError  # torch is loaded already: training raised it
 
             if isinstance(e, NaNLossError):
                 raise optuna.TrialPruned(str(e)) from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from orchestrator.records import ObservationRecord
+from upscale.orchestrator.records import ObservationRecord
 
 COLUMNS = ("kind", "N", "D", "N1", "D1", "D2", "N2", "P", "n_expert", "topk", "method", "r", "loss", "trunk",
            "segment", "mlflow_run_id")

@@ -24,16 +24,16 @@ from datetime import timedelta
 
 import ray
 
-from orchestrator.errors import OrchestratorError
-from orchestrator.lr_search import resolve_lr, run_lr_search
-from orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
-from orchestrator.settings import Settings
-from orchestrator.store import Store
-from orchestrator.task import SegmentFn, pid_alive, read_result, run_segment_task, train_segment, worker_running
-from orchestrator.tracking import RunTree, segment_tags
-from sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from workers import storage
-from workers.errors import WorkerError
+from upscale.orchestrator.errors import OrchestratorError
+from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
+from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
+from upscale.orchestrator.settings import Settings
+from upscale.orchestrator.store import Store
+from upscale.orchestrator.task import SegmentFn, pid_alive, read_result, run_segment_task, train_segment, worker_running
+from upscale.orchestrator.tracking import RunTree, segment_tags
+from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.workers import storage
+from upscale.workers.errors import WorkerError
 
 
 @dataclass

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.records import SweepRecord
-from orchestrator.scheduler import Scheduler, SweepOutcome, ensure_ray
-from orchestrator.settings import Settings
-from orchestrator.store import Store
-from sweeps.planner import Plan, plan
-from sweeps.spec import ClusterResources, SweepSpec, check_resources
+from upscale.orchestrator.records import SweepRecord
+from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, ensure_ray
+from upscale.orchestrator.settings import Settings
+from upscale.orchestrator.store import Store
+from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.spec import ClusterResources, SweepSpec, check_resources
 
 
 @dataclass

@@ -22,8 +22,8 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.errors import NotFoundError
-from orchestrator.records import (
+from upscale.orchestrator.errors import NotFoundError
+from upscale.orchestrator.records import (
     AttemptRecord,
     CheckpointRecord,
     ObservationRecord,
@@ -32,8 +32,8 @@ from orchestrator.records import (
     SweepSegmentRecord,
     utcnow,
 )
-from sweeps.planner import PlannedSegment
-from sweeps.segments import SegmentResult
+from upscale.sweeps.planner import PlannedSegment
+from upscale.sweeps.segments import SegmentResult
 
 
 def make_engine(url: str) -> Engine:
@@ -56,7 +56,7 @@ def make_engine(url: str) -> Engine:
 def alembic_config(connection: Connection) -> Config:
     """Alembic configured in code on ``connection`` with the packaged migrations (no alembic.ini needed)."""
     cfg = Config()
-    cfg.set_main_option("script_location", str(files("orchestrator") / "migrations"))
+    cfg.set_main_option("script_location", str(files("upscale.orchestrator") / "migrations"))
     cfg.attributes["connection"] = connection
     return cfg
 

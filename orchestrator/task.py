@@ -17,9 +17,9 @@ from pathlib import Path
 
 import ray
 
-from orchestrator.worker_group import run_worker_group
-from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from workers import storage
+from upscale.orchestrator.worker_group import run_worker_group
+from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.workers import storage
 
 SegmentFn = Callable[[SegmentSpec, SegmentRuntime], SegmentResult]
 RESULT_FILE = "result.json"
@@ -29,7 +29,7 @@ WORKER_FILE = "worker.json"
 def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
     """The default segment function, `workers.segment.run_segment`, imported in the worker (keeps torch out of the
     scheduler process)."""
-    from workers.segment import run_segment
+    from upscale.workers.segment import run_segment
 
     return run_segment(spec, runtime)
 

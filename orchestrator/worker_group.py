@@ -10,8 +10,8 @@ a scheduler restart works the same way.
 
 from __future__ import annotations
 
-from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from workers.storage import SegmentFolder
+from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.workers.storage import SegmentFolder
 
 
 def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> SegmentResult:
@@ -21,7 +21,7 @@ def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from orchestrator.task import finish_attempt, read_result  # task.py imports this module
+    from upscale.orchestrator.task import finish_attempt, read_result  # task.py imports this module
 
     def loop() -> None:  # runs on every worker; the closure ships the spec and runtime to them
         import ray.train

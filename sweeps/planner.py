@@ -22,7 +22,7 @@ import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from sweeps.segments import (
+from upscale.sweeps.segments import (
     LrSearchSpec,
     ModelSpec,
     OptimSpec,
@@ -32,8 +32,8 @@ from sweeps.segments import (
     UpcycleSpec,
     fingerprint,
 )
-from sweeps.sizes import dense_params, moe_active_params, moe_total_params, train_flops_per_token
-from sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, expert_widths, resolve, round_steps
+from upscale.sweeps.sizes import dense_params, moe_active_params, moe_total_params, train_flops_per_token
+from upscale.sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, expert_widths, resolve, round_steps
 
 AxisValue = str | int | float | None
 LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_search parents that will fix it)

@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, UpcycleSpec
-from sweeps.sizes import NAMED_SIZES, Shape
+from upscale.sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, UpcycleSpec
+from upscale.sweeps.sizes import NAMED_SIZES, Shape
 
 # Methods whose identity varies with the `r` axis (METHODS.md: Drop-Upcycling's re-initialised fraction). Others
 # ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.

@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workers import storage
-from workers.errors import WorkerError
-from workers.model import ModelConfig
-from workers.parallel import SINGLE, Ranks, full_state_dict
-from workers.storage import META_FILE, TAG_PREFIX
-from workers.weights import save_model
+from upscale.workers import storage
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig
+from upscale.workers.parallel import SINGLE, Ranks, full_state_dict
+from upscale.workers.storage import META_FILE, TAG_PREFIX
+from upscale.workers.weights import save_model
 
 SCHEMA_VERSION = 1
 MODEL_DIR = "model"

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sweeps.segments import DataSpec
-from workers.errors import WorkerError
+from upscale.sweeps.segments import DataSpec
+from upscale.workers.errors import WorkerError
 
 BUILTIN_STDLIB = "builtin:python-stdlib"
 CACHE_VERSION = 1

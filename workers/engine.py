@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sweeps.segments import OptimSpec
-from workers.distributed import init_single_process
-from workers.errors import WorkerError
-from workers.model import UpscaleLM
-from workers.parallel import SINGLE, Ranks
+from upscale.sweeps.segments import OptimSpec
+from upscale.workers.distributed import init_single_process
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import UpscaleLM
+from upscale.workers.parallel import SINGLE, Ranks
 
 
 def param_groups(model: UpscaleLM, weight_decay: float) -> list[dict]:

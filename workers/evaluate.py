@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from workers.engine import lm_loss
-from workers.model import UpscaleLM
-from workers.parallel import SINGLE, Ranks
+from upscale.workers.engine import lm_loss
+from upscale.workers.model import UpscaleLM
+from upscale.workers.parallel import SINGLE, Ranks
 
 
 @torch.no_grad()

@@ -53,11 +53,11 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from sweeps import sizes
-from workers.errors import WorkerError, validated
+from upscale.sweeps import sizes
+from upscale.workers.errors import WorkerError, validated
 
 if TYPE_CHECKING:
-    from sweeps.segments import ModelSpec
+    from upscale.sweeps.segments import ModelSpec
 
 RouterInit = Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"]
 RouterType = Literal["linear", "mixture", "mlp"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig
 
 _EXPERT_KEY = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from sweeps.segments import ScheduleSpec
-from workers.errors import WorkerError
+from upscale.sweeps.segments import ScheduleSpec
+from upscale.workers.errors import WorkerError
 
 
 def check_schedule(schedule: ScheduleSpec, decay_start_tokens: int | None, end_tokens: int) -> None:

@@ -28,17 +28,17 @@ from pathlib import Path
 
 import torch
 
-from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from workers import checkpoints, storage
-from workers.data import TokenData, load_tokens
-from workers.engine import NonFiniteLoss, build_engine, train_step
-from workers.errors import WorkerError
-from workers.evaluate import expert_load, reduce_expert_counts, val_loss
-from workers.model import ModelConfig, UpscaleLM, build_model
-from workers.parallel import Ranks, current_ranks, ep_size_for, expert_parallel_rank, expert_slice
-from workers.schedule import check_schedule, lr_multiplier
-from workers.tracking import MetricLogger
-from workers.weights import CONFIG_FILE, load_model, save_model
+from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.workers import checkpoints, storage
+from upscale.workers.data import TokenData, load_tokens
+from upscale.workers.engine import NonFiniteLoss, build_engine, train_step
+from upscale.workers.errors import WorkerError
+from upscale.workers.evaluate import expert_load, reduce_expert_counts, val_loss
+from upscale.workers.model import ModelConfig, UpscaleLM, build_model
+from upscale.workers.parallel import Ranks, current_ranks, ep_size_for, expert_parallel_rank, expert_slice
+from upscale.workers.schedule import check_schedule, lr_multiplier
+from upscale.workers.tracking import MetricLogger
+from upscale.workers.weights import CONFIG_FILE, load_model, save_model
 
 CALIBRATION_TOKENS = 8192  # windows handed to data-driven upcycling methods (llama-moe sharing, router-upcycling)
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "vocab_size", "context")
@@ -154,7 +154,7 @@ def _data(spec: SegmentSpec, runtime: SegmentRuntime) -> TokenData:
 
 
 def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentResult:
-    from workers.upcycling import upcycle
+    from upscale.workers.upcycling import upcycle
 
     parent = _start_checkpoint(spec, runtime)
     assert parent is not None  # upcycle always needs one

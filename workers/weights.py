@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from workers.errors import WorkerError, validated
-from workers.model import ModelConfig, UpscaleLM, build_model
+from upscale.workers.errors import WorkerError, validated
+from upscale.workers.model import ModelConfig, UpscaleLM, build_model
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.pt"

@@ -1,6 +1,6 @@
 """The `upscale` command line: one typer app (app.py); each module below registers one area's commands."""
 
-from api.cli import (  # noqa: F401  (imported for their @app.command side effects)
+from upscale.api.cli import (  # noqa: F401  (imported for their @app.command side effects)
     demo_command,
     fit_commands,
     model_commands,
@@ -9,6 +9,6 @@ from api.cli import (  # noqa: F401  (imported for their @app.command side effec
     serve_commands,
     train_commands,
 )
-from api.cli.app import app, main
+from upscale.api.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -14,13 +14,14 @@ are the analysis both share; the from-scratch side is fitted once, whatever the 
 from __future__ import annotations
 
 import time
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
-from api.cli.app import app, console
-from api.cli.fit_commands import (
+from upscale.api.cli.app import app, console
+from upscale.api.cli.fit_commands import (
     decision_text,
     dstar_table,
     fit_table,
@@ -32,9 +33,9 @@ from api.cli.fit_commands import (
 if TYPE_CHECKING:
     import pandas as pd
 
-    from fitting.summary import FittedLaw
+    from upscale.fitting.summary import FittedLaw
 
-DEMO_SPEC = Path(__file__).resolve().parents[2] / "sweeps" / "examples" / "demo.yaml"
+DEMO_SPEC = Path(str(files("upscale.sweeps") / "examples" / "demo.yaml"))
 # The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
 PAPER_N1 = (1e8, 1e9, 7e9)
 PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
@@ -55,10 +56,10 @@ def fit_scratch(tables: dict[str, pd.DataFrame], n_boot: int) -> ScratchFit:
 
     ``tables`` has "dense" and "moe" (columns D, N, loss[, trunk]).
     """
-    from fitting.errors import FitError
-    from fitting.fit import fit_shared
-    from fitting.laws import get_law
-    from fitting.summary import FittedLaw, report
+    from upscale.fitting.errors import FitError
+    from upscale.fitting.fit import fit_shared
+    from upscale.fitting.laws import get_law
+    from upscale.fitting.summary import FittedLaw, report
 
     chin = get_law("chinchilla")
     try:
@@ -79,13 +80,13 @@ def fit_demo(scratch: ScratchFit, upcycled: pd.DataFrame, out_dir: Path, n1s: li
     """
     import numpy as np
 
-    from fitting import plots
-    from fitting.bootstrap import percentile_interval
-    from fitting.diagnostics import alpha_d1
-    from fitting.dstar import crossings, decide, dstar_results, dstar_samples
-    from fitting.errors import FitError
-    from fitting.laws import get_law
-    from fitting.summary import FittedLaw, report
+    from upscale.fitting import plots
+    from upscale.fitting.bootstrap import percentile_interval
+    from upscale.fitting.diagnostics import alpha_d1
+    from upscale.fitting.dstar import crossings, decide, dstar_results, dstar_samples
+    from upscale.fitting.errors import FitError
+    from upscale.fitting.laws import get_law
+    from upscale.fitting.summary import FittedLaw, report
 
     joint, moe, E = get_law("joint"), scratch.law, scratch.E
     with progress_bar(n_boot, "bootstrap (upcycled)") as advance:
@@ -135,8 +136,8 @@ def _print_upcycled(res: dict[str, Any], truth: dict[str, float] | None = None) 
 
 
 def _synthetic(out_dir: Path, n_boot: int) -> None:
-    from fitting.data import read_table
-    from fitting.synthetic import E_TABLE2, TABLE2, bundled_path
+    from upscale.fitting.data import read_table
+    from upscale.fitting.synthetic import E_TABLE2, TABLE2, bundled_path
 
     console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
                   "(fitting/data/README.md), not measurements.")
@@ -149,9 +150,9 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
 
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
-    from api.cli.run_commands import run_sweep
-    from orchestrator.observations import table
-    from sweeps.spec import load_spec
+    from upscale.api.cli.run_commands import run_sweep
+    from upscale.orchestrator.observations import table
+    from upscale.sweeps.spec import load_spec
 
     spec = load_spec(spec_path)
     orch, outcome = run_sweep(spec, str(spec_path))
@@ -184,7 +185,7 @@ def demo_command(
     out: Annotated[Path | None, typer.Option(help="Plot folder (default <UPSCALE_HOME>/demo).")] = None,
 ) -> None:
     """Run the demo sweep for real, fit the dense, from-scratch and upcycled laws, print D* and a verdict, plot."""
-    from orchestrator.settings import get_settings
+    from upscale.orchestrator.settings import get_settings
 
     start = time.perf_counter()
     out_dir = out or Path(get_settings().home) / "demo"

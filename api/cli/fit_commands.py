@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from api.cli.app import app, console, register_user_error
-from api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
-from fitting.errors import FitError
+from upscale.api.cli.app import app, console, register_user_error
+from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
+from upscale.fitting.errors import FitError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -29,7 +29,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (the scripted 
 
 
 def print_json(obj: Any) -> None:
-    from fitting.summary import clean
+    from upscale.fitting.summary import clean
 
     print(json.dumps(clean(obj), indent=2, allow_nan=False))
 
@@ -73,7 +73,7 @@ def progress_bar(total: int, label: str) -> Iterator[Callable[[int], None] | Non
 @app.command("laws")
 def laws_command() -> None:
     """The registry: one law a line with its formula, the columns it needs and its source in the paper."""
-    from fitting.laws import LAWS
+    from upscale.fitting.laws import LAWS
 
     width = max(map(len, LAWS))
     for name, law in LAWS.items():
@@ -121,9 +121,9 @@ def fit_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Fit a law to a table with summed Huber/BFGS; LOO RMS always, percentile intervals with --bootstrap."""
-    from fitting.data import read_table
-    from fitting.laws import get_law
-    from fitting.summary import group_keys, grouped_report, report
+    from upscale.fitting.data import read_table
+    from upscale.fitting.laws import get_law
+    from upscale.fitting.summary import group_keys, grouped_report, report
 
     the_law = get_law(law)
     fixed = parse_fixed(fix or [])
@@ -139,7 +139,7 @@ def fit_command(
             out, _ = report(the_law, df, fixed, bootstrap, workers=w, progress=advance)
             reps = [(out, df)]
     if plot is not None:
-        from fitting.plots import fit_plots
+        from upscale.fitting.plots import fit_plots
 
         for rep, part in reps:
             sub = plot / "_".join(f"{k}={v}" for k, v in rep["group"].items()) if "group" in rep else plot
@@ -159,9 +159,9 @@ def compare_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Several laws on one table: LOO RMS and extrapolation error (loss units), AIC, BIC."""
-    from fitting.compare import compare
-    from fitting.data import read_table
-    from fitting.laws import get_law
+    from upscale.fitting.compare import compare
+    from upscale.fitting.data import read_table
+    from upscale.fitting.laws import get_law
 
     the_laws = [get_law(n.strip()) for n in laws.split(",") if n.strip()]
     if not the_laws:
@@ -186,8 +186,8 @@ def dstar_command(
     as_json: JsonOpt = False,
 ) -> None:
     """D*: the token count where MoE from scratch catches up with upcycling at the same sunk cost (Eq. 13)."""
-    from fitting.dstar import dstar_results
-    from fitting.summary import load_fit
+    from upscale.fitting.dstar import dstar_results
+    from upscale.fitting.summary import load_fit
 
     out = dstar_results(load_fit(moe), load_fit(upcycled), n1)
     if as_json:
@@ -223,8 +223,8 @@ def decide_command(
     """Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability.
 
     From two fit files, or with --api from the server's latest from-scratch and upcycled fits."""
-    from fitting.dstar import decide
-    from fitting.summary import load_fit
+    from upscale.fitting.dstar import decide
+    from upscale.fitting.summary import load_fit
 
     if api:
         with api_client(api, token) as c:
@@ -257,8 +257,8 @@ def optimal_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Compute-optimal upcycling (Eq. 14): D2_opt and N1_opt for a FLOP budget, closed-form and numeric."""
-    from fitting.optimal import closed_form, numeric
-    from fitting.summary import load_fit
+    from upscale.fitting.optimal import closed_form, numeric
+    from upscale.fitting.summary import load_fit
 
     if not (math.isfinite(d1) and d1 > 0):
         raise FitError(f"--d1 must be a positive token count, got {d1}")

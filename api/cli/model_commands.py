@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from api.cli.app import app, console, register_user_error
-from workers.errors import WorkerError
+from upscale.api.cli.app import app, console, register_user_error
+from upscale.workers.errors import WorkerError
 
 register_user_error(WorkerError)
 
@@ -38,9 +38,9 @@ def model_init(
     context: Annotated[int, typer.Option(help="Maximum sequence length.")] = 1024,
 ) -> None:
     """Write a randomly initialised dense model (the starting point of `upscale upcycle`)."""
-    from workers.errors import validated
-    from workers.model import ModelConfig, build_model
-    from workers.weights import save_model
+    from upscale.workers.errors import validated
+    from upscale.workers.model import ModelConfig, build_model
+    from upscale.workers.weights import save_model
 
     shape = {"n_layer": n_layer, "d_model": d_model, "n_head": n_head}
     given = {k: v for k, v in shape.items() if v is not None}
@@ -111,10 +111,10 @@ def _upcycle(
 ) -> tuple[dict[str, Any], Any, float]:
     import time
 
-    from workers.upcycling import method_spec, upcycle
-    from workers.upcycling.calibration import load_calibration
-    from workers.upcycling.report import upcycle_report
-    from workers.weights import load_model, save_model
+    from upscale.workers.upcycling import method_spec, upcycle
+    from upscale.workers.upcycling.calibration import load_calibration
+    from upscale.workers.upcycling.report import upcycle_report
+    from upscale.workers.weights import load_model, save_model
 
     if out.resolve() == dense.resolve():
         raise WorkerError(f"--out {out} is the dense model directory; write the MoE somewhere else")

@@ -17,9 +17,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.app import app, console, register_user_error
-from sweeps.planner import GPU_FLOPS_PER_S, Plan, critical_path_s, gpu_flops_per_s, plan, segment_seconds
-from sweeps.spec import SpecError, SweepSpec, load_spec
+from upscale.api.cli.app import app, console, register_user_error
+from upscale.sweeps.planner import GPU_FLOPS_PER_S, Plan, critical_path_s, gpu_flops_per_s, plan, segment_seconds
+from upscale.sweeps.spec import SpecError, SweepSpec, load_spec
 
 register_user_error(SpecError)
 

@@ -18,14 +18,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api.cli.app import app, console, err_console, register_user_error
-from api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
-from orchestrator.errors import OrchestratorError
+from upscale.api.cli.app import app, console, err_console, register_user_error
+from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
+from upscale.orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
-    from orchestrator.scheduler import SweepOutcome
-    from orchestrator.service import Orchestrator
-    from sweeps.spec import SweepSpec
+    from upscale.orchestrator.scheduler import SweepOutcome
+    from upscale.orchestrator.service import Orchestrator
+    from upscale.sweeps.spec import SweepSpec
 
 register_user_error(OrchestratorError)
 
@@ -33,8 +33,8 @@ KINDS = ("dense", "upcycled", "scratch")
 
 
 def _orchestrator():
-    from orchestrator.service import Orchestrator
-    from orchestrator.settings import get_settings
+    from upscale.orchestrator.service import Orchestrator
+    from upscale.orchestrator.settings import get_settings
 
     return Orchestrator.open(get_settings())
 
@@ -43,7 +43,7 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
               max_attempts: int = 3) -> tuple[Orchestrator, SweepOutcome]:
     """Train ``sweep_spec`` to completion with a live progress bar on stderr; an unfinished sweep is an error that
     says how to resume it (``source`` is the spec file named in that message). Shared by `run` and `demo`."""
-    from orchestrator.scheduler import Scheduler
+    from upscale.orchestrator.scheduler import Scheduler
 
     orch = _orchestrator()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -76,8 +76,8 @@ def run_command(
     = 3,
 ) -> None:
     """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations."""
-    from orchestrator.observations import JSON_FIELDS, as_row
-    from sweeps.spec import load_spec
+    from upscale.orchestrator.observations import JSON_FIELDS, as_row
+    from upscale.sweeps.spec import load_spec
 
     orch, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
                           max_attempts=max_attempts)
@@ -105,7 +105,7 @@ def observations_command(
     """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled rows), loss, trunk."""
     import pandas as pd
 
-    from orchestrator.observations import table
+    from upscale.orchestrator.observations import table
 
     if kind is not None and kind not in KINDS:
         raise OrchestratorError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -129,8 +129,8 @@ def observations_command(
 @app.command("sweeps")
 def sweeps_command() -> None:
     """Every sweep in the store with its status and how many of its segments are done."""
-    from api.services import Services
-    from api.sweeps import segment_counts
+    from upscale.api.services import Services
+    from upscale.api.sweeps import segment_counts
 
     orch = _orchestrator()
     counts = segment_counts(Services(orch, auth=False))  # one grouped query for every sweep
@@ -162,7 +162,7 @@ def gc_command(
                                              "branch from (trunks, decayed dense models).")] = False,
 ) -> None:
     """Delete checkpoints no pending segment needs; keep likely branch points unless --all."""
-    from orchestrator.gc import collect_garbage
+    from upscale.orchestrator.gc import collect_garbage
 
     rep = collect_garbage(_orchestrator().store, everything=everything, dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"

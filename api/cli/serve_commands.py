@@ -19,7 +19,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api.cli.app import app, console, err_console, register_user_error
+from upscale.api.cli.app import app, console, err_console, register_user_error
 
 
 class ApiError(RuntimeError):
@@ -44,8 +44,8 @@ def api_client(api: str | None, token: str | None):
         return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=120)
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from orchestrator.settings import get_settings
+    from upscale.api.app import create_app
+    from upscale.orchestrator.settings import get_settings
 
     return TestClient(create_app(get_settings(), auth=False, scheduler=False))
 
@@ -77,9 +77,9 @@ def serve_command(
     Ctrl-C / SIGTERM shut down gracefully: running segments are released and their sweep resumes on restart."""
     import uvicorn
 
-    from api.app import create_app
-    from orchestrator.scheduler import ensure_ray
-    from orchestrator.settings import get_settings
+    from upscale.api.app import create_app
+    from upscale.orchestrator.scheduler import ensure_ray
+    from upscale.orchestrator.settings import get_settings
 
     settings = get_settings()
     if not no_scheduler:
@@ -92,11 +92,11 @@ def scheduler_command(
     refit_tick_s: Annotated[float, typer.Option(help="How often refit schedules are checked (s).")] = 5.0,
 ) -> None:
     """Only the background work of `upscale serve`: train pending sweeps and fire refit schedules, until Ctrl-C."""
-    from api.background import SweepLoop
-    from api.refits import RefitLoop
-    from api.services import Services
-    from orchestrator.scheduler import ensure_ray
-    from orchestrator.settings import get_settings
+    from upscale.api.background import SweepLoop
+    from upscale.api.refits import RefitLoop
+    from upscale.api.services import Services
+    from upscale.orchestrator.scheduler import ensure_ray
+    from upscale.orchestrator.settings import get_settings
 
     services = Services.open(get_settings())
     ensure_ray(services.settings)
@@ -122,9 +122,9 @@ def token_create_command(
     = os.environ.get("USER", "user"),
 ) -> None:
     """Print a new bearer token (shown once; only its sha256 is stored)."""
-    from api.auth import create_token
-    from api.services import Services
-    from orchestrator.settings import get_settings
+    from upscale.api.auth import create_token
+    from upscale.api.services import Services
+    from upscale.orchestrator.settings import get_settings
 
     if scope not in ("read", "write"):
         raise ApiError(f"--scope {scope!r}: use read or write")
@@ -156,7 +156,7 @@ def _wait(client, sweep_id: str, remote: bool) -> None:
                   TextColumn("{task.fields[note]}"), console=err_console) as bar:
         task = bar.add_task(f"sweep {sweep_id}", total=None, note="")
         if not remote:  # nobody else trains it: run the orchestrator's scheduler here, on the same store
-            from orchestrator.scheduler import Scheduler
+            from upscale.orchestrator.scheduler import Scheduler
 
             services = client.app.state.services
 
@@ -219,7 +219,7 @@ def ui_command(
     port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = 5000,
 ) -> None:
     """The MLflow UI on this store's runs: one parent run per sweep, one child per segment."""
-    from orchestrator.settings import get_settings
+    from upscale.orchestrator.settings import get_settings
 
     argv = ["mlflow", "ui", "--backend-store-uri", get_settings().mlflow_tracking_uri, "--port", str(port)]
     if not launch:

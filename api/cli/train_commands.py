@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from api.cli.app import app, console, err_console, register_user_error
-from workers.errors import WorkerError
+from upscale.api.cli.app import app, console, err_console, register_user_error
+from upscale.workers.errors import WorkerError
 
 if TYPE_CHECKING:
-    from sweeps.segments import SegmentResult
+    from upscale.sweeps.segments import SegmentResult
 
 register_user_error(WorkerError)
 
@@ -78,10 +78,10 @@ def _run(segment: Path, checkpoint_dir: str | None, parent: list[str], mlflow_ur
     from pydantic import ValidationError
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from orchestrator.settings import get_settings
-    from sweeps.segments import SegmentRuntime, SegmentSpec
-    from workers import storage
-    from workers.segment import StepInfo, run_segment
+    from upscale.orchestrator.settings import get_settings
+    from upscale.sweeps.segments import SegmentRuntime, SegmentSpec
+    from upscale.workers import storage
+    from upscale.workers.segment import StepInfo, run_segment
 
     if not segment.is_file():
         raise WorkerError(f"segment file {segment} does not exist")

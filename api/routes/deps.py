@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.auth import require
-from api.services import Services
+from upscale.api.auth import require
+from upscale.api.services import Services
 
 
 def get_services(request: Request) -> Services:

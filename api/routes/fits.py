@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 
-from api import fits
-from api.records import FitRecord
-from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from api.schemas import Decision, FitCreate, FitPublic
+from upscale.api import fits
+from upscale.api.records import FitRecord
+from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from upscale.api.schemas import Decision, FitCreate, FitPublic
 
 router = APIRouter(tags=["fits"], responses=AUTH_ERRORS)
 MAX_COUNT = 1e18  # tokens and parameters beyond this are typos, not budgets

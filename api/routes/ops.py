@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from api.metrics import render
-from api.routes.deps import ServicesDep
-from api.schemas import Health
+from upscale.api.metrics import render
+from upscale.api.routes.deps import ServicesDep
+from upscale.api.schemas import Health
 
 router = APIRouter(tags=["operations"])
 

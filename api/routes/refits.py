@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query
 
-from api import refits
-from api.records import RefitRecord, RefitScheduleRecord
-from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from api.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
+from upscale.api import refits
+from upscale.api.records import RefitRecord, RefitScheduleRecord
+from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from upscale.api.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
 
 router = APIRouter(tags=["refits"], responses=AUTH_ERRORS)
 

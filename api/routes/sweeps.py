@@ -9,11 +9,11 @@ import yaml
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
-from api import sweeps
-from api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
-from orchestrator.observations import as_row, table
-from sweeps.spec import parse_spec
+from upscale.api import sweeps
+from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from upscale.api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
+from upscale.orchestrator.observations import as_row, table
+from upscale.sweeps.spec import parse_spec
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from orchestrator.records import Base
-from orchestrator.settings import get_settings
+from upscale.orchestrator.records import Base
+from upscale.orchestrator.settings import get_settings
 
 # Our own version table: Optuna's LR-search studies live in the same database and keep theirs in `alembic_version`.
 VERSION_TABLE = "upscale_alembic_version"

@@ -15,9 +15,9 @@ import httpx
 import pytest
 import uvicorn
 
-from api.app import create_app
-from api.auth import create_token
-from orchestrator.settings import Settings
+from upscale.api.app import create_app
+from upscale.api.auth import create_token
+from upscale.orchestrator.settings import Settings
 
 
 @dataclass

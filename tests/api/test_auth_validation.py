@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import yaml
 
-from api.auth import digest
-from api.records import TokenRecord
-from api.services import Services
+from upscale.api.auth import digest
+from upscale.api.records import TokenRecord
+from upscale.api.services import Services
 
 SPEC = {"name": "auth-check", "model": {"sizes": ["nano"]}, "moe": {"experts": [2], "topk": [1]},
         "upcycling": {"methods": ["naive"]}, "tokens": {"d1": [256], "d2": [128, 256]},

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.services import Services
-from orchestrator.settings import Settings
 from tests.api.conftest import free_port
 from tests.api.test_flow import FLOW_SPEC
+from upscale.api.services import Services
+from upscale.orchestrator.settings import Settings
 
 UPSCALE = str(Path(sys.executable).parent / "upscale")
 

@@ -16,16 +16,16 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from api.fits import fitted
-from api.refits import RefitLoop
-from api.services import Services
-from fitting.data import read_table
-from fitting.dstar import decide
-from fitting.synthetic import bundled_path
-from orchestrator.settings import Settings
-from sweeps.planner import plan
-from sweeps.spec import load_spec
 from tests.api.conftest import serve
+from upscale.api.fits import fitted
+from upscale.api.refits import RefitLoop
+from upscale.api.services import Services
+from upscale.fitting.data import read_table
+from upscale.fitting.dstar import decide
+from upscale.fitting.synthetic import bundled_path
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import load_spec
 
 FLOW_SPEC = """
 name: api-flow

@@ -10,10 +10,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from api.cron import parse_cron
-from api.records import RefitRecord, TokenRecord
-from orchestrator.records import Base
-from orchestrator.store import Store, alembic_config
+from upscale.api.cron import parse_cron
+from upscale.api.records import RefitRecord, TokenRecord
+from upscale.orchestrator.records import Base
+from upscale.orchestrator.store import Store, alembic_config
 
 API_TABLES = {"api_tokens", "sweep_owners", "fits", "refit_schedules", "refits"}
 
@@ -55,10 +55,10 @@ def test_racing_refit_loops_claim_a_cron_minute_once(tmp_path, mlflow_uri) -> No
     the next minute can be claimed again, an earlier one never."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from api.records import RefitScheduleRecord
-    from api.refits import claim_minute
-    from api.services import Services
-    from orchestrator.settings import Settings
+    from upscale.api.records import RefitScheduleRecord
+    from upscale.api.refits import claim_minute
+    from upscale.api.services import Services
+    from upscale.orchestrator.settings import Settings
 
     services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     with services.store.transaction() as s:
@@ -77,13 +77,13 @@ def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, 
     fits then fail, as there are none yet, and each schedule records its own error)."""
     from collections import Counter
 
-    from api import sweeps
-    from api.refits import RefitLoop, create_schedule, schedules
-    from api.schemas import RefitScheduleCreate
-    from api.services import Services
-    from orchestrator.settings import Settings
-    from sweeps.spec import parse_spec
     from tests.api.test_auth_validation import SPEC
+    from upscale.api import sweeps
+    from upscale.api.refits import RefitLoop, create_schedule, schedules
+    from upscale.api.schemas import RefitScheduleCreate
+    from upscale.api.services import Services
+    from upscale.orchestrator.settings import Settings
+    from upscale.sweeps.spec import parse_spec
 
     services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     ids = [sweeps.submit(services, parse_spec({**SPEC, "name": n}), "t").id for n in ("a", "b")]

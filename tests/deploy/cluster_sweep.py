@@ -24,13 +24,13 @@ import ray.util.client
 from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
-from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from sweeps.spec import load_spec
 from tests.deploy import conftest
 from tests.orchestrator import segment_fns
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.sweeps.spec import load_spec
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from orchestrator.settings import Settings
+from upscale.orchestrator.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -213,8 +213,8 @@ def test_dockerfile_pins_python_and_torch_as_pyproject() -> None:
     assert "python:3.11-slim" in dockerfile and PYPROJECT["project"]["requires-python"].startswith(">=3.11")
     assert 'pip install ".[worker]"' in dockerfile
     assert "--index-url" in dockerfile and "download.pytorch.org/whl/cpu" in dockerfile
-    for package in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]:
-        assert f"COPY {package.rstrip('*')} " in dockerfile  # every package the wheel includes is in the image
+    for folder in PYPROJECT["tool"]["setuptools"]["package-dir"].values():
+        assert f"COPY {folder} ./{folder}\n" in dockerfile  # every folder the wheel maps is in the image
 
 
 def test_the_image_can_open_s3_checkpoint_uris() -> None:
@@ -285,7 +285,7 @@ def test_database_urls_use_the_installed_driver_and_the_postgres_service(key: st
 def test_the_api_command_the_manifests_run_exists_with_those_options() -> None:
     import typer
 
-    from api.cli import app
+    from upscale.api.cli import app
 
     click = typer.main.get_command(app)
     serve = click.commands["serve"]

@@ -21,12 +21,12 @@ import psycopg
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
-from sweeps.spec import load_spec
 from tests.deploy.conftest import MICRO_SPEC, libpq
 from tests.orchestrator.segment_fns import counting_segment
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.postgres
 

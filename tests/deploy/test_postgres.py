@@ -22,17 +22,17 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
-import api.records  # noqa: F401  (registers the API's tables on the one Base: the comparison covers the whole schema)
-from orchestrator.records import Base
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
-from orchestrator.store import Store, alembic_config
-from sweeps.planner import plan
-from sweeps.segments import SegmentResult
-from sweeps.spec import load_spec
+import upscale.api.records  # noqa: F401  (registers the API's tables on the one Base: the comparison covers the whole schema)
 from tests.deploy.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment, loss_of
+from upscale.orchestrator.records import Base
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
+from upscale.orchestrator.store import Store, alembic_config
+from upscale.sweeps.planner import plan
+from upscale.sweeps.segments import SegmentResult
+from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.postgres
 TABLES = {"sweeps", "segments", "sweep_segments", "attempts", "observations", "checkpoints", "api_tokens"}

@@ -7,10 +7,10 @@ refits must contain every generating parameter; the same seed must give identica
 import numpy as np
 import pytest
 
-from fitting.bootstrap import bootstrap, percentile_interval
-from fitting.fit import fit
-from fitting.laws import TRUNK, get_law
-from fitting.synthetic import TABLE2, design, generate
+from upscale.fitting.bootstrap import bootstrap, percentile_interval
+from upscale.fitting.fit import fit
+from upscale.fitting.laws import TRUNK, get_law
+from upscale.fitting.synthetic import TABLE2, design, generate
 
 LAW = get_law("chinchilla")
 GRID = {"D": tuple(np.geomspace(1e8, 1e12, 8)), "N": tuple(np.geomspace(1e7, 1e10, 8))}

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
-from fitting.laws import get_law
-from fitting.synthetic import TABLE2, design, generate
+from upscale.api.cli import app
+from upscale.fitting.laws import get_law
+from upscale.fitting.synthetic import TABLE2, design, generate
 
 UPSCALE = str(Path(sys.executable).with_name("upscale"))
 

@@ -7,9 +7,9 @@ noise level (0.5% of the loss), and a noise-free table gives LOO ≈ 0.
 import numpy as np
 import pytest
 
-from fitting.compare import compare
-from fitting.laws import get_law
-from fitting.synthetic import design, generate
+from upscale.fitting.compare import compare
+from upscale.fitting.laws import get_law
+from upscale.fitting.synthetic import design, generate
 
 TRUTH = {"A": 20.0, "alpha1": 0.1, "alpha2": 0.3, "alpha3": 4e-3, "E": 0.5}
 GRID = {"D1": tuple(np.geomspace(1e7, 1e12, 8)), "D2": tuple(np.geomspace(1e6, 1e12, 8))}

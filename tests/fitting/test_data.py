@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fitting.data import data_hash, read_table, validate
-from fitting.errors import FitError
-from fitting.laws import get_law
+from upscale.fitting.data import data_hash, read_table, validate
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import get_law
 
 CHIN = get_law("chinchilla")
 

@@ -4,10 +4,10 @@ linear fit must return gamma = alpha3 and E' = −alpha2, and A(D1) = A·D1^−a
 import numpy as np
 import pytest
 
-from fitting.diagnostics import alpha_d1
-from fitting.errors import FitError
-from fitting.laws import get_law
-from fitting.synthetic import design, generate
+from upscale.fitting.diagnostics import alpha_d1
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import get_law
+from upscale.fitting.synthetic import design, generate
 
 TRUTH = {"A": 20.0, "alpha1": 0.1, "alpha2": 0.3, "alpha3": 4e-3, "E": 0.5}
 

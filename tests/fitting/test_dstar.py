@@ -8,7 +8,7 @@ coefficients; bootstrap samples must turn into an interval and a probability.
 import numpy as np
 import pytest
 
-from fitting.dstar import (
+from upscale.fitting.dstar import (
     catch_up,
     check_pair,
     closed_form_dstar,
@@ -19,10 +19,10 @@ from fitting.dstar import (
     moe_loss,
     upcycled_loss,
 )
-from fitting.errors import FitError
-from fitting.laws import get_law
-from fitting.summary import FittedLaw
-from fitting.synthetic import TABLE2
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import get_law
+from upscale.fitting.summary import FittedLaw
+from upscale.fitting.synthetic import TABLE2
 
 MOE = FittedLaw(get_law("chinchilla"), TABLE2["moe"])
 UP = FittedLaw(get_law("joint"), TABLE2["upcycled"])

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fitting.errors import FitError
-from fitting.fit import FitOptions, fit, fit_shared, prepare, split_shared
-from fitting.laws import LAWS, get_law
-from fitting.synthetic import design, generate
+from upscale.fitting.errors import FitError
+from upscale.fitting.fit import FitOptions, fit, fit_shared, prepare, split_shared
+from upscale.fitting.laws import LAWS, get_law
+from upscale.fitting.synthetic import design, generate
 
 TRUTH = {"A": 20.0, "B": 10.0, "F": 300.0, "E": 0.5, "alpha": 0.3, "beta": 0.25, "alpha1": 0.1, "alpha2": 0.3,
          "alpha3": 4e-3, "beta1": 0.3, "beta2": 0.25, "beta3": 0.01}

@@ -7,8 +7,8 @@ independent numpy transcription of its LAWS.md formula to 1e-12 relative; that p
 import numpy as np
 import pytest
 
-from fitting.errors import FitError
-from fitting.laws import LAWS, declare, get_law
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import LAWS, declare, get_law
 
 RNG = np.random.default_rng(7)
 COLS = {c: 10 ** RNG.uniform(lo, hi, 50) for c, (lo, hi) in

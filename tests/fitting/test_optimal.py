@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from fitting.errors import FitError
-from fitting.laws import get_law
-from fitting.optimal import closed_form, numeric
-from fitting.summary import FittedLaw
-from fitting.synthetic import TABLE2
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import get_law
+from upscale.fitting.optimal import closed_form, numeric
+from upscale.fitting.summary import FittedLaw
+from upscale.fitting.synthetic import TABLE2
 
 UP = FittedLaw(get_law("joint"), TABLE2["upcycled"])
 

@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from fitting import plots
-from fitting.diagnostics import alpha_d1
-from fitting.laws import get_law
-from fitting.summary import FittedLaw
-from fitting.synthetic import TABLE2, design, generate
+from upscale.fitting import plots
+from upscale.fitting.diagnostics import alpha_d1
+from upscale.fitting.laws import get_law
+from upscale.fitting.summary import FittedLaw
+from upscale.fitting.synthetic import TABLE2, design, generate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fitting.errors import FitError
-from fitting.laws import get_law
-from fitting.summary import grouped_report, load_fit, report
-from fitting.synthetic import TABLE2, design, generate
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import get_law
+from upscale.fitting.summary import grouped_report, load_fit, report
+from upscale.fitting.synthetic import TABLE2, design, generate
 
 LAW = get_law("chinchilla")
 GRID = {"D": tuple(np.geomspace(1e8, 1e12, 6)), "N": tuple(np.geomspace(1e7, 1e10, 5))}

@@ -3,8 +3,8 @@
 import numpy as np
 import pandas as pd
 
-from fitting.data import read_table
-from fitting.synthetic import bundled_path, paper_tables
+from upscale.fitting.data import read_table
+from upscale.fitting.synthetic import bundled_path, paper_tables
 
 
 def test_bundled_tables_are_labelled_and_reproducible():

@@ -18,6 +18,6 @@ resources: {cpus: 1}
 
 @pytest.fixture
 def settings(tmp_path, mlflow_uri):
-    from orchestrator.settings import Settings
+    from upscale.orchestrator.settings import Settings
 
     return Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)

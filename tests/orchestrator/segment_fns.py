@@ -19,8 +19,8 @@ import math
 import time
 from pathlib import Path
 
-from sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from workers.errors import WorkerError
+from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.workers.errors import WorkerError
 
 
 def loss_of(spec: SegmentSpec) -> float:

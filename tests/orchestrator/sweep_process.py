@@ -12,9 +12,9 @@ import ray
 import segment_fns
 from ray import cloudpickle
 
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
 
 if __name__ == "__main__":
     home, mlflow_uri, sweep_id = sys.argv[1:4]

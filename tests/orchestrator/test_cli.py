@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
-from fitting.laws import COUNT_COLUMNS
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from orchestrator.settings import get_settings
-from sweeps.planner import plan
-from sweeps.spec import load_spec
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment, loss_of
+from upscale.api.cli import app
+from upscale.fitting.laws import COUNT_COLUMNS
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import get_settings
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

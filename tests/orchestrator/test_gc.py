@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.gc import collect_garbage
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from sweeps.spec import load_spec
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
+from upscale.orchestrator.gc import collect_garbage
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -13,12 +13,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from sweeps.planner import plan
-from sweeps.spec import load_spec
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

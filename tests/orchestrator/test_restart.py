@@ -16,10 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from orchestrator.service import Orchestrator
-from sweeps.planner import plan
-from sweeps.spec import load_spec
 from tests.orchestrator.conftest import TINY_SPEC
+from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import load_spec
 
 SCRIPT = Path(__file__).parent / "sweep_process.py"
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from sweeps.planner import plan
-from sweeps.segments import SegmentSpec
-from sweeps.spec import load_spec
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment, loss_of
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.planner import plan
+from upscale.sweeps.segments import SegmentSpec
+from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

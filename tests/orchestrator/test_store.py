@@ -17,13 +17,13 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Table, inspect
 
-from orchestrator.errors import OrchestratorError
-from orchestrator.records import Base
-from orchestrator.store import Store, alembic_config
-from sweeps.planner import plan
-from sweeps.segments import SegmentResult
-from sweeps.spec import load_spec
 from tests.orchestrator.conftest import TINY_SPEC
+from upscale.orchestrator.errors import OrchestratorError
+from upscale.orchestrator.records import Base
+from upscale.orchestrator.store import Store, alembic_config
+from upscale.sweeps.planner import plan
+from upscale.sweeps.segments import SegmentResult
+from upscale.sweeps.spec import load_spec
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

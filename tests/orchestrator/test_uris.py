@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.gc import collect_garbage
-from orchestrator.scheduler import Scheduler
-from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
-from orchestrator.task import RESULT_FILE, WORKER_FILE, read_result, worker_running, write_result
-from sweeps.planner import plan
-from sweeps.segments import LrSearchSpec, SegmentResult, SegmentRuntime, SegmentSpec
-from sweeps.spec import load_spec
-from workers import storage
+from upscale.orchestrator.gc import collect_garbage
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
+from upscale.orchestrator.task import RESULT_FILE, WORKER_FILE, read_result, worker_running, write_result
+from upscale.sweeps.planner import plan
+from upscale.sweeps.segments import LrSearchSpec, SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.sweeps.spec import load_spec
+from upscale.workers import storage
 
 URI_SPEC = """
 name: uri-root
@@ -63,7 +63,7 @@ def test_a_sweep_with_a_uri_checkpoint_root_trains_adopts_and_collects(tmp_path:
     # a scheduler claimed the trunk and died; its worker finished and left the result at the URI
     trunk = next(s for s in segments.values() if s.spec.kind == "dense_trunk")
     assert orch.store.claim(trunk.id, f"{socket.gethostname()}:{dead_pid()}:dead00") is not None
-    from workers.segment import run_segment
+    from upscale.workers.segment import run_segment
 
     trunk_dir = scheduler.segment_dir(trunk.id)
     done = run_segment(trunk.spec, SegmentRuntime(checkpoint_dir=trunk_dir, data_cache_dir=str(settings.home / "data")))
@@ -113,9 +113,9 @@ def test_a_checkpoint_root_nothing_can_open_is_refused_with_what_to_do(tmp_path:
 
 def test_lr_search_trials_at_a_uri_chain_their_chunks_and_leave_nothing_behind(tmp_path: Path) -> None:
     # a trial of two one-step trunk chunks, the second starting from the first one's checkpoint at the URI
-    from orchestrator.lr_search import run_lr_search
     from tests.workers.test_segment import DATA, DENSE, OPTIM, SCHED, TPS
-    from workers.segment import run_segment
+    from upscale.orchestrator.lr_search import run_lr_search
+    from upscale.workers.segment import run_segment
 
     spec = SegmentSpec(kind="lr_search", model=DENSE, data=DATA, optim=OPTIM.model_copy(update={"lr": None}),
                        schedule=SCHED, lr_search=LrSearchSpec(trials=1, low=1e-3, high=1e-2, tokens=2 * TPS))
@@ -143,7 +143,7 @@ def test_a_two_worker_segment_publishes_every_ranks_shards_and_branches_from_the
     file:// root, then its decay branch on two workers from the URI with the staging wiped (both ranks fetch the
     branch point at once): both match the single-process runs with plain paths (tolerance of test_worker_group)."""
     from tests.orchestrator.test_worker_group import COMMON, REL_TOL, TPS, on_ray
-    from workers.segment import run_segment
+    from upscale.workers.segment import run_segment
 
     trunk = SegmentSpec(kind="scratch_trunk", end_tokens=8 * TPS, save_at_tokens=(6 * TPS, 8 * TPS), **COMMON)
     decay = SegmentSpec(kind="scratch_decay", start_tokens=6 * TPS, end_tokens=8 * TPS, decay_start_tokens=6 * TPS,

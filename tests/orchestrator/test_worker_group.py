@@ -19,15 +19,15 @@ import pytest
 import torch
 import yaml
 
-from orchestrator.task import run_segment_task, train_segment
-from sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
-from sweeps.spec import SpecError, parse_spec
 from tests.orchestrator.conftest import TINY_SPEC
-from workers.errors import WorkerError
-from workers.model import ModelConfig
-from workers.parallel import ep_size_for, expert_slice
-from workers.segment import NaNLossError, run_segment
-from workers.weights import load_model
+from upscale.orchestrator.task import run_segment_task, train_segment
+from upscale.sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
+from upscale.sweeps.spec import SpecError, parse_spec
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig
+from upscale.workers.parallel import ep_size_for, expert_slice
+from upscale.workers.segment import NaNLossError, run_segment
+from upscale.workers.weights import load_model
 
 TPS = 256  # batch 8 x context 32
 MOE = ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=32, n_expert=4, topk=2)
@@ -119,10 +119,10 @@ def test_batch_must_split_over_workers() -> None:
 def test_a_sweep_with_two_workers_per_segment_trains_through_ray_train(ray_session, settings) -> None:
     """The micro sweep (one segment of each kind) with resources.workers=2: every training segment runs as a Ray
     Train group of two (~35 s each on 2 cores: slow), the upcycle alone; observations come out as usual."""
-    from orchestrator.scheduler import Scheduler
-    from orchestrator.service import Orchestrator
-    from sweeps.spec import load_spec
     from tests.deploy.conftest import MICRO_SPEC
+    from upscale.orchestrator.scheduler import Scheduler
+    from upscale.orchestrator.service import Orchestrator
+    from upscale.sweeps.spec import load_spec
 
     spec = load_spec(MICRO_SPEC.replace("resources: {cpus: 1}", "resources: {cpus: 1, workers: 2}"))
     orch = Orchestrator.open(settings)

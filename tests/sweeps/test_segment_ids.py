@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentSpec, canonical_json
+from upscale.sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentSpec, canonical_json
 
 
 def _trunk(**overrides: object) -> SegmentSpec:

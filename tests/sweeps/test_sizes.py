@@ -2,7 +2,7 @@
 
 import pytest
 
-from sweeps import sizes
+from upscale.sweeps import sizes
 
 # Table 3 of the upcycling-scaling-laws paper: N_dense and N_MoE^total (8 experts).
 TABLE_3 = {

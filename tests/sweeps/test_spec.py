@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.planner import plan
-from sweeps.spec import ClusterResources, SpecError, check_resources, load_spec, parse_spec
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import ClusterResources, SpecError, check_resources, load_spec, parse_spec
 
 UPSCALE = Path(__file__).parents[2] / ".venv" / "bin" / "upscale"
 

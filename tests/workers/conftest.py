@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.model import ModelConfig, UpscaleLM, build_model
+from upscale.workers.model import ModelConfig, UpscaleLM, build_model
 
 torch.set_num_threads(1)
 
@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def dist_group() -> None:
     """A single-process gloo group (what DeepSpeed's engine needs); initialised once per test session."""
-    from workers.distributed import init_single_process
+    from upscale.workers.distributed import init_single_process
 
     init_single_process()
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.segments import OptimSpec
-from workers import checkpoints
-from workers.engine import build_engine, train_step
-from workers.errors import WorkerError
-from workers.model import ModelConfig, build_model
+from upscale.sweeps.segments import OptimSpec
+from upscale.workers import checkpoints
+from upscale.workers.engine import build_engine, train_step
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, build_model
 
 CFG = ModelConfig(n_layer=2, d_model=32, n_head=2, vocab_size=64, context=16, n_expert=4, topk=2)
 OPTIM = OptimSpec(lr=1e-3, batch_size=4)

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sweeps.segments import DataSpec
-from workers.data import BUILTIN_STDLIB, iter_documents, load_tokens
-from workers.errors import WorkerError
+from upscale.sweeps.segments import DataSpec
+from upscale.workers.data import BUILTIN_STDLIB, iter_documents, load_tokens
+from upscale.workers.errors import WorkerError
 
 DOCS = [f"document {i}: " + "the quick brown fox jumps over the lazy dog. " * (5 + i) for i in range(40)]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sweeps.segments import OptimSpec
-from workers.engine import NonFiniteLoss, build_engine, param_groups, train_step
-from workers.errors import WorkerError
-from workers.model import ModelConfig, build_model
+from upscale.sweeps.segments import OptimSpec
+from upscale.workers.engine import NonFiniteLoss, build_engine, param_groups, train_step
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, build_model
 
 CFG = ModelConfig(n_layer=2, d_model=32, n_head=2, vocab_size=64, context=16, n_expert=4, topk=2)
 OPTIM = OptimSpec(lr=1e-3, batch_size=4)
@@ -76,7 +76,7 @@ def test_bad_engine_options(dist_group: None) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_autocast_step_on_cuda() -> None:
-    from workers.distributed import init_single_process
+    from upscale.workers.distributed import init_single_process
 
     init_single_process("nccl")
     eng = build_engine(build_model(CFG, seed=0), OPTIM, device="cuda")

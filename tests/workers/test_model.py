@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from sweeps import sizes
-from sweeps.segments import ModelSpec
 from tests.sweeps.test_sizes import TABLE_3  # the paper's N_dense and N_total (8 experts)
-from workers.errors import WorkerError
-from workers.model import ModelConfig, build_model
+from upscale.sweeps import sizes
+from upscale.sweeps.segments import ModelSpec
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, build_model
 
 
 @pytest.mark.parametrize("size", TABLE_3)
@@ -124,7 +124,7 @@ def test_context_overflow_is_a_worker_error() -> None:
 def test_moe_backward_under_a_single_process_group(dist_group: None) -> None:
     import torch.distributed as dist
 
-    from workers.distributed import init_single_process
+    from upscale.workers.distributed import init_single_process
 
     init_single_process()  # idempotent: the session's group stays
     assert dist.is_initialized() and dist.get_world_size() == 1

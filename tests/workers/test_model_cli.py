@@ -19,7 +19,7 @@ UPSCALE = str(Path(sys.executable).parent / "upscale")
 
 def main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
     """Run the console-script entry point in-process; (exit code, stderr)."""
-    from api.cli import main as cli_main
+    from upscale.api.cli import main as cli_main
 
     monkeypatch.setattr(sys, "argv", ["upscale", *args])
     with pytest.raises(SystemExit) as exit_info:
@@ -106,7 +106,7 @@ def test_out_must_not_overwrite_the_dense_model(dense_dir: Path, monkeypatch: py
 
 def test_model_init_explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture) -> None:
-    from workers.weights import load_model
+    from upscale.workers.weights import load_model
 
     code, _ = main(monkeypatch, capsys, "model", "init", "--n-layer", "1", "--d-model", "16", "--n-head", "2",
                    "--vocab-size", "32", "--out", str(tmp_path / "m"))

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from sweeps.segments import ScheduleSpec
-from workers.errors import WorkerError
-from workers.schedule import check_schedule, lr_multiplier
+from upscale.sweeps.segments import ScheduleSpec
+from upscale.workers.errors import WorkerError
+from upscale.workers.schedule import check_schedule, lr_multiplier
 
 WSD = ScheduleSpec(warmup_tokens=100, final_lr_fraction=0.1)
 

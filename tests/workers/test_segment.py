@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.segments import (
+from upscale.sweeps.segments import (
     DataSpec,
     ModelSpec,
     OptimSpec,
@@ -20,10 +20,10 @@ from sweeps.segments import (
     SegmentSpec,
     UpcycleSpec,
 )
-from workers.checkpoints import tag_for
-from workers.errors import WorkerError
-from workers.segment import NaNLossError, StepInfo, run_segment
-from workers.weights import load_model
+from upscale.workers.checkpoints import tag_for
+from upscale.workers.errors import WorkerError
+from upscale.workers.segment import NaNLossError, StepInfo, run_segment
+from upscale.workers.weights import load_model
 
 TPS = 256  # tokens per step
 DENSE = ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=32)
@@ -193,7 +193,7 @@ def test_cli_train_segment_json(home: Path, runs: dict, capsys: pytest.CaptureFi
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from api.cli import app, main
+    from upscale.api.cli import app, main
 
     spec_file = home / "decay.json"
     spec_file.write_text(DECAY.model_dump_json())

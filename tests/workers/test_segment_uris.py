@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.segments import SegmentRuntime, UpcycleSpec
 from tests.workers.test_segment import DECAY, FULL, MOE, TPS, TRUNK, seg
-from workers import storage
-from workers.checkpoints import tag_for
-from workers.errors import WorkerError
-from workers.segment import StepInfo, run_segment
-from workers.weights import load_model
+from upscale.sweeps.segments import SegmentRuntime, UpcycleSpec
+from upscale.workers import storage
+from upscale.workers.checkpoints import tag_for
+from upscale.workers.errors import WorkerError
+from upscale.workers.segment import StepInfo, run_segment
+from upscale.workers.weights import load_model
 
 ROOT = "memory://uris"
 
@@ -145,7 +145,7 @@ def test_bad_uris_are_clear_errors(home: Path, uri_runs: dict) -> None:
 def test_cli_train_segment_to_a_uri(home: Path, uri_runs: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from upscale.api.cli import app
 
     spec_file = home / "decay.json"
     spec_file.write_text(DECAY.model_dump_json())

@@ -17,8 +17,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from workers import storage
-from workers.errors import WorkerError
+from upscale.workers import storage
+from upscale.workers.errors import WorkerError
 
 
 class RecordingMemoryFS(MemoryFileSystem):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from workers.tracking import MetricLogger
+from upscale.workers.tracking import MetricLogger
 
 
 def test_metrics_are_buffered_then_all_arrive(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig, build_model
-from workers.weights import CONFIG_FILE, WEIGHTS_FILE, instantiate, load_model, save_model
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, build_model
+from upscale.workers.weights import CONFIG_FILE, WEIGHTS_FILE, instantiate, load_model, save_model
 
 
 def test_round_trip_dense_and_moe(tmp_path: Path, dense_cfg: ModelConfig, dense_sd: dict, tokens: torch.Tensor) -> None:

@@ -20,11 +20,11 @@ from typing import get_args
 
 import torch
 
-from sweeps.segments import Method, UpcycleSpec
-from workers.errors import WorkerError, validated
-from workers.model import ModelConfig
-from workers.upcycling import drop, granular, llama_moe, naive, noise, router_upcycling, scratch
-from workers.weights import check_state_dict
+from upscale.sweeps.segments import Method, UpcycleSpec
+from upscale.workers.errors import WorkerError, validated
+from upscale.workers.model import ModelConfig
+from upscale.workers.upcycling import drop, granular, llama_moe, naive, noise, router_upcycling, scratch
+from upscale.workers.weights import check_state_dict
 
 METHODS: dict[str, ModuleType] = {
     "naive": naive,

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig, init_router, seeded_generator
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, init_router, seeded_generator
 
 FFN = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (W_gate [f, d], W_up [f, d], W_down [d, f])
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig, UpscaleLM, seeded_generator
-from workers.upcycling.clustering import kmeans
-from workers.weights import instantiate
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, UpscaleLM, seeded_generator
+from upscale.workers.upcycling.clustering import kmeans
+from upscale.workers.weights import instantiate
 
 _GROUP_STREAM = 5
 

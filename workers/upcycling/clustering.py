@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from workers.errors import WorkerError
+from upscale.workers.errors import WorkerError
 
 
 def _balanced_labels(dist2: np.ndarray) -> np.ndarray:

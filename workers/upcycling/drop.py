@@ -16,10 +16,10 @@ import math
 
 import torch
 
-from sweeps.segments import UpcycleSpec
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling import naive
-from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
+from upscale.sweeps.segments import UpcycleSpec
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling import naive
+from upscale.workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
 
 _DROP_STREAM = 2  # generator purpose key; routers use 1 (workers.model)
 

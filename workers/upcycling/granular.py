@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from sweeps.segments import UpcycleSpec
-from workers.errors import WorkerError
-from workers.model import ModelConfig
-from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
+from upscale.sweeps.segments import UpcycleSpec
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig
+from upscale.workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
 
 
 def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from sweeps.segments import UpcycleSpec
-from workers.errors import WorkerError
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
-from workers.upcycling.calibration import check_tokens, ffn_importance, sequence_groups
-from workers.upcycling.clustering import kmeans
+from upscale.sweeps.segments import UpcycleSpec
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
+from upscale.workers.upcycling.calibration import check_tokens, ffn_importance, sequence_groups
+from upscale.workers.upcycling.clustering import kmeans
 
 _SPLIT_STREAM = 4
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from sweeps.segments import UpcycleSpec
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling import naive
-from workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
-from workers.upcycling.drop import n_dropped
+from upscale.sweeps.segments import UpcycleSpec
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling import naive
+from upscale.workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
+from upscale.workers.upcycling.drop import n_dropped
 
 _NOISE_STREAM = 3
 

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling.adapter import FFN, dense_ffn, experts_of, shared_of
-from workers.weights import instantiate
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling.adapter import FFN, dense_ffn, experts_of, shared_of
+from upscale.workers.weights import instantiate
 
 _MATRICES = ("gate", "up", "down")
 _PROBE_STREAM = 7

@@ -18,13 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sweeps.segments import UpcycleSpec
-from workers.errors import WorkerError
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling import naive
-from workers.upcycling.adapter import LayerMoE, assemble, attention, dense_ffn
-from workers.upcycling.calibration import attention_inputs, check_tokens
-from workers.upcycling.clustering import kmeans
+from upscale.sweeps.segments import UpcycleSpec
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling import naive
+from upscale.workers.upcycling.adapter import LayerMoE, assemble, attention, dense_ffn
+from upscale.workers.upcycling.calibration import attention_inputs, check_tokens
+from upscale.workers.upcycling.clustering import kmeans
 
 _GROUP_STREAM = 6
 

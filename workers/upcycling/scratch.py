@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from sweeps.segments import UpcycleSpec
-from workers.model import ModelConfig, build_model
+from upscale.sweeps.segments import UpcycleSpec
+from upscale.workers.model import ModelConfig, build_model
 
 
 def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:

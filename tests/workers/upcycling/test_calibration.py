@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling.calibration import load_calibration, sequence_groups
-from workers.upcycling.clustering import kmeans
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling.calibration import load_calibration, sequence_groups
+from upscale.workers.upcycling.clustering import kmeans
 
 
 def test_text_file_becomes_byte_sequences(tmp_path: Path) -> None:

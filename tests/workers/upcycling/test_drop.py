@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.adapter import dense_ffn, experts_of
-from workers.upcycling.drop import drop_expert
-from workers.weights import instantiate
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.adapter import dense_ffn, experts_of
+from upscale.workers.upcycling.drop import drop_expert
+from upscale.workers.weights import instantiate
 
 
 def changed_neurons(expert: tuple, dense: tuple) -> list[set[int]]:

@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.adapter import dense_ffn, experts_of, router_of
-from workers.weights import instantiate
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.adapter import dense_ffn, experts_of, router_of
+from upscale.workers.weights import instantiate
 
 
 @pytest.mark.parametrize(("g", "k"), [(2, 2), (2, 4), (4, 4)])

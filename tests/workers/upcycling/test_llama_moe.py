@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.adapter import FFN, dense_ffn, experts_of, router_of, shared_of
-from workers.upcycling.calibration import ffn_importance, sequence_groups
-from workers.upcycling.llama_moe import clustering_split, random_split, sharing_inner, sharing_inter
-from workers.weights import instantiate
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.adapter import FFN, dense_ffn, experts_of, router_of, shared_of
+from upscale.workers.upcycling.calibration import ffn_importance, sequence_groups
+from upscale.workers.upcycling.llama_moe import clustering_split, random_split, sharing_inner, sharing_inter
+from upscale.workers.weights import instantiate
 
 
 def swiglu(ffn: FFN, x: torch.Tensor) -> torch.Tensor:

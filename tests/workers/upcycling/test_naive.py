@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from workers.model import ModelConfig, init_router, seeded_generator
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.adapter import dense_ffn, experts_of
-from workers.weights import instantiate
+from upscale.workers.model import ModelConfig, init_router, seeded_generator
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.adapter import dense_ffn, experts_of
+from upscale.workers.weights import instantiate
 
 
 def test_experts_are_copies_and_the_rest_is_inherited(dense_cfg: ModelConfig, dense_sd: dict) -> None:

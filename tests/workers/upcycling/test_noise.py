@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.adapter import dense_ffn, experts_of
-from workers.upcycling.noise import add_neuronwise, replace_elementwise
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.adapter import dense_ffn, experts_of
+from upscale.workers.upcycling.noise import add_neuronwise, replace_elementwise
 
 
 def big_ffn() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,11 +11,11 @@ from typing import get_args
 import pytest
 import torch
 
-from sweeps.segments import Method
-from workers.errors import WorkerError
-from workers.model import ModelConfig
-from workers.upcycling import METHODS, method_spec, upcycle
-from workers.weights import instantiate
+from upscale.sweeps.segments import Method
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig
+from upscale.workers.upcycling import METHODS, method_spec, upcycle
+from upscale.workers.weights import instantiate
 
 SPECS = {
     "naive": {},

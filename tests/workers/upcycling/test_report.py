@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from sweeps import sizes
-from workers.model import ModelConfig
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.report import upcycle_report
+from upscale.sweeps import sizes
+from upscale.workers.model import ModelConfig
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.report import upcycle_report
 
 KEYS = {"method", "max_abs_logit_diff", "reinit_fraction", "intact_neuron_fraction", "experts_distinct", "params"}
 

@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-from workers.errors import WorkerError
-from workers.model import ModelConfig, seeded_generator
-from workers.upcycling import method_spec, upcycle
-from workers.upcycling.adapter import router_of
-from workers.upcycling.router_upcycling import head_groups, mixture_router
-from workers.weights import instantiate
+from upscale.workers.errors import WorkerError
+from upscale.workers.model import ModelConfig, seeded_generator
+from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling.adapter import router_of
+from upscale.workers.upcycling.router_upcycling import head_groups, mixture_router
+from upscale.workers.weights import instantiate
 
 
 @pytest.fixture(scope="module")

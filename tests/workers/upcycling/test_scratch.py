@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from workers.model import ModelConfig, build_model
-from workers.upcycling import method_spec, upcycle
+from upscale.workers.model import ModelConfig, build_model
+from upscale.workers.upcycling import method_spec, upcycle
 
 
 def test_scratch_is_build_model_and_ignores_the_dense_weights(dense_cfg: ModelConfig, dense_sd: dict) -> None:
