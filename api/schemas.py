@@ -1,4 +1,4 @@
-"""Request and response bodies of the REST API, one model per direction (STYLE.md item 11); their field
+"""Request and response bodies of the REST API, one model per direction (docs/conventions.md, "Names"); their field
 descriptions are the OpenAPI page's documentation."""
 
 from __future__ import annotations

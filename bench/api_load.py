@@ -4,7 +4,8 @@
 The server is `upscale serve --no-scheduler` (uvicorn, one process) on a fresh SQLite store; this script is the
 second process on loopback and sends an open-loop stream (one request every 1/rate s, whether or not earlier ones
 have answered, so queueing shows in the tail; aiohttp, lighter than httpx's async client) for a bounded time per
-endpoint, then once more with the ETag as If-None-Match (what a poller sends). Target (issue 7): p99 < 50 ms.
+endpoint, then once more with the ETag as If-None-Match (what a poller sends). Target: p99 < 50 ms, so a dashboard
+polling many sweeps stays responsive.
 
     .venv/bin/python bench/api_load.py [--rate 200] [--seconds 10] [--segments 1000]
 """

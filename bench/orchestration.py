@@ -5,7 +5,7 @@ build, data, training, evaluation, checkpoints, metric logging), i.e. the sweep 
 sweep's wall time from `Orchestrator.run` to its return, including Ray's start, the first worker's imports (torch,
 DeepSpeed), the state store, the MLflow run tree and every scheduling decision. With one segment at a time
 (`--max-concurrent 1`, the default) nothing overlaps, so (wall - compute) / wall is exactly the time the
-orchestrator adds; target (issue 6) at most 10% (Ray Tune's own scalability figures: 14% for 1-second trials, 2.6%
+orchestrator adds; target at most 10% (Ray Tune's own scalability figures: 14% for 1-second trials, 2.6%
 for long ones). A fresh UPSCALE_HOME is used so that nothing is reused from earlier sweeps.
 
     .venv/bin/python bench/orchestration.py [--spec sweeps/examples/demo.yaml] [--max-concurrent 1]

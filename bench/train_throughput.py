@@ -6,8 +6,8 @@ nothing else (no DeepSpeed, no logging, no checkpoints). Both run in the same pr
 on the same corpus and shapes; each figure is the median tokens/s. The worker is timed through `run_segment`'s
 per-step hook, so batch drawing, LR, logging and the NaN check are inside; the first and the
 last step (allocation; the final checkpoint save) are left out of both. On CPU the clock is process CPU time by
-default, which the other jobs on a shared 2-core machine do not distort (`--wall` for wall-clock). Target
-(issue 5): >= 0.85x.
+default, which the other jobs on a shared 2-core machine do not distort (`--wall` for wall-clock). Target:
+>= 0.85x.
 
 CPU (default): the `tiny` shape (4 layers, d=128) dense and as an 8x2 MoE, fp32.
 `--gpu`: bf16 autocast on CUDA, the paper's 0.1B dense and its 8x2 MoE, and model FLOP utilisation

@@ -1,4 +1,4 @@
-"""Scaling laws as data: every law of LAWS.md is one declaration in a registry.
+"""Scaling laws as data: every law of docs/laws.md is one declaration in a registry.
 
 Every law in the paper is a sum of power-law terms plus a constant, so in log space each term is *linear* in the
 fitted coordinates: ``log(A·D1^−α1·D2^(−α2 + α3·log D1)) = a − α1·log D1 − α2·log D2 + α3·log D1·log D2`` with
@@ -29,7 +29,7 @@ import pandas as pd
 
 from upscale.fitting.errors import FitError
 
-# Column names the laws use, as in LAWS.md; the loss column and the optional cluster column for the bootstrap.
+# Column names the laws use (docs/laws.md); the loss column and the optional cluster column for the bootstrap.
 LOSS = "loss"
 TRUNK = "trunk"
 # A table the laws read: a DataFrame or any mapping of column name -> array (cheap in inner loops such as D*).
@@ -113,7 +113,7 @@ class Law:
 
     name: str
     source: str  # where it comes from in the paper
-    formula: str  # human-readable, as in LAWS.md
+    formula: str  # human-readable, as in docs/laws.md
     terms: tuple[Term, ...]
     params: tuple[Param, ...]
     columns: tuple[str, ...]

@@ -1,4 +1,4 @@
-"""The PNG plots LAWS.md lists, one function each; every one returns the path it wrote.
+"""The PNG plots of docs/laws.md ("Plots"), one function each; every one returns the path it wrote.
 
 matplotlib with the Agg backend (no display needed; imported here, not at package import, so that fitting
 stays light for callers that never plot). Figures are closed after saving so long runs do not leak memory.

@@ -1,4 +1,5 @@
-"""LR-search segments: an Optuna study of short runs that fixes the peak LR of one (family, size) (DESIGN.md).
+"""LR-search segments: an Optuna study of short runs that fixes the peak LR of one (family, size) (docs/architecture.md,
+"Segments and WSD reuse").
 
 Each trial trains the segment's model from scratch for `lr_search.tokens` tokens at a log-uniform peak LR, as
 `CHUNKS` consecutive trunk segments run by the ordinary segment function, so the validation loss after each chunk is

@@ -1,9 +1,9 @@
 """A sweep's observations as the table `upscale fit` reads (fitting/laws.py column names).
 
-Column meanings follow LAWS.md: dense rows carry D = D1 and N = N1 (the Chinchilla law); from-scratch MoE rows carry
-D and N = N1, the size of the dense model the MoE is built on, as the paper fits the MoE law (fitting/synthetic.py);
-upcycled rows carry D1, D2, N1 for the data and joint laws, and N2 and P = N_total / N2 for the config laws. Every
-row has its `trunk`, so the bootstrap resamples trunks, and its MLflow run.
+Column meanings follow docs/laws.md: dense rows carry D = D1 and N = N1 (the Chinchilla law); from-scratch MoE rows
+carry D and N = N1, the size of the dense model the MoE is built on, as the paper fits the MoE law
+(fitting/synthetic.py); upcycled rows carry D1, D2, N1 for the data and joint laws, and N2 and P = N_total / N2 for the
+config laws. Every row has its `trunk`, so the bootstrap resamples trunks, and its MLflow run.
 """
 
 from __future__ import annotations

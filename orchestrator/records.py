@@ -1,4 +1,4 @@
-"""The database schema as SQLAlchemy 2 models (`*Record`, STYLE.md item 14); Alembic migrations create it.
+"""The database schema as SQLAlchemy 2 models (`*Record`, docs/conventions.md "Names"); Alembic migrations create it.
 
 A segment row is keyed by its content id (`SegmentSpec.id`), so two sweeps that need the same training job share one
 row, one set of checkpoints and one MLflow run; `sweep_segments` says which sweeps want it. Types are portable

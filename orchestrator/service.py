@@ -1,7 +1,7 @@
 """What the CLI and the API call: submit a sweep spec, run it to completion, read its observations.
 
-Routes and commands stay thin (STYLE.md item 11): both go through these functions, which own the order of things
-(validate, plan, record, schedule).
+Routes and commands stay thin: both go through these functions, which own the order of things (validate, plan, record,
+schedule).
 """
 
 from __future__ import annotations

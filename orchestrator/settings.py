@@ -1,4 +1,5 @@
-"""Where upscale keeps its state: one pydantic-settings object, read once from the environment (DESIGN.md).
+"""Where upscale keeps its state: one pydantic-settings object, read once from the environment (docs/architecture.md,
+"State and storage").
 
 Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over. The API and
 the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.

@@ -4,7 +4,7 @@ each, on SQLite (default) or PostgreSQL.
 Opening a store runs the Alembic migrations shipped in `orchestrator/migrations` up to head, so a fresh file and an
 old one end at the same schema. Claiming a segment is a compare-and-set (`UPDATE ... WHERE status = 'pending'`):
 exactly one scheduler wins it, on SQLite (one writer at a time) and on PostgreSQL (row lock, then the WHERE is
-re-checked), which is what makes sweeps idempotent across processes (STYLE.md item 12).
+re-checked), which is what makes sweeps idempotent across processes (docs/architecture.md, "State and storage").
 """
 
 from __future__ import annotations

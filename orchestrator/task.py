@@ -35,7 +35,7 @@ def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
 
 
 # max_calls=0: a worker process is reused for any number of segments, so torch/deepspeed are imported once per
-# worker (~5 s each, DESIGN.md "Facts measured"), not once per segment.
+# worker (~5 s each, docs/architecture.md "Measured facts"), not once per segment.
 @ray.remote(max_calls=0)
 def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> dict:
     """Run ``spec`` and leave its result, filed under the segment's key ``key`` (which differs from spec.id when

@@ -1,6 +1,6 @@
 """The planner: compile a validated sweep into the smallest DAG of segments that reuses WSD checkpoints.
 
-Per dense size N1 (DESIGN.md, "Segments"):
+Per dense size N1 (docs/architecture.md, "Segments and WSD reuse"):
 
     dense_trunk ──► dense_decay(D1) ──► upcycle(E, k, method, r) ──► moe_trunk ──► moe_decay(D2)
     scratch_trunk(E, k) ──► scratch_decay(D)
@@ -220,7 +220,7 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
 
 
 # Default throughputs for the time estimate, when the user gives none.
-# CPU, DESIGN.md "Facts measured on these machines": 2-core fp32 peak ~200 GFLOP/s; a PyTorch training loop reaches
+# CPU, docs/architecture.md "Measured facts": 2-core fp32 peak ~200 GFLOP/s; a PyTorch training loop reaches
 # ~50% of it at d_model >= 128 and ~33% at d_model = 64; DeepSpeed-MoE runs at ~0.5x a dense model per active FLOP.
 CPU_PEAK_FLOPS_PER_S = 200e9
 MOE_EFFICIENCY = 0.5
@@ -231,7 +231,7 @@ SEGMENT_OVERHEAD_S = 1.0
 
 
 def cpu_flops_per_s(m: ModelSpec) -> float:
-    """Training FLOP/s a 2-core CPU sustains on model `m` (DESIGN.md Facts)."""
+    """Training FLOP/s a 2-core CPU sustains on model `m` (docs/architecture.md, "Measured facts")."""
     rate = CPU_PEAK_FLOPS_PER_S * (0.5 if m.d_model >= 128 else 0.33)
     return rate * (MOE_EFFICIENCY if m.is_moe else 1.0)
 

@@ -1,9 +1,10 @@
 """What one training job is: a frozen, hashed `SegmentSpec`; where and how it runs: `SegmentRuntime`, never hashed.
 
-A sweep compiles into a DAG of segments (DESIGN.md, "Segments"). A segment's id is a short hash of the canonical
-JSON of *every* identity field, parents' ids included, so two sweeps that need the same training job share it and a
-checkpoint can never be silently reused for a different config (STYLE.md items 1-2). Runtime-only fields (paths,
-tracking URIs, threads, logging cadence) live in `SegmentRuntime` and never change an id.
+A sweep compiles into a DAG of segments (docs/architecture.md, "Segments and WSD reuse"). A segment's id is a short hash
+of the canonical JSON of *every* identity field, parents' ids included, so two sweeps that need the same training job
+share it and a checkpoint can never be silently reused for a different config (docs/conventions.md, "Content-addressed
+segments"). Runtime-only fields (paths, tracking URIs, threads, logging cadence) live in `SegmentRuntime` and never
+change an id.
 
 Token bookkeeping is exact and absolute: every count is a multiple of `tokens_per_step = batch_size * context`, and a
 segment covers [start_tokens, end_tokens) of one schedule whose decay starts at the absolute `decay_start_tokens`.
@@ -114,12 +115,12 @@ Split = Literal["independent-random", "independent-clustering", "sharing-inner",
 
 
 class UpcycleSpec(Frozen):
-    """How a dense model becomes an MoE (METHODS.md): one method and its options, the papers' defaults.
+    """How a dense model becomes an MoE (docs/methods.md): one method and its options, the papers' defaults.
 
     Fields a method does not use are ignored by it (and still recorded in lineage).
     """
 
-    method: Method = Field(description="construction method (METHODS.md)")
+    method: Method = Field(description="construction method (docs/methods.md)")
     seed: int = Field(default=0, description="seed of the method's random draws (fresh router, re-initialised neurons)")
     r: float = Field(default=0.5, ge=0.0, le=1.0, description="drop: fraction of FFN neurons re-initialised")
     index_mode: Literal["shared", "per_matrix"] = Field(
@@ -215,7 +216,7 @@ class SegmentSpec(Frozen):
 def canonical_json(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> str:
     """Deterministic JSON of a spec: sorted keys, sets sorted, enums as values; callables and bare objects refused.
 
-    A spec read from YAML and the equal one built in Python give the same string (STYLE.md item 1). `memo` lets a
+    A spec read from YAML and the equal one built in Python give the same string. `memo` lets a
     caller hashing many specs that share frozen sub-models (the planner) convert each sub-model once.
     """
     return json.dumps(_plain(value, memo), sort_keys=True, separators=(",", ":"), allow_nan=False)

@@ -1,7 +1,7 @@
 """The sweep spec: what a user writes (YAML or JSON), parsed once into frozen pydantic models and checked whole.
 
 A spec is a grid over (N1, D1, D2, n_expert, topK, method, r) plus the training recipe. Validation happens here, at
-the edge (STYLE.md item 3), and reports *every* problem at once as `(field path, message)` pairs in one `SpecError`:
+the edge (docs/conventions.md), and reports *every* problem at once as `(field path, message)` pairs in one `SpecError`:
 field-level problems come from pydantic, section-level ones from each section's validator, and cross-section ones
 (budgets vs warmup and batch) from `SweepSpec`'s validator, which runs once the sections themselves are valid.
 
@@ -25,7 +25,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from upscale.sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, UpcycleSpec
 from upscale.sweeps.sizes import NAMED_SIZES, Shape
 
-# Methods whose identity varies with the `r` axis (METHODS.md: Drop-Upcycling's re-initialised fraction). Others
+# Methods whose identity varies with the `r` axis (Drop-Upcycling's re-initialised fraction, docs/methods.md). Others
 # ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.
 R_METHODS = frozenset({"drop"})
 METHODS: tuple[str, ...] = get_args(Method)
@@ -169,7 +169,7 @@ def expert_widths(up: UpcycleSpec, shape: Shape, n_expert: int, topk: int) -> tu
 
 
 class UpcyclingSection(Frozen):
-    methods: list[Method] = Field(description=f"Upcycling methods (METHODS.md): {', '.join(METHODS)}.")
+    methods: list[Method] = Field(description=f"Upcycling methods: {', '.join(METHODS)}.")
     r: list[Annotated[float, Field(ge=0, le=1)]] = Field(
         [0.5], description=f"Re-initialisation ratios; apply to {', '.join(sorted(R_METHODS))} only.")
     seed: int = Field(0, description="Seed of each method's random draws (router, re-initialised neurons).")

@@ -29,7 +29,7 @@ def _demo(home: Path, *args: str, timeout: int) -> str:
 def test_synthetic_demo_recovers_the_papers_dstar_and_writes_the_plots(tmp_path: Path) -> None:
     out = _demo(tmp_path, "--synthetic", "--bootstrap", "20", "--out", str(tmp_path / "plots"), timeout=300)
     assert "SYNTHETIC" in out
-    # The tables are generated from Table 2's parameters, whose D* at N1 = 1e9 is 3.0e9 tokens (LAWS.md).
+    # The tables are generated from Table 2's parameters, whose D* at N1 = 1e9 is 3.0e9 tokens (docs/laws.md, "D*").
     row = re.search(r"│ 1e\+09\s+│ ([0-9.e+]+)", out)
     assert row is not None, out
     assert 1.5e9 < float(row.group(1)) < 6e9

@@ -2,7 +2,7 @@
 
 Layout under a segment's `checkpoint_dir`: one folder per saved token count, `tokens_<15 digits>/`, holding
 DeepSpeed's files (`engine.save_checkpoint(dir, tag)`), a `model/` export in the `workers.weights` format (the
-weights alone, what an upcycle segment or `upscale model` reads), and `meta.json` (STYLE.md item 9: segment id,
+weights alone, what an upcycle segment or `upscale model` reads), and `meta.json` (segment id,
 parents, tokens, schedule phase, the full ModelConfig, the expert-parallel size of the engine state,
 schema_version). `meta.json` is written last, atomically: a folder without it is an interrupted save and is never
 resumed from. Resume = the newest complete folder whose sidecar names this segment. These functions work on local

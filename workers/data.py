@@ -37,7 +37,7 @@ BYTE_VOCAB = 256
 
 
 def upscale_home() -> Path:
-    """`UPSCALE_HOME`, default ./.upscale (DESIGN.md, "State and storage")."""
+    """`UPSCALE_HOME`, default ./.upscale (docs/architecture.md, "State and storage")."""
     return Path(os.environ.get("UPSCALE_HOME", ".upscale"))
 
 

@@ -2,12 +2,13 @@
 
 AdamW per `OptimSpec` with two parameter groups (matrices decayed, norm weights not), split by DeepSpeed's
 `split_params_into_different_moe_groups_for_optimizer` so expert parameters sit in their own groups (required by
-ZeRO 1/2 with MoE; METHODS.md pitfall 14). The engine holds fp32 weights everywhere; on CUDA the forward runs under
-bf16 autocast (the `SegmentRuntime.device` contract), on CPU in plain fp32 over gloo. The LR is set on the
-optimiser's groups before every step from the pure schedule function, so no DeepSpeed LR scheduler state exists
-to save or to drift. The loss is cross-entropy plus `aux_loss_coef` times the summed DeepSpeed load-balancing loss.
-On several processes (workers/parallel.py) each rank steps on its rows of the global batch and DeepSpeed averages
-the gradients (expert gradients over the expert-data-parallel group, scaled by the whole data-parallel size).
+ZeRO 1/2 with MoE; docs/methods.md, "DeepSpeed-MoE facts the code relies on"). The engine holds fp32 weights everywhere;
+on CUDA the forward runs under bf16 autocast (the `SegmentRuntime.device` contract), on CPU in plain fp32 over gloo. The
+LR is set on the optimiser's groups before every step from the pure schedule function, so no DeepSpeed LR scheduler
+state exists to save or to drift. The loss is cross-entropy plus `aux_loss_coef` times the summed DeepSpeed
+load-balancing loss. On several processes (workers/parallel.py) each rank steps on its rows of the global batch and
+DeepSpeed averages the gradients (expert gradients over the expert-data-parallel group, scaled by the whole
+data-parallel size).
 """
 
 from __future__ import annotations

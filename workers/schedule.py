@@ -1,4 +1,4 @@
-"""Learning-rate schedules as pure functions of absolute token counts (STYLE.md item 8).
+"""Learning-rate schedules as pure functions of absolute token counts (docs/architecture.md, "Segments and WSD reuse").
 
 `lr_multiplier(tokens, schedule, decay_start_tokens, end_tokens)` is the factor applied to the peak LR for the
 optimiser step that brings the run to `tokens` trained tokens (so the first step of a run uses

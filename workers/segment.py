@@ -1,4 +1,5 @@
-"""`run_segment(spec, runtime) -> SegmentResult`: one training job of any kind (DESIGN.md, "Segments").
+"""`run_segment(spec, runtime) -> SegmentResult`: one training job of any kind (docs/architecture.md, "Segments and WSD
+reuse").
 
 The orchestrator calls this inside a Ray task; `upscale train-segment` calls it alone. The training path, top to
 bottom: pick the model and the starting state (a resume checkpoint of this segment, else the parent's checkpoint,

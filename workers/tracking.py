@@ -1,7 +1,7 @@
 """MLflow logging for one segment: metrics buffered and sent with `log_batch`, never one point at a time.
 
-On SQLite one `log_metric` costs ~3 ms while a `log_batch` of 200 points sends ~12,800 points/s (DESIGN.md,
-"Facts measured"), so points are buffered and flushed every `flush_every` points and at close. The run is the
+On SQLite one `log_metric` costs ~3 ms while a `log_batch` of 200 points sends ~12,800 points/s (docs/architecture.md,
+"Measured facts"), so points are buffered and flushed every `flush_every` points and at close. The run is the
 orchestrator's (`SegmentRuntime.mlflow_run_id`) or, when the segment runs alone, a new run in the `upscale`
 experiment; either way it is tagged with the segment's grid axes. With no tracking URI every call is a no-op,
 so the training loop never branches on whether MLflow is on.

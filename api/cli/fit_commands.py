@@ -1,6 +1,6 @@
 """`upscale laws|fit|compare|dstar|decide|optimal`: the fitting library from the command line.
 
-Flags and JSON keys are a contract users script against (issue 3); everything else (tables, progress) is for
+Flags and JSON keys are a contract users script against; everything else (tables, progress) is for
 people. numpy, pandas, scipy and the fitting package are imported inside the commands so `upscale --help` is fast.
 """
 

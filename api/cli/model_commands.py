@@ -1,7 +1,7 @@
 """`upscale model init` and `upscale upcycle`: dense checkpoints and every upcycling method from the command line.
 
 Both write a model directory (workers/weights.py: config.json + weights.pt). `upcycle` prints the report of
-workers/upcycling/report.py; with `--json` its keys are the scripted contract (issue 4): method,
+workers/upcycling/report.py; with `--json` its keys are the scripted contract: method,
 max_abs_logit_diff, reinit_fraction {gate, up, down}, intact_neuron_fraction, experts_distinct,
 params {n1, n2, n_total}. torch and DeepSpeed are imported inside the commands so `upscale --help` stays fast.
 """

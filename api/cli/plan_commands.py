@@ -1,11 +1,11 @@
 """`upscale plan`: compile a sweep spec into its segment DAG and print tokens, FLOPs, the saving and a time estimate.
 
-The wall-time estimate is a planning aid, not a promise: by default a CPU sweep uses DESIGN.md's measured figures
-(`sweeps.planner.cpu_flops_per_s`: ~50% of a 200 GFLOP/s 2-core peak at d_model >= 128, ~33% below, MoE at half
-that per active FLOP) and a GPU sweep the paper's assumed 400 TFLOP/s per GPU (Appendix A.10) times the GPUs of a
-segment (`sweeps.planner.gpu_flops_per_s`); `--tokens-per-s` or `--flops-per-s` replace them with your own measured
-throughput. It prints the serial time (one segment at a time) and the critical path (every ready segment at once),
-and GPU-hours at 400 TFLOP/s.
+The wall-time estimate is a planning aid, not a promise: by default a CPU sweep uses the throughput measured on a
+2-core CPU (`sweeps.planner.cpu_flops_per_s`: ~50% of a 200 GFLOP/s peak at d_model >= 128, ~33% below, MoE at half
+that per active FLOP; docs/architecture.md, "Measured facts") and a GPU sweep the paper's assumed 400 TFLOP/s per
+GPU (Appendix A.10) times the GPUs of a segment (`sweeps.planner.gpu_flops_per_s`); `--tokens-per-s` or
+`--flops-per-s` replace them with your own measured throughput. It prints the serial time (one segment at a time)
+and the critical path (every ready segment at once), and GPU-hours at 400 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: f
     """The plan as JSON-ready data: per-kind totals, costs, saving, estimates and every segment.
 
     Without a throughput, a GPU sweep (resources.gpus > 0) is estimated at 400 TFLOP/s per GPU of a segment, a CPU
-    sweep from DESIGN.md's measured CPU figures.
+    sweep from the figures measured on a 2-core CPU (docs/architecture.md, "Measured facts").
     """
     if not tokens_per_s and not flops_per_s and (gpu := gpu_flops_per_s(spec)):
         flops_per_s = gpu
@@ -44,7 +44,7 @@ def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: f
         k["flops"] += s.flops
         k["seconds"] += seconds[s.id]
     basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
-             else "DESIGN.md's measured 2-core CPU throughput")
+             else "throughput measured on a 2-core CPU (give --tokens-per-s for your machine)")
     return {
         "name": p.name,
         "by_kind": {k: kinds[k] for k in KIND_ORDER if k in kinds},

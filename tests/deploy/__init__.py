@@ -1,1 +1,1 @@
-"""Deployment: manifests, PostgreSQL, an MLflow tracking server and a multi-node Ray cluster (issue 8)."""
+"""Deployment: manifests, PostgreSQL, an MLflow tracking server and a multi-node Ray cluster."""

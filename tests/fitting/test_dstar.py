@@ -1,4 +1,4 @@
-"""D*, catch-up budget and verdict against the paper's Table 2 parameters (LAWS.md's known facts).
+"""D*, catch-up budget and verdict against the paper's Table 2 parameters (docs/laws.md, "D*").
 
 Strategy: the rounded Table 2 laws must cross at 3.0e9 tokens for N1 = 1e9 (within 1%) and again near 5e11;
 the catch-up budget must solve its equation to machine precision; the closed form must recover its own

@@ -1,7 +1,7 @@
-"""The registry against LAWS.md: every law is present, and predict() equals the formula written out by hand.
+"""The registry against docs/laws.md: every law is present, and predict() equals the formula written out by hand.
 
 Strategy: exact identities. Each law's prediction on random (D, N, ...) and random parameters must equal an
-independent numpy transcription of its LAWS.md formula to 1e-12 relative; that pins the term declarations.
+independent numpy transcription of its docs/laws.md formula to 1e-12 relative; that pins the term declarations.
 """
 
 import numpy as np

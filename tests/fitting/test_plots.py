@@ -1,4 +1,4 @@
-"""Every plot of LAWS.md is written as a real PNG (signature and a non-trivial size)."""
+"""Every plot of docs/laws.md is written as a real PNG (signature and a non-trivial size)."""
 
 import numpy as np
 

@@ -1,5 +1,5 @@
 """The planner: segment counts, tokens and the saving factor worked out by hand; ids shared across specs; the DAG
-shape of every shipped example (STYLE.md item 5); rounding to whole steps; LR-search wiring; time estimates.
+shape of every shipped example (docs/conventions.md); rounding to whole steps; LR-search wiring; time estimates.
 
 Strategy: expected numbers come from arithmetic written in the test (step counts, FLOPs per token from
 sweeps.sizes), never from running the planner and pasting its output.

@@ -120,7 +120,7 @@ def test_upcycled_moe_starts_at_its_dense_parents_loss_and_trains(home: Path, ru
     assert upr.val_loss is None and upr.tokens == 0
     moe = seg("moe_trunk", MOE, end_tokens=4 * TPS, save_at_tokens=(4 * TPS,), parent_ids=(up.id,))
     res = run_segment(moe, rt(home, "moe", parent_checkpoints={up.id: upr.checkpoint}))
-    # naive copies + DeepSpeed's renormalised top-2 + no dropping: the same function (METHODS.md Identity B)
+    # naive copies + DeepSpeed's renormalised top-2 + no dropping: the same function (docs/methods.md, "Two identities")
     assert res.metrics["val_loss_start"] == pytest.approx(runs["decay"].val_loss, abs=1e-5)
     assert res.val_loss < res.metrics["val_loss_start"]
     assert res.metrics["aux_loss"] > 0 and res.metrics["load_max_over_mean"] >= 1.0

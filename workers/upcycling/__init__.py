@@ -1,4 +1,4 @@
-"""Dense -> MoE construction methods: one module per method, one registry, one entry point (METHODS.md).
+"""Dense -> MoE construction methods: one module per method, one registry, one entry point (docs/methods.md).
 
 `upcycle(dense_sd, moe_cfg, spec, calibration_tokens=None) -> (cfg, moe_sd)` is what training segments and the CLI
 call. Every method module exposes two pure functions:
@@ -10,7 +10,7 @@ call. Every method module exposes two pure functions:
 
 Methods that need data (llama-moe's sharing splits, router-upcycling) take calibration tokens [B, T] and raise a
 WorkerError without them. The registry is checked at import against `sweeps.segments.Method`, the names a sweep
-may use (STYLE.md item 6).
+may use.
 """
 
 from __future__ import annotations

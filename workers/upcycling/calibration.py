@@ -3,7 +3,8 @@
 * `attention_inputs`: each layer's attention input (after the pre-attention RMSNorm), what its keys are made of.
 * `ffn_importance`: LLaMA-MoE's first-order Taylor importance per neuron and token group,
   v_j = mean over tokens |h_j · dL/dh_j| with h = silu(W_gate x) ⊙ W_up x the input of W_down
-  (`importance_type=feature_change`, `kernel=l1_norm`; METHODS.md §4c), L the next-token loss of the group.
+  (`importance_type=feature_change`, `kernel=l1_norm`; docs/methods.md, "LLaMA-MoE expert construction"), L the
+  next-token loss of the group.
 * `sequence_groups`: the n data groups LLaMA-MoE gets by clustering text; here k-means on each sequence's mean
   token embedding (no external sentence encoder needed).
 * `load_calibration`: tokens for the CLI from a torch file or from raw text read as bytes.

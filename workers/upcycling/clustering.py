@@ -1,7 +1,7 @@
 """k-means for expert construction: plain (router keys, text groups) and balanced (LLaMA-MoE's equal-size split).
 
 The balanced assignment step is solved exactly with `scipy.optimize.linear_sum_assignment` on the squared-distance
-matrix with each centroid replicated ceil(N/k) times (METHODS.md §4b's dependency-light stand-in for
+matrix with each centroid replicated ceil(N/k) times (a dependency-light stand-in for
 `KMeansConstrained(size_min=size_max=N/k)`); when k divides N every cluster gets exactly N/k points. The first
 replica of every centroid gets a large bonus so that no cluster is ever empty (all replicas are filled anyway when
 k divides N, so the bonus then changes nothing). Plain k-means re-seeds an empty cluster with the point farthest

@@ -4,10 +4,11 @@ Per MoE layer and expert: S = a uniform random subset of the f intermediate neur
 selected rows of W_gate and W_up and columns of W_down are replaced by i.i.d. N(mu, sigma^2), where mu and sigma
 (unbiased) are the mean and std of the selected entries *of that matrix* (fp32). `index_mode="shared"` uses one S
 for all three matrices, as the paper prescribes ("shared indices across all three weight matrices");
-`"per_matrix"` draws S independently per matrix, as the official conversion script does (METHODS.md §2, pitfall
-7). The official script's per-expert permutation of neurons is function-neutral and is left out, so expert neuron
-j stays dense neuron j and the preserved part can be checked index by index. r = 0 is naive upcycling; every
-expert gets its own generator per (seed, layer, expert), so results do not depend on iteration order.
+`"per_matrix"` draws S independently per matrix, as the official conversion script does (docs/methods.md,
+"Drop-Upcycling"). The official script's per-expert permutation of neurons is function-neutral and is left out, so
+expert neuron j stays dense neuron j and the preserved part can be checked index by index. r = 0 is naive
+upcycling; every expert gets its own generator per (seed, layer, expert), so results do not depend on iteration
+order.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Granular ("virtual group") upcycling, Megatron-LM `upcycling_utils.py` / He et al. 2024 (METHODS.md §6).
+"""Granular ("virtual group") upcycling, Megatron-LM `upcycling_utils.py` / He et al. 2024 (docs/methods.md).
 
 G = d_ff / expert_d_ff (granularity), N experts, R = N / G virtual groups. Expert e holds shard (e mod G) of the
 dense FFN: contiguous neuron block [s·f_e, (s+1)·f_e) of W_gate/W_up rows and W_down columns. The router keeps
@@ -7,8 +7,9 @@ of a group get bit-identical logits and a top-k with k % G == 0 always selects w
 
 Scaling: with DeepSpeed's renormalised top-k a selected group's G members share weight w/G, so its output is
 (w/G)·FFN; the whole factor a = G is put on W_down only, which is exact for SwiGLU (silu(s·z) != s·silu(z) makes
-Megatron's a^(1/3) on all three matrices only approximate: ~7% error, measured in METHODS.md). With these two
-choices the upcycled MoE computes the dense function exactly for every k that is a multiple of G.
+Megatron's a^(1/3) on all three matrices only approximate: ~7% error, shown by
+tests/workers/upcycling/test_granular.py). With these two choices the upcycled MoE computes the dense function exactly
+for every k that is a multiple of G.
 """
 
 from __future__ import annotations

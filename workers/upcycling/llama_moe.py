@@ -1,4 +1,4 @@
-"""LLaMA-MoE expert construction (Zhu et al., EMNLP 2024; pjlab-sys4nlp/llama-moe, METHODS.md §4): split the FFN.
+"""LLaMA-MoE expert construction (Zhu et al., EMNLP 2024; pjlab-sys4nlp/llama-moe; docs/methods.md): split the FFN.
 
 Each expert is a slice of the dense FFN's neurons (rows of W_gate/W_up, columns of W_down; Identity A), chosen by
 `spec.split`:
@@ -18,7 +18,7 @@ Each expert is a slice of the dense FFN's neurons (rows of W_gate/W_up, columns 
 Gate: LLaMA-MoE's MLP gate Linear(d, n) -> tanh -> Linear(n, n) (`llama_gate="mlp"`, default) or a linear router,
 freshly drawn with `cfg.router_init`; top-k, softmax over the selected logits and DeepSpeed's balance loss (the
 noisy gate's training-time noise and its CV² loss are not reproduced). The score scale s (default n/k, the CPT docs)
-is folded into W_down of the routed experts, which is exact (METHODS.md §4 implementation note). s = n/k is a
+is folded into W_down of the routed experts, which is exact (Identity A, docs/methods.md). s = n/k is a
 magnitude heuristic: no partitioned MoE with top-k < n reproduces the dense function.
 """
 

@@ -2,8 +2,8 @@
 
 Everything but the FFNs is copied; each layer gets a fresh router drawn exactly as `build_model` draws it
 (cfg.router_init, default N(0, 2/(5 d_model)), the upcycling-scaling-laws paper's A.6). With DeepSpeed's
-renormalised top-k (k >= 2) and no token dropping the MoE computes the dense function exactly (METHODS.md
-Identity B); DeepSpeed's top-1 does not renormalise, so k = 1 scales every FFN output by p_max.
+renormalised top-k (k >= 2) and no token dropping the MoE computes the dense function exactly (docs/methods.md,
+"Two identities"); DeepSpeed's top-1 does not renormalise, so k = 1 scales every FFN output by p_max.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Random-noise upcycling: copies of the dense FFN with noise, in the two recipes that exist (METHODS.md §3).
+"""Random-noise upcycling: copies of the dense FFN with noise, in the two recipes that exist (docs/methods.md).
 
 * `replace_elementwise` (OLMoE, `noise_injection` in scripts/sparsify_ckpt_unsharded.py; the default): an
   element-wise Bernoulli(ratio) mask per expert and per matrix; masked entries are *replaced* by N(0, std^2).

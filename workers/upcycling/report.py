@@ -61,7 +61,7 @@ def upcycle_report(
     moe_cfg: ModelConfig,
     moe_sd: dict[str, torch.Tensor],
 ) -> dict[str, Any]:
-    """The report of issue 4 for one upcycled model (keys: method, max_abs_logit_diff, reinit_fraction,
+    """The report (`upscale upcycle --json`) for one upcycled model (keys: method, max_abs_logit_diff, reinit_fraction,
     intact_neuron_fraction, experts_distinct, params)."""
     dense = instantiate(dense_cfg, {k: v.float() for k, v in dense_sd.items()}).eval()
     moe = instantiate(moe_cfg, {k: v.float() for k, v in moe_sd.items()}).eval()

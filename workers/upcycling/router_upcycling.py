@@ -1,4 +1,4 @@
-"""Router Upcycling (Ran et al., arXiv 2509.00679, §3.2-3.3; METHODS.md §5): experts are copies, the router is a
+"""Router Upcycling (Ran et al., arXiv 2509.00679, §3.2-3.3; docs/methods.md): experts are copies, the router is a
 mixture of m routers initialised from the preceding attention layer, with m = n (the paper's best setting, §5.2.1).
 
 Per layer, with d' = d_model/m: split the attention into u = max(m, h) units of d/u query/key dimensions (heads; or,

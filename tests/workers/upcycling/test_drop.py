@@ -1,4 +1,5 @@
-"""Drop-Upcycling (METHODS.md §2): exactly floor(r·f) neurons redrawn per matrix, shared index sets, statistics kept.
+"""Drop-Upcycling (docs/methods.md, "Drop-Upcycling"): exactly floor(r·f) neurons redrawn per matrix, shared index sets,
+statistics kept.
 
 Changed neurons are found by comparing each expert with the dense FFN: a redrawn entry is a continuous draw, so it
 equals the old value with probability 0.

@@ -1,5 +1,6 @@
-"""Granular (virtual-group) upcycling (METHODS.md §6): router rows replicated per group, shards that reassemble the
-dense FFN, exact function preservation with the factor G on W_down, and the cube-root variant shown approximate.
+"""Granular (virtual-group) upcycling (docs/methods.md, "Granular upcycling"): router rows replicated per group, shards
+that reassemble the dense FFN, exact function preservation with the factor G on W_down, and the cube-root variant shown
+approximate.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""LLaMA-MoE expert construction (METHODS.md §4): partitions, Identity A, the k = n oracle, the subset-average
-identity for the chosen (renormalised weights, s folded into W_down) convention, and the data-driven splits.
+"""LLaMA-MoE expert construction (docs/methods.md, "LLaMA-MoE expert construction"): partitions, Identity A, the k = n
+oracle, the subset-average identity for the chosen (renormalised weights, s folded into W_down) convention, and the
+data-driven splits.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def test_k_equals_n_with_uniform_gate(dense_cfg: ModelConfig, dense_sd: dict, de
 
 def test_subset_average_identity(dense_sd: dict) -> None:
     # experts carry s = n/k: with unit weights the average over all k-subsets is the dense FFN (so with the
-    # renormalised weights 1/k of a uniform gate it is FFN/k; METHODS.md §4, "what the N/k factor does")
+    # renormalised weights 1/k of a uniform gate it is FFN/k; docs/methods.md, "LLaMA-MoE expert construction")
     n, k = 4, 2
     dense = tuple(t.double() for t in dense_ffn(dense_sd, 0))
     sets = random_split(dense[0].shape[0], n, seeded_generator(0, 4, 0))

@@ -1,4 +1,5 @@
-"""Naive upcycling (METHODS.md §1): exact copies, fresh router statistics, and function preservation.
+"""Naive upcycling (docs/methods.md, "Naive upcycling"): exact copies, fresh router statistics, and function
+preservation.
 
 Oracle: Identity B. With DeepSpeed's renormalised top-k (k >= 2) and no token dropping, copied experts give back
 the dense FFN, so whole-model logits match the dense model's; top-1 is not renormalised (output = p_max·FFN),

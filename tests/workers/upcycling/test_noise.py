@@ -1,4 +1,5 @@
-"""Noise upcycling (METHODS.md §3), both recipes: OLMoE's element-wise replacement and Drop-Upcycling's baseline.
+"""Noise upcycling (docs/methods.md, "Noise upcycling"), both recipes: OLMoE's element-wise replacement and
+Drop-Upcycling's baseline.
 
 replace_elementwise: the replaced fraction is Binomial(N, ratio)/N (tolerance 5 binomial sds), unmasked entries are
 bit-identical, replaced entries ~ N(0, std²); add_neuronwise: exactly floor(ratio·f) neurons per matrix changed by an

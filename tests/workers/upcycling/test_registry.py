@@ -1,6 +1,6 @@
 """The registry: one entry point for every method, the seed from the spec, and each bad input a clear WorkerError.
 
-Every method's output loads into `build_model(cfg)` with DeepSpeed's expert-parameter marks intact (METHODS.md
+Every method's output loads into `build_model(cfg)` with DeepSpeed's expert-parameter marks intact (docs/methods.md,
 pitfall 6: replacing parameters instead of copying in place silently turns experts into data-parallel params).
 """
 

@@ -1,4 +1,5 @@
-"""Router Upcycling (METHODS.md §5, the paper's §3.2-3.3): m = n routers from the preceding attention layer.
+"""Router Upcycling (docs/methods.md, "Router Upcycling"; the paper's §3.2-3.3): m = n routers from the preceding
+attention layer.
 
 Checked: shapes; router j's queries are the attention's own (pre-RoPE) queries of head group j; expert keys are the
 average attention keys of the group, checked against the keys the dense attention itself computes (a hook on W_K);
