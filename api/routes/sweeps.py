@@ -25,9 +25,9 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 _SPEC_SCHEMA = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
 SPEC_COMPONENTS: dict[str, Any] = {"SweepSpec": {k: v for k, v in _SPEC_SCHEMA.items() if k != "$defs"},
                                    **_SPEC_SCHEMA.get("$defs", {})}
-SPEC_EXAMPLE: dict[str, Any] = load_spec(Path(str(files("upscale.sweeps") / "examples" / "demo.yaml"))).model_dump(
+_SPEC_EXAMPLE: dict[str, Any] = load_spec(Path(str(files("upscale.sweeps") / "examples" / "demo.yaml"))).model_dump(
     mode="json", exclude_unset=True)
-_SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "example": SPEC_EXAMPLE}
+_SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "example": _SPEC_EXAMPLE}
 SPEC_BODY = {"requestBody": {
     "required": True,
     "description": "A sweep spec as JSON, or as YAML with `Content-Type: application/yaml` (the file `upscale plan` "
