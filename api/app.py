@@ -3,6 +3,9 @@ loop running in background threads of the same process unless `scheduler=False` 
 
 Errors a caller can fix come back as `{"detail": ...}`: a bad spec as 422 with one entry per problem whose `loc`
 is the field path, a fitting problem as 422 with its message, a missing resource as 404.
+
+/docs (Swagger UI) and /redoc load their scripts and styles from the app itself (fastapi-offline's bundled copies),
+so the pages render on a machine without internet.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 from upscale.api.background import SweepLoop
 from upscale.api.refits import RefitLoop
@@ -46,6 +51,23 @@ async def _not_found(_: Request, e: NotFoundError) -> JSONResponse:
     return JSONResponse({"detail": str(e)}, status_code=404)
 
 
+def _add_spec_schemas(app: FastAPI) -> None:
+    """Add the sweep spec's models to the OpenAPI components: POST /sweeps reads its body raw (JSON or YAML), so
+    FastAPI does not collect the schema the route documents."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = base()  # FastAPI's, built once and cached on the app
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        clashes = [name for name, s in sweeps.SPEC_COMPONENTS.items() if components.get(name, s) != s]
+        if clashes:
+            raise RuntimeError(f"API and sweep spec models share the component names {clashes}: rename one")
+        components.update(sweeps.SPEC_COMPONENTS)
+        return schema
+
+    app.openapi = openapi
+
+
 def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True, refit_tick_s: float = 5.0,
                poll_s: float = 1.0) -> FastAPI:
     """The app on ``settings``' store; its lifespan starts and gracefully stops the background loops."""
@@ -62,11 +84,14 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
             for loop in app.state.loops:
                 loop.stop()
 
-    app = FastAPI(title="upscale", version="1", description=DESCRIPTION, lifespan=lifespan)
+    # validatorUrl None: Swagger UI would otherwise send the schema to an online validator for its badge.
+    app = FastAPIOffline(title="upscale", version="1", description=DESCRIPTION, lifespan=lifespan,
+                         swagger_ui_parameters={"validatorUrl": None})
     app.state.services, app.state.loops = services, None
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
-    for module in (sweeps, fits, refits, ops):
-        app.include_router(module.router)
+    for router in (sweeps.router, fits.router, fits.decisions, refits.router, ops.router):
+        app.include_router(router)
+    _add_spec_schemas(app)
     return app

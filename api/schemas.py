@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Kind = Literal["dense", "upcycled", "scratch"]
 
@@ -71,8 +71,12 @@ class SweepExtend(BaseModel):
 class FitCreate(BaseModel):
     """Fit one law on observations: of sweeps (filtered by kind) or given inline as rows."""
 
+    # A whole body: the one Swagger UI would build from the fields gives both sources, which the validator refuses.
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"law": "data-mul", "kind": "upcycled", "sweep_ids": ["3f9c2a1b7d04"], "bootstrap": 100}]})
+
     law: str = Field(description="A law of `upscale laws` (GET /laws is not needed: errors list them).",
-                     examples=["power-d2"])
+                     examples=["data-mul"])
     kind: Kind = Field(description="Which observations: dense, upcycled or scratch (also labels inline rows).")
     sweep_ids: list[str] = Field(default_factory=list, description="Sweeps whose observations of `kind` to fit.")
     rows: list[dict[str, float | str | None]] | None = Field(

@@ -11,6 +11,8 @@ from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep,
 from upscale.api.schemas import Decision, FitCreate, FitPublic
 
 router = APIRouter(tags=["fits"], responses=AUTH_ERRORS)
+# Its own router: a router's tags are added to each route's, and an operation with two tags is listed twice on /docs.
+decisions = APIRouter(tags=["decisions"], responses=AUTH_ERRORS)
 MAX_COUNT = 1e18  # tokens and parameters beyond this are typos, not budgets
 
 
@@ -57,8 +59,8 @@ def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileRe
     return FileResponse(fits.fit_dir(services, fit_id) / f"{name}.png", media_type="image/png")
 
 
-@router.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=Decision,
-            tags=["decisions"], responses={422: {"description": "Missing fits or bad values."}})
+@decisions.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=Decision,
+               responses={422: {"description": "Missing fits or bad values."}})
 def decide_upcycle(services: ServicesDep, _: Reader,
                    n1: float = Query(gt=0, le=MAX_COUNT, description="Dense model size (parameters)."),
                    d1: float = Query(gt=0, le=MAX_COUNT, description="Tokens the dense model was trained on."),

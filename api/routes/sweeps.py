@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from importlib.resources import files
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -13,13 +15,24 @@ from upscale.api import sweeps
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from upscale.orchestrator.observations import as_row, table
-from upscale.sweeps.spec import parse_spec
+from upscale.sweeps.spec import SweepSpec, load_spec, parse_spec
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 
-SPEC_BODY = {"requestBody": {"required": True, "description": "A sweep spec (sweeps/spec.py), as JSON or YAML.",
-                             "content": {"application/json": {"schema": {"type": "object"}},
-                                         "application/yaml": {"schema": {"type": "string"}}}}}
+# The body is read raw (YAML or JSON) so FastAPI cannot derive its schema: the route documents SweepSpec's, whose
+# sub-models api/app.py adds to the OpenAPI components. The example is the demo's spec, a real one that plans, as
+# the model reads it (YAML's 1.2288e5 is a string to a YAML 1.1 loader, a number once validated).
+_SPEC_SCHEMA = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+SPEC_COMPONENTS: dict[str, Any] = {"SweepSpec": {k: v for k, v in _SPEC_SCHEMA.items() if k != "$defs"},
+                                   **_SPEC_SCHEMA.get("$defs", {})}
+_SPEC_EXAMPLE: dict[str, Any] = load_spec(Path(str(files("upscale.sweeps") / "examples" / "demo.yaml"))).model_dump(
+    mode="json", exclude_unset=True)
+_SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "example": _SPEC_EXAMPLE}
+SPEC_BODY = {"requestBody": {
+    "required": True,
+    "description": "A sweep spec as JSON, or as YAML with `Content-Type: application/yaml` (the file `upscale plan` "
+                   "reads). Every problem comes back at once, each with its field path.",
+    "content": {"application/json": _SPEC_MEDIA, "application/yaml": _SPEC_MEDIA}}}
 
 
 async def _spec_data(request: Request) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 
 from upscale.api.app import create_app
 from upscale.api.auth import create_token
@@ -26,6 +27,7 @@ class Live:
     settings: Settings
     write: dict[str, str]  # headers with a write token
     read: dict[str, str]  # headers with a read token
+    app: FastAPI  # the app being served, for tests of its routes
 
     def client(self, headers: dict[str, str] | None = None) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=headers if headers is not None else self.write, timeout=120)
@@ -53,7 +55,7 @@ def serve(settings: Settings, **options) -> Iterator[Live]:
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.05)
     try:
-        yield Live(f"http://127.0.0.1:{port}", settings, write, read)
+        yield Live(f"http://127.0.0.1:{port}", settings, write, read, app)
     finally:
         server.should_exit = True
         thread.join(90)

@@ -1,22 +1,158 @@
-"""Schemathesis over the live server's OpenAPI schema: generated requests (with a write token) to every operation
-must never produce a 5xx. Bounded: a few examples per operation, one worker, no background loops (nothing trains)."""
+"""The live server's OpenAPI schema: every operation documented and listed once, every `$ref` resolving, every example
+valid for the model it illustrates (POST /sweeps' example also plans), and schemathesis' generated requests (with a
+write token) to every operation never producing a 5xx. Bounded: a few examples per operation, one worker, no
+background loops (nothing trains)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import warnings
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated, Any, get_args
+
+import httpx
+import pytest
+from pydantic import BaseModel, TypeAdapter
+
+from upscale.api import schemas
+from upscale.fitting.laws import get_law
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import SweepSpec, parse_spec
+
+METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 
 
-def test_openapi_documents_every_route(live) -> None:
-    import httpx
+@pytest.fixture(scope="module")
+def schema(live) -> dict[str, Any]:
+    return httpx.get(f"{live.url}/openapi.json", timeout=30).json()
 
-    schema = httpx.get(f"{live.url}/openapi.json").json()
-    for path, ops in schema["paths"].items():
-        for method, op in ops.items():
-            assert op.get("summary") and op.get("description"), f"{method.upper()} {path} undocumented"
-            assert "200" in op["responses"] or "201" in op["responses"] or "204" in op["responses"]
+
+def _operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            if method in METHODS:
+                yield path, method, op
+
+
+def test_openapi_documents_every_route(schema) -> None:
+    for path, method, op in _operations(schema):
+        assert op.get("summary") and op.get("description"), f"{method.upper()} {path} undocumented"
+        assert {"200", "201", "204"} & set(op["responses"]), f"{method.upper()} {path} has no success response"
+        assert all(r.get("description") for r in op["responses"].values()), f"{method.upper()} {path}"
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+def test_every_operation_is_listed_once(live, schema) -> None:
+    """Swagger UI and ReDoc list an operation under each of its tags: one tag each, so none shows twice; and no
+    operation is registered twice (a router included twice repeats its operation ids, which FastAPI warns of)."""
+    ops = list(_operations(schema))
+    assert [(path, method) for path, method, op in ops if len(op.get("tags", [])) != 1] == []
+    ids = Counter(op["operationId"] for _, _, op in ops)
+    assert [i for i, n in ids.items() if n > 1] == []
+    live.app.openapi_schema = None  # built again, now with warnings as errors
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rebuilt = live.app.openapi()
+    assert rebuilt["paths"].keys() == schema["paths"].keys()
+
+
+def _walk(node: Any, pointer: str = "#") -> Iterator[tuple[str, Any]]:
+    """(JSON pointer, value) of every node under ``node``."""
+    yield pointer, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        yield from _walk(value, f"{pointer}/{key}")
+
+
+def test_every_ref_resolves(schema) -> None:
+    """The sweep spec's models are added to the components by hand (the body is read raw): none may be missing."""
+    refs = {value for _, node in _walk(schema) if isinstance(node, dict) for key, value in node.items()
+            if key == "$ref"}
+    assert refs and all(r.startswith("#/components/schemas/") for r in refs), refs
+    assert sorted(r.rsplit("/", 1)[1] for r in refs if r.rsplit("/", 1)[1] not in schema["components"]["schemas"]) \
+        == []
+
+
+def _models(*roots: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """Every pydantic model reachable from ``roots`` through field types, by class name (the component's name)."""
+    found: dict[str, type[BaseModel]] = {}
+    stack: list[Any] = list(roots)
+    while stack:
+        t = stack.pop()
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            if t.__name__ in found:
+                continue
+            found[t.__name__] = t
+            stack += [f.annotation for f in t.model_fields.values()]
+        else:
+            stack += get_args(t)
+    return found
+
+
+def _check(adapter: TypeAdapter[Any], example: Any) -> Any:
+    """Strict, as JSON: the example must be what a client sends, with no string standing for a number."""
+    return adapter.validate_json(json.dumps(example), strict=True)
+
+
+def _examples(node: dict[str, Any]) -> list[Any]:
+    """A schema's `example` and JSON Schema `examples` (a list), or a media type's `examples` (name -> {value})."""
+    listed = node.get("examples", [])
+    values = [e["value"] for e in listed.values()] if isinstance(listed, dict) else list(listed)
+    return values + ([node["example"]] if "example" in node else [])
+
+
+def test_every_example_validates_against_its_model(schema) -> None:
+    models = _models(SweepSpec, *(m for m in vars(schemas).values()
+                                  if isinstance(m, type) and issubclass(m, BaseModel)))
+    checked: list[str] = []
+    for name, component in schema["components"]["schemas"].items():
+        if "examples" in component or "example" in component:
+            assert name in models, f"no model for component {name}"
+            for example in _examples(component):
+                _check(TypeAdapter(models[name]), example)
+            checked.append(f"#/components/schemas/{name}")
+        for prop, sub in component.get("properties", {}).items():
+            if "examples" in sub or "example" in sub:
+                field = models[name].model_fields[prop]
+                adapter = TypeAdapter(Annotated[field.annotation, field])  # with its constraints
+                for example in _examples(sub):
+                    _check(adapter, example)
+                checked.append(f"#/components/schemas/{name}/properties/{prop}")
+    for path, method, op in _operations(schema):
+        for media_type, media in op.get("requestBody", {}).get("content", {}).items():
+            if _examples(media):
+                model = models[media["schema"]["$ref"].rsplit("/", 1)[1]]
+                for example in _examples(media):
+                    _check(TypeAdapter(model), example)
+                checked.append(f"#/paths/{path}/{method}/requestBody/content/{media_type}")
+    # Nothing carries an example this test did not check (a parameter's, a response's, a nested schema's).
+    everywhere = [p.rsplit("/", 1)[0] for p, _ in _walk(schema) if p.endswith(("/example", "/examples"))]
+    assert sorted(set(everywhere) - set(checked)) == []
+    assert "#/components/schemas/FitCreate/properties/law" in checked
+
+
+def test_fit_examples_name_real_laws(schema) -> None:
+    """`law` is any string to the model (the fitter lists the valid ones), so the examples are checked here."""
+    fit = schema["components"]["schemas"]["FitCreate"]
+    laws = _examples(fit["properties"]["law"]) + [e["law"] for e in _examples(fit)]
+    assert laws
+    for law in laws:
+        get_law(law)
+
+
+def test_sweep_body_is_the_spec_with_an_example_that_plans(schema) -> None:
+    body = schema["paths"]["/sweeps"]["post"]["requestBody"]
+    assert body["required"] and body["content"].keys() == {"application/json", "application/yaml"}
+    spec_schema = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    assert schema["components"]["schemas"]["SweepSpec"]["properties"] == spec_schema["properties"]
+    for media in body["content"].values():
+        assert media["schema"] == {"$ref": "#/components/schemas/SweepSpec"}
+        p = plan(parse_spec(media["example"]))
+        assert p.segments and len(p.observations()) > 0
 
 
 def test_schemathesis_finds_no_server_error(live) -> None:
