@@ -3,9 +3,10 @@
 Used two ways: tests draw tables from any registered law to check that fits recover the parameters, and
 ``python -m upscale.fitting.synthetic`` writes the bundled demo tables
 ``fitting/data/synthetic-{dense,moe,upcycled}.csv`` from the paper's Table 2 parameters (rounded as printed;
-E = 0.165 for all three). The noise is multiplicative and has two parts, as real sweeps do: one draw per trunk (every branch decayed from one WSD trunk shares it) and one
-per point. Every file carries a '# SYNTHETIC' comment line and a ``source`` column equal to ``SYNTHETIC``; these are
-not measurements, only a stand-in until the sweep pipeline produces real ones.
+E = 0.165 for all three). The noise is multiplicative and has two parts, as real sweeps do: one draw per trunk
+(every branch decayed from one WSD trunk shares it) and one per point. Every file carries a '# SYNTHETIC' comment
+line and a ``source`` column equal to ``SYNTHETIC``; these are not measurements, only a stand-in until the sweep
+pipeline produces real ones.
 """
 
 from __future__ import annotations
