@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
+    from upscale.api.records import FitRecord
     from upscale.fitting.analysis import Analysis, Progress, UpcycledAnalysis
     from upscale.orchestrator.store import Store
 
@@ -134,7 +135,8 @@ def _record(store: Store, analysis: Analysis, sweep_ids: list[str], source: str)
                   soft_wrap=True, highlight=False)
 
 
-def _group(record) -> str:
+def _group(record: FitRecord) -> str:
+    """The upcycling group a recorded fit of an analysis is of ("" for the from-scratch one)."""
     from upscale.fitting.analysis import group_label
 
     return group_label(record.request["analysis"]["group"])
