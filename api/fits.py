@@ -1,5 +1,7 @@
 """Fits and decisions behind the routes: fit a law on stored observations (or inline rows), keep the report, its
 plots and `report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits.
+`record_analysis` keeps an analysis's fits (`upscale demo`'s) the same way, so that `upscale decide`/`dstar` and
+GET /decisions/upcycle find them as the latest fits.
 
 The numerics are fitting/'s (`report`, `decide`, `dstar_at`), and so are the plots (`fit_plots`, as
 `upscale fit --plot`).
@@ -10,14 +12,15 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from sqlalchemy import select
 
 from upscale.api.records import FitRecord
 from upscale.api.schemas import Decision, FitCreate
-from upscale.api.services import Services
 from upscale.fitting.dstar import decide, dstar_at
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
@@ -26,12 +29,22 @@ from upscale.orchestrator.errors import NotFoundError, OrchestratorError
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import ObservationRecord
 
+if TYPE_CHECKING:  # at run time only its attributes are used: the CLI's reads of stored fits need no Ray or MLflow
+    from upscale.api.services import Services
+    from upscale.fitting.analysis import Analysis
+    from upscale.orchestrator.store import Store
+
 # matplotlib (its mathtext parser included) is not thread-safe: request threads and the refit loop plot in turn
 PLOT_LOCK = threading.Lock()
 
 
 def fit_dir(services: Services, fit_id: str) -> Path:
-    return services.settings.home / "fits" / fit_id
+    return fit_path(services.settings.home, fit_id)
+
+
+def fit_path(home: Path, fit_id: str) -> Path:
+    """Where a fit's report.json and plots live under UPSCALE_HOME."""
+    return home / "fits" / fit_id
 
 
 class ObservationCache:
@@ -76,19 +89,50 @@ def create_fit(services: Services, req: FitCreate, owner: str, cache: Observatio
           else observations_table(services, req.sweep_ids, req.kind, cache))
     if df.empty:
         raise FitError(f"no {req.kind} observations in sweep(s) {', '.join(req.sweep_ids)} yet")
-    rep, _ = report(law, df, req.fixed, req.bootstrap)
+    rep = clean(report(law, df, req.fixed, req.bootstrap)[0])
+
+    def draw(out: Path) -> list[str]:
+        with PLOT_LOCK:
+            return [p.stem for p in fit_plots(law.name, rep, df, out)]
+
+    return store_fit(services.store, services.settings.home, req.kind, rep, req.model_dump(mode="json"), owner, draw)
+
+
+def store_fit(store: Store, home: Path, kind: str, rep: dict[str, Any], request: dict[str, Any], owner: str,
+              draw: Callable[[Path], list[str]] | None = None) -> FitRecord:
+    """Keep a fit report: `report.json` (and the plots ``draw`` writes, by name) under <home>/fits/<id>/, and its
+    row in the fits table."""
     rep = clean(rep)
     fit_id = uuid.uuid4().hex[:12]
-    out = fit_dir(services, fit_id)
+    out = fit_path(home, fit_id)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rep))
-    with PLOT_LOCK:
-        plots = [p.stem for p in fit_plots(law.name, rep, df, out)]
-    record = FitRecord(id=fit_id, law=law.name, kind=req.kind, request=req.model_dump(mode="json"), report=rep,
+    plots = draw(out) if draw is not None else []
+    record = FitRecord(id=fit_id, law=rep["law"], kind=kind, request=request, report=rep,
                        data_hash=rep["record"]["data_hash"], plots=plots, owner=owner)
-    with services.store.transaction() as s:
+    with store.transaction() as s:
         s.add(record)
     return record
+
+
+def record_analysis(store: Store, home: Path, analysis: Analysis, sweep_ids: list[str], owner: str,
+                    source: str) -> list[FitRecord]:
+    """An analysis's from-scratch fit and its upcycled fit per group, as fit records of kinds scratch and upcycled
+    (the from-scratch one first, so each upcycled fit is newer). Each request says where it came from: the sweeps,
+    E fixed, the bootstrap, the upcycling group, and ``source`` (e.g. `upscale demo --synthetic`)."""
+    analysis_id = uuid.uuid4().hex[:12]
+
+    def request(kind: str, law: str, group: dict[str, Any]) -> dict[str, Any]:
+        return {"law": law, "kind": kind, "sweep_ids": sweep_ids, "rows": None, "fixed": {"E": analysis.E},
+                "bootstrap": analysis.bootstrap,
+                "analysis": {"id": analysis_id, "source": source, "group": group, "E_note": analysis.E_note}}
+
+    records = [store_fit(store, home, "scratch", analysis.scratch.report, request("scratch", "chinchilla", {}),
+                         owner)]
+    for up in analysis.upcycled:
+        records.append(store_fit(store, home, "upcycled", up.fit.report, request("upcycled", "joint", up.group),
+                                 owner))
+    return records
 
 
 def get_fit(services: Services, fit_id: str) -> FitRecord | None:
@@ -101,9 +145,11 @@ def list_fits(services: Services) -> list[FitRecord]:
         return list(s.scalars(select(FitRecord).order_by(FitRecord.created_at)))
 
 
-def latest_fit(services: Services, kind: str) -> FitRecord | None:
-    with services.store.transaction() as s:
-        return s.scalar(select(FitRecord).where(FitRecord.kind == kind).order_by(FitRecord.created_at.desc()))
+def latest_fit(store: Store, kind: str) -> FitRecord | None:
+    """The newest fit of ``kind`` (scratch, upcycled, dense), or None."""
+    with store.transaction() as s:
+        return s.scalar(select(FitRecord).where(FitRecord.kind == kind).order_by(FitRecord.created_at.desc())
+                        .limit(1))
 
 
 def fitted(services: Services, fit_id: str) -> FittedLaw:
@@ -116,7 +162,7 @@ def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str |
     """The verdict for (N1, D1, D2) from a from-scratch MoE fit and an upcycled fit (default: the latest ones)."""
     ids = {}
     for role, given, kind in (("moe", moe_fit, "scratch"), ("upcycled", upcycled_fit, "upcycled")):
-        record = get_fit(services, given) if given else latest_fit(services, kind)
+        record = get_fit(services, given) if given else latest_fit(services.store, kind)
         if record is None:
             raise FitError(f"no {kind} fit {given or ''}; POST /fits with kind={kind!r} first")
         ids[role] = record.id

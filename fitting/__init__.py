@@ -5,7 +5,8 @@ Pure numerics on tables: pandas in, dataclasses/JSON out. Imports nothing else o
 Modules, one job each: laws (the registry), data (reading and checking tables), fit (the fitter), compare (LOO,
 extrapolation, AIC/BIC), bootstrap (cluster/point resampling, percentile intervals), summary (the fit report of
 `upscale fit --json`, grouped fits), dstar (D*, catch-up budget, verdict), optimal (compute-optimal upcycling),
-diagnostics (alpha(D1), A(D1)), plots (PNG), synthetic (SYNTHETIC tables from the paper's Table 2).
+analysis (the paper's whole procedure as one function), diagnostics (alpha(D1), A(D1)), plots (PNG), synthetic
+(SYNTHETIC tables from the paper's Table 2).
 
 Glossary (names follow the paper; counts, never billions):
     D       tokens of a from-scratch run (dense or MoE)        N       its non-embedding parameters

@@ -121,13 +121,18 @@ def load_fit(path: str | Path) -> FittedLaw:
         raise FitError(f"fit file {str(p)!r} does not exist; write one with `upscale fit --json > FILE`") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FitError(f"fit file {str(p)!r} is not JSON ({e}); write it with `upscale fit --json`") from None
+    return fitted_law(data, f"fit file {str(p)!r}")
+
+
+def fitted_law(data: Any, source: str = "the fit report") -> FittedLaw:
+    """A law and its parameters (and bootstrap samples, if any) from one fit report as JSON: a file's, a stored fit's
+    (GET /fits) or an analysis's. ``source`` names it in errors."""
     if not isinstance(data, dict) or "law" not in data or "params" not in data:
-        raise FitError(f"fit file {str(p)!r} has no 'law' and 'params'; write one fit with `upscale fit --json` "
-                       f"(without --by)")
+        raise FitError(f"{source} has no 'law' and 'params'; write one fit with `upscale fit --json` (without --by)")
     law = get_law(data["law"])
     missing = [n for n in law.param_names if n not in data["params"]]
     if missing:
-        raise FitError(f"fit file {str(p)!r} lacks parameter(s) {', '.join(missing)} of law {law.name!r}")
+        raise FitError(f"{source} lacks parameter(s) {', '.join(missing)} of law {law.name!r}")
     params = {n: float(data["params"][n]) for n in law.param_names}
     samples = None
     boot = data.get("bootstrap")

@@ -1,10 +1,12 @@
 """`upscale demo` through the console script: the synthetic fit (fast) and the real pipeline on a tiny grid (slow).
 
-Both run in a subprocess with their own UPSCALE_HOME, as `make demo` runs on a fresh machine.
+Both run in a subprocess with their own UPSCALE_HOME, as `make demo` runs on a fresh machine. The demo records its
+fits in the store, and `upscale decide` / `upscale dstar` without fit files use them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,10 +20,14 @@ PLOTS = {"upcycled_parity.png", "upcycled_residuals.png", "upcycled_loss_vs_d2.p
          "catch_up.png"}
 
 
-def _demo(home: Path, *args: str, timeout: int) -> str:
+def _upscale(home: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "UPSCALE_HOME": str(home), "COLUMNS": "200"}
     env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([str(UPSCALE), "demo", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run([str(UPSCALE), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _demo(home: Path, *args: str, timeout: int) -> str:
+    out = _upscale(home, "demo", *args, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -35,6 +41,31 @@ def test_synthetic_demo_recovers_the_papers_dstar_and_writes_the_plots(tmp_path:
     assert 1.5e9 < float(row.group(1)) < 6e9
     assert out.count("verdict:") == 2
     assert {p.name for p in (tmp_path / "plots").iterdir()} == PLOTS
+    # The demo's fits are in the store: decide and dstar use them without fit files, naming them, and give what
+    # the same fits give as files.
+    decision = _upscale(tmp_path, "decide", "--n1", "1e9", "--d1", "1e9", "--d2", "1e9", "--json", timeout=120)
+    assert decision.returncode == 0, decision.stderr
+    stored = json.loads(decision.stdout)
+    ids = stored["fits"]
+    assert f"fit {ids['moe']} (chinchilla" in decision.stderr and f"fit {ids['upcycled']} (joint" in decision.stderr
+    assert "upscale demo --synthetic" in decision.stderr
+    files = [f"--moe={tmp_path / 'fits' / ids['moe'] / 'report.json'}",
+             f"--upcycled={tmp_path / 'fits' / ids['upcycled'] / 'report.json'}"]
+    given = json.loads(_upscale(tmp_path, "decide", "--n1", "1e9", "--d1", "1e9", "--d2", "1e9", "--json", *files,
+                                timeout=120).stdout)
+    assert {k: stored[k] for k in given} == given and stored["verdict"] == "upcycle"
+    assert stored["dstar"] == pytest.approx(float(row.group(1)), rel=1e-3)  # the D* the demo printed
+    star = _upscale(tmp_path, "dstar", "--n1", "1e9", "--json", timeout=120)
+    assert star.returncode == 0, star.stderr
+    star_given = json.loads(_upscale(tmp_path, "dstar", "--n1", "1e9", "--json", *files, timeout=120).stdout)
+    assert json.loads(star.stdout) == {**star_given, "fits": ids}
+
+
+def test_decide_without_fits_says_what_to_run(tmp_path: Path) -> None:
+    for args in (("decide", "--n1", "1e9", "--d1", "1e9", "--d2", "1e9"), ("dstar", "--n1", "1e9")):
+        out = _upscale(tmp_path, *args, timeout=120)
+        assert out.returncode == 2 and out.stderr.startswith("error: no scratch and no upcycled fit"), out.stderr
+        assert "`upscale demo`" in out.stderr and "POST /fits" in out.stderr and "Traceback" not in out.stderr
 
 
 TINY_GRID = """

@@ -2,12 +2,153 @@
 
 The packages live under this one namespace: ``upscale.sweeps`` (specs and the planner), ``upscale.workers``
 (training segments), ``upscale.orchestrator`` (store, scheduler, MLflow), ``upscale.fitting`` (laws, fits, D*) and
-``upscale.api`` (REST service and CLI).
+``upscale.api`` (REST service and CLI). This module is the Python API for notebooks: thin wrappers over those
+packages (the same code as the CLI), imported on first use so that ``import upscale`` stays light.
+
+A notebook session on the bundled SYNTHETIC tables (generated from the paper's Table 2 parameters)::
+
+    import upscale
+    from upscale.fitting.synthetic import bundled_path   # fitting/data/synthetic-{dense,moe,upcycled}.csv
+
+    moe = upscale.fit("chinchilla", bundled_path("moe"), fixed={"E": 0.165}, bootstrap=50)
+    up = upscale.fit("joint", bundled_path("upcycled"), fixed={"E": 0.165}, bootstrap=50)
+    moe.params, up.report["ci"]                                   # values, 95% intervals
+    upscale.dstar(moe, up, n1=1e9)["results"][0]["dstar"]         # ~3e9 tokens, as the paper's
+    d = upscale.decide(moe, up, n1=1e9, d1=1e9, d2=1e9)
+    d.verdict, d.probability_upcycle                              # "upcycle", 1.0
+
+    # the whole analysis, as `upscale demo --synthetic` runs it: E shared, then fixed in the other fits
+    tables = {k: bundled_path(f) for k, f in (("dense", "dense"), ("scratch", "moe"), ("upcycled", "upcycled"))}
+    analysis = upscale.analyze(tables, n1s=[1e8, 1e9, 7e9], bootstrap=50)
+    analysis.E, analysis.upcycled[0].dstar["results"]
+
+On a machine that ran sweeps, ``upscale.load_observations(kind="upcycled")`` reads the newest sweep's table from
+the local store; ``upscale.Client(url, token)`` talks to a running `upscale serve`.
 """
 
+from __future__ import annotations
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    import pandas as pd
+
+    from upscale.fitting.analysis import Analysis, LawFit, Progress
+    from upscale.fitting.dstar import Decision
+    from upscale.fitting.laws import Law
+    from upscale.fitting.summary import FittedLaw
 
 try:
     __version__ = version("upscale")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
+
+__all__ = ["Analysis", "Client", "LawFit", "__version__", "analyze", "decide", "dstar", "fit", "load_observations",
+           "read_observations"]
+
+# Names resolved on first use (module-level __getattr__): the client pulls httpx, the types pull numpy and pandas.
+_LAZY = {"Client": "upscale.client", "Analysis": "upscale.fitting.analysis", "LawFit": "upscale.fitting.analysis"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'upscale' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def load_observations(sweep_id: str | None = None, kind: str | None = None,
+                      home: str | Path | None = None) -> pd.DataFrame:
+    """A sweep's observations from the local store, as `upscale observations SWEEP --csv` gives them.
+
+    ``sweep_id``: default the newest sweep. ``kind``: dense, scratch or upcycled (default all, with a ``kind``
+    column). ``home``: the UPSCALE_HOME to read (default the environment's, else ./.upscale).
+    """
+    from upscale.orchestrator.errors import NotFoundError
+    from upscale.orchestrator.observations import table
+    from upscale.orchestrator.settings import Settings, get_settings
+    from upscale.orchestrator.store import Store
+
+    settings = Settings(home=Path(home)) if home is not None else get_settings()
+    store = Store(settings.db_url)
+    if sweep_id is None:
+        sweeps = store.sweeps()
+        if not sweeps:
+            raise NotFoundError(f"no sweep in the store under {settings.home}; run `upscale demo` or `upscale run`")
+        sweep_id = sweeps[-1].id
+    return table(store.observations(sweep_id), kind)
+
+
+def read_observations(csv: str | Path) -> pd.DataFrame:
+    """A CSV of observations (a law's columns, ``loss``, optional ``trunk``; '#' lines are comments)."""
+    from upscale.fitting.data import read_table
+
+    return read_table(csv)
+
+
+def _table(data: pd.DataFrame | str | Path) -> pd.DataFrame:
+    return data if hasattr(data, "columns") else read_observations(data)
+
+
+def fit(law: str | Law, data: pd.DataFrame | str | Path, fixed: dict[str, float] | None = None,
+        bootstrap: int = 0, seed: int = 0, workers: int = 1) -> LawFit:
+    """Fit ``law`` (a name of `upscale laws`) to a table or CSV, as `upscale fit`: summed Huber/BFGS from a grid of
+    starts, LOO RMS, and with ``bootstrap`` refits (over trunks when the table has them) intervals and samples.
+
+    Returns a ``LawFit``: ``.params``, ``.report`` (the `upscale fit --json` report) and ``.fitted`` (for D*).
+    """
+    from upscale.fitting.analysis import fit_law
+
+    return fit_law(law, _table(data), fixed, bootstrap, seed, workers)
+
+
+def analyze(tables: Mapping[str, pd.DataFrame | str | Path], n1s: Sequence[float] | None = None,
+            decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
+            workers: int = 1, progress: Progress | None = None) -> Analysis:
+    """The paper's analysis, as `upscale demo` runs it: E shared by the dense and from-scratch laws, the from-scratch
+    and upcycled (per method, r) laws with E fixed, bootstrap, D* at ``n1s`` and verdicts for ``decisions``.
+
+    ``tables``: "dense", "scratch" and "upcycled", as frames or CSV paths. See ``upscale.fitting.analysis.analyze``.
+    """
+    from upscale.fitting.analysis import analyze as run
+
+    return run({k: _table(v) for k, v in tables.items()}, n1s, decisions, bootstrap, seed, workers, progress)
+
+
+def _fitted(f: LawFit | FittedLaw | dict | str | Path) -> FittedLaw:
+    """A fit as D* takes it, from a ``LawFit``, a fitted law, a report dict or an `upscale fit --json` file."""
+    from upscale.fitting.analysis import LawFit
+    from upscale.fitting.summary import FittedLaw, fitted_law, load_fit
+
+    if isinstance(f, LawFit):
+        return f.fitted
+    if isinstance(f, FittedLaw):
+        return f
+    return fitted_law(f) if isinstance(f, dict) else load_fit(f)
+
+
+def dstar(moe_fit: LawFit | FittedLaw | dict | str | Path, upcycled_fit: LawFit | FittedLaw | dict | str | Path,
+          n1: float | Sequence[float]) -> dict[str, Any]:
+    """D* at each N1, as `upscale dstar --json`: every crossing, D*, its bootstrap interval, who wins where, and
+    the closed form D*(N1). ``moe_fit``: a chinchilla fit of the from-scratch MoE; ``upcycled_fit``: a joint fit."""
+    from upscale.fitting.dstar import dstar_results
+
+    n1s = [float(n1)] if isinstance(n1, int | float) else [float(n) for n in n1]
+    return dstar_results(_fitted(moe_fit), _fitted(upcycled_fit), n1s)
+
+
+def decide(moe_fit: LawFit | FittedLaw | dict | str | Path, upcycled_fit: LawFit | FittedLaw | dict | str | Path,
+           n1: float, d1: float, d2: float) -> Decision:
+    """Upcycle or train from scratch, as `upscale decide`: ``.verdict``, ``.catch_up_tokens`` and, when both fits
+    were bootstrapped, ``.probability_upcycle`` (``.to_json()`` for the CLI's JSON)."""
+    from upscale.fitting.dstar import decide as run
+
+    return run(_fitted(moe_fit), _fitted(upcycled_fit), n1, d1, d2)

@@ -7,16 +7,17 @@ the upcycled `joint` fit, with a cluster bootstrap over trunks. It prints D* wit
 writes the plots and says how to open the MLflow UI on the runs. A second run reuses every trained segment.
 
 `--synthetic` skips training and fits the bundled SYNTHETIC tables instead (generated from the paper's Table 2
-parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. ``fit_scratch`` and ``fit_demo``
-are the analysis both share; the from-scratch side is fitted once, whatever the number of upcycling methods.
+parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. Both run fitting/analysis.py's
+``analyze`` and record its fits in the store, where `upscale decide` and `upscale dstar` find them.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,14 +27,17 @@ from upscale.api.cli.fit_commands import (
     dstar_table,
     fit_table,
     fmt,
-    progress_bar,
     workers_for,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import pandas as pd
 
-    from upscale.fitting.summary import FittedLaw
+    from upscale.api.records import FitRecord
+    from upscale.fitting.analysis import Analysis, Progress, UpcycledAnalysis
+    from upscale.orchestrator.store import Store
 
 DEMO_SPEC = Path(str(files("upscale.sweeps") / "examples" / "demo.yaml"))
 # The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
@@ -42,72 +46,57 @@ PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
 BAND_POINTS = 8  # model sizes on the D*(N1) plot
 
 
-class ScratchFit(NamedTuple):
-    """The from-scratch side of the analysis: the same for every upcycling method, so fitted once."""
+@contextmanager
+def stage_bars() -> Iterator[Progress]:
+    """One rich bar per stage of the analysis, on stderr; yields analyze's ``progress`` callback."""
+    from rich.console import Console
+    from rich.progress import Progress as Bars
 
-    E: float
-    E_note: str  # why E was fixed rather than fitted, if it was
-    report: dict[str, Any]
-    law: FittedLaw
+    with Bars(console=Console(stderr=True), transient=True) as bars:
+        tasks: dict[str, int] = {}
 
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=total)
+            bars.update(tasks[stage], completed=done)
 
-def fit_scratch(tables: dict[str, pd.DataFrame], n_boot: int) -> ScratchFit:
-    """E shared by the dense and from-scratch laws (fitted jointly), then the from-scratch law with E fixed.
-
-    ``tables`` has "dense" and "moe" (columns D, N, loss[, trunk]).
-    """
-    from upscale.fitting.errors import FitError
-    from upscale.fitting.fit import fit_shared
-    from upscale.fitting.laws import get_law
-    from upscale.fitting.summary import FittedLaw, report
-
-    chin = get_law("chinchilla")
-    try:
-        pair = {"dense": (chin, tables["dense"]), "moe": (chin, tables["moe"])}
-        E, note = fit_shared(pair, shared=("E",)).params["E"], ""
-    except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
-        E = chin.param("E").bounds[0]
-        note = f"E is not identified by this grid ({e}); fixed at {E:g}, the low end of its plausible range"
-    with progress_bar(n_boot, "bootstrap (from scratch)") as advance:
-        rep, boot = report(chin, tables["moe"], {"E": E}, n_boot, workers=workers_for(n_boot), progress=advance)
-    return ScratchFit(E, note, rep, FittedLaw(chin, rep["params"], boot.samples if boot else None))
+        yield update
 
 
-def fit_demo(scratch: ScratchFit, upcycled: pd.DataFrame, out_dir: Path, n1s: list[float],
-             decisions: list[tuple[float, float, float]], n_boot: int = 200) -> dict[str, Any]:
-    """The upcycled law with the shared E fixed; D* at ``n1s``, ``decisions`` for (N1, D1, D2) cases, and the plots
-    in ``out_dir``. ``upcycled`` has columns D1, D2, N1, loss[, trunk].
-    """
+def run_analysis(tables: dict[str, pd.DataFrame], n_boot: int, n1s: list[float] | None = None,
+                 decisions: list[tuple[float, float, float]] | None = None) -> Analysis:
+    from upscale.fitting.analysis import analyze
+
+    with stage_bars() as progress:
+        return analyze(tables, n1s, decisions, n_boot, workers=workers_for(n_boot), progress=progress)
+
+
+def plot_group(analysis: Analysis, up: UpcycledAnalysis, upcycled: pd.DataFrame, out_dir: Path) -> list[str]:
+    """The demo's plots of one upcycling group in ``out_dir`` (fit diagnostics, alpha(D1), D*(N1) with its band,
+    catch-up curves); notes for the plots the grid is too small for."""
     import numpy as np
 
     from upscale.fitting import plots
     from upscale.fitting.bootstrap import percentile_interval
     from upscale.fitting.diagnostics import alpha_d1
-    from upscale.fitting.dstar import crossings, decide, dstar_results, dstar_samples
+    from upscale.fitting.dstar import crossings, dstar_samples
     from upscale.fitting.errors import FitError
-    from upscale.fitting.laws import get_law
-    from upscale.fitting.summary import FittedLaw, report
 
-    joint, moe, E = get_law("joint"), scratch.law, scratch.E
-    with progress_bar(n_boot, "bootstrap (upcycled)") as advance:
-        up_rep, up_boot = report(joint, upcycled, {"E": E}, n_boot, workers=workers_for(n_boot), progress=advance)
-    up = FittedLaw(joint, up_rep["params"], up_boot.samples if up_boot else None)
-    dstar = dstar_results(moe, up, list(n1s), (min(n1s) / 10, max(n1s) * 10))
-    verdicts = [decide(moe, up, *case).to_json() for case in decisions]
-
+    moe, fit, n1s = analysis.scratch.fitted, up.fit.fitted, analysis.n1s
     band_n1 = np.geomspace(min(n1s) / 10, max(n1s) * 10, BAND_POINTS)
-    central = np.array([crossings(moe, up, n).dstar for n in band_n1])
-    bands = np.array([percentile_interval(dstar_samples(moe, up, n)) for n in band_n1]) if up_boot else None
-    d1s = sorted({case[1] for case in decisions} | {float(upcycled["D1"].median())})
+    central = np.array([crossings(moe, fit, n).dstar for n in band_n1])
+    bands = (np.array([percentile_interval(dstar_samples(moe, fit, n)) for n in band_n1])
+             if fit.samples is not None else None)
+    d1s = sorted({d["d1"] for d in up.decisions} | {float(upcycled["D1"].median())})
     span = (float(upcycled["D2"].min()) / 10, float(upcycled["D2"].max()) * 1e3)
     drawings = {
-        "upcycled_parity": lambda p: plots.parity(up, upcycled, p),
-        "upcycled_residuals": lambda p: plots.residuals(up, upcycled, p),
-        "upcycled_loss_vs_d2": lambda p: plots.loss_vs_d2(up, upcycled, p),
-        "alpha_d1": lambda p: plots.alpha_diagnostics(alpha_d1(upcycled, E=E), p),
+        "upcycled_parity": lambda p: plots.parity(fit, upcycled, p),
+        "upcycled_residuals": lambda p: plots.residuals(fit, upcycled, p),
+        "upcycled_loss_vs_d2": lambda p: plots.loss_vs_d2(fit, upcycled, p),
+        "alpha_d1": lambda p: plots.alpha_diagnostics(alpha_d1(upcycled, E=analysis.E), p),
         "dstar": lambda p: plots.dstar_band(band_n1, central, None if bands is None else bands[:, 0],
-                                           None if bands is None else bands[:, 1], dstar["closed_form"], p),
-        "catch_up": lambda p: plots.catch_up_curves(moe, up, list(n1s), d1s, p, tokens=span),
+                                           None if bands is None else bands[:, 1], up.dstar["closed_form"], p),
+        "catch_up": lambda p: plots.catch_up_curves(moe, fit, list(n1s), d1s, p, tokens=span),
     }
     paths, skipped = [], []
     for name, draw in drawings.items():
@@ -115,42 +104,66 @@ def fit_demo(scratch: ScratchFit, upcycled: pd.DataFrame, out_dir: Path, n1s: li
             paths.append(str(draw(out_dir / f"{name}.png")))
         except FitError as e:  # a diagnostic the grid is too small for (e.g. alpha(D1) needs 3+ D2 per D1)
             skipped.append(f"{name}: {e}")
-    return {"upcycled": up_rep, "dstar": dstar, "decisions": verdicts, "plots": paths, "skipped_plots": skipped}
-
-
-def _print_scratch(scratch: ScratchFit, truth: dict[str, float] | None = None) -> None:
-    console.print(f"shared E (dense + MoE fitted jointly): {scratch.E:.4f}")
-    if scratch.E_note:
-        console.print(f"[yellow]{scratch.E_note}[/]", highlight=False)
-    console.print(fit_table(scratch.report, "MoE from scratch (chinchilla on D, N = N1)", truth))
-
-
-def _print_upcycled(res: dict[str, Any], truth: dict[str, float] | None = None) -> None:
-    console.print(fit_table(res["upcycled"], "upcycled (joint, Eq. 12)", truth))
-    console.print(dstar_table(res["dstar"]))
-    for d in res["decisions"]:
-        console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))
-    console.print(f"plots: {', '.join(res['plots'])}")
-    for note in res["skipped_plots"]:
+    console.print(f"plots: {', '.join(paths)}")
+    for note in skipped:
         console.print(f"[yellow]plot skipped[/] {note}", highlight=False)
+    return paths
+
+
+def _print_scratch(analysis: Analysis, truth: dict[str, float] | None = None) -> None:
+    console.print(f"shared E (dense + MoE fitted jointly): {analysis.E:.4f}")
+    if analysis.E_note:
+        console.print(f"[yellow]{analysis.E_note}[/]", highlight=False)
+    console.print(fit_table(analysis.scratch.report, "MoE from scratch (chinchilla on D, N = N1)", truth))
+
+
+def _print_upcycled(up: UpcycledAnalysis, truth: dict[str, float] | None = None) -> None:
+    console.print(fit_table(up.fit.report, "upcycled (joint, Eq. 12)", truth))
+    console.print(dstar_table(up.dstar))
+    for d in up.decisions:
+        console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))
+
+
+def _record(store: Store, analysis: Analysis, sweep_ids: list[str], source: str) -> None:
+    """Keep the analysis's fits in the store: `upscale decide` and `upscale dstar` use the newest ones."""
+    from upscale.api.fits import record_analysis
+    from upscale.orchestrator.settings import get_settings
+
+    records = record_analysis(store, get_settings().home, analysis, sweep_ids, owner="local", source=source)
+    ids = ", ".join(f"{r.kind} {r.id}" + (f" ({label})" if (label := _group(r)) else "") for r in records)
+    console.print(f"fits recorded in the store: {ids}; `upscale decide` and `upscale dstar` use the newest",
+                  soft_wrap=True, highlight=False)
+
+
+def _group(record: FitRecord) -> str:
+    """The upcycling group a recorded fit of an analysis is of ("" for the from-scratch one)."""
+    from upscale.fitting.analysis import group_label
+
+    return group_label(record.request["analysis"]["group"])
 
 
 def _synthetic(out_dir: Path, n_boot: int) -> None:
     from upscale.fitting.data import read_table
     from upscale.fitting.synthetic import E_TABLE2, TABLE2, bundled_path
+    from upscale.orchestrator.settings import get_settings
+    from upscale.orchestrator.store import Store
 
     console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
                   "(fitting/data/README.md), not measurements.")
-    tables = {k: read_table(bundled_path(k)) for k in ("dense", "moe", "upcycled")}
-    scratch = fit_scratch(tables, n_boot)
+    tables = {kind: read_table(bundled_path(name)) for kind, name in
+              (("dense", "dense"), ("scratch", "moe"), ("upcycled", "upcycled"))}
+    analysis = run_analysis(tables, n_boot, list(PAPER_N1), list(PAPER_DECISIONS))
     console.print(f"generating value of E: {E_TABLE2}")
-    _print_scratch(scratch, TABLE2["moe"])
-    _print_upcycled(fit_demo(scratch, tables["upcycled"], out_dir, list(PAPER_N1), list(PAPER_DECISIONS), n_boot),
-                    TABLE2["upcycled"])
+    _print_scratch(analysis, TABLE2["moe"])
+    (up,) = analysis.upcycled
+    _print_upcycled(up, TABLE2["upcycled"])
+    plot_group(analysis, up, tables["upcycled"], out_dir)
+    _record(Store(get_settings().db_url), analysis, [], "upscale demo --synthetic")
 
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     from upscale.api.cli.run_commands import run_sweep
+    from upscale.fitting.analysis import upcycled_groups
     from upscale.orchestrator.observations import table
     from upscale.sweeps.spec import load_spec
 
@@ -159,17 +172,17 @@ def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     console.print(f"sweep {outcome.sweep_id}: {len(outcome.trained)} segment(s) trained this run (the rest reused), "
                   f"{outcome.wall_s:.0f} s wall")
     obs = orch.store.observations(outcome.sweep_id)
-    dense, scratch, upcycled = (table(obs, k) for k in ("dense", "scratch", "upcycled"))
-    n1s = sorted(float(n) for n in dense["N"].unique())
-    fitted_scratch = fit_scratch({"dense": dense, "moe": scratch}, n_boot)
-    _print_scratch(fitted_scratch)
-    for method, rows in upcycled.groupby("method", sort=False):
-        label = method if rows["r"].isna().all() else f"{method} r={rows['r'].iloc[0]:g}"
-        console.rule(f"[bold]upcycling method: {label}")
-        biggest = (n1s[-1], float(rows["D1"].max()), float(rows["D2"].max()))
-        smallest = (n1s[0], float(rows["D1"].min()), float(rows["D2"].min()))
-        _print_upcycled(fit_demo(fitted_scratch, rows.reset_index(drop=True), out_dir / str(method), n1s,
-                                 [smallest, biggest], n_boot))
+    tables = {kind: table(obs, kind) for kind in ("dense", "scratch", "upcycled")}
+    analysis = run_analysis(tables, n_boot)
+    _print_scratch(analysis)
+    methods = [up.group.get("method") for up in analysis.upcycled]
+    for up, (_, rows) in zip(analysis.upcycled, upcycled_groups(tables["upcycled"]), strict=True):
+        console.rule(f"[bold]upcycling method: {up.label}")
+        _print_upcycled(up)
+        method = str(up.group.get("method"))
+        folder = method if methods.count(up.group.get("method")) == 1 else up.label.replace(" ", "_")
+        plot_group(analysis, up, rows, out_dir / folder)
+    _record(orch.store, analysis, [outcome.sweep_id], "upscale demo")
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     console.print(f"the runs in the MLflow UI: mlflow ui --backend-store-uri {orch.settings.mlflow_tracking_uri}",
                   soft_wrap=True)  # never wrapped: people paste it

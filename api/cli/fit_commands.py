@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import app, console, register_user_error
+from upscale.api.cli.app import app, console, err_console, register_user_error
 from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
 from upscale.fitting.errors import FitError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+
+    from upscale.fitting.summary import FittedLaw
 
 register_user_error(FitError)
 
@@ -178,18 +180,82 @@ def compare_command(
     console.print(table)
 
 
-@app.command("dstar")
-def dstar_command(
-    moe: Annotated[Path, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N).")],
-    upcycled: Annotated[Path, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law.")],
-    n1: Annotated[list[float], typer.Option("--n1", help="Dense model size N1 (repeatable).")],
-    as_json: JsonOpt = False,
-) -> None:
-    """D*: the token count where MoE from scratch catches up with upcycling at the same sunk cost (Eq. 13)."""
-    from upscale.fitting.dstar import dstar_results
+FitFileOpt = Annotated[Path | None, typer.Option(help="`upscale fit --json` file; give both or neither.")]
+StoredFitsHelp = ("Without --moe/--upcycled: the newest stored from-scratch and upcycled fits (of `upscale demo`, "
+                  "POST /fits or a refit) from this machine's store, or with --api URL from that server's.")
+
+
+def fit_pair(moe: Path | None, upcycled: Path | None, api: str | None,
+             token: str | None) -> tuple[FittedLaw, FittedLaw, dict[str, str] | None]:
+    """The from-scratch and upcycled fits: from the two files, else the newest stored ones (and their ids)."""
     from upscale.fitting.summary import load_fit
 
-    out = dstar_results(load_fit(moe), load_fit(upcycled), n1)
+    if moe is not None and upcycled is not None:
+        return load_fit(moe), load_fit(upcycled), None
+    if moe is not None or upcycled is not None:
+        raise FitError("give both --moe and --upcycled fit files, or neither to use the newest stored fits")
+    return stored_fit_pair(api, token)
+
+
+def stored_fit_pair(api: str | None, token: str | None) -> tuple[FittedLaw, FittedLaw, dict[str, str]]:
+    """The newest stored scratch and upcycled fits, each named on stderr (id, law, upcycling group, sweeps, when)."""
+    from upscale.fitting.analysis import group_label
+    from upscale.fitting.summary import fitted_law
+
+    if api:
+        with api_client(api, token) as c:
+            listed = api_call(c, "GET", "/fits")  # oldest first
+        newest = {f["kind"]: f for f in listed}
+        where = f"the server {api}"
+    else:
+        from upscale.api.fits import latest_fit
+        from upscale.orchestrator.settings import get_settings
+        from upscale.orchestrator.store import Store
+
+        store = Store(get_settings().db_url)
+        newest = {}
+        for kind in ("scratch", "upcycled"):
+            if (record := latest_fit(store, kind)) is not None:
+                newest[kind] = {"id": record.id, "law": record.law, "request": record.request,
+                                "report": record.report, "created_at": record.created_at.isoformat()}
+        where = f"the local store ({get_settings().home})"
+    missing = [k for k in ("scratch", "upcycled") if k not in newest]
+    if missing:
+        raise FitError(f"no {' and no '.join(missing)} fit in {where}: run `upscale demo` (or `upscale demo "
+                       f"--synthetic`), or POST /fits with kind={missing[0]!r}, or give --moe and --upcycled files "
+                       f"from `upscale fit --json`")
+    pair = []
+    for role, kind in (("MoE from scratch", "scratch"), ("upcycled", "upcycled")):
+        f = newest[kind]
+        request = f.get("request") or {}
+        analysis = request.get("analysis") or {}
+        group = group_label(analysis.get("group") or {})
+        sweeps = ", ".join(request.get("sweep_ids") or [])
+        origin = "; ".join(x for x in (f"sweep {sweeps}" if sweeps else "inline rows",
+                                       f"by `{analysis['source']}`" if "source" in analysis else "") if x)
+        err_console.print(f"{role}: fit {f['id']} ({f['law']}{', ' + group if group else ''}; {origin}; "
+                          f"{str(f['created_at'])[:19]}) from {where}", soft_wrap=True, highlight=False)
+        pair.append(fitted_law(f["report"], f"stored fit {f['id']}"))
+    return pair[0], pair[1], {"moe": newest["scratch"]["id"], "upcycled": newest["upcycled"]["id"]}
+
+
+@app.command("dstar", help="D*: the token count where MoE from scratch catches up with upcycling at the same sunk "
+                           f"cost (Eq. 13). {StoredFitsHelp}")
+def dstar_command(
+    n1: Annotated[list[float], typer.Option("--n1", help="Dense model size N1 (repeatable).")],
+    moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N); "
+                                             "default: the newest stored scratch fit.")] = None,
+    upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law; "
+                                                  "default: the newest stored upcycled fit.")] = None,
+    api: ApiOpt = None, token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    from upscale.fitting.dstar import dstar_results
+
+    moe_fit, up_fit, ids = fit_pair(moe, upcycled, api, token)
+    out = dstar_results(moe_fit, up_fit, n1)
+    if ids is not None:
+        out["fits"] = ids
     if as_json:
         print_json(out)
         return
@@ -208,32 +274,26 @@ def dstar_table(out: dict[str, Any]) -> Table:
     return table
 
 
-@app.command("decide")
+@app.command("decide", help="Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap "
+                            f"probability. {StoredFitsHelp}")
 def decide_command(
     n1: Annotated[float, typer.Option("--n1", help="Dense model size (parameters).")],
     d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on (sunk cost).")],
     d2: Annotated[float, typer.Option("--d2", help="Tokens you would spend training the upcycled MoE.")],
-    moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N).")]
-    = None,
-    upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law.")]
-    = None,
+    moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N); "
+                                             "default: the newest stored scratch fit.")] = None,
+    upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law; "
+                                                  "default: the newest stored upcycled fit.")] = None,
     api: ApiOpt = None, token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability.
+    from upscale.fitting.dstar import decide, dstar_at
 
-    From two fit files, or with --api from the server's latest from-scratch and upcycled fits."""
-    from upscale.fitting.dstar import decide
-    from upscale.fitting.summary import load_fit
-
-    if api:
-        with api_client(api, token) as c:
-            d = api_call(c, "GET", "/decisions/upcycle", params={"n1": n1, "d1": d1, "d2": d2})
-    elif moe is None or upcycled is None:
-        raise FitError("give --moe and --upcycled fit files (`upscale fit --json`), or --api URL to use the "
-                       "server's latest fits")
-    else:
-        d = decide(load_fit(moe), load_fit(upcycled), n1, d1, d2).to_json()
+    moe_fit, up_fit, ids = fit_pair(moe, upcycled, api, token)
+    d = decide(moe_fit, up_fit, n1, d1, d2).to_json()
+    if ids is not None:  # stored fits: the shape of GET /decisions/upcycle, D* at this N1 and the fits' ids
+        star = dstar_at(moe_fit, up_fit, n1)
+        d.update(dstar=star["dstar"], dstar_ci=star["ci"], fits=ids)
     if as_json:
         print_json(d)
         return
