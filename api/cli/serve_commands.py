@@ -136,15 +136,22 @@ def submit_command(
     spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the sweep ends (in-process: train it "
                                        "here).")] = False,
+    new: Annotated[bool, typer.Option("--new", help="Record a new sweep even if you already have one of this "
+                                      "identical spec (default: that one is returned).")] = False,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving)."""
+    """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving). An identical spec you already
+    submitted returns that sweep (resumed if it failed or was cancelled) unless --new."""
     if not spec.is_file():
         raise ApiError(f"no such spec file: {spec}")
     kind = "application/json" if spec.suffix == ".json" else "application/yaml"
     with api_client(api, token) as c:
-        out = api_call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind})
+        out = api_call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind},
+                       params={"new": "true"} if new else None)
         p = out["plan"]
+        if out["existing"]:
+            err_console.print(f"sweep {out['id']} already has this identical spec ({out['status']}): returning it; "
+                              "--new records another")
         console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
                       f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
         if wait:
