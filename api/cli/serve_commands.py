@@ -184,7 +184,7 @@ def status_command(
     sweep: Annotated[str | None, typer.Argument(help="Sweep id; none: every sweep.")] = None,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """Sweeps and their progress; with an id, its segments by kind and status and the FLOPs done vs planned."""
+    """Sweeps and their progress; with an id, its segments (kind, grid axes, status) and the FLOPs done vs planned."""
     with api_client(api, token) as c:
         if sweep is None:
             t = Table("sweep", "name", "status", "owner", "segments done", "created")
@@ -194,11 +194,13 @@ def status_command(
             console.print(t)
             return
         d = api_call(c, "GET", f"/sweeps/{sweep}")
-    t = Table("kind", "status", "attempts", "tokens", "val_loss", "error",
+    from upscale.api.cli.segment_commands import axes_text
+
+    t = Table("kind", "axes", "status", "attempts", "tokens", "val_loss", "error",
               title=f"sweep {d['id']} ({d['name']}): {d['status']}, {d['segments_done']}/{d['segments_total']} done, "
                     f"{d['flops_done']:.3g} of {d['flops_planned']:.3g} FLOPs")
     for s in d["segments"]:
-        t.add_row(s["kind"], s["status"], str(s["attempts"]), str(s["tokens"]),
+        t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
                   "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
     console.print(t)
 
