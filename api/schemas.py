@@ -28,6 +28,9 @@ class SweepCreated(BaseModel):
     status: str
     owner: str
     plan: PlanSummary
+    existing: bool = Field(False, description="True: the caller already had a sweep of this identical spec, and this "
+                           "is it (HTTP 200; queued again if it had failed or been cancelled); `new=true` forces a new "
+                           "one.")
 
 
 class SweepSummary(BaseModel):

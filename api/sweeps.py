@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from upscale.api.auth import LOCAL_OWNER
 from upscale.api.records import SweepOwnerRecord
 from upscale.api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from upscale.api.services import Services
@@ -20,19 +21,42 @@ from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import SweepSpec, parse_spec
 
 
-def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None) -> SweepCreated:
-    """Record ``spec`` as a new sweep owned by ``owner``; segments already done anywhere are not retrained."""
+def identical(services: Services, spec: SweepSpec, owner: str) -> SweepRecord | None:
+    """``owner``'s newest sweep recorded from a spec identical to ``spec``; another owner's sweeps never match. A
+    sweep without an owner row was made in-process by `upscale run`, so it belongs to LOCAL_OWNER."""
+    candidates = services.orch.identical(spec)
+    if not candidates:
+        return None
+    with services.store.transaction() as s:
+        rows = s.execute(select(SweepOwnerRecord.sweep_id, SweepOwnerRecord.owner)
+                         .where(SweepOwnerRecord.sweep_id.in_([c.id for c in candidates])))
+        owned = {sweep_id: who for sweep_id, who in rows}
+    return next((c for c in candidates if owned.get(c.id, LOCAL_OWNER) == owner), None)
+
+
+def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None,
+           new: bool = False) -> SweepCreated:
+    """Record ``spec`` as a sweep owned by ``owner``; segments already done anywhere are not retrained. Unless
+    ``new``, the owner's sweep of an identical spec is returned instead (``existing``), queued again if it had
+    failed or been cancelled."""
     p = plan(spec)
     known = services.store.segments([s.id for s in p.segments])
-    sweep = services.orch.submit(spec, p)
-    with services.store.transaction() as s:
-        s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
+    sweep = None if new else identical(services, spec, owner)
+    if sweep is not None and sweep.status in ("failed", "cancelled"):
+        services.store.set_sweep(sweep.id, status="pending", error=None)
+        sweep = services.store.sweep(sweep.id)
+    existing = sweep is not None
+    if sweep is None:
+        sweep = services.orch.submit(spec, p)
+        with services.store.transaction() as s:
+            s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
     summary = PlanSummary(
         segments=len(p.segments), new_segments=sum(1 for s in p.segments if getattr(known.get(s.id), "status", "")
                                                    != "done"),
         by_kind=p.by_kind(), observations=len(p.observations()), total_flops=p.total_flops,
         independent_flops=p.independent_flops, saving=p.saving, notes=list(p.notes))
-    return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=summary)
+    return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=summary,
+                        existing=existing)
 
 
 def merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class SweepRecord(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     spec: Mapped[dict[str, Any]] = mapped_column(doc="The validated sweep spec as JSON.")
+    spec_hash: Mapped[str | None] = mapped_column(String(64), index=True, doc="`fingerprint` of the validated spec: "
+                                                  "an identical re-submission finds this sweep (None before 0004).")
     resources: Mapped[dict[str, Any]] = mapped_column(doc="Ray resources per segment: cpus, gpus, workers.")
     status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))

@@ -13,6 +13,7 @@ from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, ensure_ray
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.segments import fingerprint
 from upscale.sweeps.spec import ClusterResources, SweepSpec, check_resources
 
 
@@ -32,14 +33,24 @@ class Orchestrator:
         sweep) are shared, not re-planned."""
         p = planned or plan(spec)
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
-                                       spec.resources.model_dump(mode="json"), p.segments)
+                                       spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec))
 
-    def run(self, spec: SweepSpec, scheduler: Scheduler | None = None) -> SweepOutcome:
-        """Submit ``spec`` and train it to completion on Ray (embedded unless RAY_ADDRESS is set)."""
+    def identical(self, spec: SweepSpec) -> list[SweepRecord]:
+        """The sweeps recorded from a spec identical to ``spec``, newest first."""
+        return self.store.sweeps_with_spec(spec_hash(spec))
+
+    def run(self, spec: SweepSpec, scheduler: Scheduler | None = None, sweep_id: str | None = None) -> SweepOutcome:
+        """Submit ``spec`` (or resume ``sweep_id``, recorded from it) and train it to completion on Ray (embedded
+        unless RAY_ADDRESS is set)."""
         ensure_ray(self.settings)
         import ray
 
         have = ray.cluster_resources()
         check_resources(spec, ClusterResources(cpus=have.get("CPU", 0), gpus=have.get("GPU", 0)))
-        sweep = self.submit(spec)
-        return (scheduler or Scheduler(self.store, self.settings)).run(sweep.id)
+        sweep_id = sweep_id or self.submit(spec).id
+        return (scheduler or Scheduler(self.store, self.settings)).run(sweep_id)
+
+
+def spec_hash(spec: SweepSpec) -> str:
+    """What makes two submissions the same sweep: the hash of the validated spec's canonical JSON."""
+    return fingerprint(spec)

@@ -85,9 +85,10 @@ class Store:
     # -- sweeps ---------------------------------------------------------------------------------------------------
 
     def create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
-                     segments: Sequence[PlannedSegment]) -> SweepRecord:
+                     segments: Sequence[PlannedSegment], spec_hash: str | None = None) -> SweepRecord:
         """Record a sweep and its segments; segments another sweep already created are shared, not duplicated."""
-        sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, resources=resources, status="pending")
+        sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
+                            status="pending")
         with self.transaction() as s:
             s.add(sweep)
             known = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_([p.id for p in segments]))))
@@ -116,6 +117,12 @@ class Store:
         q = select(SweepRecord).order_by(SweepRecord.created_at)
         with self.transaction() as s:
             return list(s.scalars(q if status is None else q.where(SweepRecord.status == status)))
+
+    def sweeps_with_spec(self, spec_hash: str) -> list[SweepRecord]:
+        """The sweeps recorded from an identical spec (an indexed column), newest first."""
+        q = select(SweepRecord).where(SweepRecord.spec_hash == spec_hash).order_by(SweepRecord.created_at.desc())
+        with self.transaction() as s:
+            return list(s.scalars(q))
 
     def set_sweep(self, sweep_id: str, **fields: Any) -> None:
         """Update a sweep's status, MLflow run id or error."""

@@ -6,6 +6,7 @@ from upscale.api.cli import (  # noqa: F401  (imported for their @app.command si
     model_commands,
     plan_commands,
     run_commands,
+    segment_commands,
     serve_commands,
     train_commands,
 )

@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from upscale.api.cli.app import app, console, register_user_error
 from upscale.sweeps.planner import GPU_FLOPS_PER_S, Plan, critical_path_s, gpu_flops_per_s, plan, segment_seconds
@@ -75,11 +76,15 @@ def plan_command(
     tokens_per_s: Annotated[float | None, typer.Option(help="Measured training throughput for the estimate.")] = None,
     flops_per_s: Annotated[float | None, typer.Option(help="Sustained FLOP/s for the estimate (instead).")] = None,
 ) -> None:
-    """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, and an
-    estimated wall time."""
+    """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, an
+    estimated wall time, and a warning for each law of the analysis the grid cannot identify (why, what to add)."""
+    from upscale.sweeps.identifiability import identifiability, planned_grid  # numpy and pandas: not for --help
+
     sweep = load_spec(spec)
     p = plan(sweep)
     data = summary(p, sweep, tokens_per_s, flops_per_s)
+    checks = identifiability(planned_grid(p))
+    data["identifiability"] = [c.as_dict() for c in checks]
     if as_json:
         print(json.dumps(data))
         return
@@ -99,3 +104,6 @@ def plan_command(
         console.print(f"[dim]rounded {note}[/]")
     if len(p.notes) > 5:
         console.print(f"[dim]... and {len(p.notes) - 5} more budgets rounded to whole steps[/]")
+    for c in checks:
+        if not c.identifiable:  # Text: the reasons hold brackets-free user data, but no markup is intended
+            console.print(Text.assemble(("warning: ", "bold yellow"), f"{c.law} on {c.fit}: {c.reason}; {c.add}"))

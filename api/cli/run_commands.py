@@ -40,12 +40,23 @@ def _orchestrator():
 
 
 def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_concurrent: int | None = None,
-              max_attempts: int = 3) -> tuple[Orchestrator, SweepOutcome]:
+              max_attempts: int = 3, new: bool = False) -> tuple[Orchestrator, SweepOutcome]:
     """Train ``sweep_spec`` to completion with a live progress bar on stderr; an unfinished sweep is an error that
-    says how to resume it (``source`` is the spec file named in that message). Shared by `run` and `demo`."""
-    from upscale.orchestrator.scheduler import Scheduler
+    says how to resume it (``source`` is the spec file named in that message). Unless ``new``, the local sweep of an
+    identical spec is resumed (or, when done, returned as it is) instead of recording another. Shared by `run` and
+    `demo`."""
+    from upscale.api.auth import LOCAL_OWNER
+    from upscale.api.services import Services
+    from upscale.api.sweeps import identical
+    from upscale.orchestrator.scheduler import Scheduler, SweepOutcome
 
     orch = _orchestrator()
+    existing = None if new else identical(Services(orch, auth=False), sweep_spec, LOCAL_OWNER)
+    if existing is not None:
+        err_console.print(f"sweep {existing.id} already has this identical spec ({existing.status}): "
+                          f"{'returning' if existing.status == 'done' else 'resuming'} it; --new records another")
+        if existing.status == "done":  # nothing to train: no Ray, no scheduler
+            return orch, SweepOutcome(existing.id, "done")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[note]}"), console=err_console, transient=transient) as bar:
         task = bar.add_task(f"sweep {sweep_spec.name}", total=None, note="starting Ray")
@@ -58,7 +69,7 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
 
         scheduler = Scheduler(orch.store, orch.settings, max_concurrent=max_concurrent, max_attempts=max_attempts,
                               on_progress=show)
-        out = orch.run(sweep_spec, scheduler)
+        out = orch.run(sweep_spec, scheduler, sweep_id=existing.id if existing else None)
     if out.status != "done":
         sweep = orch.store.sweep(out.sweep_id)
         raise OrchestratorError(f"sweep {out.sweep_id} {out.status}: {sweep.error or 'stopped'}; "
@@ -74,13 +85,16 @@ def run_command(
                                                        "cluster's CPUs/GPUs hold.")] = None,
     max_attempts: Annotated[int, typer.Option(min=1, help="Failures allowed per segment before the sweep fails.")]
     = 3,
+    new: Annotated[bool, typer.Option("--new", help="Record a new sweep even if one of this identical spec exists "
+                                      "(default: that one is resumed, or returned if done).")] = False,
 ) -> None:
-    """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations."""
+    """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations. Running an
+    identical spec again resumes its sweep, or returns it if done."""
     from upscale.orchestrator.observations import JSON_FIELDS, as_row
     from upscale.sweeps.spec import load_spec
 
     orch, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
-                          max_attempts=max_attempts)
+                          max_attempts=max_attempts, new=new)
     rows = [as_row(o) for o in orch.store.observations(out.sweep_id)]
     if as_json:
         print(json.dumps({"sweep_id": out.sweep_id, "observations": [{k: r[k] for k in JSON_FIELDS} for r in rows]},

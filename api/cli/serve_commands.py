@@ -136,15 +136,22 @@ def submit_command(
     spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the sweep ends (in-process: train it "
                                        "here).")] = False,
+    new: Annotated[bool, typer.Option("--new", help="Record a new sweep even if you already have one of this "
+                                      "identical spec (default: that one is returned).")] = False,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving)."""
+    """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving). An identical spec you already
+    submitted returns that sweep (resumed if it failed or was cancelled) unless --new."""
     if not spec.is_file():
         raise ApiError(f"no such spec file: {spec}")
     kind = "application/json" if spec.suffix == ".json" else "application/yaml"
     with api_client(api, token) as c:
-        out = api_call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind})
+        out = api_call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind},
+                       params={"new": "true"} if new else None)
         p = out["plan"]
+        if out["existing"]:
+            err_console.print(f"sweep {out['id']} already has this identical spec ({out['status']}): returning it; "
+                              "--new records another")
         console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
                       f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
         if wait:
@@ -177,7 +184,7 @@ def status_command(
     sweep: Annotated[str | None, typer.Argument(help="Sweep id; none: every sweep.")] = None,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """Sweeps and their progress; with an id, its segments by kind and status and the FLOPs done vs planned."""
+    """Sweeps and their progress; with an id, its segments (kind, grid axes, status) and the FLOPs done vs planned."""
     with api_client(api, token) as c:
         if sweep is None:
             t = Table("sweep", "name", "status", "owner", "segments done", "created")
@@ -187,11 +194,13 @@ def status_command(
             console.print(t)
             return
         d = api_call(c, "GET", f"/sweeps/{sweep}")
-    t = Table("kind", "status", "attempts", "tokens", "val_loss", "error",
+    from upscale.api.cli.segment_commands import axes_text
+
+    t = Table("kind", "axes", "status", "attempts", "tokens", "val_loss", "error",
               title=f"sweep {d['id']} ({d['name']}): {d['status']}, {d['segments_done']}/{d['segments_total']} done, "
                     f"{d['flops_done']:.3g} of {d['flops_planned']:.3g} FLOPs")
     for s in d["segments"]:
-        t.add_row(s["kind"], s["status"], str(s["attempts"]), str(s["tokens"]),
+        t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
                   "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
     console.print(t)
 

@@ -46,12 +46,21 @@ async def _spec_data(request: Request) -> Any:
 
 
 @router.post("", status_code=201, summary="Submit a sweep", response_model=SweepCreated, openapi_extra=SPEC_BODY,
-             responses={422: {"description": "Invalid spec: every problem with its field path."}})
-async def submit_sweep(request: Request, services: ServicesDep, owner: Writer) -> SweepCreated:
+             responses={200: {"model": SweepCreated,
+                              "description": "The caller's existing sweep of this identical spec (`existing`)."},
+                        422: {"description": "Invalid spec: every problem with its field path."}})
+async def submit_sweep(request: Request, response: Response, services: ServicesDep, owner: Writer,
+                       new: bool = Query(False, description="Record a new sweep even if the caller already has one "
+                                         "of this identical spec.")) -> SweepCreated:
     """Validate and plan a sweep spec, record it under the caller's token name, and queue it for the scheduler.
-    Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`)."""
+    Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`). Re-submitting a
+    spec identical to one of the caller's sweeps returns that sweep with 200 and `existing: true` (queued again if
+    it failed or was cancelled), unless `new=true`."""
     data = await _spec_data(request)
-    return sweeps.submit(services, parse_spec(data), owner)
+    created = sweeps.submit(services, parse_spec(data), owner, new=new)
+    if created.existing:
+        response.status_code = 200
+    return created
 
 
 @router.get("", summary="List sweeps", response_model=list[SweepSummary])
@@ -80,10 +89,17 @@ def cancel_sweep(sweep_id: str, services: ServicesDep, _: Writer) -> SweepSummar
 
 
 @router.post("/{sweep_id}/extend", status_code=201, summary="Add grid points to a sweep",
-             response_model=SweepCreated, responses=NOT_FOUND)
-def extend_sweep(sweep_id: str, body: SweepExtend, services: ServicesDep, owner: Writer) -> SweepCreated:
-    """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train."""
-    return sweeps.extend(services, sweep_id, body.additions, owner)
+             response_model=SweepCreated,
+             responses={**NOT_FOUND, 200: {"model": SweepCreated, "description": "The caller's existing sweep of the "
+                                           "extended spec (`existing`): nothing was added."}})
+def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services: ServicesDep,
+                 owner: Writer) -> SweepCreated:
+    """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train.
+    If the caller already has a sweep of the extended spec, that sweep is returned with 200 and `existing: true`."""
+    created = sweeps.extend(services, sweep_id, body.additions, owner)
+    if created.existing:
+        response.status_code = 200
+    return created
 
 
 @router.get("/{sweep_id}/observations", summary="A sweep's observations (JSON or CSV)",

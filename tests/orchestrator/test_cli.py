@@ -91,6 +91,21 @@ def test_a_micro_sweep_trains_for_real_and_feeds_upscale_fit(cli, tmp_path) -> N
     cli("observations", result["sweep_id"], "--csv", "--kind", "upcycled", "--out", str(csv))
     fit = json.loads(cli("fit", "--law", "data-mul-noint", "--data", str(csv), "--json"))
     assert fit["n_points"] == 9 and fit["converged"] and fit["loo_rms"] < 0.1  # loss units; 0.047 seen
-    # a second run of the same spec trains nothing and returns the same observations
+    # a second run of the identical spec trains nothing: it returns the same sweep and observations
     again = json.loads(cli("run", str(tmp_path / "micro.yaml"), "--json"))
-    assert again["observations"] == obs and again["sweep_id"] != result["sweep_id"]
+    assert again["observations"] == obs and again["sweep_id"] == result["sweep_id"]  # the same sweep, returned
+
+
+def test_an_identical_spec_returns_its_sweep_unless_new(settings, cli, tmp_path) -> None:
+    """`run` of a spec whose sweep is done returns that sweep without training; in-process `submit` returns it too
+    (a sweep `run` made is the local owner's); `--new` records another."""
+    orch = Orchestrator.open(settings)
+    out = orch.run(load_spec(TINY_SPEC), Scheduler(orch.store, settings, segment_fn=counting_segment, poll_s=0.05))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_SPEC)
+    again = json.loads(cli("run", str(path), "--json"))
+    assert again["sweep_id"] == out.sweep_id and len(again["observations"]) == 11
+    assert cli("submit", str(path)).split()[1] == out.sweep_id
+    forced = cli("submit", str(path), "--new").split()[1]
+    assert forced != out.sweep_id and len(orch.store.sweeps()) == 2
+    assert cli("submit", str(path)).split()[1] == forced  # the newest identical one
