@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from upscale.api.cli.app import app, console, register_user_error
-from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
+from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_client
 from upscale.fitting.errors import FitError
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def decide_command(
 
     if api:
         with api_client(api, token) as c:
-            d = api_call(c, "GET", "/decisions/upcycle", params={"n1": n1, "d1": d1, "d2": d2})
+            d = c.decide(n1, d1, d2)
     elif moe is None or upcycled is None:
         raise FitError("give --moe and --upcycled fit files (`upscale fit --json`), or --api URL to use the "
                        "server's latest fits")
