@@ -107,7 +107,7 @@ class Client:
 
         if self.token:
             kwargs["headers"] = {"Authorization": f"Bearer {self.token}", **kwargs.get("headers", {})}
-        where = f"{method} {self.url}{path}"
+        where = f"{method} {path}"
         try:
             r = self.http.request(method, path, **kwargs)
         except httpx.ConnectError as e:

@@ -1,8 +1,9 @@
 """`upscale serve|scheduler|token create|submit|status|refit|ui`: run the control plane and talk to it.
 
-`submit`, `status` and `refit` go through the REST routes either way: with `--api URL` over HTTP to a remote server
-(token from `--token` or UPSCALE_TOKEN), otherwise to the same app in-process (Starlette's TestClient, no network,
-no token: whoever holds the database needs none), so local and remote share one code path. In-process, nothing
+`submit`, `status` and `refit` go through the REST routes either way, as `upscale.Client` calls: with `--api URL`
+over HTTP to a remote server (token from `--token` or UPSCALE_TOKEN), otherwise to the same app in-process
+(Starlette's TestClient, no network, no token: whoever holds the database needs none), so local and remote share
+one code path. In-process, nothing
 trains a submitted sweep unless `--wait` (which runs it here) or an `upscale serve`/`upscale scheduler` is running.
 """
 
