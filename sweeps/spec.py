@@ -44,7 +44,9 @@ class SpecError(ValueError):
     def __str__(self) -> str:
         n = len(self.problems)
         lines = [f"{path or '<spec>'}: {msg}" for path, msg in self.problems]
-        return f"invalid sweep spec ({n} problem{'s' * (n != 1)}):\n  " + "\n  ".join(lines)
+        if n == 1:  # one line, as the CLI's other errors are
+            return f"invalid sweep spec: {lines[0]}"
+        return f"invalid sweep spec ({n} problems):\n  " + "\n  ".join(lines)
 
 
 def _raise_if(problems: list[Problem]) -> None:
@@ -493,7 +495,8 @@ def load_spec(source: str | Path) -> SweepSpec:
     if looks_like_path:
         path = Path(source)
         if not path.is_file():
-            raise SpecError([("", f"no such spec file: {path}")])
+            raise SpecError([("", f"{path} is a folder, not a spec file" if path.is_dir()
+                                  else f"no such spec file: {path}")])
         text = path.read_text()
     try:
         data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)

@@ -2,29 +2,55 @@
 
 Command modules import heavy packages (torch, ray, mlflow) inside their functions, so that
 `upscale laws` or `upscale --help` start instantly.
+
+What a user can cause never shows a traceback: the registered error types (a bad spec, an unknown law, the REST
+client's ApiError for a refused connection, a timeout or a 401...) and any OSError that names a file (a missing
+spec, a folder where a file belongs, an unwritable output path) print one `error:` line and exit 2. Anything else
+is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
+from upscale.client import ApiError
+
 app = typer.Typer(
     name="upscale",
     help="Upcycle a dense LM into an MoE, or train the MoE from scratch? Runs the grid, fits the laws, reports D*.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion
     pretty_exceptions_show_locals=False,
 )
 console = Console()
 err_console = Console(stderr=True)
 
+
+class CommandError(RuntimeError):
+    """A command's own check failed (a missing optional package, a bad combination of options)."""
+
+
 # Exceptions a user can cause (bad CSV, unknown law, bad spec...). Each area registers its own
 # types; `main` prints them as one line and exits 2 instead of showing a traceback.
-USER_ERRORS: list[type[BaseException]] = []
+USER_ERRORS: list[type[BaseException]] = [ApiError, CommandError]
+
+# What to do about an OSError that names a path, by its errno.
+PATH_FIXES = {
+    errno.ENOENT: "check the path",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
+    errno.EISDIR: "that is a folder: give a file",
+    errno.EACCES: "choose a path you may use, or change its permissions",
+    errno.EPERM: "choose a path you may use, or change its permissions",
+    errno.EROFS: "the filesystem is read-only: choose another path",
+    errno.EEXIST: "remove it or choose another path",
+    errno.ENOSPC: "the disk is full: free space or choose another path",
+}
 
 
 def register_user_error(*types: type[BaseException]) -> None:
@@ -33,10 +59,41 @@ def register_user_error(*types: type[BaseException]) -> None:
             USER_ERRORS.append(t)
 
 
+def path_error_message(e: OSError) -> str:
+    """`PATH: what went wrong; what to do` for an OSError that names a file."""
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    fix = PATH_FIXES.get(e.errno)  # type: ignore[arg-type]
+    return f"{paths}: {e.strerror or e}" + (f"; {fix}" if fix else "")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from upscale import __version__
+
+        print(f"upscale {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """The options every command shares; the app's help is the Typer's."""
+
+
+def _fail(message: str) -> None:
+    err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)  # Text: no markup parsing
+    sys.exit(2)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
         app()
     except tuple(USER_ERRORS) as e:
-        err_console.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)  # Text: no markup parsing
-        sys.exit(2)
+        _fail(str(e))
+    except OSError as e:
+        if e.filename is None:  # not about a path the user gave: a bug, or the environment; keep the traceback
+            raise
+        _fail(path_error_message(e))

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from upscale.api.cli.app import app, console, err_console, register_user_error
-from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
+from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_client
 from upscale.fitting.errors import FitError
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def stored_fit_pair(api: str | None, token: str | None) -> tuple[FittedLaw, Fitt
 
     if api:
         with api_client(api, token) as c:
-            listed = api_call(c, "GET", "/fits")  # oldest first
+            listed = c.fits()  # oldest first
         newest = {f["kind"]: f for f in listed}
         where = f"the server {api}"
     else:

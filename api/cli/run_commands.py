@@ -8,7 +8,6 @@ observation table it fills is what `upscale fit --data` reads.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from upscale.api.cli.app import app, console, err_console, register_user_error
-from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_call, api_client
+from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_client
 from upscale.orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -117,7 +116,6 @@ def observations_command(
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
     """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled rows), loss, trunk."""
-    import pandas as pd
 
     from upscale.orchestrator.observations import table
 
@@ -125,9 +123,7 @@ def observations_command(
         raise OrchestratorError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
     if api:
         with api_client(api, token) as c:
-            text = api_call(c, "GET", f"/sweeps/{sweep}/observations",
-                            params={"format": "csv", **({"kind": kind} if kind else {})})
-        df = pd.read_csv(io.StringIO(text))
+            df = c.observations(sweep, kind)
     else:
         df = table(_orchestrator().store.observations(sweep), kind)
     if csv or out is not None:
@@ -161,7 +157,7 @@ def cancel_command(sweep: Annotated[str, typer.Argument(help="Sweep id.")], api:
     """Ask the scheduler running SWEEP to stop; running segments are released and resume on the next run."""
     if api:
         with api_client(api, token) as c:
-            status = api_call(c, "POST", f"/sweeps/{sweep}/cancel")["status"]
+            status = c.cancel(sweep)["status"]
     else:
         orch = _orchestrator()
         orch.store.request_cancel(sweep)

@@ -1,68 +1,51 @@
 """`upscale serve|scheduler|token create|submit|status|refit|ui`: run the control plane and talk to it.
 
-`submit`, `status` and `refit` go through the REST routes either way: with `--api URL` over HTTP to a remote server
-(token from `--token` or UPSCALE_TOKEN), otherwise to the same app in-process (Starlette's TestClient, no network,
-no token: whoever holds the database needs none), so local and remote share one code path. In-process, nothing
+`submit`, `status` and `refit` go through the REST routes either way, as `upscale.Client` calls: with `--api URL`
+over HTTP to a remote server (token from `--token` or UPSCALE_TOKEN), otherwise to the same app in-process
+(Starlette's TestClient, no network, no token: whoever holds the database needs none), so local and remote share
+one code path. In-process, nothing
 trains a submitted sweep unless `--wait` (which runs it here) or an `upscale serve`/`upscale scheduler` is running.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shlex
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from upscale.api.cli.app import app, console, err_console, register_user_error
-
-
-class ApiError(RuntimeError):
-    """The server refused a request; the message carries its status and detail."""
-
-
-register_user_error(ApiError)
+from upscale.api.cli.app import CommandError, app, console, err_console
+from upscale.client import Client
 
 ApiOpt = Annotated[str | None, typer.Option("--api", help="A remote server's URL, e.g. http://host:8000; default: "
-                                            "in-process on this machine's store.")]
-TokenOpt = Annotated[str | None, typer.Option("--token", envvar="UPSCALE_TOKEN", help="Bearer token for --api.")]
+                                            "in-process on this machine's store. UPSCALE_TIMEOUT: seconds to wait.")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="UPSCALE_TOKEN", help="Bearer token for --api "
+                                              "(`upscale token create`); reads need one too.")]
 token_app = typer.Typer(help="API bearer tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 FINAL = ("done", "failed", "cancelled")
 
 
-def api_client(api: str | None, token: str | None):
-    """httpx to a remote server with ``api``; else the same app in-process (no network, no token)."""
+def api_client(api: str | None, token: str | None) -> Client:
+    """upscale.Client over HTTP to the server at ``api``; else the same app in-process (no network, no token)."""
     if api:
-        import httpx
-
-        return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=120)
+        return Client(api, token)
     from fastapi.testclient import TestClient
 
     from upscale.api.app import create_app
     from upscale.orchestrator.settings import get_settings
 
-    return TestClient(create_app(get_settings(), auth=False, scheduler=False))
-
-
-def api_call(client, method: str, path: str, **kwargs: Any) -> Any:
-    """The response's JSON (or text, e.g. CSV); an error status becomes one ApiError line with the server's detail."""
-    r = client.request(method, path, **kwargs)
-    if r.status_code >= 400:
-        detail = r.json().get("detail", r.text) if r.headers.get("content-type", "").startswith("application/json") \
-            else r.text
-        if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])[1:])) or '<spec>'}: {d.get('msg')}"
-                               for d in detail)
-        raise ApiError(f"{method} {path} -> {r.status_code}: {detail}")
-    if not r.content:
-        return None
-    return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+    app_client = TestClient(create_app(get_settings(), auth=False, scheduler=False))
+    return Client(str(app_client.base_url), http=app_client)
 
 
 @app.command("serve")
@@ -127,7 +110,7 @@ def token_create_command(
     from upscale.orchestrator.settings import get_settings
 
     if scope not in ("read", "write"):
-        raise ApiError(f"--scope {scope!r}: use read or write")
+        raise CommandError(f"--scope {scope!r}: use read or write")
     print(create_token(Services.open(get_settings()).store, scope, name))  # type: ignore[arg-type]
 
 
@@ -142,12 +125,8 @@ def submit_command(
 ) -> None:
     """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving). An identical spec you already
     submitted returns that sweep (resumed if it failed or was cancelled) unless --new."""
-    if not spec.is_file():
-        raise ApiError(f"no such spec file: {spec}")
-    kind = "application/json" if spec.suffix == ".json" else "application/yaml"
-    with api_client(api, token) as c:
-        out = api_call(c, "POST", "/sweeps", content=spec.read_bytes(), headers={"content-type": kind},
-                       params={"new": "true"} if new else None)
+    with api_client(api, token) as c:  # a missing or unreadable spec: main() prints the OSError as one line
+        out = c.submit(spec, new=new)
         p = out["plan"]
         if out["existing"]:
             err_console.print(f"sweep {out['id']} already has this identical spec ({out['status']}): returning it; "
@@ -158,25 +137,25 @@ def submit_command(
             _wait(c, out["id"], remote=api is not None)
 
 
-def _wait(client, sweep_id: str, remote: bool) -> None:
+def _wait(client: Client, sweep_id: str, remote: bool) -> None:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[note]}"), console=err_console) as bar:
         task = bar.add_task(f"sweep {sweep_id}", total=None, note="")
         if not remote:  # nobody else trains it: run the orchestrator's scheduler here, on the same store
             from upscale.orchestrator.scheduler import Scheduler
 
-            services = client.app.state.services
+            services = client.http.app.state.services
 
             def show(p) -> None:
                 bar.update(task, note=p.message) if p.message else bar.update(task, total=p.total, completed=p.done)
 
             Scheduler(services.store, services.settings, on_progress=show).run(sweep_id)
-        while (d := api_call(client, "GET", f"/sweeps/{sweep_id}"))["status"] not in FINAL:
+        while (d := client.sweep(sweep_id))["status"] not in FINAL:
             bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
             time.sleep(2.0)
         bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
     if d["status"] != "done":
-        raise ApiError(f"sweep {sweep_id} {d['status']}: {d['error'] or 'stopped'}")
+        raise CommandError(f"sweep {sweep_id} {d['status']}: {d['error'] or 'stopped'}")
 
 
 @app.command("status")
@@ -188,12 +167,12 @@ def status_command(
     with api_client(api, token) as c:
         if sweep is None:
             t = Table("sweep", "name", "status", "owner", "segments done", "created")
-            for s in api_call(c, "GET", "/sweeps"):
+            for s in c.sweeps():
                 t.add_row(s["id"], s["name"], s["status"], s["owner"] or "", f"{s['segments_done']}/"
                           f"{s['segments_total']}", s["created_at"][:16])
             console.print(t)
             return
-        d = api_call(c, "GET", f"/sweeps/{sweep}")
+        d = c.sweep(sweep)
     from upscale.api.cli.segment_commands import axes_text
 
     t = Table("kind", "axes", "status", "attempts", "tokens", "val_loss", "error",
@@ -212,11 +191,11 @@ def refit_command(
 ) -> None:
     """Refit now: a new version per schedule, with D*, its interval and whether it left the previous one."""
     with api_client(api, token) as c:
-        ids = [schedule] if schedule else [s["id"] for s in api_call(c, "GET", "/refit-schedules")]
+        ids = [schedule] if schedule else [s["id"] for s in c.refit_schedules()]
         if not ids:
-            raise ApiError("no refit schedules; POST /refit-schedules creates one")
+            raise CommandError("no refit schedules; POST /refit-schedules creates one")
         for sid in ids:
-            r = api_call(c, "POST", f"/refit-schedules/{sid}/run")
+            r = c.run_refit(sid)
             star = "no D* (needs scratch and upcycled laws)" if r["dstar"] is None else f"D* {r['dstar']:.4g}"
             flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
             console.print(f"schedule {sid} v{r['version']}: fits {r['fits']}, {star}{flag}")
@@ -227,11 +206,15 @@ def ui_command(
     launch: Annotated[bool, typer.Option("--launch", help="Run it instead of printing it.")] = False,
     port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = 5000,
 ) -> None:
-    """The MLflow UI on this store's runs: one parent run per sweep, one child per segment."""
+    """The MLflow UI on this store's runs: one parent run per sweep, one child per segment. It runs through this
+    interpreter (`python -m mlflow`), so it works without the virtualenv activated."""
     from upscale.orchestrator.settings import get_settings
 
-    argv = ["mlflow", "ui", "--backend-store-uri", get_settings().mlflow_tracking_uri, "--port", str(port)]
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", get_settings().mlflow_tracking_uri,
+            "--port", str(port)]
     if not launch:
-        print(" ".join(argv))
+        print(shlex.join(argv))
         return
-    os.execvp(argv[0], argv)
+    if importlib.util.find_spec("mlflow") is None:
+        raise CommandError(f"mlflow is not installed for {sys.executable}: pip install 'upscale[worker]'")
+    os.execv(sys.executable, argv)

@@ -1,0 +1,239 @@
+"""`upscale.Client`: the REST API of a running `upscale serve` from Python, and the CLI's `--api` path.
+
+One method per thing the API offers (sweeps, observations, fits, decisions, refit schedules, health), returning the
+API's JSON as plain dicts and lists (observations as a pandas DataFrame or CSV text). Every failure a caller can
+cause or fix (server not running, no answer, no or wrong token, scope, unknown id, invalid body) raises one type,
+`ApiError`, whose message says what to do; the CLI prints it as one `error:` line.
+
+httpx and pandas are imported when first needed, so `import upscale.client` costs nothing (the CLI imports this
+module for `ApiError` on every start).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import httpx
+    import pandas as pd
+
+    from upscale.sweeps.spec import SweepSpec
+
+DEFAULT_TIMEOUT_S = 120.0  # a refit or a bootstrapped fit answers only once it is computed
+TOKEN_HINT = "pass a token: --token or UPSCALE_TOKEN (Client(token=...) in Python; `upscale token create` prints one)"
+Kind = Literal["dense", "upcycled", "scratch"]
+
+
+class ApiError(RuntimeError):
+    """A request that failed for a reason its caller can fix; ``status`` is the HTTP status, None if none came."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _timeout_from_env() -> float:
+    raw = os.environ.get("UPSCALE_TIMEOUT", "")
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ApiError(f"UPSCALE_TIMEOUT={raw!r}: give the seconds to wait for the server, e.g. 60")
+    return value
+
+
+def _detail(r: httpx.Response) -> str:
+    """The server's `detail` on one line: a 422's problems as `field.path: message`, joined by '; '."""
+    if r.headers.get("content-type", "").startswith("application/json"):
+        try:
+            detail = r.json().get("detail", r.text)
+        except (ValueError, AttributeError):  # not a JSON object after all
+            detail = r.text
+    else:
+        detail = r.text
+    if isinstance(detail, list):
+        detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])[1:])) or '<body>'}: {d.get('msg')}"
+                           if isinstance(d, dict) else str(d) for d in detail)
+    return " ".join(str(detail).split())[:500]  # one line, even for an HTML error page
+
+
+class Client:
+    """A connection to the upscale REST API at ``url`` (e.g. ``http://127.0.0.1:8000``).
+
+    ``token`` defaults to the environment variable UPSCALE_TOKEN; every route but ``health`` needs one (scope
+    `write` for submit, cancel, fits and refits). ``timeout`` (seconds) defaults to UPSCALE_TIMEOUT or 120. ``http``
+    sends through an existing httpx client instead (the CLI passes Starlette's TestClient to reach an in-process
+    app). Use it as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, url: str, token: str | None = None, timeout: float | None = None, *,
+                 http: httpx.Client | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("UPSCALE_TOKEN") or None
+        self.timeout = timeout if timeout is not None else _timeout_from_env()
+        if http is None:
+            import httpx
+
+            try:
+                http = httpx.Client(base_url=self.url, timeout=self.timeout)
+            except httpx.InvalidURL as e:
+                raise ApiError(f"{url!r} is not a URL ({e}); give one like http://127.0.0.1:8000") from None
+        self.http = http
+
+    def __enter__(self) -> Client:
+        self.http.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.__exit__(*exc)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r}, token={'set' if self.token else None})"
+
+    # -- transport ---------------------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send one request; the JSON (or text, e.g. CSV) of a success, None for an empty one; else ApiError."""
+        import httpx
+
+        if self.token:
+            kwargs["headers"] = {"Authorization": f"Bearer {self.token}", **kwargs.get("headers", {})}
+        where = f"{method} {path}"
+        try:
+            r = self.http.request(method, path, **kwargs)
+        except httpx.ConnectError as e:
+            raise ApiError(f"cannot connect to {self.url} ({e}); is `upscale serve` running at {self.url}?") from None
+        except httpx.TimeoutException:
+            raise ApiError(f"{where}: no answer within {self.timeout:g} s; is {self.url} the upscale API and "
+                           f"`upscale serve` healthy there? (UPSCALE_TIMEOUT or timeout= waits longer)") from None
+        except httpx.UnsupportedProtocol:
+            raise ApiError(f"{self.url!r} is not an http(s) URL; give one like http://127.0.0.1:8000") from None
+        except httpx.TransportError as e:
+            raise ApiError(f"{where}: {type(e).__name__}: {e}; is {self.url} the upscale API?") from None
+        if r.status_code >= 400:
+            raise ApiError(self._explain(r, where), r.status_code)
+        if not r.content:
+            return None
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+
+    def _explain(self, r: httpx.Response, where: str) -> str:
+        status, detail = r.status_code, _detail(r)
+        message = f"{where} -> {status}: {detail}"
+        if status == 401:
+            return f"{message}; " + (f"the token is not one this server issued: {TOKEN_HINT}" if self.token
+                                     else TOKEN_HINT)
+        if status == 403:
+            return f"{message}; use a token of scope 'write' (`upscale token create --scope write`)"
+        if status == 404 and detail == "Not Found":  # FastAPI's own answer: no such route, not no such sweep
+            return f"{message}; is {self.url} the upscale API?"
+        if status >= 500:
+            return f"{message}; the server failed: its log has the traceback"
+        return message
+
+    # -- operations --------------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """{status: ok, scheduler: whether the server also trains sweeps}; needs no token."""
+        return self.request("GET", "/healthz")
+
+    # -- sweeps ------------------------------------------------------------------------------------------------
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        """Every sweep, oldest first, with its status, owner and segments done."""
+        return self.request("GET", "/sweeps")
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        """A sweep's status, each segment's state, and FLOPs done vs planned."""
+        return self.request("GET", f"/sweeps/{sweep_id}")
+
+    def submit(self, spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec, *, new: bool = False
+               ) -> dict[str, Any]:
+        """Submit a sweep spec: a path to its YAML/JSON file, a mapping, or a parsed SweepSpec. Returns
+        {id, name, status, owner, plan, existing}: a spec identical to one of your sweeps returns that sweep
+        (``existing`` true) unless ``new``. An invalid spec raises ApiError naming each field."""
+        params = {"new": "true"} if new else None
+        if isinstance(spec, str | os.PathLike):
+            path = Path(spec)
+            kind = "application/json" if path.suffix == ".json" else "application/yaml"
+            return self.request("POST", "/sweeps", content=path.read_bytes(), headers={"content-type": kind},
+                                params=params)
+        body = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else dict(spec)
+        return self.request("POST", "/sweeps", json=body, params=params)
+
+    def cancel(self, sweep_id: str) -> dict[str, Any]:
+        """Stop a sweep: running segments are released (they resume if it is submitted again)."""
+        return self.request("POST", f"/sweeps/{sweep_id}/cancel")
+
+    def extend(self, sweep_id: str, additions: Mapping[str, Any]) -> dict[str, Any]:
+        """A new sweep whose spec is this one's plus ``additions`` (lists unioned): only new segments train."""
+        return self.request("POST", f"/sweeps/{sweep_id}/extend", json={"additions": dict(additions)})
+
+    def observations_csv(self, sweep_id: str, kind: Kind | None = None) -> str:
+        """A sweep's observations as the CSV `upscale fit --data` reads (only one kind's rows with ``kind``)."""
+        return self.request("GET", f"/sweeps/{sweep_id}/observations",
+                            params={"format": "csv", **({"kind": kind} if kind else {})})
+
+    def observations(self, sweep_id: str, kind: Kind | None = None) -> pd.DataFrame:
+        """A sweep's observations as a DataFrame: one row per finished decay segment."""
+        import io
+
+        import pandas as pd
+
+        return pd.read_csv(io.StringIO(self.observations_csv(sweep_id, kind)))
+
+    # -- fits and decisions ------------------------------------------------------------------------------------
+
+    def fits(self) -> list[dict[str, Any]]:
+        """Every stored fit, oldest first."""
+        return self.request("GET", "/fits")
+
+    def fit(self, fit_id: str) -> dict[str, Any]:
+        """A stored fit: its report (params, intervals, LOO RMS), request and plot URLs."""
+        return self.request("GET", f"/fits/{fit_id}")
+
+    def create_fit(self, law: str, kind: Kind, sweep_ids: list[str] | None = None,
+                   rows: list[dict[str, Any]] | None = None, fixed: Mapping[str, float] | None = None,
+                   bootstrap: int = 0) -> dict[str, Any]:
+        """Fit ``law`` on the sweeps' observations of ``kind``, or on inline ``rows``; the stored fit."""
+        body = {"law": law, "kind": kind, "sweep_ids": sweep_ids or [], "rows": rows, "fixed": dict(fixed or {}),
+                "bootstrap": bootstrap}
+        return self.request("POST", "/fits", json=body)
+
+    def decide(self, n1: float, d1: float, d2: float, moe_fit: str | None = None,
+               upcycled_fit: str | None = None) -> dict[str, Any]:
+        """Upcycle or train from scratch, from two stored fits (default: the newest scratch and upcycled ones)."""
+        params = {"n1": n1, "d1": d1, "d2": d2, "moe_fit": moe_fit, "upcycled_fit": upcycled_fit}
+        return self.request("GET", "/decisions/upcycle", params={k: v for k, v in params.items() if v is not None})
+
+    # -- refits ------------------------------------------------------------------------------------------------
+
+    def refit_schedules(self, include_deleted: bool = False) -> list[dict[str, Any]]:
+        """Refit schedules (active ones unless ``include_deleted``)."""
+        return self.request("GET", "/refit-schedules", params={"all": include_deleted})
+
+    def create_refit_schedule(self, name: str, request: Mapping[str, Any], trigger: str = "on_new_observations",
+                              cron: str | None = None) -> dict[str, Any]:
+        """Refit ``request`` ({sweep_ids, laws: {kind: law}, ...}) on a cron or whenever observations change."""
+        return self.request("POST", "/refit-schedules",
+                            json={"name": name, "trigger": trigger, "cron": cron, "request": dict(request)})
+
+    def delete_refit_schedule(self, schedule_id: str) -> None:
+        """Stop a schedule; its refits are kept."""
+        self.request("DELETE", f"/refit-schedules/{schedule_id}")
+
+    def run_refit(self, schedule_id: str) -> dict[str, Any]:
+        """Refit now: the new version with its fits, D* and whether D* left the previous interval."""
+        return self.request("POST", f"/refit-schedules/{schedule_id}/run")
+
+    def refits(self, schedule_id: str | None = None) -> list[dict[str, Any]]:
+        """Every refit version (of one schedule with ``schedule_id``)."""
+        return self.request("GET", "/refits", params={"schedule_id": schedule_id} if schedule_id else {})
