@@ -59,7 +59,7 @@ def fit_scratch(tables: dict[str, pd.DataFrame], n_boot: int) -> ScratchFit:
     from upscale.fitting.errors import FitError
     from upscale.fitting.fit import fit_shared
     from upscale.fitting.laws import get_law
-    from upscale.fitting.summary import FittedLaw, report
+    from upscale.fitting.summary import FittedLaw, report, report_steps
 
     chin = get_law("chinchilla")
     try:
@@ -68,7 +68,7 @@ def fit_scratch(tables: dict[str, pd.DataFrame], n_boot: int) -> ScratchFit:
     except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
         E = chin.param("E").bounds[0]
         note = f"E is not identified by this grid ({e}); fixed at {E:g}, the low end of its plausible range"
-    with progress_bar(n_boot, "bootstrap (from scratch)") as advance:
+    with progress_bar(report_steps(tables["moe"], n_boot), "LOO, bootstrap (from scratch)") as advance:
         rep, boot = report(chin, tables["moe"], {"E": E}, n_boot, workers=workers_for(n_boot), progress=advance)
     return ScratchFit(E, note, rep, FittedLaw(chin, rep["params"], boot.samples if boot else None))
 
@@ -86,10 +86,10 @@ def fit_demo(scratch: ScratchFit, upcycled: pd.DataFrame, out_dir: Path, n1s: li
     from upscale.fitting.dstar import crossings, decide, dstar_results, dstar_samples
     from upscale.fitting.errors import FitError
     from upscale.fitting.laws import get_law
-    from upscale.fitting.summary import FittedLaw, report
+    from upscale.fitting.summary import FittedLaw, report, report_steps
 
     joint, moe, E = get_law("joint"), scratch.law, scratch.E
-    with progress_bar(n_boot, "bootstrap (upcycled)") as advance:
+    with progress_bar(report_steps(upcycled, n_boot), "LOO, bootstrap (upcycled)") as advance:
         up_rep, up_boot = report(joint, upcycled, {"E": E}, n_boot, workers=workers_for(n_boot), progress=advance)
     up = FittedLaw(joint, up_rep["params"], up_boot.samples if up_boot else None)
     dstar = dstar_results(moe, up, list(n1s), (min(n1s) / 10, max(n1s) * 10))
