@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Column
 from rich.text import Text
 
 from upscale.api.cli.app import err_console
@@ -42,8 +43,7 @@ class _TimeLeft(ProgressColumn):
         if f.get("planned_s") is None or task.finished:
             return Text("")
         left = eta_s(f["planned_s"], f["planned_done_s"], time.monotonic() - f["started"])
-        basis = "plan" if f["planned_done_s"] <= 0 else "measured"
-        return Text(f"ETA {timedelta(seconds=round(left))} ({basis})", style="progress.remaining")
+        return Text(f"ETA {timedelta(seconds=round(left))}", style="progress.remaining")
 
 
 class SweepBar:
@@ -95,8 +95,11 @@ def _count(n: float) -> str:
 @contextmanager
 def sweep_bar(spec: SweepSpec | None, label: str, transient: bool = False) -> Iterator[SweepBar]:
     """A live `SweepBar` on stderr; ``spec`` (None: unknown) gives the plan for the tokens and the time left."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tokens]}"),
-               TimeElapsedColumn(), _TimeLeft(), TextColumn("{task.fields[note]}"))
+    fixed = Column(no_wrap=True)
+    columns = (TextColumn("{task.description}", table_column=fixed), BarColumn(bar_width=20), MofNCompleteColumn(),
+               TextColumn("{task.fields[tokens]}", table_column=fixed), TimeElapsedColumn(),
+               _TimeLeft(table_column=fixed),  # the scheduler's last event, cut to what the terminal leaves
+               TextColumn("{task.fields[note]}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=48)))
     with Progress(*columns, console=err_console, transient=transient) as bar:
         yield SweepBar(bar, spec, label)
 
