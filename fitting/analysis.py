@@ -22,7 +22,7 @@ from upscale.fitting.dstar import decide, dstar_results
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import fit_shared, split_shared
 from upscale.fitting.laws import Law, get_law
-from upscale.fitting.summary import FittedLaw, clean, fitted_law, group_keys, report
+from upscale.fitting.summary import FittedLaw, clean, fitted_law, group_keys, report, report_steps
 
 TABLES = ("dense", "scratch", "upcycled")  # the store's observation kinds
 GROUP_COLUMNS = ("method", "r")  # an upcycled table is fitted once per upcycling method and drop ratio
@@ -167,13 +167,13 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
     if shared:
         shared(1)
     moe = fit_law("chinchilla", scratch, {"E": E}, bootstrap, seed, workers,
-                  stage("bootstrap (from scratch)", bootstrap))
+                  stage("LOO, bootstrap (from scratch)", report_steps(scratch, bootstrap)))
     out = []
     for group, rows in groups:
         where = f" {group_label(group)}" if group else ""
         try:
-            up = fit_law("joint", rows, {"E": E}, bootstrap, seed, workers, stage(f"bootstrap (upcycled{where})",
-                                                                                  bootstrap))
+            up = fit_law("joint", rows, {"E": E}, bootstrap, seed, workers,
+                         stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)))
         except FitError as e:
             raise FitError(f"upcycled{where}: {e}") from None
         advance = stage(f"D* (upcycled{where})", 1)

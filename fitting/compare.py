@@ -8,6 +8,7 @@ AIC/BIC use the Gaussian likelihood of the log residuals: n·log(RSS/n) + 2k and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -44,14 +45,18 @@ class Comparison:
         return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
-def loo_rms(problem: Problem, best: StartResult, options: FitOptions) -> float:
-    """RMS over rows of (prediction of the row from a fit without it) − observed, in loss units."""
+def loo_rms(problem: Problem, best: StartResult, options: FitOptions,
+            progress: Callable[[int], None] | None = None) -> float:
+    """RMS over rows of (prediction of the row from a fit without it) − observed, in loss units; ``progress(1)`` is
+    told of every refit."""
     errors = np.empty(problem.n)
     everything = np.arange(problem.n)
     for i in everything:
         t = refit_theta(problem.subset(np.delete(everything, i)), best, options)
         if t is None:
             raise FitError(f"the leave-one-out refit without row {i + 1} did not converge; loo_rms is not reported")
+        if progress:
+            progress(1)
         row = problem.subset(np.array([i]))
         errors[i] = np.exp(row.log_predict(t)[0]) - np.exp(row.y[0])
     return float(np.sqrt(np.mean(errors**2)))
@@ -82,24 +87,38 @@ def information_criteria(problem: Problem, theta: np.ndarray) -> tuple[float, fl
 
 
 def assess(law: Law, df: pd.DataFrame, result: FitResult, options: FitOptions | None = None, *,
-           prepared: tuple[Problem, pd.DataFrame] | None = None) -> Comparison:
+           prepared: tuple[Problem, pd.DataFrame] | None = None,
+           progress: Callable[[int], None] | None = None) -> Comparison:
     """The comparison row of an existing fit of ``law`` to ``df``; ``prepared``: what ``prepare`` returned for this
-    fit (law, df, result.fixed, options), if the caller has it."""
+    fit (law, df, result.fixed, options), if the caller has it. ``progress(1)`` is told of each LOO refit and of the
+    extrapolation fit."""
     options = options or FitOptions()
     problem, table = prepared or prepare(law, df, result.fixed, options)
     theta = np.array(result.theta)
     aic, bic = information_criteria(problem, theta)
-    return Comparison(law.name, problem.n, len(problem.names), result.objective, loo_rms(problem, result.best, options),
-                      extrapolation_rms(law, table, problem, options), aic, bic)
+    loo = loo_rms(problem, result.best, options, progress)
+    extrapolation = extrapolation_rms(law, table, problem, options)
+    if progress:
+        progress(1)
+    return Comparison(law.name, problem.n, len(problem.names), result.objective, loo, extrapolation, aic, bic)
+
+
+def compare_steps(laws: list[Law], df: pd.DataFrame) -> int:
+    """How many ``progress(1)`` calls ``compare`` makes: per law its fit, one LOO refit a row, the extrapolation fit."""
+    return len(laws) * (len(df) + 2)
 
 
 def compare(laws: list[Law], df: pd.DataFrame, fixed: dict[str, float] | None = None,
-            options: FitOptions | None = None) -> list[Comparison]:
-    """Fit every law to the same table and assess it; rows in the order given."""
+            options: FitOptions | None = None, progress: Callable[[int], None] | None = None) -> list[Comparison]:
+    """Fit every law to the same table and assess it; rows in the order given. ``progress(1)`` is told of every fit
+    (``compare_steps`` of them)."""
     options = options or FitOptions()
     rows = []
     for law in laws:
         own = {k: v for k, v in (fixed or {}).items() if k in law.param_names}
         prepared = prepare(law, df, own, options)
-        rows.append(assess(law, df, fit_problem(law, *prepared, own, options), options, prepared=prepared))
+        result = fit_problem(law, *prepared, own, options)
+        if progress:
+            progress(1)
+        rows.append(assess(law, df, result, options, prepared=prepared, progress=progress))
     return rows

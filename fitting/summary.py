@@ -59,7 +59,8 @@ def clean(x: Any) -> Any:
 def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
            options: FitOptions | None = None, workers: int = 1,
            progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
-    """Fit, LOO and (if ``n_boot``) bootstrap ``law`` on ``df``: the JSON report and the bootstrap."""
+    """Fit, LOO and (if ``n_boot``) bootstrap ``law`` on ``df``: the JSON report and the bootstrap.
+    ``progress(k)`` is told of every k refits done, ``report_steps`` of them (bootstrap and LOO)."""
     options = options or FitOptions()
     problem, table = prepare(law, df, fixed, options)  # built once: the fit, its LOO and its bootstrap share it
     result = fit_problem(law, problem, table, fixed, options)
@@ -70,7 +71,7 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
         "objective": result.objective,
         "converged": result.converged,
         "n_points": result.n_points,
-        "loo_rms": loo_rms(problem, result.best, options),
+        "loo_rms": loo_rms(problem, result.best, options, progress),
         "ci": {k: [finite_or_none(lo), finite_or_none(hi)] for k, (lo, hi) in boot.ci().items()
                if k not in result.fixed} if boot else {},
         "fixed": result.fixed,
@@ -80,6 +81,11 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
     if boot is not None:
         out["bootstrap"] = boot.to_json()
     return out, boot
+
+
+def report_steps(df: pd.DataFrame, n_boot: int) -> int:
+    """How many refits ``report`` tells its ``progress`` of: the bootstrap's and one LOO refit a row."""
+    return n_boot + len(df)
 
 
 def group_keys(df: pd.DataFrame, by: list[str]) -> list[tuple[dict[str, Any], pd.DataFrame]]:

@@ -24,6 +24,7 @@ from datetime import timedelta
 
 import ray
 
+from upscale.orchestrator import verbosity
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
@@ -46,6 +47,7 @@ class Progress:
     failed: int = 0
     trained: int = 0
     message: str = ""
+    done_keys: frozenset[str] = frozenset()  # the segments done, for the CLI's tokens and time left
 
 
 @dataclass
@@ -64,13 +66,15 @@ class SweepOutcome:
 def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
     """Connect to RAY_ADDRESS, or start embedded local Ray, once per process.
 
-    Workers' output stays in Ray's session logs (log_to_driver=False): the CLI's stdout carries only its results
-    (`upscale run --json`), and a failure reaches the store through the task's exception."""
+    Unless verbose (`upscale -v`), Ray's banners are off and workers' output stays in Ray's session logs
+    (log_to_driver=False): the CLI's stdout carries only its results (`upscale run --json`), and a failure reaches
+    the store through the task's exception."""
     if not ray.is_initialized():
         local = settings.ray_address is None
         # "local" always starts a fresh embedded instance; address=None would join any Ray started on this host.
         ray.init(address=settings.ray_address or "local", num_cpus=num_cpus if local else None,
-                 include_dashboard=False, configure_logging=False, log_to_driver=False)
+                 include_dashboard=False, logging_level=verbosity.ray_logging_level(),
+                 log_to_driver=verbosity.is_verbose())
 
 
 def owner_id() -> str:
@@ -286,7 +290,8 @@ class Scheduler:
     def _progress(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> Progress:
         statuses = [s.status for s in segs.values()]
         p = Progress(total=len(segs), done=statuses.count("done"), running=statuses.count("running"),
-                     failed=statuses.count("failed"), trained=len(out.trained))
+                     failed=statuses.count("failed"), trained=len(out.trained),
+                     done_keys=frozenset(k for k, s in segs.items() if s.status == "done"))
         self._report(p)
         return p
 

@@ -265,3 +265,12 @@ def critical_path_s(p: Plan, seconds: dict[str, float]) -> float:
     for s in p.segments:
         finish[s.id] = seconds[s.id] + max((finish[q] for q in s.spec.parent_ids), default=0.0)
     return max(finish.values(), default=0.0)
+
+
+def eta_s(planned_s: float, planned_done_s: float, elapsed_s: float) -> float:
+    """Seconds left of a run whose segments the plan estimates at ``planned_s`` in all, of which segments estimated at
+    ``planned_done_s`` have finished ``elapsed_s`` seconds after the start: the plan's figure counted down until a
+    segment finishes, then the plan's remainder at the pace measured so far (elapsed seconds per planned second)."""
+    if planned_done_s <= 0:
+        return max(planned_s - elapsed_s, 0.0)
+    return max(planned_s - planned_done_s, 0.0) * elapsed_s / planned_done_s

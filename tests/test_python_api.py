@@ -75,7 +75,10 @@ def test_analyze_gives_dstar_per_upcycling_method() -> None:
         assert len(u.decisions) == 2  # the grid's smallest and biggest cases, by default
     worse, plain = (u.dstar["results"][0]["dstar"] for u in analysis.upcycled)
     assert worse < plain  # a 1% worse upcycled loss is caught up with sooner
-    assert ("bootstrap (upcycled naive)", 10, 10) in stages and stages[0][0].startswith("shared E")
+    steps = 10 + len(naive)  # the bootstrap's refits and one LOO refit a row: every stage reaches its total
+    assert ("LOO, bootstrap (upcycled naive)", steps, steps) in stages and stages[0][0].startswith("shared E")
+    last = {name: (done, total) for name, done, total in stages}
+    assert all(done == total for done, total in last.values()), last
     back = upscale.Analysis.from_json(json.loads(json.dumps(analysis.to_json())))
     assert back.upcycled[1].fit.params == analysis.upcycled[1].fit.params and back.E == analysis.E
     assert upscale.dstar(back.scratch, back.upcycled[1].fit, 1e9)["results"][0]["dstar"] == pytest.approx(plain)

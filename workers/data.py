@@ -21,7 +21,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from upscale.workers.errors import WorkerError
 BUILTIN_STDLIB = "builtin:python-stdlib"
 CACHE_VERSION = 1
 BYTE_VOCAB = 256
+ENCODE_CHUNK = 512  # documents per encode call: the grain of load_tokens' progress
 
 
 def upscale_home() -> Path:
@@ -206,15 +207,21 @@ class TokenData:
         return self._windows(np.random.default_rng([seed, 0, 1]), max(1, n_tokens // context), context)
 
 
-def load_tokens(data: DataSpec, context: int, cache_dir: Path | None = None) -> TokenData:
-    """Tokenise the corpus once (cached by corpus + tokeniser + split) and memory-map the arrays."""
+def load_tokens(data: DataSpec, context: int, cache_dir: Path | None = None,
+                progress: Callable[[int, int], None] | None = None) -> TokenData:
+    """Tokenise the corpus once (cached by corpus + tokeniser + split) and memory-map the arrays.
+
+    ``progress(documents encoded, documents)`` is told only when the cache is built: (0, 0) first (a BPE tokeniser may
+    be trained then), then after every chunk of documents encoded."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     fingerprint = corpus_fingerprint(data)
     key_src = json.dumps([CACHE_VERSION, fingerprint, data.tokenizer,
                           data.bpe_vocab_size if data.tokenizer == "bpe" else 0, data.eval_tokens, data.data_seed])
     out = cache_dir / hashlib.sha256(key_src.encode()).hexdigest()[:16]
     if not (out / "meta.json").exists():  # the tokeniser is needed (and a BPE trained) only to build the cache
-        _build_cache(data, get_tokenizer(data, cache_dir, fingerprint), out, key_src)
+        if progress:
+            progress(0, 0)
+        _build_cache(data, get_tokenizer(data, cache_dir, fingerprint), out, key_src, progress)
     meta = json.loads((out / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
     train = np.memmap(out / "train.bin", dtype=dtype, mode="r")
@@ -225,11 +232,16 @@ def load_tokens(data: DataSpec, context: int, cache_dir: Path | None = None) -> 
     return TokenData(train=train, val=val, vocab_size=meta["vocab_size"], cache_dir=out)
 
 
-def _build_cache(data: DataSpec, tok: Tokenizer, out: Path, key_src: str) -> None:
+def _build_cache(data: DataSpec, tok: Tokenizer, out: Path, key_src: str,
+                 progress: Callable[[int, int], None] | None) -> None:
     docs = list(iter_documents(data))
     if not docs:
         raise WorkerError(f"corpus {data.corpus!r} contains no text")
-    ids = tok.encode(docs)
+    ids: list[np.ndarray] = []
+    for start in range(0, len(docs), ENCODE_CHUNK):
+        ids += tok.encode(docs[start:start + ENCODE_CHUNK])
+        if progress:
+            progress(len(ids), len(docs))
     order = np.random.default_rng([data.data_seed, 1]).permutation(len(ids))
     val_ids, n_val = [], 0
     for i in order:  # whole documents into validation until it holds eval_tokens + 1

@@ -8,8 +8,11 @@ can call it without coordinating. The first call on a fresh machine JIT-builds D
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
+import sys
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -31,3 +34,30 @@ def init_single_process(backend: str = "gloo") -> None:
     for k, v in env.items():
         os.environ.setdefault(k, v)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+# The op DeepSpeed's CPU accelerator JIT-compiles (C++, minutes) the first time a process initialises its
+# distributed backend; torch's cpp_extension caches the build, so it happens once per machine and Python/torch build.
+SHM_OP = "deepspeed_shm_comm"
+
+
+def pending_op_build() -> Path | None:
+    """The folder where DeepSpeed will compile its shared-memory op at the next start of training, if it has not been
+    compiled yet; None when it has, or when nothing will be (a CUDA machine, not Linux, an install with ops built)."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    accelerator = os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
+    deepspeed = importlib.util.find_spec("deepspeed")
+    if sys.platform != "linux" or accelerator != "cpu" or deepspeed is None or deepspeed.origin is None:
+        return None
+    if any((Path(deepspeed.origin).parent / "ops" / "comm").glob(f"{SHM_OP}_op*.so")):  # built at install time
+        return None
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:  # torch.utils.cpp_extension's layout: <cache>/py<version>_<accelerator>/<name>
+        gpu = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip else
+               f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
+        root = str(Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}"
+                   f"{getattr(sys, 'abiflags', '')}_{gpu}")
+    folder = Path(root) / SHM_OP
+    return None if (folder / f"{SHM_OP}.so").exists() else folder

@@ -15,11 +15,13 @@ import errno
 import sys
 from typing import Annotated
 
+import rich.console
 import typer
-from rich.console import Console
+from rich.measure import Measurement
 from rich.text import Text
 
 from upscale.client import ApiError
+from upscale.orchestrator import verbosity
 
 app = typer.Typer(
     name="upscale",
@@ -28,6 +30,28 @@ app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion
     pretty_exceptions_show_locals=False,
 )
+# How wide piped output may grow; a bound only so that a pathological line cannot make rich allocate without end.
+PIPED_MAX_WIDTH = 10_000
+
+
+class Console(rich.console.Console):
+    """rich's console, except that piped or redirected output is printed at its natural width: rich would cut
+    tables (with "…") and wrap lines at 80 columns, which breaks `upscale ... | grep` and files."""
+
+    def print(self, *objects, **kwargs) -> None:  # type: ignore[override]
+        if self.is_terminal or not objects or kwargs.get("width") is not None:
+            super().print(*objects, **kwargs)
+            return
+        options = self.options.update(max_width=PIPED_MAX_WIDTH)
+        natural = max(Measurement.get(self, options, self.render_str(o) if isinstance(o, str) else o).maximum
+                      for o in objects)
+        width, self.width = self.width, max(self.width, natural)
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self.width = width
+
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -78,8 +102,11 @@ def _print_version(value: bool) -> None:
 def root(
     version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's, DeepSpeed's and MLflow's own logs and "
+                                          "banners (off by default).")] = False,
 ) -> None:
     """The options every command shares; the app's help is the Typer's."""
+    verbosity.configure(verbose)
 
 
 def _fail(message: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
 from upscale.api.cli.app import app, console, err_console, register_user_error
@@ -60,14 +61,14 @@ def workers_for(n_boot: int) -> int:
 
 @contextmanager
 def progress_bar(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
-    """A rich progress bar on stderr (so --json stdout stays clean); yields the advance callback."""
+    """A rich progress bar with the time left on stderr (so --json stdout stays clean); yields the advance
+    callback."""
     if total <= 0:
         yield None
         return
-    from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda k: bar.advance(task, k)
 
@@ -125,14 +126,15 @@ def fit_command(
     """Fit a law to a table with summed Huber/BFGS; LOO RMS always, percentile intervals with --bootstrap."""
     from upscale.fitting.data import read_table
     from upscale.fitting.laws import get_law
-    from upscale.fitting.summary import group_keys, grouped_report, report
+    from upscale.fitting.summary import group_keys, grouped_report, report, report_steps
 
     the_law = get_law(law)
     fixed = parse_fixed(fix or [])
     df = read_table(data)
     cols = [c.strip() for c in by.split(",") if c.strip()] if by else []
     n_groups = len(group_keys(df, cols)) if cols else 1
-    with progress_bar(bootstrap * n_groups, "bootstrap") as advance:
+    with progress_bar(report_steps(df, bootstrap * n_groups), "fit, LOO" + (", bootstrap" if bootstrap else "")) \
+            as advance:
         w = workers_for(bootstrap)
         if cols:
             out = grouped_report(the_law, df, cols, fixed, bootstrap, workers=w, progress=advance)
@@ -161,14 +163,16 @@ def compare_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Several laws on one table: LOO RMS and extrapolation error (loss units), AIC, BIC."""
-    from upscale.fitting.compare import compare
+    from upscale.fitting.compare import compare, compare_steps
     from upscale.fitting.data import read_table
     from upscale.fitting.laws import get_law
 
     the_laws = [get_law(n.strip()) for n in laws.split(",") if n.strip()]
     if not the_laws:
         raise FitError("--laws is empty; give comma-separated names from `upscale laws`")
-    rows = compare(the_laws, read_table(data))
+    df = read_table(data)
+    with progress_bar(compare_steps(the_laws, df), "fit, LOO and extrapolation per law") as advance:
+        rows = compare(the_laws, df, progress=advance)
     if as_json:
         print_json({"results": [r.to_json() for r in rows]})
         return

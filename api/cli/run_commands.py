@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from upscale.api.cli.app import app, console, err_console, register_user_error
+from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
 from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_client
 from upscale.orchestrator.errors import OrchestratorError
 
@@ -56,18 +56,11 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
                           f"{'returning' if existing.status == 'done' else 'resuming'} it; --new records another")
         if existing.status == "done":  # nothing to train: no Ray, no scheduler
             return orch, SweepOutcome(existing.id, "done")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[note]}"), console=err_console, transient=transient) as bar:
-        task = bar.add_task(f"sweep {sweep_spec.name}", total=None, note="starting Ray")
-
-        def show(p) -> None:
-            if p.message:
-                bar.update(task, note=p.message)
-            else:
-                bar.update(task, total=p.total, completed=p.done)
-
+    start_ray(orch.settings)
+    prepare_training(sweep_spec, orch.settings)
+    with sweep_bar(sweep_spec, f"sweep {sweep_spec.name}", transient=transient) as bar:
         scheduler = Scheduler(orch.store, orch.settings, max_concurrent=max_concurrent, max_attempts=max_attempts,
-                              on_progress=show)
+                              on_progress=bar.show)
         out = orch.run(sweep_spec, scheduler, sweep_id=existing.id if existing else None)
     if out.status != "done":
         sweep = orch.store.sweep(out.sweep_id)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from upscale.api.cli.app import CommandError, app, console, err_console
@@ -61,12 +60,12 @@ def serve_command(
     import uvicorn
 
     from upscale.api.app import create_app
-    from upscale.orchestrator.scheduler import ensure_ray
+    from upscale.api.cli.progress import start_ray
     from upscale.orchestrator.settings import get_settings
 
     settings = get_settings()
     if not no_scheduler:
-        ensure_ray(settings)  # from the main thread: Ray installs signal handlers
+        start_ray(settings)  # from the main thread: Ray installs signal handlers
     uvicorn.run(create_app(settings, scheduler=not no_scheduler, refit_tick_s=refit_tick_s), host=host, port=port)
 
 
@@ -76,13 +75,13 @@ def scheduler_command(
 ) -> None:
     """Only the background work of `upscale serve`: train pending sweeps and fire refit schedules, until Ctrl-C."""
     from upscale.api.background import SweepLoop
+    from upscale.api.cli.progress import start_ray
     from upscale.api.refits import RefitLoop
     from upscale.api.services import Services
-    from upscale.orchestrator.scheduler import ensure_ray
     from upscale.orchestrator.settings import get_settings
 
     services = Services.open(get_settings())
-    ensure_ray(services.settings)
+    start_ray(services.settings)
     loops = (SweepLoop(services), RefitLoop(services, tick_s=refit_tick_s))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -134,26 +133,29 @@ def submit_command(
         console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
                       f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
         if wait:
-            _wait(c, out["id"], remote=api is not None)
+            _wait(c, out["id"], remote=api is not None, spec=spec)
 
 
-def _wait(client: Client, sweep_id: str, remote: bool) -> None:
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[note]}"), console=err_console) as bar:
-        task = bar.add_task(f"sweep {sweep_id}", total=None, note="")
+def _wait(client: Client, sweep_id: str, remote: bool, spec: Path) -> None:
+    from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
+    from upscale.sweeps.spec import load_spec
+
+    sweep_spec = load_spec(spec)  # the plan the server made of it: tokens and the time left on the bar
+    if not remote:
+        start_ray(client.http.app.state.services.settings)
+        prepare_training(sweep_spec, client.http.app.state.services.settings)
+    with sweep_bar(sweep_spec, f"sweep {sweep_id}") as bar:
         if not remote:  # nobody else trains it: run the orchestrator's scheduler here, on the same store
             from upscale.orchestrator.scheduler import Scheduler
 
             services = client.http.app.state.services
-
-            def show(p) -> None:
-                bar.update(task, note=p.message) if p.message else bar.update(task, total=p.total, completed=p.done)
-
-            Scheduler(services.store, services.settings, on_progress=show).run(sweep_id)
-        while (d := client.sweep(sweep_id))["status"] not in FINAL:
-            bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
+            Scheduler(services.store, services.settings, on_progress=bar.show).run(sweep_id)
+        while True:
+            d = client.sweep(sweep_id)
+            bar.update({s["key"] for s in d["segments"] if s["status"] == "done"}, d["segments_total"], d["status"])
+            if d["status"] in FINAL:
+                break
             time.sleep(2.0)
-        bar.update(task, total=d["segments_total"], completed=d["segments_done"], note=d["status"])
     if d["status"] != "done":
         raise CommandError(f"sweep {sweep_id} {d['status']}: {d['error'] or 'stopped'}")
 
