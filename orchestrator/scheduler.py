@@ -24,6 +24,7 @@ from datetime import timedelta
 
 import ray
 
+from upscale import storage
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
@@ -32,7 +33,6 @@ from upscale.orchestrator.store import Store
 from upscale.orchestrator.task import SegmentFn, pid_alive, read_result, run_segment_task, train_segment, worker_running
 from upscale.orchestrator.tracking import RunTree, segment_tags
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.workers import storage
 from upscale.workers.errors import WorkerError
 
 
@@ -233,8 +233,9 @@ class Scheduler:
             result = SegmentResult.model_validate(ray.get(ref))
         except Exception as e:  # the worker's exception, re-raised by ray.get as a RayTaskError
             error = _one_line(e)
-            # A WorkerError is a bad value (spec, checkpoint, NaN loss): the same attempt would fail the same way.
-            retry = not isinstance(getattr(e, "cause", None), WorkerError)
+            # A WorkerError or StorageError is a bad value (spec, checkpoint, NaN loss, a location nothing can open):
+            # the same attempt would fail the same way.
+            retry = not isinstance(getattr(e, "cause", None), (WorkerError, storage.StorageError))
             status = self.store.fail(key, attempt, error, self.max_attempts, retry=retry)
             if status == "pending":
                 out.retried += 1

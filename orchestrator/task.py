@@ -4,7 +4,7 @@ Two files let a restarted scheduler *adopt* work its dead predecessor started in
 `worker.json` (host and pid of the process running the segment, present only while it runs) and `result.json`
 (written atomically after the segment function returns, so its presence means the segment is complete). An embedded
 Ray worker can outlive its killed driver for a while and finish its task; these files make that harmless. Both go
-through `workers.storage`, so a segment folder may be a path or a URI.
+through `upscale.storage`, so a segment folder may be a path or a URI.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import ray
 
+from upscale import storage
 from upscale.orchestrator.worker_group import run_worker_group
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.workers import storage
 
 SegmentFn = Callable[[SegmentSpec, SegmentRuntime], SegmentResult]
 RESULT_FILE = "result.json"

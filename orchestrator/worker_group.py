@@ -10,8 +10,8 @@ a scheduler restart works the same way.
 
 from __future__ import annotations
 
+from upscale.storage import SegmentFolder
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.workers.storage import SegmentFolder
 
 
 def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> SegmentResult:
@@ -31,7 +31,7 @@ def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key
             finish_attempt(result, spec, runtime, key)
 
     # Ray Train's own run files (no checkpoints: retries are the scheduler's) stay on local disk: for a URI
-    # checkpoint root, in its staging folder (workers/storage.py); Ray Train cannot write every fsspec protocol
+    # checkpoint root, in its staging folder (upscale/storage.py); Ray Train cannot write every fsspec protocol
     ray_train_dir = SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir).local / "ray-train"
     gpu = runtime.device.startswith("cuda")
     per_worker = {"CPU": runtime.num_threads, **({"GPU": 1} if gpu else {})}

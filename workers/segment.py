@@ -15,7 +15,7 @@ orchestrator's (an Optuna study whose trials are ordinary segments run here); it
 children before calling this function.
 
 Checkpoint locations (`runtime.checkpoint_dir`, parent checkpoints, the result's) are local paths or fsspec URIs:
-`workers.storage` stages a URI on local disk for DeepSpeed, publishes each checkpoint as soon as it is saved, and
+`upscale.storage` stages a URI on local disk for DeepSpeed, publishes each checkpoint as soon as it is saved, and
 fetches parents.
 """
 
@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
+from upscale import storage
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.workers import checkpoints, storage
+from upscale.workers import checkpoints
 from upscale.workers.data import TokenData, load_tokens
 from upscale.workers.engine import NonFiniteLoss, build_engine, train_step
 from upscale.workers.errors import WorkerError

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from upscale import storage
 from upscale.orchestrator.gc import collect_garbage
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
@@ -26,7 +27,6 @@ from upscale.orchestrator.task import RESULT_FILE, WORKER_FILE, read_result, wor
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import LrSearchSpec, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.sweeps.spec import load_spec
-from upscale.workers import storage
 
 URI_SPEC = """
 name: uri-root
