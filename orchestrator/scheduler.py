@@ -25,12 +25,13 @@ from datetime import timedelta
 import ray
 
 from upscale import storage
+from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_running
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
-from upscale.orchestrator.task import SegmentFn, pid_alive, read_result, run_segment_task, train_segment, worker_running
+from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
 from upscale.orchestrator.tracking import RunTree, segment_tags
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers.errors import WorkerError

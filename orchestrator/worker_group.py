@@ -4,12 +4,13 @@
 (`resources_per_worker` from the sweep, PACK placement, on any node of the cluster), starts the gloo (CPU) or NCCL
 (GPU) process group DeepSpeed then runs on, and reports worker failures. Retries are the scheduler's, not Ray
 Train's (`max_failures=0`): a failed group is one failed attempt, retried like any other from the segment's last
-checkpoint. Rank 0 leaves the result file a single-process attempt leaves (orchestrator/task.py), so adoption after
-a scheduler restart works the same way.
+checkpoint. Rank 0 leaves the result file a single-process attempt leaves (orchestrator/attempt_files.py), so
+adoption after a scheduler restart works the same way.
 """
 
 from __future__ import annotations
 
+from upscale.orchestrator.attempt_files import finish_attempt, read_result
 from upscale.storage import SegmentFolder
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 
@@ -20,8 +21,6 @@ def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key
     WorkerError (a bad value: retrying cannot help) stays one."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
-
-    from upscale.orchestrator.task import finish_attempt, read_result  # task.py imports this module
 
     def loop() -> None:  # runs on every worker; the closure ships the spec and runtime to them
         import ray.train
