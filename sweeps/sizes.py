@@ -14,29 +14,7 @@ weights counted, router counted in the MoE), which reproduce Table 3 to the para
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A decoder shape: layers, width, heads (d_ff = ffn_mult·d_model, as the paper's 4·d_model)."""
-
-    n_layer: int
-    d_model: int
-    n_head: int
-    ffn_mult: int = 4
-
-    def __post_init__(self) -> None:
-        for name in ("n_layer", "d_model", "n_head", "ffn_mult"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-
-    @property
-    def d_ff(self) -> int:
-        return self.ffn_mult * self.d_model
-
+from upscale.sweeps.segments import Shape
 
 # The paper's Table 3 (n_layer, d_model, n_head), then CPU-sized shapes for tests and the demo.
 NAMED_SIZES: dict[str, Shape] = {

@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from upscale.sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, UpcycleSpec
-from upscale.sweeps.sizes import NAMED_SIZES, Shape
+from upscale.sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, Shape, UpcycleSpec
+from upscale.sweeps.sizes import NAMED_SIZES
 
 # Methods whose identity varies with the `r` axis (METHODS.md: Drop-Upcycling's re-initialised fraction). Others
 # ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.
@@ -64,19 +64,10 @@ def _budget_list_problems(name: str, values: Sequence[float]) -> list[Problem]:
     return out
 
 
-class ShapeEntry(Frozen):
+class ShapeEntry(Shape):
     """An explicit decoder shape, for sizes not in the named table."""
 
     name: str | None = Field(None, description="Label used in tags and `per_size`; default L{n_layer}-d{d_model}.")
-    n_layer: int = Field(ge=1)
-    d_model: int = Field(ge=1)
-    n_head: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> ShapeEntry:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        return self
 
     @property
     def label(self) -> str:
@@ -117,7 +108,7 @@ class ModelSection(Frozen):
     def shapes(self) -> dict[str, Shape]:
         """Size label -> shape, in the order given."""
         return {s if isinstance(s, str) else s.label:
-                NAMED_SIZES[s] if isinstance(s, str) else Shape(s.n_layer, s.d_model, s.n_head) for s in self.sizes}
+                NAMED_SIZES[s] if isinstance(s, str) else s.shape for s in self.sizes}
 
 
 class MoeSection(Frozen):
