@@ -34,6 +34,7 @@ from upscale.orchestrator.store import Store
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
 from upscale.orchestrator.tracking import RunTree, segment_tags
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.sweeps.spec import ResourcesSection
 from upscale.workers.errors import WorkerError
 
 
@@ -184,8 +185,8 @@ class Scheduler:
 
     def _slots(self, sweep: SweepRecord) -> int:
         """Default concurrency: as many segments as the cluster's CPUs (and GPUs) hold at once."""
-        cpus = float(sweep.resources.get("cpus", 1)) * int(sweep.resources.get("workers", 1))
-        gpus = float(sweep.resources.get("gpus", 0)) * int(sweep.resources.get("workers", 1))
+        res = ResourcesSection.model_validate(sweep.resources)
+        cpus, gpus = res.cpus * res.workers, res.gpus * res.workers
         have = ray.cluster_resources()
         slots = int(have.get("CPU", 1) // cpus)
         if gpus:
@@ -202,22 +203,22 @@ class Scheduler:
             run_id = self.tracker.start_segment(sweep.mlflow_run_id, seg.key, seg.kind, axes)
             self.store.set_segment_run(seg.key, run_id)
             seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
-        res = sweep.resources
+        res = ResourcesSection.model_validate(sweep.resources)
         # Upcycles do not train and an LR search's trials are short single-process runs: one worker each.
-        workers = 1 if spec.kind in ("upcycle", "lr_search") else int(res.get("workers", 1))
+        workers = 1 if spec.kind in ("upcycle", "lr_search") else res.workers
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))
                                 for p in spec.parent_ids},
             mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=segment_tags(axes),
-            num_threads=max(1, math.floor(res.get("cpus", 1))), workers=workers,
-            device="cuda" if res.get("gpus", 0) else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
+            num_threads=max(1, math.floor(res.cpus)), workers=workers,
+            device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
             data_cache_dir=str(self.settings.home / "data"),
         )
         self._report_msg(f"start {seg.kind} {seg.key}")
         # A multi-worker task only drives its Ray Train group, whose workers hold the CPUs and GPUs.
         options = ({"num_cpus": 0} if workers > 1 else
-                   {"num_cpus": float(res.get("cpus", 1)), "num_gpus": float(res.get("gpus", 0))})
+                   {"num_cpus": res.cpus, "num_gpus": res.gpus})
         fn = self.segment_fn
         if spec.kind == "lr_search":
             fn = functools.partial(run_lr_search, storage=self.store.url, train=self.segment_fn)
