@@ -32,7 +32,8 @@ from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepReco
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
-from upscale.orchestrator.tracking import RunTree, segment_tags
+from upscale.orchestrator.tracking import RunTree
+from upscale.sweeps import run_tags
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.sweeps.spec import ResourcesSection
 from upscale.workers.errors import WorkerError
@@ -200,17 +201,20 @@ class Scheduler:
             raise OrchestratorError(f"segment {seg.key}: stored config hashes to {spec.id}; refusing to train it")
         run_id = seg.mlflow_run_id
         if run_id is None:
-            run_id = self.tracker.start_segment(sweep.mlflow_run_id, seg.key, seg.kind, axes)
+            run_id = self.tracker.start_segment(sweep.mlflow_run_id, spec, axes)
             self.store.set_segment_run(seg.key, run_id)
             seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
         res = ResourcesSection.model_validate(sweep.resources)
         # Upcycles do not train and an LR search's trials are short single-process runs: one worker each.
         workers = 1 if spec.kind in ("upcycle", "lr_search") else res.workers
+        # The worker tags the run from the spec it trains, which has the LR a search found filled in (another id):
+        # the key stays the segment id the store and the observations know.
+        tags = {run_tags.SEGMENT_ID: seg.key, **run_tags.axis_tags(axes)}
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))
                                 for p in spec.parent_ids},
-            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=segment_tags(axes),
+            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=tags,
             num_threads=max(1, math.floor(res.cpus)), workers=workers,
             device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
             data_cache_dir=str(self.settings.home / "data"),
