@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from upscale.api.cron import parse_cron
+from upscale.api.cron import fires_at
 from upscale.api.fits import ObservationCache, create_fit, fitted, observations_table
 from upscale.api.records import FitRecord, RefitRecord, RefitScheduleRecord
 from upscale.api.schemas import FitCreate, RefitRequest, RefitScheduleCreate
@@ -159,7 +159,7 @@ class RefitLoop(threading.Thread):
         for schedule in schedules(self.services):
             if self.stopping.is_set():
                 return
-            if schedule.trigger == "cron" and not (parse_cron(schedule.cron or "").matches(now)
+            if schedule.trigger == "cron" and not (fires_at(schedule.cron or "", now)
                                                    and claim_minute(self.services, schedule.id, now)):
                 continue
             try:

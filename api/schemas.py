@@ -141,12 +141,12 @@ class RefitScheduleCreate(BaseModel):
 
     @model_validator(mode="after")
     def _cron(self) -> RefitScheduleCreate:
-        from upscale.api.cron import parse_cron
+        from upscale.api.cron import check_cron
 
         if (self.trigger == "cron") != (self.cron is not None):
             raise ValueError("give cron exactly when trigger is 'cron'")
         if self.cron is not None:
-            parse_cron(self.cron)
+            check_cron(self.cron)
         return self
 
 

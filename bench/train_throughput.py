@@ -85,7 +85,7 @@ def rate(stamps: list[float], tokens_per_step: int) -> float:
 
 def model_flops_per_token(spec: ModelSpec) -> float:
     """`sweeps.sizes.train_flops_per_token`: 6·(N_active + LM head) + 12·L·d·T attention."""
-    shape = sizes.Shape(spec.n_layer, spec.d_model, spec.n_head)
+    shape = spec.shape
     n = sizes.moe_active_params(shape, spec.n_expert, spec.topk) if spec.n_expert else sizes.dense_params(shape)
     return sizes.train_flops_per_token(shape, n, spec.context, spec.vocab_size)
 

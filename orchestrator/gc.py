@@ -7,7 +7,7 @@ MoE trunk from it) and each trunk's checkpoints (a resume, a new budget at an ex
 rest, the final models of finished decay branches (MoE and from scratch), which nothing trains from. A checkpoint
 deleted with `everything` that a later sweep needs makes that sweep's segment fail with a clear error. Only
 checkpoints the store recorded are touched; deleted ones keep their row with `deleted_at` set, so lineage stays
-queryable. A checkpoint is a path or a URI: both are measured and deleted through `workers.storage` (fsspec).
+queryable. A checkpoint is a path or a URI: both are measured and deleted through `upscale.storage` (fsspec).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
+from upscale import storage
 from upscale.orchestrator.records import CheckpointRecord, SegmentRecord, utcnow
 from upscale.orchestrator.store import Store
 from upscale.sweeps.segments import TRUNK_KINDS
-from upscale.workers import storage
 
 LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay", "upcycle"}
 

@@ -16,9 +16,9 @@ import time
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.records import SegmentRecord
 from upscale.orchestrator.task import SegmentFn
+from upscale.storage import SegmentFolder, join
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers.errors import WorkerError
-from upscale.workers.storage import SegmentFolder, join
 
 CHUNKS = 4  # validation points per trial, i.e. pruning opportunities
 

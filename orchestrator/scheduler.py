@@ -24,16 +24,19 @@ from datetime import timedelta
 
 import ray
 
+from upscale import storage
 from upscale.orchestrator import verbosity
+from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_running
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
-from upscale.orchestrator.task import SegmentFn, pid_alive, read_result, run_segment_task, train_segment, worker_running
-from upscale.orchestrator.tracking import RunTree, segment_tags
+from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
+from upscale.orchestrator.tracking import RunTree
+from upscale.sweeps import run_tags
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.workers import storage
+from upscale.sweeps.spec import ResourcesSection
 from upscale.workers.errors import WorkerError
 
 
@@ -187,8 +190,8 @@ class Scheduler:
 
     def _slots(self, sweep: SweepRecord) -> int:
         """Default concurrency: as many segments as the cluster's CPUs (and GPUs) hold at once."""
-        cpus = float(sweep.resources.get("cpus", 1)) * int(sweep.resources.get("workers", 1))
-        gpus = float(sweep.resources.get("gpus", 0)) * int(sweep.resources.get("workers", 1))
+        res = ResourcesSection.model_validate(sweep.resources)
+        cpus, gpus = res.cpus * res.workers, res.gpus * res.workers
         have = ray.cluster_resources()
         slots = int(have.get("CPU", 1) // cpus)
         if gpus:
@@ -202,25 +205,28 @@ class Scheduler:
             raise OrchestratorError(f"segment {seg.key}: stored config hashes to {spec.id}; refusing to train it")
         run_id = seg.mlflow_run_id
         if run_id is None:
-            run_id = self.tracker.start_segment(sweep.mlflow_run_id, seg.key, seg.kind, axes)
+            run_id = self.tracker.start_segment(sweep.mlflow_run_id, spec, axes)
             self.store.set_segment_run(seg.key, run_id)
             seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
-        res = sweep.resources
+        res = ResourcesSection.model_validate(sweep.resources)
         # Upcycles do not train and an LR search's trials are short single-process runs: one worker each.
-        workers = 1 if spec.kind in ("upcycle", "lr_search") else int(res.get("workers", 1))
+        workers = 1 if spec.kind in ("upcycle", "lr_search") else res.workers
+        # The worker tags the run from the spec it trains, which has the LR a search found filled in (another id):
+        # the key stays the segment id the store and the observations know.
+        tags = {run_tags.SEGMENT_ID: seg.key, **run_tags.axis_tags(axes)}
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))
                                 for p in spec.parent_ids},
-            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=segment_tags(axes),
-            num_threads=max(1, math.floor(res.get("cpus", 1))), workers=workers,
-            device="cuda" if res.get("gpus", 0) else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
+            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=tags,
+            num_threads=max(1, math.floor(res.cpus)), workers=workers,
+            device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
             data_cache_dir=str(self.settings.home / "data"),
         )
         self._report_msg(f"start {seg.kind} {seg.key}")
         # A multi-worker task only drives its Ray Train group, whose workers hold the CPUs and GPUs.
         options = ({"num_cpus": 0} if workers > 1 else
-                   {"num_cpus": float(res.get("cpus", 1)), "num_gpus": float(res.get("gpus", 0))})
+                   {"num_cpus": res.cpus, "num_gpus": res.gpus})
         fn = self.segment_fn
         if spec.kind == "lr_search":
             fn = functools.partial(run_lr_search, storage=self.store.url, train=self.segment_fn)
@@ -237,8 +243,9 @@ class Scheduler:
             result = SegmentResult.model_validate(ray.get(ref))
         except Exception as e:  # the worker's exception, re-raised by ray.get as a RayTaskError
             error = _one_line(e)
-            # A WorkerError is a bad value (spec, checkpoint, NaN loss): the same attempt would fail the same way.
-            retry = not isinstance(getattr(e, "cause", None), WorkerError)
+            # A WorkerError or StorageError is a bad value (spec, checkpoint, NaN loss, a location nothing can open):
+            # the same attempt would fail the same way.
+            retry = not isinstance(getattr(e, "cause", None), (WorkerError, storage.StorageError))
             status = self.store.fail(key, attempt, error, self.max_attempts, retry=retry)
             if status == "pending":
                 out.retried += 1

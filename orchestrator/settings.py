@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from upscale.workers import storage
+from upscale import storage
 
 
 class Settings(BaseSettings):

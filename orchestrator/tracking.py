@@ -2,7 +2,8 @@
 
 The orchestrator creates the runs and hands the child's id to the worker (`SegmentRuntime.mlflow_run_id`), which logs
 its metrics into it; observations keep the run id. A segment shared by several sweeps has one run, under the sweep
-that first trained it, and is tagged with its content key so any sweep can find it.
+that first trained it, and is tagged with its content key so any sweep can find it. The tag names are
+sweeps/run_tags.py's, shared with the worker.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Any
 
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
+
+from upscale.sweeps import run_tags
+from upscale.sweeps.segments import SegmentSpec
 
 EXPERIMENT = "upscale"
 
@@ -26,15 +30,14 @@ class RunTree:
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
 
     def start_sweep(self, sweep_id: str, name: str, spec: dict[str, Any]) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=f"sweep {name}",
-                                     tags={"upscale.sweep_id": sweep_id, "upscale.kind": "sweep"})
+        run = self.client.create_run(self.experiment_id, run_name=f"sweep {name}", tags=run_tags.sweep_tags(sweep_id))
         self.client.log_dict(run.info.run_id, spec, "sweep.json")
         return run.info.run_id
 
-    def start_segment(self, parent_run_id: str, key: str, kind: str, axes: dict[str, Any]) -> str:
-        tags = {"mlflow.parentRunId": parent_run_id, "upscale.segment": key, "upscale.kind": kind,
-                **segment_tags(axes)}
-        return self.client.create_run(self.experiment_id, run_name=f"{kind} {key}", tags=tags).info.run_id
+    def start_segment(self, parent_run_id: str, spec: SegmentSpec, axes: dict[str, Any]) -> str:
+        """The run of the segment ``spec`` (its key is its id), tagged as its worker tags it (sweeps/run_tags.py)."""
+        tags = {"mlflow.parentRunId": parent_run_id, **run_tags.segment_tags(spec), **run_tags.axis_tags(axes)}
+        return self.client.create_run(self.experiment_id, run_name=f"{spec.kind} {spec.id}", tags=tags).info.run_id
 
     def end_segment(self, run_id: str, status: str, metrics: dict[str, float] | None = None) -> None:
         """Close a segment run (FINISHED, FAILED or KILLED), logging its summary metrics in one batch."""
@@ -44,13 +47,8 @@ class RunTree:
 
     def end_sweep(self, run_id: str, status: str, summary: dict[str, float]) -> None:
         self.client.log_batch(run_id, metrics=_metrics(summary),
-                              tags=[RunTag("upscale.status", status)])
+                              tags=[RunTag(run_tags.STATUS, status)])
         self.client.set_terminated(run_id, status)
-
-
-def segment_tags(axes: dict[str, Any]) -> dict[str, str]:
-    """Grid axes as MLflow tags (strings), prefixed so they never clash with MLflow's own."""
-    return {f"axis.{k}": str(v) for k, v in axes.items()}
 
 
 def _metrics(values: dict[str, float]) -> list[Metric]:

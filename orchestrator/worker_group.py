@@ -4,14 +4,15 @@
 (`resources_per_worker` from the sweep, PACK placement, on any node of the cluster), starts the gloo (CPU) or NCCL
 (GPU) process group DeepSpeed then runs on, and reports worker failures. Retries are the scheduler's, not Ray
 Train's (`max_failures=0`): a failed group is one failed attempt, retried like any other from the segment's last
-checkpoint. Rank 0 leaves the result file a single-process attempt leaves (orchestrator/task.py), so adoption after
-a scheduler restart works the same way.
+checkpoint. Rank 0 leaves the result file a single-process attempt leaves (orchestrator/attempt_files.py), so
+adoption after a scheduler restart works the same way.
 """
 
 from __future__ import annotations
 
+from upscale.orchestrator.attempt_files import finish_attempt, read_result
+from upscale.storage import SegmentFolder
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.workers.storage import SegmentFolder
 
 
 def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> SegmentResult:
@@ -21,8 +22,6 @@ def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from upscale.orchestrator.task import finish_attempt, read_result  # task.py imports this module
-
     def loop() -> None:  # runs on every worker; the closure ships the spec and runtime to them
         import ray.train
 
@@ -31,7 +30,7 @@ def run_worker_group(segment_fn, spec: SegmentSpec, runtime: SegmentRuntime, key
             finish_attempt(result, spec, runtime, key)
 
     # Ray Train's own run files (no checkpoints: retries are the scheduler's) stay on local disk: for a URI
-    # checkpoint root, in its staging folder (workers/storage.py); Ray Train cannot write every fsspec protocol
+    # checkpoint root, in its staging folder (upscale/storage.py); Ray Train cannot write every fsspec protocol
     ray_train_dir = SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir).local / "ray-train"
     gpu = runtime.device.startswith("cuda")
     per_worker = {"CPU": runtime.num_threads, **({"GPU": 1} if gpu else {})}

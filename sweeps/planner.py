@@ -32,8 +32,8 @@ from upscale.sweeps.segments import (
     UpcycleSpec,
     fingerprint,
 )
-from upscale.sweeps.sizes import dense_params, moe_active_params, moe_total_params, train_flops_per_token
-from upscale.sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, expert_widths, resolve, round_steps
+from upscale.sweeps.sizes import dense_params, expert_widths, moe_active_params, moe_total_params, train_flops_per_token
+from upscale.sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, resolve, round_steps
 
 AxisValue = str | int | float | None
 LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_search parents that will fix it)
@@ -200,7 +200,7 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
         cfg = {"n_expert": n_expert, "topk": topk}
         lr_moe, moe_lr_parents = lr_parent(moe, "moe", rc.lr.moe if rc.lr else None, f_moe, **cfg)
         for up in variants:
-            widths = expert_widths(up, shape, n_expert, topk)  # methods that split the FFN train narrower experts
+            widths = expert_widths(up, shape.d_ff, n_expert, topk)  # methods that split the FFN train narrower experts
             up_n2 = moe_active_params(shape, n_expert, topk, *widths)
             f_up = train_flops_per_token(shape, up_n2, t.context, vocab)
             r = up.r if up.method in R_METHODS else None

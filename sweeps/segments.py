@@ -46,12 +46,36 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ModelSpec(Frozen):
-    """The architecture: a Llama-style decoder whose FFN is dense (n_expert = 0) or a top-k MoE."""
+FFN_MULT = 4  # the dense FFN is FFN_MULT·d_model wide, as the paper's 4·d_model
+
+
+class Shape(Frozen):
+    """A decoder's shape: layers, width, heads. The one description of it that the spec, segments and the workers'
+    model build on, so the rule that heads divide the width is checked here only."""
 
     n_layer: int = Field(ge=1, description="Transformer blocks.")
     d_model: int = Field(ge=1, description="Residual width; the FFN is 4·d_model wide.")
     n_head: int = Field(ge=1, description="Attention heads; must divide d_model.")
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> Shape:
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        return self
+
+    @property
+    def d_ff(self) -> int:
+        return FFN_MULT * self.d_model
+
+    @property
+    def shape(self) -> Shape:
+        """The bare shape of this model (a subclass's extra fields dropped)."""
+        return Shape(n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head)
+
+
+class ModelSpec(Shape):
+    """The architecture: a Llama-style decoder whose FFN is dense (n_expert = 0) or a top-k MoE."""
+
     vocab_size: int = Field(ge=2, description="Tokeniser vocabulary size (256 for bytes).")
     context: int = Field(ge=1, description="Tokens per training sequence.")
     n_expert: int = Field(0, ge=0, description="Experts per MoE layer; 0 = dense FFN.")
@@ -62,8 +86,6 @@ class ModelSpec(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if self.n_expert == 0 and self.topk != 0:
             raise ValueError(f"topk={self.topk} given for a dense model (n_expert=0); use topk=0")
         if self.n_expert > 0 and not 1 <= self.topk <= self.n_expert:
@@ -262,7 +284,8 @@ class SegmentRuntime(BaseModel):
     )
     mlflow_tracking_uri: str | None = Field(None, description="None = do not log to MLflow.")
     mlflow_run_id: str | None = Field(None, description="An existing run to log into (created by the orchestrator).")
-    mlflow_tags: dict[str, str] = Field(default_factory=dict, description="Tags for every grid axis of the segment.")
+    mlflow_tags: dict[str, str] = Field(default_factory=dict, description="MLflow tags added to the segment's own "
+                                        "(sweeps/run_tags.py), winning over them: the orchestrator's key and axes.")
     num_threads: int = Field(1, ge=1, description="torch.set_num_threads inside the job (Ray does not set it).")
     device: str = Field("cpu", description="cpu or cuda; bf16 autocast on CUDA, fp32 on CPU.")
     workers: int = Field(1, ge=1, description="Data/expert-parallel processes (Ray Train when > 1).")

@@ -14,29 +14,7 @@ weights counted, router counted in the MoE), which reproduce Table 3 to the para
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A decoder shape: layers, width, heads (d_ff = ffn_mult·d_model, as the paper's 4·d_model)."""
-
-    n_layer: int
-    d_model: int
-    n_head: int
-    ffn_mult: int = 4
-
-    def __post_init__(self) -> None:
-        for name in ("n_layer", "d_model", "n_head", "ffn_mult"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-
-    @property
-    def d_ff(self) -> int:
-        return self.ffn_mult * self.d_model
-
+from upscale.sweeps.segments import Shape, UpcycleSpec
 
 # The paper's Table 3 (n_layer, d_model, n_head), then CPU-sized shapes for tests and the demo.
 NAMED_SIZES: dict[str, Shape] = {
@@ -58,6 +36,35 @@ def shape_of(size: str) -> Shape:
         return NAMED_SIZES[size]
     except KeyError:
         raise ValueError(f"unknown model size {size!r}; valid sizes: {', '.join(NAMED_SIZES)}") from None
+
+
+def expert_widths(up: UpcycleSpec, d_ff: int, n_expert: int, topk: int) -> tuple[int, int]:
+    """(expert d_ff, shared-expert d_ff) of the MoE that ``up`` builds from a dense FFN of width ``d_ff``; a
+    ValueError saying what to change when the method cannot build it.
+
+    Copying methods keep full-width experts; granular and LLaMA-MoE split the dense FFN. The one statement of these
+    rules: the spec checks a grid with it at submit time (not after its dense training), the planner costs the
+    narrower experts, and the upcycling methods build them.
+    """
+    if up.method == "granular":
+        g = up.granularity
+        if d_ff % g:
+            raise ValueError(f"granularity={g} does not divide d_ff={d_ff}; valid: a divisor of {d_ff}")
+        if n_expert % g:
+            raise ValueError(f"granularity={g} does not divide n_expert={n_expert}; valid: a divisor of {n_expert}")
+        if topk % g:
+            raise ValueError(f"topk={topk} is not a multiple of granularity={g}: a token must select whole groups")
+        return d_ff // g, 0
+    if up.method == "llama-moe":
+        sharing = up.split == "sharing-inter"
+        parts = n_expert + up.n_residual if sharing else n_expert
+        if d_ff % parts:
+            what = f"n_expert + n_residual = {n_expert} + {up.n_residual} = {parts}" if sharing else \
+                f"n_expert={n_expert}"
+            raise ValueError(f"llama-moe {up.split} splits d_ff={d_ff} into {what} equal parts, which does not "
+                             f"divide {d_ff}; choose a count that divides {d_ff}")
+        return d_ff // parts, (up.n_residual * (d_ff // parts) if sharing else 0)
+    return d_ff, 0
 
 
 def _layer_common(s: Shape) -> int:

@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from upscale.sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, UpcycleSpec
-from upscale.sweeps.sizes import NAMED_SIZES, Shape
+from upscale.sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, Shape, UpcycleSpec
+from upscale.sweeps.sizes import NAMED_SIZES, expert_widths
 
 # Methods whose identity varies with the `r` axis (Drop-Upcycling's re-initialised fraction, docs/methods.md). Others
 # ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.
@@ -66,19 +66,10 @@ def _budget_list_problems(name: str, values: Sequence[float]) -> list[Problem]:
     return out
 
 
-class ShapeEntry(Frozen):
+class ShapeEntry(Shape):
     """An explicit decoder shape, for sizes not in the named table."""
 
     name: str | None = Field(None, description="Label used in tags and `per_size`; default L{n_layer}-d{d_model}.")
-    n_layer: int = Field(ge=1)
-    d_model: int = Field(ge=1)
-    n_head: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> ShapeEntry:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        return self
 
     @property
     def label(self) -> str:
@@ -119,7 +110,7 @@ class ModelSection(Frozen):
     def shapes(self) -> dict[str, Shape]:
         """Size label -> shape, in the order given."""
         return {s if isinstance(s, str) else s.label:
-                NAMED_SIZES[s] if isinstance(s, str) else Shape(s.n_layer, s.d_model, s.n_head) for s in self.sizes}
+                NAMED_SIZES[s] if isinstance(s, str) else s.shape for s in self.sizes}
 
 
 class MoeSection(Frozen):
@@ -146,28 +137,6 @@ class MoeSection(Frozen):
     def configs(self) -> list[tuple[int, int]]:
         """(n_expert, topk) pairs of the grid."""
         return [(e, k) for e in self.experts for k in self.topk]
-
-
-def expert_widths(up: UpcycleSpec, shape: Shape, n_expert: int, topk: int) -> tuple[int, int]:
-    """(expert d_ff, shared-expert d_ff) of the MoE a method builds; ValueError when the method cannot build it.
-
-    Copying methods keep full-width experts; granular and LLaMA-MoE split the dense FFN. These are the shape rules of
-    workers/upcycling/{granular,llama_moe}.py `configure`, checked here so a sweep fails at submit time, not after
-    its dense training.
-    """
-    f = shape.d_ff
-    if up.method == "granular":
-        g = up.granularity
-        if f % g or n_expert % g or topk % g:
-            raise ValueError(f"granularity={g} must divide d_ff={f} and n_expert={n_expert}, and topk={topk} must be "
-                             "a multiple of it (a token selects whole groups)")
-        return f // g, 0
-    if up.method == "llama-moe":
-        parts = n_expert + up.n_residual if up.split == "sharing-inter" else n_expert
-        if f % parts:
-            raise ValueError(f"llama-moe {up.split} splits d_ff={f} into {parts} equal parts, which does not divide it")
-        return f // parts, (up.n_residual * (f // parts) if up.split == "sharing-inter" else 0)
-    return f, 0
 
 
 class UpcyclingSection(Frozen):
@@ -340,7 +309,7 @@ class SweepSpec(Frozen):
             for e, k in self.moe.configs():
                 for up in variants:
                     try:
-                        expert_widths(up, shape, e, k)
+                        expert_widths(up, shape.d_ff, e, k)
                     except ValueError as err:
                         problems.append((f"upcycling.methods[{self.upcycling.methods.index(up.method)}]",
                                          f"{up.method} cannot build {label} as {e}x{k}: {err}"))

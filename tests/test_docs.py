@@ -2,7 +2,7 @@
 
 Strategy: read every tracked text file (`git ls-files`) and check four things.
 
-* A relative path to a .md/.txt/.yaml/.yml/.csv/.py file (`docs/laws.md`, `workers/storage.py`, `../README.md`)
+* A relative path to a .md/.txt/.yaml/.yml/.csv/.py file (`docs/laws.md`, `upscale/storage.py`, `../README.md`)
   names a file that exists, resolved against the repository root or the citing file's folder. URLs are removed
   first; absolute paths and paths inside a longer token are not matched; a path is checked only when it starts
   with `./` or `../`, its first folder is `docs` or exists at the root or beside the citing file, so a path inside

@@ -6,7 +6,7 @@ weights alone, what an upcycle segment or `upscale model` reads), and `meta.json
 parents, tokens, schedule phase, the full ModelConfig, the expert-parallel size of the engine state,
 schema_version). `meta.json` is written last, atomically: a folder without it is an interrupted save and is never
 resumed from. Resume = the newest complete folder whose sidecar names this segment. These functions work on local
-folders (DeepSpeed's); `workers.storage` publishes them to a URI and fetches them back, with the same rule.
+folders (DeepSpeed's); `upscale.storage` publishes them to a URI and fetches them back, with the same rule.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from upscale.workers import storage
+from upscale import storage
+from upscale.storage import META_FILE, TAG_PREFIX
 from upscale.workers.errors import WorkerError
 from upscale.workers.model import ModelConfig
 from upscale.workers.parallel import SINGLE, Ranks, full_state_dict
-from upscale.workers.storage import META_FILE, TAG_PREFIX
 from upscale.workers.weights import save_model
 
 SCHEMA_VERSION = 1

@@ -45,19 +45,17 @@ router module; the gating functions (top-1/top-2/top-k, capacity, aux loss) are 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
 from upscale.sweeps import sizes
+from upscale.sweeps.segments import FFN_MULT, ModelSpec, Shape
 from upscale.workers.errors import WorkerError, validated
-
-if TYPE_CHECKING:
-    from upscale.sweeps.segments import ModelSpec
 
 RouterInit = Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"]
 RouterType = Literal["linear", "mixture", "mlp"]
@@ -66,19 +64,13 @@ RouterType = Literal["linear", "mixture", "mlp"]
 _PAPER_INIT_STD = {"15M": 0.035, "44M": 0.029, "0.1B": 0.025, "0.2B": 0.022, "0.5B": 0.019, "1B": 0.016}
 
 
-class ModelConfig(BaseModel):
-    """Shape and routing of one model. Frozen: it is part of a checkpoint's identity."""
+class ModelConfig(Shape):
+    """Shape (the sweeps' `Shape`, checked there) and routing of one model. Frozen: part of a checkpoint's identity."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    n_layer: int = Field(ge=1, description="decoder blocks")
-    d_model: int = Field(ge=1, description="residual width")
-    n_head: int = Field(ge=1, description="attention heads (no GQA, as the paper)")
     vocab_size: int = Field(default=4096, ge=2, description="tokenizer vocabulary size")
     context: int = Field(default=1024, ge=1, description="maximum sequence length (RoPE table size)")
-    ffn_mult: int = Field(default=4, ge=1, description="dense FFN width d_ff = ffn_mult * d_model (paper: 4)")
     n_expert: int = Field(default=0, ge=0, description="experts per MoE layer; 0 or 1 = dense FFN")
-    topk: int = Field(default=2, ge=0, description="experts per token (token choice); ignored by a dense model")
+    topk: int = Field(default=0, ge=0, description="experts per token (token choice); 0 for a dense model")
     expert_d_ff: int | None = Field(
         default=None, ge=1, description="intermediate size of one expert; None = d_ff (copy-based upcycling)"
     )
@@ -97,10 +89,16 @@ class ModelConfig(BaseModel):
     rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base")
     ep_size: int = Field(default=1, ge=1, description="expert-parallel group size (1 = all experts local)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_fixed_ffn_mult(cls, data: object) -> object:
+        """Configs saved before the FFN width became `Shape.d_ff` record `ffn_mult: 4`; it was never anything else."""
+        if isinstance(data, dict) and data.get("ffn_mult") == FFN_MULT:
+            data = {k: v for k, v in data.items() if k != "ffn_mult"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
-        if self.d_model % self.n_head:
-            raise WorkerError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if (self.d_model // self.n_head) % 2:
             raise WorkerError(f"head size d_model/n_head={self.d_model // self.n_head} must be even for RoPE")
         if self.is_moe:
@@ -125,13 +123,7 @@ class ModelConfig(BaseModel):
             shape = sizes.shape_of(size)
         except ValueError as e:
             raise WorkerError(str(e)) from None
-        base: dict[str, object] = {
-            "n_layer": shape.n_layer,
-            "d_model": shape.d_model,
-            "n_head": shape.n_head,
-            "ffn_mult": shape.ffn_mult,
-            "init_std": _PAPER_INIT_STD.get(size, 0.02),
-        }
+        base = {**shape.model_dump(), "init_std": _PAPER_INIT_STD.get(size, 0.02)}
         return validated(cls, **{**base, **overrides})
 
     @classmethod
@@ -139,9 +131,7 @@ class ModelConfig(BaseModel):
         """The model of a segment's hashed architecture (n_expert=0, topk=0 = dense; d_ff = 4·d_model)."""
         return validated(
             cls,
-            n_layer=spec.n_layer,
-            d_model=spec.d_model,
-            n_head=spec.n_head,
+            **spec.shape.model_dump(),
             vocab_size=spec.vocab_size,
             context=spec.context,
             n_expert=spec.n_expert,
@@ -156,10 +146,6 @@ class ModelConfig(BaseModel):
         return self.n_expert > 1
 
     @property
-    def d_ff(self) -> int:
-        return self.ffn_mult * self.d_model
-
-    @property
     def d_expert(self) -> int:
         return self.expert_d_ff if self.expert_d_ff is not None else self.d_ff
 
@@ -167,19 +153,14 @@ class ModelConfig(BaseModel):
     def routers(self) -> int:
         return self.n_routers or self.n_expert
 
-    @property
-    def shape(self) -> sizes.Shape:
-        return sizes.Shape(n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head, ffn_mult=self.ffn_mult)
-
     def updated(self, **changes: object) -> ModelConfig:
         """A copy with `changes`, validated again (pydantic's model_copy does not validate)."""
         return validated(ModelConfig, **{**self.model_dump(), **changes})
 
     def dense(self) -> ModelConfig:
         """The dense model with this trunk (what an upcycling method starts from)."""
-        return self.model_copy(
-            update={"n_expert": 0, "expert_d_ff": None, "shared_d_ff": 0, "router_type": "linear", "n_routers": 0}
-        )
+        return self.model_copy(update={"n_expert": 0, "topk": 0, "expert_d_ff": None, "shared_d_ff": 0,
+                                       "router_type": "linear", "n_routers": 0})
 
 
 def seeded_generator(seed: int, *keys: int) -> torch.Generator:

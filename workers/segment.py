@@ -16,7 +16,7 @@ orchestrator's (an Optuna study whose trials are ordinary segments run here); it
 children before calling this function.
 
 Checkpoint locations (`runtime.checkpoint_dir`, parent checkpoints, the result's) are local paths or fsspec URIs:
-`workers.storage` stages a URI on local disk for DeepSpeed, publishes each checkpoint as soon as it is saved, and
+`upscale.storage` stages a URI on local disk for DeepSpeed, publishes each checkpoint as soon as it is saved, and
 fetches parents.
 """
 
@@ -29,8 +29,10 @@ from pathlib import Path
 
 import torch
 
+from upscale import storage
+from upscale.sweeps.run_tags import segment_tags
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.workers import checkpoints, storage
+from upscale.workers import checkpoints
 from upscale.workers.data import TokenData, load_tokens
 from upscale.workers.engine import NonFiniteLoss, build_engine, train_step
 from upscale.workers.errors import WorkerError
@@ -89,23 +91,6 @@ def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | 
             raise WorkerError("an upcycle segment does not train: run it with workers=1")
         return _upcycle(spec, runtime, t0)
     return _train(spec, runtime, on_step, t0, ranks)
-
-
-def axis_tags(spec: SegmentSpec, runtime: SegmentRuntime) -> dict[str, str]:
-    """MLflow tags: every grid axis of the segment, plus the orchestrator's own tags (which win)."""
-    m = spec.model
-    tags = {"segment_id": spec.id, "kind": spec.kind, "parent_ids": ",".join(spec.parent_ids),
-            "n_layer": m.n_layer, "d_model": m.d_model, "n_head": m.n_head, "n_expert": m.n_expert, "topk": m.topk,
-            "context": m.context, "seed": spec.seed, "start_tokens": spec.start_tokens,
-            "end_tokens": spec.end_tokens, "corpus": spec.data.corpus, "tokenizer": spec.data.tokenizer}
-    if spec.optim is not None:
-        tags |= {"lr": spec.optim.lr, "batch_size": spec.optim.batch_size}
-    if spec.schedule is not None:
-        tags |= {"schedule": spec.schedule.kind, "decay_shape": spec.schedule.decay_shape,
-                 "decay_start_tokens": spec.decay_start_tokens}
-    if spec.upcycle is not None:
-        tags |= {"method": spec.upcycle.method, "r": spec.upcycle.r, "upcycle_seed": spec.upcycle.seed}
-    return {k: str(v) for k, v in tags.items()} | runtime.mlflow_tags
 
 
 def _meta(spec: SegmentSpec) -> dict:
@@ -254,7 +239,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     val_set = data.val_batches(spec.data.eval_tokens, ctx, bs)
     summary: dict[str, float] = {}
     logger = MetricLogger(runtime.mlflow_tracking_uri if ranks.main else None, runtime.mlflow_run_id,
-                          axis_tags(spec, runtime), run_name=f"{spec.kind}-{spec.id}")
+                          segment_tags(spec) | runtime.mlflow_tags, run_name=f"{spec.kind}-{spec.id}")
     with logger:
         if resume is None:
             summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device, ranks)

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from upscale.api.cli.app import app, console, err_console, register_user_error
+from upscale.storage import StorageError
 from upscale.workers.errors import WorkerError
 
 if TYPE_CHECKING:
     from upscale.sweeps.segments import SegmentResult
 
-register_user_error(WorkerError)
+register_user_error(WorkerError, StorageError)
 
 
 def _parents(values: list[str], parent_ids: tuple[str, ...]) -> dict[str, str]:
@@ -78,10 +79,10 @@ def _run(segment: Path, checkpoint_dir: str | None, parent: list[str], mlflow_ur
     from pydantic import ValidationError
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from upscale import storage
     from upscale.api.cli.progress import announce_op_build, load_tokens_with_bar
     from upscale.orchestrator.settings import get_settings
     from upscale.sweeps.segments import SegmentRuntime, SegmentSpec
-    from upscale.workers import storage
     from upscale.workers.segment import StepInfo, run_segment
 
     if not segment.is_file():

@@ -218,7 +218,7 @@ def test_dockerfile_pins_python_and_torch_as_pyproject() -> None:
 
 
 def test_the_image_can_open_s3_checkpoint_uris() -> None:
-    # UPSCALE_CHECKPOINT_DIR may be an fsspec URI (workers/storage.py): fsspec is a worker dependency, and the image
+    # UPSCALE_CHECKPOINT_DIR may be an fsspec URI (upscale/storage.py): fsspec is a worker dependency, and the image
     # installs the S3 protocol's package in the same pip command (so pip picks an s3fs matching that fsspec)
     assert any(re.match(r"fsspec\b", d) for d in PYPROJECT["project"]["optional-dependencies"]["worker"])
     dockerfile = (DEPLOY / "Dockerfile").read_text()

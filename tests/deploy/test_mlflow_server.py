@@ -89,6 +89,6 @@ def test_a_sweeps_runs_reach_the_tracking_server_over_http(postgres_url: str, ml
     for o in orch.store.observations(out.sweep_id):
         run = client.get_run(o.mlflow_run_id)
         assert run.data.metrics["val_loss"] == pytest.approx(o.loss)
-        assert run.data.tags["upscale.segment"] == o.segment_key and run.data.tags["axis.D2" if o.D2 else "axis.D"]
+        assert run.data.tags["upscale.segment_id"] == o.segment_key and run.data.tags["axis.D2" if o.D2 else "axis.D"]
     with psycopg.connect(libpq(postgres_url)) as conn:  # the server wrote them to PostgreSQL
         assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 8

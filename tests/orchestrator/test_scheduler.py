@@ -69,6 +69,10 @@ def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(set
     run = client.get_run(o.mlflow_run_id)
     assert run.data.tags["axis.method"] == "drop" and run.data.tags["axis.r"] == "0.5"
     assert run.data.tags["axis.D2"] == str(o.D2) and run.data.metrics["val_loss"] == pytest.approx(o.loss)
+    # the segment's own tags, named as a worker names them (sweeps/run_tags.py)
+    assert run.data.tags["upscale.segment_id"] == o.segment_key and run.data.tags["upscale.kind"] == "moe_decay"
+    assert run.data.tags["upscale.parent_ids"] and "upscale.segment" not in run.data.tags
+    assert client.get_run(sweep.mlflow_run_id).data.tags["upscale.sweep_id"] == out.sweep_id
 
 
 def test_an_injected_failure_is_retried_and_resumes_from_its_checkpoint(settings) -> None:

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from upscale import storage
+from upscale.orchestrator.attempt_files import RESULT_FILE, WORKER_FILE, read_result, worker_running, write_result
 from upscale.orchestrator.gc import collect_garbage
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
-from upscale.orchestrator.task import RESULT_FILE, WORKER_FILE, read_result, worker_running, write_result
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import LrSearchSpec, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.sweeps.spec import load_spec
-from upscale.workers import storage
 
 URI_SPEC = """
 name: uri-root

@@ -99,7 +99,8 @@ def test_from_spec_maps_segment_architecture() -> None:
     [
         ({"n_expert": 4, "topk": 5}, r"topk=5 is not valid for n_expert=4; valid: 1\.\.4"),
         ({"n_head": 3}, "d_model=32 is not divisible by n_head=3"),
-        ({"router_type": "mixture", "n_expert": 4, "n_routers": 3}, "n_routers=3 must divide d_model=32"),
+        ({"router_type": "mixture", "n_expert": 4, "topk": 2, "n_routers": 3}, "n_routers=3 must divide d_model=32"),
+        ({"n_expert": 4}, r"topk=0 is not valid for n_expert=4"),  # an MoE names its topk; 0 is the dense default
     ],
 )
 def test_bad_config_is_a_worker_error(fields: dict, message: str) -> None:

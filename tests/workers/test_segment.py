@@ -143,8 +143,8 @@ def test_mlflow_receives_metrics_and_tags(home: Path, runs: dict) -> None:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("upscale").experiment_id])
-    assert run.data.tags["segment_id"] == TRUNK.id and run.data.tags["kind"] == "dense_trunk"
-    assert run.data.tags["sweep"] == "test" and run.data.tags["d_model"] == "32"
+    assert run.data.tags["upscale.segment_id"] == TRUNK.id and run.data.tags["upscale.kind"] == "dense_trunk"
+    assert run.data.tags["sweep"] == "test" and run.data.tags["upscale.d_model"] == "32"
     assert run.info.status == "FINISHED"
     val = client.get_metric_history(run.info.run_id, "val_loss")
     assert [m.step for m in val] == [0, 8 * TPS, 16 * TPS, 20 * TPS]  # start, every 8 steps, end

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from tests.workers.test_segment import DECAY, FULL, MOE, TPS, TRUNK, seg
+from upscale import storage
+from upscale.storage import StorageError
 from upscale.sweeps.segments import SegmentRuntime, UpcycleSpec
-from upscale.workers import storage
 from upscale.workers.checkpoints import tag_for
 from upscale.workers.errors import WorkerError
 from upscale.workers.segment import StepInfo, run_segment
@@ -128,7 +129,7 @@ def test_upcycle_and_moe_trunk_fetch_their_parents_from_uris(home: Path, plain: 
 
 
 def test_bad_uris_are_clear_errors(home: Path, uri_runs: dict) -> None:
-    with pytest.raises(WorkerError, match=r"'nosuch://x': Protocol not known: nosuch\. Use a local path or a URI"):
+    with pytest.raises(StorageError, match=r"'nosuch://x': Protocol not known: nosuch\. Use a local path or a URI"):
         run_segment(FULL, runtime(home, "nosuch://x"))
     with pytest.raises(WorkerError, match=r"exactly one parent checkpoint holding a model; \['memory://uris/nowhere'\] "
                                           r"does not exist"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from upscale.sweeps.segments import UpcycleSpec
+from upscale.sweeps.sizes import expert_widths
 from upscale.workers.errors import WorkerError
 from upscale.workers.model import ModelConfig
 from upscale.workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
@@ -24,16 +25,13 @@ from upscale.workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn
 
 def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
     """Experts of width d_ff / G; G must divide d_ff and n_expert, and topk must select whole groups."""
-    g, n, k = spec.granularity, cfg.n_expert, cfg.topk
-    if cfg.d_ff % g:
-        raise WorkerError(f"granularity={g} does not divide d_ff={cfg.d_ff}; valid: a divisor of {cfg.d_ff}")
-    if n % g:
-        raise WorkerError(f"granularity={g} does not divide n_expert={n}; valid: a divisor of {n}")
-    if k % g:
-        raise WorkerError(f"topk={k} is not a multiple of granularity={g}: a token must select whole groups")
+    try:
+        expert_d_ff, shared_d_ff = expert_widths(spec, cfg.d_ff, cfg.n_expert, cfg.topk)
+    except ValueError as e:
+        raise WorkerError(str(e)) from None
     if cfg.router_type != "linear":
         raise WorkerError(f"granular upcycling replicates rows of a linear router; got router_type={cfg.router_type}")
-    return cfg.updated(expert_d_ff=cfg.d_ff // g, shared_d_ff=0)
+    return cfg.updated(expert_d_ff=expert_d_ff, shared_d_ff=shared_d_ff)
 
 
 def shard_experts(ffn: FFN, n_expert: int, granularity: int) -> list[FFN]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from upscale.sweeps.segments import UpcycleSpec
+from upscale.sweeps.sizes import expert_widths
 from upscale.workers.errors import WorkerError
 from upscale.workers.model import ModelConfig, seeded_generator
 from upscale.workers.upcycling.adapter import FFN, LayerMoE, assemble, dense_ffn, fresh_router
@@ -38,17 +39,11 @@ _SPLIT_STREAM = 4
 
 def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
     """Experts of width f/n (f/(n + n_residual) with a shared residual expert for sharing-inter); the chosen gate."""
-    n, f = cfg.n_expert, cfg.d_ff
-    parts = n + spec.n_residual if spec.split == "sharing-inter" else n
-    if f % parts:
-        what = f"n_expert + n_residual = {n} + {spec.n_residual}" if spec.split == "sharing-inter" else f"n_expert={n}"
-        raise WorkerError(
-            f"llama-moe {spec.split} splits d_ff={f} into {what} equal parts, which does not divide {f}; "
-            f"choose a count that divides {f}"
-        )
-    m = f // parts
-    shared = spec.n_residual * m if spec.split == "sharing-inter" else 0
-    return cfg.updated(expert_d_ff=m, shared_d_ff=shared, router_type=spec.llama_gate, n_routers=0)
+    try:
+        expert_d_ff, shared_d_ff = expert_widths(spec, cfg.d_ff, cfg.n_expert, cfg.topk)
+    except ValueError as e:
+        raise WorkerError(str(e)) from None
+    return cfg.updated(expert_d_ff=expert_d_ff, shared_d_ff=shared_d_ff, router_type=spec.llama_gate, n_routers=0)
 
 
 def random_split(f: int, n: int, gen: torch.Generator) -> list[torch.Tensor]:

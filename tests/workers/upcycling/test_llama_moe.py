@@ -162,7 +162,7 @@ def test_sharing_splits_end_to_end(dense_cfg: ModelConfig, dense_sd: dict, token
     ("n", "split", "message"),
     [
         (3, "independent-random", r"n_expert=3 equal parts, which does not divide 128"),
-        (4, "sharing-inter", r"n_expert \+ n_residual = 4 \+ 1 equal parts, which does not divide 128"),
+        (4, "sharing-inter", r"n_expert \+ n_residual = 4 \+ 1 = 5 equal parts, which does not divide 128"),
     ],
 )
 def test_expert_count_must_divide_the_ffn(dense_cfg: ModelConfig, dense_sd: dict, n: int, split: str,

@@ -1,4 +1,4 @@
-"""workers.storage on real filesystems: the local disk (plain paths and file:// URIs) and fsspec's in-memory one
+"""upscale.storage on real filesystems: the local disk (plain paths and file:// URIs) and fsspec's in-memory one
 (memory://, a non-local protocol). No training here: checkpoint folders are made of small files; the segment-level
 behaviour (train, push, resume, fetch a parent) is tests/workers/test_segment_uris.py.
 
@@ -17,8 +17,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from upscale.workers import storage
-from upscale.workers.errors import WorkerError
+from upscale import storage
+from upscale.storage import StorageError
 
 
 class RecordingMemoryFS(MemoryFileSystem):
@@ -88,12 +88,12 @@ def test_paths_and_uris_are_told_apart_and_joined() -> None:
 
 
 def test_a_location_nothing_can_open_is_a_clear_error() -> None:
-    with pytest.raises(WorkerError, match=r"'nosuch://x': Protocol not known: nosuch\. Use a local path or a URI"):
+    with pytest.raises(StorageError, match=r"'nosuch://x': Protocol not known: nosuch\. Use a local path or a URI"):
         storage.check("nosuch://x")
     storage.check("/any/local/path")  # never refused
     storage.check("memory://fine")
     if importlib.util.find_spec("gcsfs") is None:
-        with pytest.raises(WorkerError, match=r"gcsfs.*Install the protocol's fsspec package.*gcsfs for gs://"):
+        with pytest.raises(StorageError, match=r"gcsfs.*Install the protocol's fsspec package.*gcsfs for gs://"):
             storage.check("gs://bucket/upscale")
 
 
@@ -127,7 +127,7 @@ def test_the_sidecar_is_uploaded_last_and_an_old_one_removed_first(tmp_path: Pat
     assert RecordingMemoryFS.log[0] == ("rm", storage.META_FILE) and RecordingMemoryFS.log[-1][1] == storage.META_FILE
     assert [op for op, name in RecordingMemoryFS.log if name == storage.META_FILE] == ["rm", "put"]
     (ck / storage.META_FILE).unlink()
-    with pytest.raises(WorkerError, match="not a complete checkpoint"):  # an interrupted save is never published
+    with pytest.raises(StorageError, match="not a complete checkpoint"):  # an interrupted save is never published
         storage.push(ck, "recmem://r/seg/tokens_000000000000512")
 
 

@@ -5,7 +5,7 @@ One job: move checkpoint folders (and the small files beside them) between a loc
 * A *location* is a local path, used as it is (no staging, no copies: the behaviour of local folders), or a URI
   (anything starting with `scheme://`), opened with `fsspec.core.url_to_fs`. The protocol's fsspec package must be
   installed where upscale runs (s3fs for s3://, gcsfs for gs://, adlfs for az://); a missing one or an unknown
-  protocol is a `WorkerError` saying which.
+  protocol is a `StorageError` saying which.
 * DeepSpeed reads and writes local files only, so a segment whose location is a URI trains in a local *mirror* of
   it: `<staging root>/<scheme>/<path of the URI>`, the staging root being `staging/` beside the token cache
   (`<UPSCALE_HOME>/staging` by default). Every checkpoint is *pushed* right after it is saved, `meta.json` last, so
@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from upscale.workers.errors import WorkerError
-
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
@@ -55,6 +53,11 @@ TAG_PREFIX = "tokens_"  # checkpoint folders of a segment: tokens_<15 digits>
 MARKERS = (META_FILE, "config.json")  # the file written last in a checkpoint folder / a bare model folder
 STAGING = "staging"  # the staging root's name, beside the token cache
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
+
+
+class StorageError(ValueError):
+    """A checkpoint location nothing here can open, or a folder that is not a checkpoint: a bad value, which
+    retrying cannot mend; the message names the location and what to install or fix."""
 
 
 def is_uri(location: str | Path) -> bool:
@@ -70,24 +73,24 @@ def join(location: str | Path, *names: str) -> str:
 
 
 def filesystem(location: str | Path) -> tuple[AbstractFileSystem, str]:
-    """The fsspec filesystem of ``location`` and the path in it; a WorkerError that says what to install or fix."""
+    """The fsspec filesystem of ``location`` and the path in it; a StorageError that says what to install or fix."""
     from fsspec.core import url_to_fs
 
     try:
         fs, path = url_to_fs(str(location))
     except ImportError as e:  # a known protocol whose package is missing: fsspec's message names it
-        raise WorkerError(f"checkpoint location {str(location)!r}: {e}. Install the protocol's fsspec package "
+        raise StorageError(f"checkpoint location {str(location)!r}: {e}. Install the protocol's fsspec package "
                           f"wherever upscale runs (the API/scheduler image and every Ray node): s3fs for s3://, "
                           f"gcsfs for gs://, adlfs for az://") from None
     except ValueError as e:
-        raise WorkerError(f"checkpoint location {str(location)!r}: {e}. Use a local path or a URI of a protocol "
+        raise StorageError(f"checkpoint location {str(location)!r}: {e}. Use a local path or a URI of a protocol "
                           f"fsspec knows (s3://, gs://, az://, file://, memory://, ...)") from None
     fs.invalidate_cache(path)  # another node may have changed it since this process listed it (s3fs caches listings)
     return fs, path
 
 
 def check(location: str) -> None:
-    """Raise the WorkerError `filesystem` would for a URI nothing here can open; a local path is always fine."""
+    """Raise the StorageError `filesystem` would for a URI nothing here can open; a local path is always fine."""
     if is_uri(location):
         filesystem(location)
 
@@ -168,7 +171,7 @@ def push(local: str | Path, uri: str) -> None:
     is removed first, so the folder never looks complete while it is being overwritten."""
     local = Path(local)
     if not (local / META_FILE).is_file():
-        raise WorkerError(f"{local} is not a complete checkpoint ({META_FILE} missing); refusing to push it")
+        raise StorageError(f"{local} is not a complete checkpoint ({META_FILE} missing); refusing to push it")
     _unmark(uri)
     _push_body(local, uri)
     _push_marker(local, uri)
@@ -215,7 +218,7 @@ def mirror(uri: str, root: Path) -> Path:
     _, path = filesystem(uri)
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise WorkerError(f"checkpoint location {uri!r}: '..' is not allowed in a URI path")
+        raise StorageError(f"checkpoint location {uri!r}: '..' is not allowed in a URI path")
     return root / re.sub(r"[^A-Za-z0-9._-]", "_", scheme) / Path(*parts)
 
 
@@ -243,7 +246,7 @@ def _download(fs: AbstractFileSystem, path: str, local: Path, marker: str) -> No
     prefix = path.rstrip("/") + "/"
     rel = [f[len(prefix):] for f in files if f.startswith(prefix)]
     if len(rel) != len(files):
-        raise WorkerError(f"cannot map the files of {path} to a local folder ({files[:3]}...)")
+        raise StorageError(f"cannot map the files of {path} to a local folder ({files[:3]}...)")
     tmp = local.parent / f".{local.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     try:
         body = [r for r in rel if r != marker]
