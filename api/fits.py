@@ -20,7 +20,7 @@ import pandas as pd
 from sqlalchemy import select
 
 from upscale.api.records import FitRecord
-from upscale.api.schemas import Decision, FitCreate
+from upscale.api.schemas import DecisionPublic, FitCreate
 from upscale.fitting.dstar import decide, dstar_at
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
@@ -158,7 +158,7 @@ def fitted(services: Services, fit_id: str) -> FittedLaw:
 
 
 def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str | None,
-             upcycled_fit: str | None) -> Decision:
+             upcycled_fit: str | None) -> DecisionPublic:
     """The verdict for (N1, D1, D2) from a from-scratch MoE fit and an upcycled fit (default: the latest ones)."""
     ids = {}
     for role, given, kind in (("moe", moe_fit, "scratch"), ("upcycled", upcycled_fit, "upcycled")):
@@ -169,5 +169,5 @@ def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str |
     moe, up = fitted(services, ids["moe"]), fitted(services, ids["upcycled"])
     d = decide(moe, up, n1, d1, d2).to_json()
     star = dstar_at(moe, up, n1)
-    return Decision(**clean({**d, "dstar": star["dstar"], "dstar_ci": star["ci"], "fits": ids}))
+    return DecisionPublic(**clean({**d, "dstar": star["dstar"], "dstar_ci": star["ci"], "fits": ids}))
 

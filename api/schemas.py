@@ -106,7 +106,7 @@ class FitPublic(BaseModel):
     plots: dict[str, str] = Field(description="Plot name -> URL of its PNG.")
 
 
-class Decision(BaseModel):
+class DecisionPublic(BaseModel):
     verdict: Literal["upcycle", "scratch"]
     n1: float
     d1: float

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from upscale.fitting.fit import FitOptions, FitResult, Problem, StartResult, prepare, refit_theta, user_params
+from upscale.fitting.fit import FitOptions, FitProblem, FitResult, StartResult, prepare, refit_theta, user_params
 from upscale.fitting.laws import TRUNK, Law
 
 CI_LEVEL = 0.95
@@ -63,14 +63,14 @@ def _units(df: pd.DataFrame) -> tuple[str, list[np.ndarray]]:
     return "point", [np.array([i]) for i in range(len(df))]
 
 
-def _refit_chunk(problem: Problem, best: StartResult, options: FitOptions,
+def _refit_chunk(problem: FitProblem, best: StartResult, options: FitOptions,
                  row_sets: list[np.ndarray]) -> list[np.ndarray | None]:
     return [refit_theta(problem.subset(rows), best, options) for rows in row_sets]
 
 
 def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed: int = 0,
               options: FitOptions | None = None, workers: int = 1,
-              progress: Callable[[int], None] | None = None, *, problem: Problem | None = None) -> Bootstrap:
+              progress: Callable[[int], None] | None = None, *, problem: FitProblem | None = None) -> Bootstrap:
     """``n`` refits of ``result`` on resampled trunks (or points); ``progress(k)`` is told of every k finished.
     ``problem``: the one ``prepare`` built for this fit (law, df, result.fixed, options), if the caller has it."""
     options = options or FitOptions()

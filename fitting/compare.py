@@ -17,8 +17,8 @@ import pandas as pd
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import (
     FitOptions,
+    FitProblem,
     FitResult,
-    Problem,
     StartResult,
     fit_problem,
     prepare,
@@ -45,7 +45,7 @@ class Comparison:
         return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
-def loo_rms(problem: Problem, best: StartResult, options: FitOptions,
+def loo_rms(problem: FitProblem, best: StartResult, options: FitOptions,
             progress: Callable[[int], None] | None = None) -> float:
     """RMS over rows of (prediction of the row from a fit without it) − observed, in loss units; ``progress(1)`` is
     told of every refit."""
@@ -62,7 +62,7 @@ def loo_rms(problem: Problem, best: StartResult, options: FitOptions,
     return float(np.sqrt(np.mean(errors**2)))
 
 
-def extrapolation_rms(law: Law, table: pd.DataFrame, problem: Problem, options: FitOptions) -> float:
+def extrapolation_rms(law: Law, table: pd.DataFrame, problem: FitProblem, options: FitOptions) -> float:
     """Fit on rows below the largest value of the law's holdout column, RMS error on the rows at it; NaN when
     too few rows remain to fit."""
     col = table[law.holdout].to_numpy()
@@ -78,7 +78,7 @@ def extrapolation_rms(law: Law, table: pd.DataFrame, problem: Problem, options: 
     return float(np.sqrt(np.mean((np.exp(held.log_predict(theta)) - np.exp(held.y)) ** 2)))
 
 
-def information_criteria(problem: Problem, theta: np.ndarray) -> tuple[float, float]:
+def information_criteria(problem: FitProblem, theta: np.ndarray) -> tuple[float, float]:
     """(AIC, BIC) from the log residuals of the fit."""
     n, k = problem.n, len(problem.names)
     rss = float(np.sum((problem.log_predict(theta) - problem.y) ** 2))
@@ -87,7 +87,7 @@ def information_criteria(problem: Problem, theta: np.ndarray) -> tuple[float, fl
 
 
 def assess(law: Law, df: pd.DataFrame, result: FitResult, options: FitOptions | None = None, *,
-           prepared: tuple[Problem, pd.DataFrame] | None = None,
+           prepared: tuple[FitProblem, pd.DataFrame] | None = None,
            progress: Callable[[int], None] | None = None) -> Comparison:
     """The comparison row of an existing fit of ``law`` to ``df``; ``prepared``: what ``prepare`` returned for this
     fit (law, df, result.fixed, options), if the caller has it. ``progress(1)`` is told of each LOO refit and of the

@@ -227,7 +227,7 @@ def catch_up(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float,
 
 
 @dataclass(frozen=True)
-class Decision:
+class UpcycleDecision:
     """A verdict for one (N1, D1, D2): the catch-up budget and, with bootstrap samples, its probability."""
 
     n1: float
@@ -247,7 +247,7 @@ class Decision:
                 "catch_up_ci": [finite_or_none(v) for v in self.catch_up_ci] if self.catch_up_ci else None}
 
 
-def decide(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float) -> Decision:
+def decide(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float) -> UpcycleDecision:
     """Upcycle or train from scratch, for a dense model of N1 parameters trained on D1 tokens and D2 to spend."""
     check_pair(moe, up)
     for name, v in (("--n1", n1), ("--d1", d1), ("--d2", d2)):
@@ -265,5 +265,5 @@ def decide(moe: FittedLaw, up: FittedLaw, n1: float, d1: float, d2: float) -> De
         samples = np.array(budgets[1:])
         prob = float(np.mean(samples > d1))
         ci = percentile_interval(samples)
-    return Decision(n1, d1, d2, float(upcycled.loss(X, 0)[0]), d_moe, "upcycle" if d_moe > d1 else "scratch", prob,
-                    ci)
+    verdict = "upcycle" if d_moe > d1 else "scratch"
+    return UpcycleDecision(n1, d1, d2, float(upcycled.loss(X, 0)[0]), d_moe, verdict, prob, ci)

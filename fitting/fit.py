@@ -8,7 +8,7 @@ The paper's procedure (Sec. 4.1, after Hoffmann et al. and the Chinchilla replic
   tolerance is met long before the optimum; tests/fitting/test_fit.py shows it).
 * Multi-start in two stages: the grid of exponent starts gets its scales by linear least squares (variable
   projection), the objective is evaluated on the whole grid at once (one batched product), then BFGS runs from
-  the ``n_starts`` best grid points, in whitened coordinates (see ``Problem.whitening``). Every BFGS
+  the ``n_starts`` best grid points, in whitened coordinates (see ``FitProblem.whitening``). Every BFGS
   run is kept (start, end point, objective, convergence); the best converged one is the fit. If none converged the
   fit raises FitError: a non-converged fit is never reported as a result.
 * Fixed parameters leave θ and enter as a constant offset; several laws on several tables can share parameters
@@ -67,7 +67,7 @@ class StartResult:
 
 
 @dataclass(frozen=True)
-class FitRecord:
+class FitProvenance:
     """What is needed to reproduce a fit: versions, grid, tolerances and the hash of the data."""
 
     fitter_version: str
@@ -93,7 +93,7 @@ class FitResult:
     converged: bool
     n_points: int
     starts: tuple[StartResult, ...]
-    record: FitRecord
+    record: FitProvenance
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -120,7 +120,7 @@ class FitResult:
 
 
 @dataclass
-class Problem:
+class FitProblem:
     """The numerics of one fit: design tensor, constant offset, targets. Rows can be subset for LOO/bootstrap."""
 
     names: tuple[str, ...]  # free parameters, in θ order
@@ -136,8 +136,8 @@ class Problem:
     def n(self) -> int:
         return self.y.shape[0]
 
-    def subset(self, rows: np.ndarray) -> Problem:
-        return Problem(self.names, self.params, self.X[:, rows, :], self.offset[:, rows], self.y[rows],
+    def subset(self, rows: np.ndarray) -> FitProblem:
+        return FitProblem(self.names, self.params, self.X[:, rows, :], self.offset[:, rows], self.y[rows],
                        self.delta, self.reduction, self.upper)
 
     def log_predict(self, theta: np.ndarray) -> np.ndarray:
@@ -266,7 +266,7 @@ def build_problem(
     blocks: list[tuple[Law, pd.DataFrame, dict[str, str]]],
     fixed: dict[str, float],
     options: FitOptions,
-) -> Problem:
+) -> FitProblem:
     """One problem from several (law, validated table, rename) blocks; rename maps a law's parameter names to
     the problem's (shared parameters map to the same name). ``fixed`` is keyed by the problem's names."""
     names: list[str] = []
@@ -297,18 +297,18 @@ def build_problem(
     upper = np.full(len(names), np.inf)
     if options.bound_E and "E" in names:
         upper[names.index("E")] = float(np.min(np.concatenate(ys)))
-    return Problem(tuple(names), tuple(decl[n] for n in names), np.concatenate(Xs, axis=1),
+    return FitProblem(tuple(names), tuple(decl[n] for n in names), np.concatenate(Xs, axis=1),
                    np.concatenate(offs, axis=1), np.concatenate(ys), options.delta, options.reduction, upper)
 
 
-def start_grid(problem: Problem) -> np.ndarray:
+def start_grid(problem: FitProblem) -> np.ndarray:
     """Every start (G, p): the Cartesian product of the exponents' starts, each with its least-squares scales."""
     exps = [p.starts for p in problem.params if p.kind == "exponent"]
     grid_exp = np.array(list(itertools.product(*exps)), dtype=float).reshape(-1, len(exps))
     return np.minimum(problem.project_scales(grid_exp), problem.upper)
 
 
-def run_starts(problem: Problem, options: FitOptions) -> tuple[tuple[StartResult, ...], int]:
+def run_starts(problem: FitProblem, options: FitOptions) -> tuple[tuple[StartResult, ...], int]:
     """BFGS from the ``n_starts`` best grid points; returns every run and the grid size."""
     grid = start_grid(problem)
     values = problem.screen(grid)
@@ -325,12 +325,12 @@ def best_start(starts: tuple[StartResult, ...], what: str) -> StartResult:
     return min(ok, key=lambda s: s.objective)
 
 
-def user_params(problem: Problem, theta: np.ndarray, fixed: dict[str, float]) -> dict[str, float]:
+def user_params(problem: FitProblem, theta: np.ndarray, fixed: dict[str, float]) -> dict[str, float]:
     out = {n: p.to_user(t) for n, p, t in zip(problem.names, problem.params, theta, strict=True)}
     return {**out, **{k: float(v) for k, v in fixed.items()}}
 
 
-def _flag_bounds(problem: Problem, params: dict[str, float]) -> tuple[str, ...]:
+def _flag_bounds(problem: FitProblem, params: dict[str, float]) -> tuple[str, ...]:
     out = []
     for n, p in zip(problem.names, problem.params, strict=True):
         lo, hi = p.bounds
@@ -339,12 +339,12 @@ def _flag_bounds(problem: Problem, params: dict[str, float]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _finish(label: str, problem: Problem, starts: tuple[StartResult, ...], n_grid: int, fixed: dict[str, float],
+def _finish(label: str, problem: FitProblem, starts: tuple[StartResult, ...], n_grid: int, fixed: dict[str, float],
             options: FitOptions, hash_: str) -> FitResult:
     best = best_start(starts, label)
     theta = np.array(best.end)
     params = user_params(problem, theta, fixed)
-    record = FitRecord(FITTER_VERSION, "L-BFGS-B" if np.isfinite(problem.upper).any() else "BFGS",
+    record = FitProvenance(FITTER_VERSION, "L-BFGS-B" if np.isfinite(problem.upper).any() else "BFGS",
                        options.reduction, options.tolerances(), {n: p.starts for n, p in
                                                                   zip(problem.names, problem.params, strict=True)},
                        n_grid, len(starts), hash_)
@@ -353,7 +353,7 @@ def _finish(label: str, problem: Problem, starts: tuple[StartResult, ...], n_gri
 
 
 def prepare(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None,
-            options: FitOptions) -> tuple[Problem, pd.DataFrame]:
+            options: FitOptions) -> tuple[FitProblem, pd.DataFrame]:
     """Validate ``df`` for ``law`` and build its problem (the CLI and the bootstrap share this)."""
     fixed = dict(fixed or {})
     for name in fixed:
@@ -370,7 +370,7 @@ def fit(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None,
     return fit_problem(law, problem, table, fixed, options)
 
 
-def fit_problem(law: Law, problem: Problem, table: pd.DataFrame, fixed: dict[str, float] | None,
+def fit_problem(law: Law, problem: FitProblem, table: pd.DataFrame, fixed: dict[str, float] | None,
                 options: FitOptions) -> FitResult:
     """``fit`` of the (problem, table) that ``prepare`` built for (law, fixed, options): for callers that go on
     with the same problem (a report's LOO and bootstrap, a comparison's assessment), so that it is built once."""
@@ -379,7 +379,7 @@ def fit_problem(law: Law, problem: Problem, table: pd.DataFrame, fixed: dict[str
                    data_hash(table, (*law.columns, LOSS)))
 
 
-def refit_theta(problem: Problem, best: StartResult, options: FitOptions) -> np.ndarray | None:
+def refit_theta(problem: FitProblem, best: StartResult, options: FitOptions) -> np.ndarray | None:
     """The optimum of ``problem`` (rows resampled or left out) warm-started at the full fit's ``best`` run (its end
     point and curvature); the full multi-start if that does not converge; None if nothing converges."""
     first = problem.minimize(np.array(best.end), options, best.hess_inv)

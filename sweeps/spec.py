@@ -30,15 +30,15 @@ from upscale.sweeps.sizes import NAMED_SIZES, expert_widths
 R_METHODS = frozenset({"drop"})
 METHODS: tuple[str, ...] = get_args(Method)
 
-Problem = tuple[str, str]
+SpecProblem = tuple[str, str]
 Budget = Annotated[float, Field(gt=0, description="Tokens (rounded to whole steps).")]
 
 
 class SpecError(ValueError):
     """A sweep spec the user must fix: every problem, each with the field path it concerns."""
 
-    def __init__(self, problems: Sequence[Problem]):
-        self.problems: tuple[Problem, ...] = tuple(problems)
+    def __init__(self, problems: Sequence[SpecProblem]):
+        self.problems: tuple[SpecProblem, ...] = tuple(problems)
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -49,12 +49,12 @@ class SpecError(ValueError):
         return f"invalid sweep spec ({n} problems):\n  " + "\n  ".join(lines)
 
 
-def _raise_if(problems: list[Problem]) -> None:
+def _raise_if(problems: list[SpecProblem]) -> None:
     if problems:
         raise SpecError(problems)
 
 
-def _budget_list_problems(name: str, values: Sequence[float]) -> list[Problem]:
+def _budget_list_problems(name: str, values: Sequence[float]) -> list[SpecProblem]:
     if not values:
         return [(name, "empty budget list; give at least one token budget")]
     out = []
@@ -88,7 +88,7 @@ class ModelSection(Frozen):
         """Names or shapes, checked here rather than as a pydantic union so each entry gets one clear message."""
         if not isinstance(sizes, list) or not sizes:
             raise SpecError([("", "give a list of at least one size")])
-        problems: list[Problem] = []
+        problems: list[SpecProblem] = []
         out: list[str | ShapeEntry] = []
         for i, s in enumerate(sizes):
             if isinstance(s, str) and s not in NAMED_SIZES:
@@ -120,7 +120,7 @@ class MoeSection(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> MoeSection:
-        problems: list[Problem] = []
+        problems: list[SpecProblem] = []
         for name, values in (("experts", self.experts), ("topk", self.topk)):
             if not values:
                 problems.append((name, "empty list"))
@@ -149,7 +149,7 @@ class UpcyclingSection(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> UpcyclingSection:
-        problems: list[Problem] = []
+        problems: list[SpecProblem] = []
         if not self.methods:
             problems.append(("methods", "give at least one method"))
         problems += [(f"methods[{i}]", f"method {m!r} listed twice") for i, m in enumerate(self.methods)
@@ -242,7 +242,7 @@ class TrainSection(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:
-        problems: list[Problem] = []
+        problems: list[SpecProblem] = []
         if (self.lr is None) == (self.lr_search is None):
             problems.append(("lr", "give exactly one of train.lr {dense, moe} and train.lr_search"))
         if self.lr_search and self.lr_search.low >= self.lr_search.high:
@@ -290,7 +290,7 @@ class SweepSpec(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> SweepSpec:
-        problems: list[Problem] = []
+        problems: list[SpecProblem] = []
         labels = list(self.model.shapes())
         problems += [(f"per_size.{k}", f"not a size of this sweep ({', '.join(labels)})")
                      for k in self.per_size if k not in labels]
@@ -343,7 +343,7 @@ class SizeRecipe:
 @dataclass(frozen=True)
 class Resolution:
     recipes: tuple[SizeRecipe, ...]
-    problems: tuple[Problem, ...]
+    problems: tuple[SpecProblem, ...]
     notes: tuple[str, ...]
 
 
@@ -359,7 +359,7 @@ def decay_start_step(steps: int, fraction: float) -> int:
 
 def resolve(spec: SweepSpec) -> Resolution:
     """Per-size recipes in whole steps, with the rounding notes and the problems (budgets the steps cannot reach)."""
-    problems: list[Problem] = []
+    problems: list[SpecProblem] = []
     notes: list[str] = []
     recipes = []
     t = spec.train
@@ -405,7 +405,7 @@ def _min_budget(warmup: int, fraction: float) -> int:
     return s
 
 
-def _steps(tokens: float, tps: int, path: str, label: str, mode: str, problems: list[Problem], notes: list[str],
+def _steps(tokens: float, tps: int, path: str, label: str, mode: str, problems: list[SpecProblem], notes: list[str],
            allow_zero: bool = False) -> int:
     steps = round_steps(tokens, tps)
     if steps * tps != tokens:
@@ -435,7 +435,7 @@ def parse_spec(data: Any) -> SweepSpec:
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as e:
-        problems: list[Problem] = []
+        problems: list[SpecProblem] = []
         for err in e.errors():
             base = _dotted(err["loc"])
             cause = err.get("ctx", {}).get("error")

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from upscale.fitting.analysis import Analysis, LawFit, Progress
-    from upscale.fitting.dstar import Decision
+    from upscale.fitting.dstar import UpcycleDecision
     from upscale.fitting.laws import Law
     from upscale.fitting.summary import FittedLaw
 
@@ -146,7 +146,7 @@ def dstar(moe_fit: LawFit | FittedLaw | dict | str | Path, upcycled_fit: LawFit 
 
 
 def decide(moe_fit: LawFit | FittedLaw | dict | str | Path, upcycled_fit: LawFit | FittedLaw | dict | str | Path,
-           n1: float, d1: float, d2: float) -> Decision:
+           n1: float, d1: float, d2: float) -> UpcycleDecision:
     """Upcycle or train from scratch, as `upscale decide`: ``.verdict``, ``.catch_up_tokens`` and, when both fits
     were bootstrapped, ``.probability_upcycle`` (``.to_json()`` for the CLI's JSON)."""
     from upscale.fitting.dstar import decide as run

@@ -8,7 +8,7 @@ from fastapi.responses import FileResponse
 from upscale.api import fits
 from upscale.api.records import FitRecord
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from upscale.api.schemas import Decision, FitCreate, FitPublic
+from upscale.api.schemas import DecisionPublic, FitCreate, FitPublic
 
 router = APIRouter(tags=["fits"], responses=AUTH_ERRORS)
 # Its own router: a router's tags are added to each route's, and an operation with two tags is listed twice on /docs.
@@ -59,7 +59,7 @@ def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileRe
     return FileResponse(fits.fit_dir(services, fit_id) / f"{name}.png", media_type="image/png")
 
 
-@decisions.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=Decision,
+@decisions.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=DecisionPublic,
                responses={422: {"description": "Missing fits or bad values."}})
 def decide_upcycle(services: ServicesDep, _: Reader,
                    n1: float = Query(gt=0, le=MAX_COUNT, description="Dense model size (parameters)."),
@@ -68,7 +68,7 @@ def decide_upcycle(services: ServicesDep, _: Reader,
                    moe_fit: str | None = Query(None, description="Fit id of the from-scratch MoE law (default: "
                                                "the latest scratch fit)."),
                    upcycled_fit: str | None = Query(None, description="Fit id of the upcycled law (default: the "
-                                                    "latest upcycled fit).")) -> Decision:
+                                                    "latest upcycled fit).")) -> DecisionPublic:
     """The catch-up budget from scratch needs to match upcycling, the verdict (upcycle when it exceeds D1), its
     bootstrap probability, and D* at this N1, from two stored fits."""
     return fits.decision(services, n1, d1, d2, moe_fit, upcycled_fit)
