@@ -8,6 +8,7 @@ folder name (``import fitting``), which would only work from a checkout and load
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -21,8 +22,15 @@ FOLDERS = [f for f in PACKAGE_DIR.values() if f != "upscale"]
 
 
 def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
+    # Built from a copy of the tracked files: setuptools writes build/ and *.egg-info beside the sources.
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    src = tmp_path / "src"
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("upscale-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
