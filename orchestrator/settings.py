@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from upscale import storage
+from upscale.home import DEFAULT_HOME
 
 
 class Settings(BaseSettings):
@@ -23,7 +24,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="UPSCALE_", frozen=True, extra="ignore", populate_by_name=True)
 
-    home: Path = Field(Path(".upscale"), description="UPSCALE_HOME: root of generated state.")
+    home: Path = Field(DEFAULT_HOME, description="UPSCALE_HOME: root of generated state.")
     db_url: str = Field("", description="UPSCALE_DB_URL: the state store; default sqlite:///<home>/upscale.db.")
     checkpoint_dir: str = Field("", description="UPSCALE_CHECKPOINT_DIR: checkpoint root, a path (a shared filesystem "
                                                 "on a cluster) or an fsspec URI such as s3://bucket/upscale; default "

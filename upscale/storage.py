@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from upscale.home import upscale_home
+
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
@@ -205,9 +207,7 @@ def _push_marker(local: Path, uri: str) -> None:
 def staging_root(data_cache_dir: str | Path | None) -> Path:
     """Where URIs are mirrored on this node: `staging/` beside the token cache (default `<UPSCALE_HOME>/staging`)."""
     if data_cache_dir is None:
-        from upscale.workers.data import default_cache_dir
-
-        data_cache_dir = default_cache_dir()
+        return upscale_home().absolute() / STAGING
     return Path(data_cache_dir).absolute().parent / STAGING
 
 

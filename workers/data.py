@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from upscale.home import upscale_home
 from upscale.sweeps.segments import DataSpec
 from upscale.workers.errors import WorkerError
 
@@ -35,11 +36,6 @@ BUILTIN_STDLIB = "builtin:python-stdlib"
 CACHE_VERSION = 1
 BYTE_VOCAB = 256
 ENCODE_CHUNK = 512  # documents per encode call: the grain of load_tokens' progress
-
-
-def upscale_home() -> Path:
-    """`UPSCALE_HOME`, default ./.upscale (docs/architecture.md, "State and storage")."""
-    return Path(os.environ.get("UPSCALE_HOME", ".upscale"))
 
 
 def default_cache_dir() -> Path:
