@@ -87,7 +87,7 @@ def test_demo_trains_a_grid_for_real_and_fits_it(tmp_path: Path) -> None:
     out = _demo(tmp_path / "home", "--spec", str(spec), "--bootstrap", "20", timeout=1200)
     assert "upcycling method: naive" in out and out.count("verdict:") == 2
     assert {p.name for p in (tmp_path / "home" / "demo" / "naive").iterdir()} == PLOTS
-    assert "mlflow ui --backend-store-uri sqlite:///" in out
+    assert "upscale ui --launch" in out
     # A second run reuses every segment: nothing is trained again.
     assert "0 segment(s) trained this run" in _demo(tmp_path / "home", "--spec", str(spec), "--bootstrap", "0",
                                                     timeout=600)

@@ -184,8 +184,8 @@ def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
         plot_group(analysis, up, rows, out_dir / folder)
     _record(orch.store, analysis, [outcome.sweep_id], "upscale demo")
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
-    console.print(f"the runs in the MLflow UI: mlflow ui --backend-store-uri {orch.settings.mlflow_tracking_uri}",
-                  soft_wrap=True)  # never wrapped: people paste it
+    # `upscale ui` runs MLflow through this interpreter: a bare `mlflow` is on PATH only with the venv activated
+    console.print("the runs in the MLflow UI: upscale ui --launch, then http://127.0.0.1:5000", soft_wrap=True)
 
 
 @app.command("demo")
