@@ -29,10 +29,11 @@ def init_single_process(backend: str = "gloo") -> None:
 
     if dist.is_available() and dist.is_initialized():
         return
+    # Set, not defaulted: a world of one has no peer to agree a port with, and a MASTER_PORT inherited from the
+    # process that started this one (a CLI or test process that made its own group) is that process's busy port.
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
            "LOCAL_RANK": "0"}
-    for k, v in env.items():
-        os.environ.setdefault(k, v)
+    os.environ.update(env)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 

@@ -229,7 +229,6 @@ def test_trunks_ignore_lr_search_parents_and_need_a_resolved_lr(home: Path) -> N
 
 @pytest.mark.slow
 def test_sigkilled_process_resumes_to_the_same_loss(home: Path, runs: dict) -> None:
-    import os
     import signal
     import subprocess
     import sys
@@ -237,18 +236,16 @@ def test_sigkilled_process_resumes_to_the_same_loss(home: Path, runs: dict) -> N
 
     runtime = rt(home, "sigkill", checkpoint_every_tokens=4 * TPS)
     code = ("import sys, time, torch; torch.set_num_threads(1)\n"
-            "from sweeps.segments import SegmentSpec, SegmentRuntime\n"
-            "from workers.segment import run_segment\n"
+            "from upscale.sweeps.segments import SegmentSpec, SegmentRuntime\n"
+            "from upscale.workers.segment import run_segment\n"
             "spec = SegmentSpec.model_validate_json(sys.argv[1])\n"
             "rt = SegmentRuntime.model_validate_json(sys.argv[2])\n"
             "run_segment(spec, rt, on_step=lambda info: time.sleep(0.3))\n")
-    # a fresh process: without this process group's MASTER_PORT & co., which init_single_process would reuse
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # a fresh process; it inherits this one's MASTER_PORT, which init_single_process must not reuse
     log = home / "sigkill.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-c", code, FULL.model_dump_json(), runtime.model_dump_json()],
-                                cwd=Path(__file__).parents[2], env=env, stdout=out, stderr=out)
+                                cwd=home, stdout=out, stderr=out)
     marker = home / "sigkill" / tag_for(8 * TPS) / "meta.json"
     deadline = time.time() + 300
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
