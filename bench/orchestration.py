@@ -21,14 +21,12 @@ from pathlib import Path
 from upscale.orchestrator.scheduler import Scheduler, ensure_ray
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.spec import load_spec
-
-DEMO = Path(__file__).resolve().parent.parent / "sweeps" / "examples" / "demo.yaml"
+from upscale.sweeps.spec import DEMO_SPEC, load_spec
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", type=Path, default=DEMO)
+    ap.add_argument("--spec", type=Path, default=DEMO_SPEC)
     ap.add_argument("--max-concurrent", type=int, default=1)
     args = ap.parse_args()
     spec = load_spec(args.spec)

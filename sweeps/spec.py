@@ -456,6 +456,10 @@ def _message(err: Any) -> str:
     return err["msg"]
 
 
+# The example spec shipped with the package that `upscale demo` runs and the API shows as POST /sweeps' example.
+DEMO_SPEC = Path(__file__).resolve().parent / "examples" / "demo.yaml"
+
+
 def load_spec(source: str | Path) -> SweepSpec:
     """Read a spec from a .yaml/.yml/.json path or from YAML/JSON text (JSON is YAML)."""
     text = source

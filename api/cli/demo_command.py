@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -29,6 +28,7 @@ from upscale.api.cli.fit_commands import (
     fmt,
     workers_for,
 )
+from upscale.sweeps.spec import DEMO_SPEC
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from upscale.fitting.analysis import Analysis, Progress, UpcycledAnalysis
     from upscale.orchestrator.store import Store
 
-DEMO_SPEC = Path(str(files("upscale.sweeps") / "examples" / "demo.yaml"))
 # The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
 PAPER_N1 = (1e8, 1e9, 7e9)
 PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
@@ -126,10 +125,11 @@ def _print_upcycled(up: UpcycledAnalysis, truth: dict[str, float] | None = None)
 
 def _record(store: Store, analysis: Analysis, sweep_ids: list[str], source: str) -> None:
     """Keep the analysis's fits in the store: `upscale decide` and `upscale dstar` use the newest ones."""
+    from upscale.api.auth import LOCAL_OWNER
     from upscale.api.fits import record_analysis
     from upscale.orchestrator.settings import get_settings
 
-    records = record_analysis(store, get_settings().home, analysis, sweep_ids, owner="local", source=source)
+    records = record_analysis(store, get_settings().home, analysis, sweep_ids, owner=LOCAL_OWNER, source=source)
     ids = ", ".join(f"{r.kind} {r.id}" + (f" ({label})" if (label := _group(r)) else "") for r in records)
     console.print(f"fits recorded in the store: {ids}; `upscale decide` and `upscale dstar` use the newest",
                   soft_wrap=True, highlight=False)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from importlib.resources import files
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -15,7 +13,7 @@ from upscale.api import sweeps
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from upscale.orchestrator.observations import as_row, table
-from upscale.sweeps.spec import SweepSpec, load_spec, parse_spec
+from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_spec
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 
@@ -25,8 +23,7 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 _SPEC_SCHEMA = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
 SPEC_COMPONENTS: dict[str, Any] = {"SweepSpec": {k: v for k, v in _SPEC_SCHEMA.items() if k != "$defs"},
                                    **_SPEC_SCHEMA.get("$defs", {})}
-_SPEC_EXAMPLE: dict[str, Any] = load_spec(Path(str(files("upscale.sweeps") / "examples" / "demo.yaml"))).model_dump(
-    mode="json", exclude_unset=True)
+_SPEC_EXAMPLE: dict[str, Any] = load_spec(DEMO_SPEC).model_dump(mode="json", exclude_unset=True)
 _SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "example": _SPEC_EXAMPLE}
 SPEC_BODY = {"requestBody": {
     "required": True,
