@@ -38,10 +38,6 @@ if TYPE_CHECKING:  # at run time only its attributes are used: the CLI's reads o
 PLOT_LOCK = threading.Lock()
 
 
-def fit_dir(services: Services, fit_id: str) -> Path:
-    return fit_path(services.settings.home, fit_id)
-
-
 def fit_path(home: Path, fit_id: str) -> Path:
     """Where a fit's report.json and plots live under UPSCALE_HOME."""
     return home / "fits" / fit_id
@@ -154,7 +150,7 @@ def latest_fit(store: Store, kind: str) -> FitRecord | None:
 
 def fitted(services: Services, fit_id: str) -> FittedLaw:
     """A stored fit as the law, its parameters and its bootstrap samples."""
-    return load_fit(fit_dir(services, fit_id) / "report.json")
+    return load_fit(fit_path(services.settings.home, fit_id) / "report.json")
 
 
 def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str | None,

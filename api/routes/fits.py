@@ -56,7 +56,7 @@ def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileRe
     """One of the fit's diagnostic plots (parity, residuals, loss_vs_d2, alpha_d1), as listed in its `plots`."""
     if name not in _fit_or_404(services, fit_id).plots:
         raise HTTPException(404, f"fit {fit_id} has no plot {name!r}")
-    return FileResponse(fits.fit_dir(services, fit_id) / f"{name}.png", media_type="image/png")
+    return FileResponse(fits.fit_path(services.settings.home, fit_id) / f"{name}.png", media_type="image/png")
 
 
 @decisions.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=DecisionPublic,
