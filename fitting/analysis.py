@@ -1,11 +1,16 @@
-"""The paper's analysis as one function: dense, from-scratch and upcycled tables in, fits, D* and verdicts out.
+"""The paper's analysis as one function: dense, from-scratch and upcycled tables in, a versioned record out.
 
 The procedure (docs/laws.md): E is fitted jointly by the dense and from-scratch Chinchilla laws (the irreducible
 loss is the data's, not the architecture's); the from-scratch law is then fitted with that E fixed, and so is the
-upcycled `joint` law, once per upcycling group (method, r) of the upcycled table. Each fit is cluster-bootstrapped
-over trunks, and D* is found at every N1 with every crossing, its interval and the closed form D*(N1), plus a verdict
-for each (N1, D1, D2) case asked. `upscale demo` prints and plots an ``Analysis``, and records its fits in the store
-so that `upscale decide` and `upscale dstar` can use them; ``upscale.analyze`` is this function for notebooks.
+upcycled `joint` law, once per upcycling group (method, r, n_expert x topk; fitting/groups.py). Each fit is
+cluster-bootstrapped over trunks, and D* is found at every N1 with every crossing, its interval and the closed form
+D*(N1), plus a verdict for each (N1, D1, D2) case asked.
+
+Before fitting, the measured grid is checked the way `upscale plan` checks a planned one (fitting/identifiability.py):
+a law the data cannot identify is not fitted (its parameters would be arbitrary) and the record says which law, why,
+and what to add to the grid; everything else is still fitted. Every entry point runs this function: `upscale demo`,
+`upscale analyze`, the service's analyses (POST /sweeps/{id}/analysis, the automatic ones, refits) and
+``upscale.analyze`` in a notebook; fitting/analysis_plots.py draws its plots.
 
 Pure numerics like the rest of fitting/: no CLI, no printing. ``progress`` reports (stage, done, total).
 """
@@ -16,23 +21,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from upscale.fitting.dstar import decide, dstar_results
+from upscale.fitting.dstar import decide, dstar_at, dstar_results, upcycled_loss
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import fit_shared, split_shared
+from upscale.fitting.groups import group_label, upcycled_groups
+from upscale.fitting.identifiability import Grid, LawCheck, identifiability
 from upscale.fitting.laws import Law, get_law
-from upscale.fitting.summary import FittedLaw, clean, fitted_law, group_keys, report, report_steps
+from upscale.fitting.summary import FittedLaw, clean, fitted_law, report, report_steps
 
+ANALYSIS_VERSION = 2  # of the record's layout: bump when to_json changes what a reader finds
 TABLES = ("dense", "scratch", "upcycled")  # the store's observation kinds
-GROUP_COLUMNS = ("method", "r")  # an upcycled table is fitted once per upcycling method and drop ratio
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 @dataclass(frozen=True)
 class LawFit:
-    """One law fitted to one table: the ``upscale fit --json`` report (params, intervals, bootstrap samples...) and
-    the fitted law that D* and the verdict take."""
+    """One law fitted to one table: the ``upscale fit --json`` report (params, intervals, LOO, bootstrap samples...)
+    and the fitted law that D* and the verdict take."""
 
     report: dict[str, Any]
     fitted: FittedLaw
@@ -42,8 +50,8 @@ class LawFit:
         return self.fitted.params
 
     @classmethod
-    def from_report(cls, rep: dict[str, Any]) -> LawFit:
-        return cls(rep, fitted_law(rep))
+    def from_report(cls, rep: dict[str, Any] | None) -> LawFit | None:
+        return None if rep is None else cls(rep, fitted_law(rep))
 
 
 def fit_law(law: Law | str, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
@@ -56,12 +64,14 @@ def fit_law(law: Law | str, df: pd.DataFrame, fixed: dict[str, float] | None = N
 
 @dataclass(frozen=True)
 class UpcycledAnalysis:
-    """One upcycling group: its `joint` fit (E fixed), D* per N1 (`upscale dstar --json`) and the verdicts."""
+    """One upcycling group: its `joint` fit (E fixed), D* per N1 (`upscale dstar --json`) and the verdicts; no fit
+    (and so no D*) when its data cannot identify the law, the record's ``problems`` say why."""
 
-    group: dict[str, Any]  # {"method": ..., "r": ...}; empty when the table has no method column
-    fit: LawFit
-    dstar: dict[str, Any]
+    group: dict[str, Any]  # {"method", "r", "n_expert", "topk"}; empty when the table has none of those columns
+    fit: LawFit | None
+    dstar: dict[str, Any] | None
     decisions: list[dict[str, Any]]
+    n_points: int = 0
 
     @property
     def label(self) -> str:
@@ -70,57 +80,101 @@ class UpcycledAnalysis:
 
 @dataclass(frozen=True)
 class Analysis:
-    """The result of ``analyze``: the shared E, the from-scratch fit and one ``UpcycledAnalysis`` per group."""
+    """The result of ``analyze``: the shared E, the from-scratch fit, one ``UpcycledAnalysis`` per group, and the
+    problems (laws the data cannot identify, fits that failed) with what to add to the grid."""
 
     E: float
     E_note: str  # why E was fixed rather than fitted jointly, if it was
-    scratch: LawFit
+    scratch: LawFit | None
     upcycled: list[UpcycledAnalysis]
     n1s: list[float]
     bootstrap: int
     seed: int
     dense_params: dict[str, float] = field(default_factory=dict)  # the dense law of the joint E fit
+    problems: list[dict[str, str]] = field(default_factory=list)  # {"law", "fit", "why", "add"}
+    points: dict[str, int] = field(default_factory=dict)  # observations per table
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON (NaN and infinities as null); ``from_json`` reads it back."""
-        return clean({"E": self.E, "E_note": self.E_note, "n1s": self.n1s, "bootstrap": self.bootstrap,
-                      "seed": self.seed, "dense_params": self.dense_params, "scratch": self.scratch.report,
-                      "upcycled": [{"group": u.group, "fit": u.fit.report, "dstar": u.dstar,
+        return clean({"version": ANALYSIS_VERSION, "E": self.E, "E_note": self.E_note, "n1s": self.n1s,
+                      "bootstrap": self.bootstrap, "seed": self.seed, "points": self.points,
+                      "dense_params": self.dense_params, "problems": self.problems,
+                      "scratch": self.scratch.report if self.scratch else None,
+                      "upcycled": [{"group": u.group, "label": u.label, "points": u.n_points,
+                                    "fit": u.fit.report if u.fit else None, "dstar": u.dstar,
                                     "decisions": u.decisions} for u in self.upcycled]})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Analysis:
         return cls(E=data["E"], E_note=data["E_note"], scratch=LawFit.from_report(data["scratch"]),
-                   upcycled=[UpcycledAnalysis(u["group"], LawFit.from_report(u["fit"]), u["dstar"], u["decisions"])
-                             for u in data["upcycled"]],
+                   upcycled=[UpcycledAnalysis(u["group"], LawFit.from_report(u["fit"]), u["dstar"], u["decisions"],
+                                              u.get("points", 0)) for u in data["upcycled"]],
                    n1s=list(data["n1s"]), bootstrap=data["bootstrap"], seed=data["seed"],
-                   dense_params=data.get("dense_params", {}))
+                   dense_params=data.get("dense_params", {}), problems=data.get("problems", []),
+                   points=data.get("points", {}))
+
+    def missing(self, *laws: str) -> str:
+        """Why the analysis has no fit of ``laws`` (its problems), as one sentence."""
+        why = [f"{p['fit']}: {p['why']}" + (f" ({p['add']})" if p["add"] else "") for p in self.problems
+               if p["law"] in laws]
+        return "; ".join(why) or "no observations of it"
+
+    def decision(self, n1: float, d1: float, d2: float, group: str | None = None) -> dict[str, Any]:
+        """The verdict for (N1, D1, D2) with D* at N1, from the from-scratch law and one upcycled group's: ``group``
+        (a label), by default the group whose law predicts the lowest loss there (the best way to upcycle).
+        FitError when the analysis has no law to answer with."""
+        if self.scratch is None:
+            raise FitError(f"the analysis has no from-scratch MoE law: {self.missing('chinchilla')}")
+        fitted = [u for u in self.upcycled if u.fit is not None]
+        if group is not None:
+            labels = [u.label for u in self.upcycled]
+            if group not in labels:
+                raise FitError(f"no upcycling group {group!r} in the analysis; it has {', '.join(labels) or 'none'}")
+            fitted = [u for u in fitted if u.label == group]
+        if not fitted:
+            raise FitError(f"the analysis has no upcycled law{f' for {group}' if group else ''}: "
+                           f"{self.missing('joint')}")
+        best = min(fitted, key=lambda u: float(upcycled_loss(u.fit.fitted, n1, np.array([d1]), np.array([d2]))[0]))
+        verdict = decide(self.scratch.fitted, best.fit.fitted, n1, d1, d2).to_json()
+        star = dstar_at(self.scratch.fitted, best.fit.fitted, n1)
+        return clean({**verdict, "dstar": star["dstar"], "dstar_ci": star["ci"], "group": best.label})
 
 
-def group_label(group: dict[str, Any]) -> str:
-    """An upcycling group as people read it: ``naive``, ``drop r=0.5``; empty for an ungrouped table."""
-    method, r = group.get("method"), group.get("r")
-    return "" if method is None else str(method) if r is None else f"{method} r={r:g}"
+def observed_grid(dense: pd.DataFrame, scratch: pd.DataFrame,
+                  groups: Sequence[tuple[dict[str, Any], pd.DataFrame]]) -> Grid:
+    """The measured coordinates, as fitting/identifiability.py checks them."""
+    def rows(df: pd.DataFrame, columns: tuple[str, ...]) -> tuple[tuple[float, ...], ...]:
+        return tuple(sorted({tuple(float(v) for v in r) for r in df[list(columns)].dropna().itertuples(index=False)}))
+
+    return Grid(rows(dense, ("N", "D")), rows(scratch, ("N", "D")),
+                {group_label(g): rows(part, ("N1", "D1", "D2")) for g, part in groups})
 
 
-def upcycled_groups(upcycled: pd.DataFrame) -> list[tuple[dict[str, Any], pd.DataFrame]]:
-    """The upcycled table split by method and r (the columns it has of those); one group when it has neither."""
-    by = [c for c in GROUP_COLUMNS if c in upcycled.columns and upcycled[c].notna().any()]
-    if not by:
-        return [({}, upcycled.reset_index(drop=True))]
-    return [({c: key.get(c) for c in GROUP_COLUMNS}, part) for key, part in group_keys(upcycled, by)]
+def _problem(check: LawCheck) -> dict[str, str]:
+    return {"law": check.law, "fit": check.fit, "why": check.reason, "add": check.add}
 
 
-def shared_E(dense: pd.DataFrame, scratch: pd.DataFrame) -> tuple[float, str, dict[str, float]]:
-    """E of the dense and from-scratch Chinchilla laws fitted jointly, why it was fixed instead (if it was), and
-    the dense law's parameters of that fit."""
+def _fittable(check: LawCheck | None) -> bool:
+    """Fit unless the grid leaves a parameter free; a fit that merely passes through every point is still made
+    (and its problem still reported)."""
+    return check is None or check.identifiable or not check.unidentified
+
+
+def shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> tuple[float, str, dict[str, float]]:
+    """E of the dense and from-scratch Chinchilla laws fitted jointly (or of whichever one the grid identifies), why
+    it was fixed instead (if it was), and the dense law's parameters of that fit."""
     chin = get_law("chinchilla")
+    low = chin.param("E").bounds[0]
+    tables = {label: (chin, df) for label, df in (("dense", dense), ("moe", scratch)) if df is not None}
+    if not tables:
+        return low, (f"E is not identified: neither the dense nor the from-scratch law can be fitted on this grid; "
+                     f"fixed at {low:g}, the low end of its plausible range"), {}
     try:
-        result = fit_shared({"dense": (chin, dense), "moe": (chin, scratch)}, shared=("E",))
+        result = fit_shared(tables, shared=("E",))
     except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
-        E = chin.param("E").bounds[0]
-        return E, f"E is not identified by this grid ({e}); fixed at {E:g}, the low end of its plausible range", {}
-    return result.params["E"], "", split_shared(result, "dense", chin)
+        return low, f"E is not identified by this grid ({e}); fixed at {low:g}, the low end of its plausible range", {}
+    note = "" if len(tables) == 2 else f"E from the {'dense' if 'dense' in tables else 'from-scratch'} law alone"
+    return result.params["E"], note, split_shared(result, "dense", chin) if "dense" in tables else {}
 
 
 def _extreme_cases(n1s: Sequence[float], rows: pd.DataFrame) -> list[tuple[float, float, float]]:
@@ -129,28 +183,9 @@ def _extreme_cases(n1s: Sequence[float], rows: pd.DataFrame) -> list[tuple[float
             (max(n1s), float(rows["D1"].max()), float(rows["D2"].max()))]
 
 
-def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = None,
-            decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
-            workers: int = 1, progress: Progress | None = None) -> Analysis:
-    """The paper's analysis of ``tables`` ("dense" and "scratch": columns D, N, loss[, trunk]; "upcycled": D1, D2,
-    N1, loss[, trunk, method, r]).
-
-    ``n1s``: the model sizes to find D* at (default: the dense table's sizes); D* is searched and its closed form
-    fitted over a decade either side. ``decisions``: (N1, D1, D2) cases to give a verdict for (default: the grid's
-    smallest and biggest). ``bootstrap`` cluster-bootstrap refits per fit (0: no intervals); ``workers`` processes
-    for them. ``progress(stage, done, total)`` is called as each stage moves on.
-    """
-    missing = [k for k in TABLES if k not in tables]
-    if missing:
-        raise FitError(f"analyze needs the tables {', '.join(TABLES)}; missing {', '.join(missing)}")
-    dense, scratch, upcycled = (tables[k] for k in TABLES)
-    sizes = sorted(float(n) for n in (n1s if n1s is not None else dense["N"].dropna().unique()))
-    if not sizes:
-        raise FitError("no model size N1 to find D* at: the dense table is empty and no n1s were given")
-    groups = upcycled_groups(upcycled)
-
+def _stages(progress: Progress | None) -> Callable[[str, int], Callable[[int], None] | None]:
+    """report()'s advance-by-k callbacks as (stage, done, total) calls."""
     def stage(name: str, total: int) -> Callable[[int], None] | None:
-        """report()'s advance-by-k callback as (stage, done, total) calls."""
         if progress is None or total <= 0:
             return None
         done = 0
@@ -161,26 +196,71 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
             done += k
             progress(name, done, total)
         return advance
+    return stage
+
+
+def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = None,
+            decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
+            workers: int = 1, progress: Progress | None = None) -> Analysis:
+    """The paper's analysis of ``tables`` ("dense" and "scratch": columns D, N, loss[, trunk]; "upcycled": D1, D2,
+    N1, loss[, trunk, method, r, n_expert, topk]).
+
+    ``n1s``: the model sizes to find D* at (default: the dense table's sizes, else the upcycled table's N1); D* is
+    searched and its closed form fitted over a decade either side. ``decisions``: (N1, D1, D2) cases to give a
+    verdict for (default: the grid's smallest and biggest). ``bootstrap`` cluster-bootstrap refits per fit (0: no
+    intervals); ``workers`` processes for them. ``progress(stage, done, total)`` is called as each stage moves on.
+    FitError only when a table is missing or there is nothing at all to analyse.
+    """
+    missing = [k for k in TABLES if k not in tables]
+    if missing:
+        raise FitError(f"analyze needs the tables {', '.join(TABLES)}; missing {', '.join(missing)}")
+    dense, scratch, upcycled = (tables[k].dropna(subset=["loss"]).reset_index(drop=True) for k in TABLES)
+    if dense.empty and scratch.empty and upcycled.empty:
+        raise FitError("no observations to analyse: no segment with a loss has finished yet")
+    known = dense["N"] if not dense.empty else upcycled["N1"] if not upcycled.empty else scratch["N"]
+    sizes = sorted(float(n) for n in (n1s if n1s is not None else known.dropna().unique()))
+    if not sizes:
+        raise FitError("no model size N1 to find D* at: the tables have none and no n1s were given")
+    groups = upcycled_groups(upcycled) if not upcycled.empty else []
+    checks = identifiability(observed_grid(dense, scratch, groups))
+    problems = [_problem(c) for c in checks if not c.identifiable and c.law in ("chinchilla", "joint", "D*")]
+    dense_check = next(c for c in checks if c.law == "chinchilla" and c.fit.startswith("dense"))
+    scratch_check = next(c for c in checks if c.law == "chinchilla" and c.fit.startswith("from-scratch"))
+    stage = _stages(progress)
 
     shared = stage("shared E (dense + from scratch)", 1)
-    E, note, dense_params = shared_E(dense, scratch)
+    use_scratch = not scratch.empty and _fittable(scratch_check)
+    E, note, dense_params = shared_E(dense if not dense.empty and _fittable(dense_check) else None,
+                                     scratch if use_scratch else None)
     if shared:
         shared(1)
-    moe = fit_law("chinchilla", scratch, {"E": E}, bootstrap, seed, workers,
-                  stage("LOO, bootstrap (from scratch)", report_steps(scratch, bootstrap)))
+    moe = None
+    if use_scratch:
+        try:
+            moe = fit_law("chinchilla", scratch, {"E": E}, bootstrap, seed, workers,
+                          stage("LOO, bootstrap (from scratch)", report_steps(scratch, bootstrap)))
+        except FitError as e:
+            problems.append({"law": "chinchilla", "fit": "from-scratch MoE", "why": str(e), "add": ""})
     out = []
     for group, rows in groups:
-        where = f" {group_label(group)}" if group else ""
-        try:
-            up = fit_law("joint", rows, {"E": E}, bootstrap, seed, workers,
-                         stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)))
-        except FitError as e:
-            raise FitError(f"upcycled{where}: {e}") from None
-        advance = stage(f"D* (upcycled{where})", 1)
-        star = dstar_results(moe.fitted, up.fitted, sizes, (min(sizes) / 10, max(sizes) * 10))
-        cases = decisions if decisions is not None else _extreme_cases(sizes, rows)
-        verdicts = [decide(moe.fitted, up.fitted, *case).to_json() for case in cases]
-        if advance:
-            advance(1)
-        out.append(UpcycledAnalysis(group, up, star, verdicts))
-    return Analysis(E, note, moe, out, sizes, bootstrap, seed, dense_params)
+        label = group_label(group)
+        where = f" {label}" if label else ""
+        check = next((c for c in checks if c.law == "joint" and label in c.groups), None)
+        up = star = None
+        verdicts: list[dict[str, Any]] = []
+        if _fittable(check):
+            try:
+                up = fit_law("joint", rows, {"E": E}, bootstrap, seed, workers,
+                             stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)))
+            except FitError as e:
+                problems.append({"law": "joint", "fit": f"upcycled{where}", "why": str(e), "add": ""})
+        if up is not None and moe is not None:
+            advance = stage(f"D* (upcycled{where})", 1)
+            star = dstar_results(moe.fitted, up.fitted, sizes, (min(sizes) / 10, max(sizes) * 10))
+            cases = decisions if decisions is not None else _extreme_cases(sizes, rows)
+            verdicts = [decide(moe.fitted, up.fitted, *case).to_json() for case in cases]
+            if advance:
+                advance(1)
+        out.append(UpcycledAnalysis(group, up, star, verdicts, len(rows)))
+    return Analysis(E, note, moe, out, sizes, bootstrap, seed, dense_params, problems,
+                    {"dense": len(dense), "scratch": len(scratch), "upcycled": len(upcycled)})

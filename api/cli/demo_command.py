@@ -137,7 +137,7 @@ def _record(store: Store, analysis: Analysis, sweep_ids: list[str], source: str)
 
 def _group(record: FitRecord) -> str:
     """The upcycling group a recorded fit of an analysis is of ("" for the from-scratch one)."""
-    from upscale.fitting.analysis import group_label
+    from upscale.fitting.groups import group_label
 
     return group_label(record.request["analysis"]["group"])
 
@@ -163,7 +163,7 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     from upscale.api.cli.run_commands import run_sweep
-    from upscale.fitting.analysis import upcycled_groups
+    from upscale.fitting.groups import upcycled_groups
     from upscale.orchestrator.observations import table
     from upscale.sweeps.spec import load_spec
 

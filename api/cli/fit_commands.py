@@ -203,7 +203,7 @@ def fit_pair(moe: Path | None, upcycled: Path | None, api: str | None,
 
 def stored_fit_pair(api: str | None, token: str | None) -> tuple[FittedLaw, FittedLaw, dict[str, str]]:
     """The newest stored scratch and upcycled fits, each named on stderr (id, law, upcycling group, sweeps, when)."""
-    from upscale.fitting.analysis import group_label
+    from upscale.fitting.groups import group_label
     from upscale.fitting.summary import fitted_law
 
     if api:

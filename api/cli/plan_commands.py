@@ -78,7 +78,8 @@ def plan_command(
 ) -> None:
     """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, an
     estimated wall time, and a warning for each law of the analysis the grid cannot identify (why, what to add)."""
-    from upscale.sweeps.identifiability import identifiability, planned_grid  # numpy and pandas: not for --help
+    from upscale.fitting.identifiability import identifiability  # numpy and pandas: not for --help
+    from upscale.sweeps.identifiability import planned_grid
 
     sweep = load_spec(spec)
     p = plan(sweep)

@@ -10,7 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from upscale.api.cli import app
-from upscale.sweeps.identifiability import LawCheck, PlannedGrid, identifiability, planned_grid
+from upscale.fitting.identifiability import Grid, LawCheck, identifiability
+from upscale.sweeps.identifiability import planned_grid
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import load_spec, parse_spec
 
@@ -38,12 +39,13 @@ def test_grids_with_enough_sizes_and_budgets_identify_every_law() -> None:
 
 
 def test_one_dense_size_cannot_identify_the_n_terms() -> None:
-    """drop-r.yaml trains one size: the N1 term of the joint law and the N term of Chinchilla are constants that
-    cannot be told from E; the data law (D1, D2 only) is fine; D* needs both, so it is not identifiable."""
+    """drop-r.yaml trains one size: the N1 term of the joint law (E fixed, as the analysis fits it) is one constant
+    whose B and beta cannot be told apart (a second size separates them), and the N term of Chinchilla cannot be
+    told from E; the data law (D1, D2 only) is fine; D* needs both, so it is not identifiable."""
     checks = checks_of(load_spec(EXAMPLES / "drop-r.yaml"))
     joint = checks[("joint", "upcycled")]
-    assert not joint.identifiable and set(joint.unidentified) == {"upcycled.B", "upcycled.beta", "upcycled.E"}
-    assert "N1 takes 1 value" in joint.reason and joint.add == "add 2 more dense sizes (model.sizes)"
+    assert not joint.identifiable and set(joint.unidentified) == {"upcycled.B", "upcycled.beta"}
+    assert "N1 takes 1 value" in joint.reason and joint.add == "add 1 more dense size (model.sizes)"
     scratch = checks[("chinchilla", "from-scratch")]
     assert not scratch.identifiable and {"scratch.B", "scratch.beta"} <= set(scratch.unidentified)
     assert checks[("data-mul", "upcycled")].identifiable
@@ -69,7 +71,7 @@ def test_two_points_cannot_identify_the_data_law_and_the_suggestion_fixes_it() -
 def test_as_many_points_as_parameters_is_not_enough() -> None:
     """Five (D1, D2) points for the data law's five parameters: full rank, but the fit would interpolate."""
     rows = ((1.0, 1e6, 1e6), (1.0, 2e6, 1e6), (1.0, 4e6, 1e6), (1.0, 1e6, 2e6), (1.0, 2e6, 4e6))
-    grid = PlannedGrid(dense=((1.0, 1e6),), scratch=(), upcycled={"naive 4x1": rows})
+    grid = Grid(dense=((1.0, 1e6),), scratch=(), upcycled={"naive 4x1": rows})
     data = next(c for c in identifiability(grid) if c.law == "data-mul")
     assert not data.identifiable and data.unidentified == () and "5 points for 5 parameters" in data.reason
 
