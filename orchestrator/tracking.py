@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
 
 from upscale.sweeps import run_tags
 from upscale.sweeps.segments import SegmentSpec
-from upscale.workers.tracking import EXPERIMENT, ensure_experiment
+from upscale.workers.tracking import EXPERIMENT, client_for, ensure_experiment
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,7 +58,7 @@ class RunTree:
 
     def __init__(self, tracking_uri: str, artifact_root: str | None = None, experiment: str = EXPERIMENT) -> None:
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri)
+        self.client = client_for(tracking_uri)
         self.experiment_id = ensure_experiment(self.client, artifact_root, experiment)
 
     @classmethod
@@ -128,7 +128,9 @@ class RunTree:
         # (mlflow-artifacts:) are left as the run's own artifact, named in the CSV path.
         source = f"{artifact_uri}/{path}" if artifact_uri.startswith(("file:", "/")) else None
         ints = {c: "float64" for c in observations.columns if str(observations[c].dtype) == "Int64"}
-        dataset = mlflow.data.from_pandas(observations.astype(ints), source=source, name="observations")
+        with warnings.catch_warnings():  # MLflow warns that a file URI fits two of its (identical) source kinds
+            warnings.simplefilter("ignore", UserWarning)
+            dataset = mlflow.data.from_pandas(observations.astype(ints), source=source, name="observations")
         context = [InputTag("mlflow.data.context", folder or "training")]
         self.client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), context)])
 

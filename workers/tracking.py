@@ -16,9 +16,10 @@ tracking URI every call is a no-op, so the training loop never branches on wheth
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
 EXPERIMENT = "upscale"
@@ -38,12 +39,20 @@ def chart_name(key: str) -> str:
 def artifact_root_for(tracking_uri: str) -> str | None:
     """Where a store keeps artifacts when nobody says: beside a SQLite file (`<dir>/mlartifacts`), never the
     working directory; a tracking server (or a file store) decides for itself (None)."""
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme == "sqlite" and parsed.path not in ("", "/", "/:memory:"):
-        from pathlib import Path
-
-        return (Path(parsed.path).parent / "mlartifacts").as_uri()
+    prefix = "sqlite:///"  # then the file's path: absolute with a 4th slash, else relative to the working directory
+    path = tracking_uri[len(prefix):] if tracking_uri.startswith(prefix) else ""
+    if path and path != ":memory:":
+        return (Path(path).absolute().parent / "mlartifacts").as_uri()
     return None
+
+
+def client_for(tracking_uri: str) -> Any:
+    """An MlflowClient that keeps stdout clean: against a server MLflow 3 prints every ended run's URL there, and the
+    CLI's stdout carries only its results (`upscale run --json`)."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
 
 
 def ensure_experiment(client: Any, artifact_location: str | None, name: str = EXPERIMENT) -> str:
@@ -74,9 +83,8 @@ class MetricLogger:
         if tracking_uri is None:
             return
         from mlflow.entities import Param, RunTag
-        from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = client_for(tracking_uri)
         if run_id is None:
             exp_id = ensure_experiment(self.client, artifact_root_for(tracking_uri))
             self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
