@@ -29,12 +29,12 @@ from upscale.orchestrator import verbosity
 from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_running
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
+from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
-from upscale.orchestrator.tracking import RunTree
-from upscale.sweeps import run_tags
+from upscale.orchestrator.tracking import RunTree, SegmentRun
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.sweeps.spec import ResourcesSection
 from upscale.workers.errors import WorkerError
@@ -110,7 +110,7 @@ class Scheduler:
         self.max_concurrent, self.max_attempts = max_concurrent, max_attempts
         self.poll_s, self.stale_after_s, self.heartbeat_s = poll_s, stale_after_s, heartbeat_s
         self.checkpoint_every_tokens = checkpoint_every_tokens
-        self.tracker = tracker if tracker is not None else RunTree(settings.mlflow_tracking_uri)
+        self.tracker = tracker if tracker is not None else RunTree.for_settings(settings)
         self.on_progress = on_progress
         self.owner = owner_id()
 
@@ -125,6 +125,7 @@ class Scheduler:
             sweep.mlflow_run_id = self.tracker.start_sweep(sweep.id, sweep.name, sweep.spec)
             self.store.set_sweep(sweep_id, mlflow_run_id=sweep.mlflow_run_id)
         self.store.set_sweep(sweep_id, status="running", error=None)
+        self._show_reused(sweep)
         out = SweepOutcome(sweep_id, "running")
         inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]] = {}
         try:
@@ -138,9 +139,12 @@ class Scheduler:
         failed = [s.key for s in segs.values() if s.status == "failed"]
         self.store.set_sweep(sweep_id, status=out.status,
                              error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
+        self._show_reused(sweep)  # segments another sweep finished while this one waited for them
         mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
-        self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status, {"wall_s": out.wall_s, "compute_s": out.compute_s,
-                                                                    "segments_trained": len(out.trained)})
+        self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status,
+                               {"wall_s": out.wall_s, "compute_s": out.compute_s, "segments_trained": len(out.trained)},
+                               table(self.store.observations(sweep_id)),
+                               segments_done=sum(s.status == "done" for s in segs.values()))
         self._progress(segs, out)
         return out
 
@@ -188,6 +192,15 @@ class Scheduler:
                 self.store.heartbeat(self.owner)
                 last_beat = time.monotonic()
 
+    def _show_reused(self, sweep: SweepRecord) -> None:
+        """Show the segments this sweep shares with sweeps that trained them under this sweep's run too."""
+        members = self.store.members(sweep.id)
+        segs = {s.key: s for s, _ in members}
+        done = [SegmentRun(s.key, resolve_lr(SegmentSpec.model_validate(s.config), segs), link.axes, s.mlflow_run_id)
+                for s, link in members if s.status == "done" and s.mlflow_run_id]
+        if done:
+            self.tracker.show_reused(sweep.mlflow_run_id, sweep.id, done)
+
     def _slots(self, sweep: SweepRecord) -> int:
         """Default concurrency: as many segments as the cluster's CPUs (and GPUs) hold at once."""
         res = ResourcesSection.model_validate(sweep.resources)
@@ -203,22 +216,20 @@ class Scheduler:
         spec = SegmentSpec.model_validate(seg.config)
         if spec.id != seg.key:
             raise OrchestratorError(f"segment {seg.key}: stored config hashes to {spec.id}; refusing to train it")
+        resolved = resolve_lr(spec, segs)  # the LR an lr_search found: the run's params carry it from the start
         run_id = seg.mlflow_run_id
         if run_id is None:
-            run_id = self.tracker.start_segment(sweep.mlflow_run_id, spec, axes)
+            run_id = self.tracker.start_segment(sweep.mlflow_run_id, sweep.id, seg.key, resolved, axes)
             self.store.set_segment_run(seg.key, run_id)
             seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
         res = ResourcesSection.model_validate(sweep.resources)
         # Upcycles do not train and an LR search's trials are short single-process runs: one worker each.
         workers = 1 if spec.kind in ("upcycle", "lr_search") else res.workers
-        # The worker tags the run from the spec it trains, which has the LR a search found filled in (another id):
-        # the key stays the segment id the store and the observations know.
-        tags = {run_tags.SEGMENT_ID: seg.key, **run_tags.axis_tags(axes)}
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))
                                 for p in spec.parent_ids},
-            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id, mlflow_tags=tags,
+            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id,
             num_threads=max(1, math.floor(res.cpus)), workers=workers,
             device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
             data_cache_dir=str(self.settings.home / "data"),
@@ -230,7 +241,7 @@ class Scheduler:
         fn = self.segment_fn
         if spec.kind == "lr_search":
             fn = functools.partial(run_lr_search, storage=self.store.url, train=self.segment_fn)
-        return run_segment_task.options(**options).remote(fn, resolve_lr(spec, segs), runtime, seg.key)
+        return run_segment_task.options(**options).remote(fn, resolved, runtime, seg.key)
 
     def segment_dir(self, key: str) -> str:
         return storage.join(self.settings.checkpoint_dir, key)  # a path, or a URI ('/'-joined)
@@ -262,7 +273,7 @@ class Scheduler:
             out.trained.append(key)
             out.compute_s += result.wall_s
             if seg.mlflow_run_id:
-                self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result))
+                self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
             self._report_msg(f"done {seg.kind} {key}" + (f" loss {result.val_loss:.4f}" if result.val_loss else ""))
 
     def _recover(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> None:
@@ -279,7 +290,7 @@ class Scheduler:
                 out.adopted.append(seg.key)
                 out.compute_s += result.wall_s
                 if seg.mlflow_run_id:
-                    self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result))
+                    self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
                 self._report_msg(f"adopted {seg.kind} {seg.key}")
             elif result is None and worker_running(directory):
                 continue  # its worker outlived the scheduler: adopt the result when it lands

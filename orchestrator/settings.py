@@ -1,7 +1,8 @@
 """Where upscale keeps its state: one pydantic-settings object, read once from the environment (docs/architecture.md,
 "State and storage").
 
-Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over. The API and
+Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over; that includes
+MLflow's artifacts (`<home>/mlartifacts`) unless a tracking server keeps them. The API and
 the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.
 The checkpoint root may be an fsspec URI (`s3://bucket/upscale`); one whose protocol cannot be opened here (unknown,
 or its package, e.g. s3fs, not installed) is refused when the settings are read.
@@ -31,6 +32,9 @@ class Settings(BaseSettings):
                                                 "<home>/checkpoints.")
     mlflow_tracking_uri: str = Field("", validation_alias="MLFLOW_TRACKING_URI",
                                      description="MLflow tracking URI; default sqlite:///<home>/mlflow.db.")
+    mlflow_artifact_root: str = Field("", description="UPSCALE_MLFLOW_ARTIFACT_ROOT: where a new MLflow experiment "
+                                                      "keeps its runs' artifacts; default <home>/mlartifacts, or, "
+                                                      "for an http(s) tracking server, the server's own.")
     ray_address: str | None = Field(None, validation_alias="RAY_ADDRESS",
                                     description="An existing Ray cluster; unset = embedded local Ray.")
 
@@ -48,6 +52,8 @@ class Settings(BaseSettings):
             raise ValueError(f"UPSCALE_CHECKPOINT_DIR: {e}") from None
         if not self.mlflow_tracking_uri:
             object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{home / 'mlflow.db'}")
+        if not self.mlflow_artifact_root and not self.mlflow_tracking_uri.startswith(("http://", "https://")):
+            object.__setattr__(self, "mlflow_artifact_root", (home / "mlartifacts").as_uri())
         if not self.ray_address:
             object.__setattr__(self, "ray_address", None)
         return self

@@ -1,10 +1,18 @@
-"""The MLflow tags of upscale's runs: one set of names, built here for every writer.
+"""What upscale's MLflow runs say about themselves: names, params and tags, built here for every writer.
 
 A segment's run is created by the orchestrator (a child of its sweep's run) or, for a segment trained alone
-(`upscale train-segment`), by the worker; either way it carries the same tags: `upscale.<field>` for what the
-segment is (its id, kind, shape, budget, method...) and `axis.<name>` for its coordinates in the grid of the sweep
-that planned it. A sweep's run carries `upscale.sweep_id`, `upscale.kind` = `sweep` and, once it ends,
-`upscale.status`. The prefixes keep them apart from MLflow's own `mlflow.*` tags.
+(`upscale train-segment`), by the worker; either way it gets the same three things from this module:
+
+* a **name** a person can read: its kind and grid axes, e.g. `moe_decay nano naive 4x2 D1=6.4e4 D2=1.3e5`;
+* **params**, MLflow's place for configuration: what the segment is (kind, size, N1, D1, D2, method, r, n_expert,
+  topk, lr, batch size, context, seed, parents, shape, schedule, data), so the UI's Parameters table and
+  `params.method = 'naive'` searches work. MLflow params are immutable, so they are logged once, with the LR an LR
+  search found already resolved;
+* **tags** only for identity and state: `upscale.segment_id` (the segment's content key, the id the store and the
+  observations know), `upscale.sweep_id`, `upscale.role` (sweep, segment, or reused: a child that links the run
+  which trained a segment an earlier sweep shared) and `upscale.status`.
+
+The `upscale.` prefix keeps the tags apart from MLflow's own `mlflow.*` ones.
 """
 
 from __future__ import annotations
@@ -12,37 +20,102 @@ from __future__ import annotations
 from typing import Any
 
 from upscale.sweeps.segments import SegmentSpec
+from upscale.sweeps.spec import R_METHODS
 
 PREFIX = "upscale."
-AXIS_PREFIX = "axis."
-KIND = PREFIX + "kind"
 SEGMENT_ID = PREFIX + "segment_id"
 SWEEP_ID = PREFIX + "sweep_id"
+ROLE = PREFIX + "role"
 STATUS = PREFIX + "status"
+TRAINED_IN_RUN = PREFIX + "trained_in_run"  # on a reused segment's child: the run that trained it
+
+# The grid axes a segment's params take from the sweep's plan (sweeps/planner.py); `sweep` (the sweep's name) is not
+# one of them: a segment shared by two sweeps is the same segment, and its run's params may not differ.
+PLAN_AXES = ("size", "N1", "D1", "D2", "D", "family")
+
+
+def compact(x: float) -> str:
+    """A token or parameter count in two significant digits: 512, 6.4e4, 1.3e5, 1e9."""
+    if abs(x) < 1000:
+        return f"{x:g}"
+    mantissa, exponent = f"{x:.2g}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def run_name(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> str:
+    """Kind and axes: `moe_decay nano naive 4x2 D1=6.4e4 D2=1.3e5`, `dense_decay nano D1=512`,
+    `lr_search nano moe 4x1`. A segment trained alone has no plan: its shape and last token count stand in."""
+    axes = axes or {}
+    m = spec.model
+    parts = [spec.kind, str(axes.get("size") or f"L{m.n_layer}-d{m.d_model}")]
+    if axes.get("family"):
+        parts.append(str(axes["family"]))
+    method = spec.upcycle.method if spec.upcycle is not None else axes.get("method")
+    if method:
+        r = spec.upcycle.r if spec.upcycle is not None and method in R_METHODS else axes.get("r")
+        parts.append(f"{method} r={r:g}" if r is not None else method)
+    if m.n_expert:
+        parts.append(f"{m.n_expert}x{m.topk}")
+    budgets = [f"{k}={compact(axes[k])}" for k in ("D1", "D2") if axes.get(k) is not None]
+    if not budgets and axes.get("D") is not None:
+        budgets = [f"D={compact(axes['D'])}"]
+    if not axes and spec.kind != "upcycle":
+        budgets = [f"T={compact(spec.end_tokens)}"]
+    return " ".join(parts + budgets)
+
+
+def segment_params(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> dict[str, str]:
+    """Configuration and grid axes as MLflow params (strings; unset values left out)."""
+    m = spec.model
+    values: dict[str, Any] = {
+        "kind": spec.kind, **{k: (axes or {}).get(k) for k in PLAN_AXES},
+        "n_expert": m.n_expert, "topk": m.topk, "context": m.context, "seed": spec.seed,
+        "parents": ",".join(spec.parent_ids) or None, "n_layer": m.n_layer, "d_model": m.d_model,
+        "n_head": m.n_head, "vocab_size": m.vocab_size, "start_tokens": spec.start_tokens,
+        "end_tokens": spec.end_tokens, "corpus": spec.data.corpus, "tokenizer": spec.data.tokenizer,
+        "data_seed": spec.data.data_seed}
+    if spec.optim is not None:
+        values |= {"lr": spec.optim.lr, "batch_size": spec.optim.batch_size}
+    if spec.schedule is not None:
+        values |= {"schedule": spec.schedule.kind, "decay_shape": spec.schedule.decay_shape,
+                   "warmup_tokens": spec.schedule.warmup_tokens, "decay_start_tokens": spec.decay_start_tokens}
+    if spec.upcycle is not None:
+        r = spec.upcycle.r if spec.upcycle.method in R_METHODS else None
+        values |= {"method": spec.upcycle.method, "r": r, "upcycle_seed": spec.upcycle.seed}
+    elif axes and axes.get("method"):  # an MoE trunk or decay descends from an upcycle: its method is an axis
+        values |= {"method": axes["method"], "r": axes.get("r")}
+    if spec.lr_search is not None:
+        values |= {"lr_trials": spec.lr_search.trials, "lr_low": spec.lr_search.low, "lr_high": spec.lr_search.high}
+    return {k: str(v) for k, v in values.items() if v is not None}
+
+
+def segment_tags(segment_id: str, sweep_id: str | None = None, role: str = "segment") -> dict[str, str]:
+    """A segment run's identity: its content key, the sweep that trained it, and its role."""
+    tags = {SEGMENT_ID: segment_id, ROLE: role}
+    if sweep_id is not None:
+        tags[SWEEP_ID] = sweep_id
+    return tags
 
 
 def sweep_tags(sweep_id: str) -> dict[str, str]:
-    return {SWEEP_ID: sweep_id, KIND: "sweep"}
+    return {SWEEP_ID: sweep_id, ROLE: "sweep"}
 
 
-def axis_tags(axes: dict[str, Any]) -> dict[str, str]:
-    """A segment's grid axes (D1, D2, method, r, ...) as tags."""
-    return {AXIS_PREFIX + k: str(v) for k, v in axes.items()}
+def sweep_run_name(name: str, sweep_id: str) -> str:
+    """The sweep's parent run: its name, and the start of its id (two sweeps may share a name)."""
+    return f"{name} ({sweep_id[:8]})"
 
 
-def segment_tags(spec: SegmentSpec) -> dict[str, str]:
-    """What a segment is, as tags: its id and kind, its parents, shape, data, budget, optimiser, schedule, method."""
-    m = spec.model
-    tags: dict[str, Any] = {
-        "segment_id": spec.id, "kind": spec.kind, "parent_ids": ",".join(spec.parent_ids), "n_layer": m.n_layer,
-        "d_model": m.d_model, "n_head": m.n_head, "n_expert": m.n_expert, "topk": m.topk, "context": m.context,
-        "seed": spec.seed, "start_tokens": spec.start_tokens, "end_tokens": spec.end_tokens,
-        "corpus": spec.data.corpus, "tokenizer": spec.data.tokenizer}
-    if spec.optim is not None:
-        tags |= {"lr": spec.optim.lr, "batch_size": spec.optim.batch_size}
-    if spec.schedule is not None:
-        tags |= {"schedule": spec.schedule.kind, "decay_shape": spec.schedule.decay_shape,
-                 "decay_start_tokens": spec.decay_start_tokens}
-    if spec.upcycle is not None:
-        tags |= {"method": spec.upcycle.method, "r": spec.upcycle.r, "upcycle_seed": spec.upcycle.seed}
-    return {PREFIX + k: str(v) for k, v in tags.items()}
+def sweep_params(spec: dict[str, Any]) -> dict[str, str]:
+    """A sweep spec flattened to dotted keys (`model.sizes`, `tokens.d1`), as the parent run's params."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif value is not None:
+            out[prefix] = str(value)[:6000]  # MLflow's limit on a param's value
+
+    walk("", spec)
+    return out

@@ -284,8 +284,8 @@ class SegmentRuntime(BaseModel):
     )
     mlflow_tracking_uri: str | None = Field(None, description="None = do not log to MLflow.")
     mlflow_run_id: str | None = Field(None, description="An existing run to log into (created by the orchestrator).")
-    mlflow_tags: dict[str, str] = Field(default_factory=dict, description="MLflow tags added to the segment's own "
-                                        "(sweeps/run_tags.py), winning over them: the orchestrator's key and axes.")
+    mlflow_tags: dict[str, str] = Field(default_factory=dict, description="MLflow tags added to the run the worker "
+                                        "creates when it has no mlflow_run_id (a segment trained alone).")
     num_threads: int = Field(1, ge=1, description="torch.set_num_threads inside the job (Ray does not set it).")
     device: str = Field("cpu", description="cpu or cuda; bf16 autocast on CUDA, fp32 on CPU.")
     workers: int = Field(1, ge=1, description="Data/expert-parallel processes (Ray Train when > 1).")

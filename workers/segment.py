@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from upscale import storage
-from upscale.sweeps.run_tags import segment_tags
+from upscale.sweeps import run_tags
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers import checkpoints
 from upscale.workers.data import TokenData, load_tokens
@@ -238,12 +238,14 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     stream = 1 if spec.kind in ("moe_trunk", "moe_decay") else 0  # D2 tokens are new to the upcycled model
     val_set = data.val_batches(spec.data.eval_tokens, ctx, bs)
     summary: dict[str, float] = {}
+    # Alone (no run id), the worker creates the run and names and describes it as the orchestrator would.
     logger = MetricLogger(runtime.mlflow_tracking_uri if ranks.main else None, runtime.mlflow_run_id,
-                          segment_tags(spec) | runtime.mlflow_tags, run_name=f"{spec.kind}-{spec.id}")
+                          run_name=run_tags.run_name(spec), params=run_tags.segment_params(spec),
+                          tags=run_tags.segment_tags(spec.id) | runtime.mlflow_tags)
     with logger:
         if resume is None:
             summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device, ranks)
-            logger.log(tokens, val_loss=summary["val_loss_start"], peak_lr=optim.lr)
+            logger.log(tokens, {"val_loss": summary["val_loss_start"]})
         train_s, trained = 0.0, 0
         while tokens < spec.end_tokens:
             ts = time.perf_counter()  # tokens/s counts batch drawing and the step, not evaluation or checkpoints
@@ -253,7 +255,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
             try:
                 stats = train_step(engine, batch, lr, cfg.aux_loss_coef, runtime.device, ranks)
             except NonFiniteLoss as e:
-                logger.log(tokens, nan_step=step)
+                logger.log(tokens, {"nan_step": step})
                 raise NaNLossError(step, tokens, str(e), last_good) from None
             train_s += time.perf_counter() - ts
             tokens += tps
@@ -265,7 +267,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
                 if cfg.is_moe:
                     reduce_expert_counts(engine.module, ranks)
                     point |= {"aux_loss": stats.aux_loss, **expert_load(engine.module)}
-                logger.log(tokens, **point)
+                logger.log(tokens, point)
                 summary |= {k: v for k, v in point.items() if not k.startswith("load/")}
             every = runtime.checkpoint_every_tokens
             if tokens in keep or (every and tokens % every == 0):
@@ -276,11 +278,11 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
                     folder.remove(periodic, ranks)
                 periodic = None if tokens in keep else last_good
             if runtime.eval_every_tokens and tokens % runtime.eval_every_tokens == 0 and tokens < spec.end_tokens:
-                logger.log(tokens, val_loss=val_loss(engine.module, val_set, runtime.device, ranks))
+                logger.log(tokens, {"val_loss": val_loss(engine.module, val_set, runtime.device, ranks)})
             if on_step is not None:
                 on_step(StepInfo(step, tokens, spec.start_tokens, spec.end_tokens, stats.loss, lr))
         final = val_loss(engine.module, val_set, runtime.device, ranks)
-        logger.log(tokens, val_loss=final)
+        logger.log(tokens, {"val_loss": final})
     done = folder.complete(spec.id)
     final_ckpt = done[spec.end_tokens]
     branches = {t: p for t, p in done.items() if t in spec.save_at_tokens}

@@ -9,6 +9,8 @@
   checkpoint), which is how tests inject worker failures; holding `bad` makes it raise a WorkerError (a bad value,
   which no retry can fix) at once.
 * `<checkpoint root>/events.jsonl` gets one line per start (with the token count it resumed from) and per finish.
+* Into the orchestrator's MLflow run it logs a `train_loss` curve, one point per step (step = tokens seen), as the
+  real worker does, through the same `MetricLogger`.
 Its loss is a known function of the budget, so observations can be checked exactly.
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers.errors import WorkerError
+from upscale.workers.tracking import MetricLogger
 
 
 def loss_of(spec: SegmentSpec) -> float:
@@ -53,16 +56,21 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
     failures_left = int(planned)
     step = spec.tokens_per_step or spec.end_tokens or 1
     every = runtime.checkpoint_every_tokens
+    curve = MetricLogger(runtime.mlflow_tracking_uri if runtime.mlflow_run_id else None, runtime.mlflow_run_id,
+                         run_name=spec.kind)
     while tokens < spec.end_tokens:
         time.sleep(knobs.get("step_s", 0.0))
         tokens += step
+        curve.log(tokens, {"train_loss": loss_of(spec) + 1.0 / tokens})
         if every and (tokens - spec.start_tokens) % every == 0:
             resume.write_text(json.dumps({"tokens": tokens}))
         if failures_left and tokens - spec.start_tokens >= (spec.end_tokens - spec.start_tokens) // 2:
             fail.write_text(str(failures_left - 1))
+            curve.close()
             raise RuntimeError(f"injected failure at {tokens} tokens")
         if tokens in spec.save_at_tokens:
             _checkpoint(out / f"tokens-{tokens}", spec, tokens)
+    curve.close()
     final = _checkpoint(out / "final", spec, spec.end_tokens)
     # branch points passed in an earlier (failed) attempt are on disk already
     branches = {t: str(out / f"tokens-{t}") for t in spec.save_at_tokens if (out / f"tokens-{t}").is_dir()}

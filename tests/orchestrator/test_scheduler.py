@@ -58,21 +58,27 @@ def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(set
     for o in obs:
         assert o.loss == pytest.approx(loss_of(by_key[o.segment_key].spec), abs=1e-12)
         assert o.trunk == by_key[o.segment_key].trunk
-    # MLflow: one parent run, one child per segment under it, tagged with the segment's axes
+    # MLflow: one parent run, one child per segment under it, its config and axes as params (sweeps/run_tags.py)
     client = MlflowClient(settings.mlflow_tracking_uri)
     sweep = orch.store.sweep(out.sweep_id)
-    assert client.get_run(sweep.mlflow_run_id).info.status == "FINISHED"
+    parent = client.get_run(sweep.mlflow_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["upscale.sweep_id"] == out.sweep_id
+    assert parent.info.run_name.startswith("tiny (") and parent.data.params["model.sizes"] == "['nano']"
     children = client.search_runs([client.get_experiment_by_name("upscale").experiment_id],
                                   f"tags.mlflow.parentRunId = '{sweep.mlflow_run_id}'", max_results=100)
     assert len(children) == 21 and all(r.info.status == "FINISHED" for r in children)
-    o = next(o for o in obs if o.kind == "upcycled" and o.method == "drop")
+    o = next(o for o in obs if o.kind == "upcycled" and o.method == "drop" and o.D1 == 512 and o.D2 == 256)
     run = client.get_run(o.mlflow_run_id)
-    assert run.data.tags["axis.method"] == "drop" and run.data.tags["axis.r"] == "0.5"
-    assert run.data.tags["axis.D2"] == str(o.D2) and run.data.metrics["val_loss"] == pytest.approx(o.loss)
-    # the segment's own tags, named as a worker names them (sweeps/run_tags.py)
-    assert run.data.tags["upscale.segment_id"] == o.segment_key and run.data.tags["upscale.kind"] == "moe_decay"
-    assert run.data.tags["upscale.parent_ids"] and "upscale.segment" not in run.data.tags
-    assert client.get_run(sweep.mlflow_run_id).data.tags["upscale.sweep_id"] == out.sweep_id
+    assert run.info.run_name == "moe_decay nano drop r=0.5 4x1 D1=512 D2=256"
+    assert {k: run.data.params[k] for k in ("kind", "size", "method", "r", "n_expert", "topk", "D1", "D2")} == {
+        "kind": "moe_decay", "size": "nano", "method": "drop", "r": "0.5", "n_expert": "4", "topk": "1",
+        "D1": "512", "D2": "256"}
+    assert run.data.params["lr"] == "0.002" and run.data.params["N1"] == str(o.N1)
+    assert run.data.metrics["summary/val_loss"] == pytest.approx(o.loss)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "summary/val_loss")] == [256]  # tokens seen
+    # tags only for ids and state
+    assert run.data.tags["upscale.segment_id"] == o.segment_key and run.data.tags["upscale.status"] == "finished"
+    assert not {"upscale.kind", "upscale.method"} & set(run.data.tags)
 
 
 def test_an_injected_failure_is_retried_and_resumes_from_its_checkpoint(settings) -> None:

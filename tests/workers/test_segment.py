@@ -143,16 +143,17 @@ def test_mlflow_receives_metrics_and_tags(home: Path, runs: dict) -> None:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("upscale").experiment_id])
-    assert run.data.tags["upscale.segment_id"] == TRUNK.id and run.data.tags["upscale.kind"] == "dense_trunk"
-    assert run.data.tags["sweep"] == "test" and run.data.tags["upscale.d_model"] == "32"
-    assert run.info.status == "FINISHED"
-    val = client.get_metric_history(run.info.run_id, "val_loss")
+    assert run.data.tags["upscale.segment_id"] == TRUNK.id and run.data.params["kind"] == "dense_trunk"
+    assert run.data.tags["sweep"] == "test" and run.data.params["d_model"] == "32"
+    assert run.info.run_name.startswith("dense_trunk ") and run.info.status == "FINISHED"
+    val = client.get_metric_history(run.info.run_id, "loss/val")
     assert [m.step for m in val] == [0, 8 * TPS, 16 * TPS, 20 * TPS]  # start, every 8 steps, end
     assert val[0].value > val[1].value > val[2].value
     assert val[-1].value == pytest.approx(runs["trunk"].val_loss)
-    train = client.get_metric_history(run.info.run_id, "train_loss")
+    train = client.get_metric_history(run.info.run_id, "loss/train")
     assert [m.step for m in train] == [4 * TPS, 8 * TPS, 12 * TPS, 16 * TPS, 20 * TPS]
-    assert {"lr", "tokens_per_s", "peak_lr"} <= set(run.data.metrics)
+    assert {"optim/lr", "speed/tokens_per_s"} <= set(run.data.metrics)
+    assert run.data.params["lr"] == str(TRUNK.optim.lr)  # a param, not a metric
 
 
 def test_nan_loss_stops_names_the_step_and_keeps_the_last_checkpoint(home: Path) -> None:
