@@ -265,31 +265,32 @@ def dstar_curve(moe: FittedLaw, up: FittedLaw, n1: Sequence[float], label: str =
                       band[:, 1] if has_band else None, closed_form)
 
 
-def _on_log_axis(values: np.ndarray) -> np.ndarray:
-    """0 (never wins) and inf (always wins) have no place on a log axis: NaN leaves a gap instead."""
-    v = np.asarray(values, float).copy()
-    v[~np.isfinite(v) | (v <= 0)] = np.nan
-    return v
-
-
 def dstar_band(curves: Sequence[DstarCurve], path: str | Path) -> Path:
     """D*(N1) with its bootstrap band and the closed-form fit, one colour per upcycling group: below the curve
-    upcycling wins (Fig. 1 right)."""
-    shown = [c for c in curves if np.isfinite(_on_log_axis(c.dstar)).any()]
-    if not shown:
+    upcycling wins (Fig. 1 right). Where D* is infinite (upcycling always wins) a marker sits on the top edge, and a
+    band unbounded above (or below: from scratch always wins) runs to the edge."""
+    values = np.concatenate([np.asarray(v, float) for c in curves for v in (c.dstar, c.lo, c.hi) if v is not None])
+    finite = values[np.isfinite(values) & (values > 0)]
+    if not finite.size:
         raise FitError("D* is not finite at any model size (upcycling always, or never, wins): nothing to draw")
+    bottom, top = finite.min() / 2, finite.max() * 2
     with _figure(panel=(5.6, 4.0)) as (fig, (ax,)):
-        for i, c in enumerate(shown):
+        for i, c in enumerate(curves):
             colour = f"C{i % 10}"
             name = f"{c.label}: " if c.label else ""
-            ax.plot(c.n1, _on_log_axis(c.dstar), "o-", color=colour, ms=4, lw=1.4, label=f"{name}D* of the fitted laws")
+            ax.plot(c.n1, np.where(np.isfinite(c.dstar) & (c.dstar > 0), c.dstar, np.nan), "o-", color=colour,
+                    ms=4, lw=1.4, label=f"{name}D* of the fitted laws")
+            always = np.isinf(c.dstar)
+            if always.any():
+                ax.plot(c.n1[always], np.full(always.sum(), top), "^", color=colour, ms=6, clip_on=False,
+                        label=rf"{name}upcycling always wins ($D^* = \infty$)")
             if c.lo is not None and c.hi is not None:
-                ax.fill_between(c.n1, _on_log_axis(c.lo), _on_log_axis(c.hi), color=colour, alpha=0.2, lw=0,
-                                label=f"{name}{BAND}")
+                ax.fill_between(c.n1, np.clip(c.lo, bottom, top), np.clip(c.hi, bottom, top), color=colour,
+                                alpha=0.2, lw=0, label=f"{name}{BAND}")
             if c.closed_form:
                 ax.plot(c.n1, closed_form_dstar(c.closed_form, c.n1), "--", color=colour, lw=1,
                         label=f"{name}{closed_form_label(c.closed_form)}")
-        ax.set(xscale="log", yscale="log", xlabel=AXIS["N1"], ylabel="$D^*$ (tokens)",
+        ax.set(xscale="log", yscale="log", ylim=(bottom, top), xlabel=AXIS["N1"], ylabel="$D^*$ (tokens)",
                title="upcycling wins below $D^*$, training from scratch above")
         _legend_below(fig, ax.get_legend_handles_labels()[0], ncol=1)
         return _save(fig, path)
