@@ -24,10 +24,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from upscale.fitting.bootstrap import CI_LEVEL, percentile_interval
 from upscale.fitting.diagnostics import AlphaDiagnostics, alpha_d1
-from upscale.fitting.dstar import TOKEN_RANGE, closed_form_dstar, crossings_and_samples, moe_loss, upcycled_loss
+from upscale.fitting.dstar import closed_form_dstar, crossings_and_samples, moe_loss, upcycled_loss
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import LOSS, get_law
 from upscale.fitting.summary import FittedLaw
@@ -106,13 +107,25 @@ def _legend_below(fig: plt.Figure, handles: list[Any], ncol: int = 4) -> None:
                frameon=False)
 
 
+def _log_x(*axes: plt.Axes) -> None:
+    """A log x axis whose labels do not collide: under a decade and a half of data matplotlib labels the minor
+    ticks too (2×10³ 3×10³ 4×10³ ... overlapping), so label 1, 2 and 5 of each decade instead."""
+    for ax in axes:
+        ax.set_xscale("log")
+        lo, hi = ax.get_xlim()
+        if hi < 30 * lo:
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${_tex_number(v, 1)}$"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _tex_number(x: float, digits: int = 2) -> str:
     """``x`` for mathtext: 3.1\\times10^{9} rather than 3.1e+09."""
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
     exp = math.floor(math.log10(abs(x)))
     if -2 <= exp <= 3:
-        return f"{x:.{digits}g}"
+        return f"{float(f'{x:.{digits}g}'):g}"  # 1000 rather than 1e+03
     return rf"{x / 10 ** exp:.{digits}g}\times10^{{{exp}}}"
 
 
@@ -146,8 +159,9 @@ def residuals(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str 
     with _figure(panel=(5.0, 3.0)) as (fig, (ax,)):
         ax.scatter(df[col], res, **OBSERVED)
         ax.axhline(0, color="k", lw=0.8)
-        ax.set(xscale="log", xlabel=AXIS.get(col, col), ylabel="(observed − fitted) / fitted (%)",
+        ax.set(xlabel=AXIS.get(col, col), ylabel="(observed − fitted) / fitted (%)",
                title=f"{_title(fitted, title)}: residuals")
+        _log_x(ax)
         return _save(fig, path)
 
 
@@ -175,7 +189,8 @@ def loss_vs_d2(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str
                 if n1 is not None:
                     curve["N1"] = np.full_like(d2, n1)
                 ax.plot(d2, fitted.law.predict(fitted.params, pd.DataFrame(curve)), color=colours[d1], lw=1.2)
-            ax.set(xscale="log", xlabel=AXIS["D2"], title="" if n1 is None else f"$N_1 = {_tex_number(n1)}$")
+            ax.set(xlabel=AXIS["D2"], title="" if n1 is None else f"$N_1 = {_tex_number(n1)}$")
+            _log_x(ax)
         for ax in axes[::PANEL_COLUMNS]:
             ax.set_ylabel("loss")
         if title:
@@ -202,7 +217,8 @@ def loss_vs_d(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str 
             ax.plot(d, fitted.law.predict(fitted.params, pd.DataFrame({"D": d, "N": np.full_like(d, n)})),
                     color=c, lw=1.2)
             handles.append(Line2D([], [], color=c, marker="o", lw=1.2, ms=4, label=f"$N = {_tex_number(n)}$"))
-        ax.set(xscale="log", xlabel=AXIS["D"], ylabel="loss", title=_title(fitted, title))
+        ax.set(xlabel=AXIS["D"], ylabel="loss", title=_title(fitted, title))
+        _log_x(ax)
         ax.legend(handles=handles + _fit_handles(fitted.law.name), loc="upper left", bbox_to_anchor=(1.02, 1.0),
                   frameon=False)
         return _save(fig, path)
@@ -217,13 +233,14 @@ def alpha_diagnostics(diag: AlphaDiagnostics, path: str | Path, title: str | Non
         a1.scatter(s["D1"], s["alpha"], label=rf"{per} fit of $L = A D_2^{{-\alpha}} + E$", **OBSERVED)
         a1.plot(x, -(diag.gamma * np.log(x) + diag.e_prime), "k--", lw=1,
                 label=rf"$-\alpha = \gamma \ln D_1 + E'$, $\gamma = {_tex_number(diag.gamma)}$")
-        a1.set(xscale="log", xlabel=AXIS["D1"], ylabel=r"$\alpha(D_1)$", title=r"exponent of $D_2$ per sunk cost")
+        a1.set(xlabel=AXIS["D1"], ylabel=r"$\alpha(D_1)$", title=r"exponent of $D_2$ per sunk cost")
         a1.legend(loc="best")
         a2.scatter(s["D1"], s["A"], label=f"{per} fit", **OBSERVED)
         a2.plot(x, np.exp(diag.log_a0) * x ** -diag.eta, "k--", lw=1,
                 label=rf"$A \propto D_1^{{-\eta}}$, $\eta = {diag.eta:.3f}$")
-        a2.set(xscale="log", yscale="log" if s["A"].max() > 10 * s["A"].min() else "linear",  # ticks of a decade
+        a2.set(yscale="log" if s["A"].max() > 10 * s["A"].min() else "linear",  # ticks of a decade
                xlabel=AXIS["D1"], ylabel=r"$A(D_1)$", title="scale per sunk cost")
+        _log_x(a1, a2)
         a2.legend(loc="best")
         if title:
             fig.suptitle(title)
@@ -290,8 +307,9 @@ def dstar_band(curves: Sequence[DstarCurve], path: str | Path) -> Path:
             if c.closed_form:
                 ax.plot(c.n1, closed_form_dstar(c.closed_form, c.n1), "--", color=colour, lw=1,
                         label=f"{name}{closed_form_label(c.closed_form)}")
-        ax.set(xscale="log", yscale="log", ylim=(bottom, top), xlabel=AXIS["N1"], ylabel="$D^*$ (tokens)",
+        ax.set(yscale="log", ylim=(bottom, top), xlabel=AXIS["N1"], ylabel="$D^*$ (tokens)",
                title="upcycling wins below $D^*$, training from scratch above")
+        _log_x(ax)
         _legend_below(fig, ax.get_legend_handles_labels()[0], ncol=1)
         return _save(fig, path)
 
@@ -324,7 +342,8 @@ def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: Sequence[float], d1s: Se
                 ax.plot(t, loss, style, color=colour, lw=1.3)
                 for x, y in _curve_crossings(t, scratch, loss):
                     ax.plot(x, y, "o", ms=6, mfc="white", mec=colour, mew=1.4, zorder=4)
-            ax.set(xscale="log", xlabel="tokens ($D_{MoE}$ or $D_2$)", title=f"$N_1 = {_tex_number(n1)}$")
+            ax.set(xlabel="tokens ($D_{MoE}$ or $D_2$)", title=f"$N_1 = {_tex_number(n1)}$")
+            _log_x(ax)
         for ax in axes[::PANEL_COLUMNS]:
             ax.set_ylabel("loss")
         if title:
@@ -340,11 +359,11 @@ def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: Sequence[float], d1s: Se
 
 
 def token_span(fits: tuple[FittedLaw, FittedLaw], n1s: Sequence[float], lo: float, hi: float) -> tuple[float, float]:
-    """``(lo, hi)`` widened to show every D* crossing at ``n1s`` (within the range D* is searched over)."""
+    """``(lo, hi)`` widened to show every D* crossing at ``n1s``."""
     from upscale.fitting.dstar import crossings
 
     xs = [x for n in n1s for x in crossings(*fits, float(n)).crossings]
-    return (max(min([lo, *(x / 3 for x in xs)]), TOKEN_RANGE[0]), min(max([hi, *(x * 3 for x in xs)]), TOKEN_RANGE[1]))
+    return min([lo, *(x / 3 for x in xs)]), max([hi, *(x * 3 for x in xs)])
 
 
 def fit_plots(law_name: str, rep: dict[str, Any], df: pd.DataFrame, out: Path) -> DrawnPlots:
