@@ -32,6 +32,7 @@ from upscale.orchestrator.records import ObservationRecord
 if TYPE_CHECKING:  # at run time only its attributes are used: the CLI's reads of stored fits need no Ray or MLflow
     from upscale.api.services import Services
     from upscale.fitting.analysis import Analysis
+    from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
 
 # matplotlib (its mathtext parser included) is not thread-safe: request threads and the refit loop plot in turn
@@ -77,7 +78,8 @@ def observations_table(services: Services, sweep_ids: list[str], kind: str,
 
 
 def create_fit(services: Services, req: FitCreate, owner: str, cache: ObservationCache | None = None) -> FitRecord:
-    """Fit, write report.json and plots, record the fit; FitError for anything the caller must fix."""
+    """Fit, write report.json and plots, record the fit; FitError for anything the caller must fix. A plot the data
+    cannot support is skipped with a warning in the report: a diagnostic never fails the fit."""
     from upscale.fitting.plots import fit_plots  # matplotlib: loaded by the first fit, not at server start
 
     law = get_law(req.law)
@@ -87,23 +89,28 @@ def create_fit(services: Services, req: FitCreate, owner: str, cache: Observatio
         raise FitError(f"no {req.kind} observations in sweep(s) {', '.join(req.sweep_ids)} yet")
     rep = clean(report(law, df, req.fixed, req.bootstrap)[0])
 
-    def draw(out: Path) -> list[str]:
+    def draw(out: Path) -> DrawnPlots:
         with PLOT_LOCK:
-            return [p.stem for p in fit_plots(law.name, rep, df, out)]
+            return fit_plots(law.name, rep, df, out)
 
     return store_fit(services.store, services.settings.home, req.kind, rep, req.model_dump(mode="json"), owner, draw)
 
 
 def store_fit(store: Store, home: Path, kind: str, rep: dict[str, Any], request: dict[str, Any], owner: str,
-              draw: Callable[[Path], list[str]] | None = None) -> FitRecord:
+              draw: Callable[[Path], DrawnPlots] | None = None) -> FitRecord:
     """Keep a fit report: `report.json` (and the plots ``draw`` writes, by name) under <home>/fits/<id>/, and its
-    row in the fits table."""
+    row in the fits table; each plot ``draw`` skipped is one more line in the report's warnings."""
     rep = clean(rep)
     fit_id = uuid.uuid4().hex[:12]
     out = fit_path(home, fit_id)
     out.mkdir(parents=True, exist_ok=True)
+    plots: list[str] = []
+    if draw is not None:
+        drawn = draw(out)
+        plots = drawn.names
+        rep = {**rep, "warnings": [*rep["warnings"], *(f"plot {name} skipped: {why}" for name, why in
+                                                        (line.split(": ", 1) for line in drawn.skipped))]}
     (out / "report.json").write_text(json.dumps(rep))
-    plots = draw(out) if draw is not None else []
     record = FitRecord(id=fit_id, law=rep["law"], kind=kind, request=request, report=rep,
                        data_hash=rep["record"]["data_hash"], plots=plots, owner=owner)
     with store.transaction() as s:

@@ -26,6 +26,7 @@ from upscale.api.cli.fit_commands import (
     dstar_table,
     fit_table,
     fmt,
+    print_plots,
     workers_for,
 )
 from upscale.sweeps.spec import DEMO_SPEC
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 # The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
 PAPER_N1 = (1e8, 1e9, 7e9)
 PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
-BAND_POINTS = 8  # model sizes on the D*(N1) plot
 
 
 @contextmanager
@@ -70,43 +70,11 @@ def run_analysis(tables: dict[str, pd.DataFrame], n_boot: int, n1s: list[float] 
         return analyze(tables, n1s, decisions, n_boot, workers=workers_for(n_boot), progress=progress)
 
 
-def plot_group(analysis: Analysis, up: UpcycledAnalysis, upcycled: pd.DataFrame, out_dir: Path) -> list[str]:
-    """The demo's plots of one upcycling group in ``out_dir`` (fit diagnostics, alpha(D1), D*(N1) with its band,
-    catch-up curves); notes for the plots the grid is too small for."""
-    import numpy as np
+def draw_plots(analysis: Analysis, tables: dict[str, pd.DataFrame], out_dir: Path) -> None:
+    """Every plot of the analysis in ``out_dir`` (fitting/analysis_plots.py); one warning line per plot skipped."""
+    from upscale.fitting.analysis_plots import draw_analysis
 
-    from upscale.fitting import plots
-    from upscale.fitting.bootstrap import percentile_interval
-    from upscale.fitting.diagnostics import alpha_d1
-    from upscale.fitting.dstar import crossings, dstar_samples
-    from upscale.fitting.errors import FitError
-
-    moe, fit, n1s = analysis.scratch.fitted, up.fit.fitted, analysis.n1s
-    band_n1 = np.geomspace(min(n1s) / 10, max(n1s) * 10, BAND_POINTS)
-    central = np.array([crossings(moe, fit, n).dstar for n in band_n1])
-    bands = (np.array([percentile_interval(dstar_samples(moe, fit, n)) for n in band_n1])
-             if fit.samples is not None else None)
-    d1s = sorted({d["d1"] for d in up.decisions} | {float(upcycled["D1"].median())})
-    span = (float(upcycled["D2"].min()) / 10, float(upcycled["D2"].max()) * 1e3)
-    drawings = {
-        "upcycled_parity": lambda p: plots.parity(fit, upcycled, p),
-        "upcycled_residuals": lambda p: plots.residuals(fit, upcycled, p),
-        "upcycled_loss_vs_d2": lambda p: plots.loss_vs_d2(fit, upcycled, p),
-        "alpha_d1": lambda p: plots.alpha_diagnostics(alpha_d1(upcycled, E=analysis.E), p),
-        "dstar": lambda p: plots.dstar_band(band_n1, central, None if bands is None else bands[:, 0],
-                                           None if bands is None else bands[:, 1], up.dstar["closed_form"], p),
-        "catch_up": lambda p: plots.catch_up_curves(moe, fit, list(n1s), d1s, p, tokens=span),
-    }
-    paths, skipped = [], []
-    for name, draw in drawings.items():
-        try:
-            paths.append(str(draw(out_dir / f"{name}.png")))
-        except FitError as e:  # a diagnostic the grid is too small for (e.g. alpha(D1) needs 3+ D2 per D1)
-            skipped.append(f"{name}: {e}")
-    console.print(f"plots: {', '.join(paths)}")
-    for note in skipped:
-        console.print(f"[yellow]plot skipped[/] {note}", highlight=False)
-    return paths
+    print_plots(draw_analysis(analysis, tables, out_dir), out_dir)
 
 
 def _print_scratch(analysis: Analysis, truth: dict[str, float] | None = None) -> None:
@@ -157,13 +125,12 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
     _print_scratch(analysis, TABLE2["moe"])
     (up,) = analysis.upcycled
     _print_upcycled(up, TABLE2["upcycled"])
-    plot_group(analysis, up, tables["upcycled"], out_dir)
+    draw_plots(analysis, tables, out_dir)
     _record(Store(get_settings().db_url), analysis, [], "upscale demo --synthetic")
 
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     from upscale.api.cli.run_commands import run_sweep
-    from upscale.fitting.groups import upcycled_groups
     from upscale.orchestrator.observations import table
     from upscale.sweeps.spec import load_spec
 
@@ -175,13 +142,10 @@ def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     tables = {kind: table(obs, kind) for kind in ("dense", "scratch", "upcycled")}
     analysis = run_analysis(tables, n_boot)
     _print_scratch(analysis)
-    methods = [up.group.get("method") for up in analysis.upcycled]
-    for up, (_, rows) in zip(analysis.upcycled, upcycled_groups(tables["upcycled"]), strict=True):
+    for up in analysis.upcycled:
         console.rule(f"[bold]upcycling method: {up.label}")
         _print_upcycled(up)
-        method = str(up.group.get("method"))
-        folder = method if methods.count(up.group.get("method")) == 1 else up.label.replace(" ", "_")
-        plot_group(analysis, up, rows, out_dir / folder)
+    draw_plots(analysis, tables, out_dir)
     _record(orch.store, analysis, [outcome.sweep_id], "upscale demo")
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     # `upscale ui` runs MLflow through this interpreter: a bare `mlflow` is on PATH only with the venv activated

@@ -24,6 +24,7 @@ from upscale.fitting.errors import FitError
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from upscale.fitting.plots import DrawnPlots
     from upscale.fitting.summary import FittedLaw
 
 register_user_error(FitError)
@@ -73,6 +74,17 @@ def progress_bar(total: int, label: str) -> Iterator[Callable[[int], None] | Non
         yield lambda k: bar.advance(task, k)
 
 
+def print_plots(drawn: DrawnPlots, folder: Path, to_stdout: bool = True) -> None:
+    """Where the plots went (stdout, unless it carries JSON) and one warning line per plot the data cannot support
+    (stderr): a skipped diagnostic never fails the command."""
+    if to_stdout and drawn.names:
+        console.print(f"plots written to {folder}/ (PNG and PDF): {', '.join(drawn.names)}", soft_wrap=True,
+                      highlight=False, markup=False)
+    for line in drawn.skipped:
+        name, _, why = line.partition(": ")
+        err_console.print(f"warning: plot {name} skipped: {why}", soft_wrap=True, highlight=False, markup=False)
+
+
 @app.command("laws")
 def laws_command() -> None:
     """The registry: one law a line with its formula, the columns it needs and its source in the paper."""
@@ -120,7 +132,8 @@ def fit_command(
     by: Annotated[str | None, typer.Option("--by", help="Fit one law per group of these columns, e.g. method,r.")]
     = None,
     bootstrap: Annotated[int, typer.Option("--bootstrap", min=0, help="Bootstrap refits (trunks if present).")] = 0,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the fit's plots (PNG and PDF) to this folder.")]
+    = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit a law to a table with summed Huber/BFGS; LOO RMS always, percentile intervals with --bootstrap."""
@@ -142,18 +155,22 @@ def fit_command(
         else:
             out, _ = report(the_law, df, fixed, bootstrap, workers=w, progress=advance)
             reps = [(out, df)]
+    drawn = None
     if plot is not None:
-        from upscale.fitting.plots import fit_plots
+        from upscale.fitting.plots import DrawnPlots, fit_plots
 
+        drawn = DrawnPlots()
         for rep, part in reps:
-            sub = plot / "_".join(f"{k}={v}" for k, v in rep["group"].items()) if "group" in rep else plot
-            fit_plots(the_law.name, rep, part, sub)
+            sub = "_".join(f"{k}={v}" for k, v in rep["group"].items()) if "group" in rep else ""
+            one = fit_plots(the_law.name, rep, part, plot / sub)
+            drawn.names += [f"{sub}/{n}" if sub else n for n in one.names]
+            drawn.skipped += [f"{sub}/{line}" if sub else line for line in one.skipped]
     if as_json:
         print_json(out)
-        return
-    console.print(_groups_table(out) if cols else fit_table(out, the_law.name))
-    if plot is not None:
-        console.print(f"plots written to {plot}/")
+    else:
+        console.print(_groups_table(out) if cols else fit_table(out, the_law.name))
+    if drawn is not None:
+        print_plots(drawn, plot, to_stdout=not as_json)
 
 
 @app.command("compare")
@@ -252,6 +269,9 @@ def dstar_command(
     upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law; "
                                                   "default: the newest stored upcycled fit.")] = None,
     api: ApiOpt = None, token: TokenOpt = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Draw D*(N1) with its bootstrap band and closed form, "
+                                              "and the catch-up curves at each --n1, in this folder (PNG and PDF).")]
+    = None,
     as_json: JsonOpt = False,
 ) -> None:
     from upscale.fitting.dstar import dstar_results
@@ -262,8 +282,34 @@ def dstar_command(
         out["fits"] = ids
     if as_json:
         print_json(out)
-        return
-    console.print(dstar_table(out))
+    else:
+        console.print(dstar_table(out))
+    if plot is not None:
+        print_plots(dstar_plots(moe_fit, up_fit, n1, out["closed_form"], plot), plot, to_stdout=not as_json)
+
+
+def dstar_plots(moe: FittedLaw, up: FittedLaw, n1s: list[float], closed_form: dict[str, float] | None,
+                out: Path) -> DrawnPlots:
+    """`upscale dstar --plot`: D*(N1) over the closed form's span (widened to every --n1) and the catch-up curves
+    at each N1, for sunk costs a decade below, at and above the typical D* (the fits carry no grid of D1)."""
+    import numpy as np
+
+    from upscale.fitting import plots
+    from upscale.fitting.dstar import N1_RANGE, crossings
+
+    drawn = plots.DrawnPlots()
+    band = np.geomspace(min(N1_RANGE[0], *n1s), max(N1_RANGE[1], *n1s), 8)
+    drawn.attempt(out, "dstar", lambda p: plots.dstar_band([plots.dstar_curve(moe, up, band, "", closed_form)], p))
+    finite = [d for d in (crossings(moe, up, n).dstar for n in n1s) if 0 < d < math.inf]
+    if not finite:
+        drawn.skip("catch_up", "D* is not finite at any --n1 (upcycling always, or never, wins), so there is no "
+                               "sunk cost to draw the catch-up at")
+        return drawn
+    typical = float(np.exp(np.mean(np.log(finite))))
+    d1s = [typical / 10, typical, typical * 10]
+    span = plots.token_span((moe, up), n1s, typical / 100, typical * 1e3)
+    drawn.attempt(out, "catch_up", lambda p: plots.catch_up_curves(moe, up, n1s, d1s, p, span))
+    return drawn
 
 
 def dstar_table(out: dict[str, Any]) -> Table:

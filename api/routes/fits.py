@@ -53,7 +53,8 @@ def get_fit(fit_id: str, request: Request, services: ServicesDep, _: Reader) -> 
 @router.get("/fits/{fit_id}/plots/{name}.png", summary="A fit's plot", response_class=FileResponse,
             responses={**NOT_FOUND, 200: {"content": {"image/png": {}}, "description": "The PNG."}})
 def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileResponse:
-    """One of the fit's diagnostic plots (parity, residuals, loss_vs_d2, alpha_d1), as listed in its `plots`."""
+    """One of the fit's diagnostic plots (parity, residuals, loss_vs_d or loss_vs_d2 and alpha_d1), as listed in its
+    `plots`; a PDF of each sits beside it in the fit's folder."""
     if name not in _fit_or_404(services, fit_id).plots:
         raise HTTPException(404, f"fit {fit_id} has no plot {name!r}")
     return FileResponse(fits.fit_path(services.settings.home, fit_id) / f"{name}.png", media_type="image/png")

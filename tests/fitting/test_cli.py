@@ -76,9 +76,14 @@ def test_fit_dstar_decide_optimal_json_contracts(tmp_path):
     assert set(fit_json["ci"]) == {"A", "alpha", "B", "beta"}
     (tmp_path / "moe.json").write_text(moe)
     (tmp_path / "up.json").write_text(up)
-    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"parity.png", "residuals.png", "loss_vs_d2.png",
-                                                                 "alpha_d1.png"}
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {f"{name}.{ext}" for ext in ("png", "pdf") for name in
+                                                                 ("parity", "residuals", "loss_vs_d2", "alpha_d1")}
     common = ["--moe", "moe.json", "--upcycled", "up.json"]
+    drawn = invoke("dstar", *common, "--n1", "1e9", "--n1", "7e9", "--plot", "dstar-plots", cwd=tmp_path)
+    assert "plots written to dstar-plots/ (PNG and PDF): dstar, catch_up" in drawn
+    for name in ("dstar", "catch_up"):
+        assert (tmp_path / "dstar-plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (tmp_path / "dstar-plots" / f"{name}.pdf").read_bytes()[:5] == b"%PDF-"
     ds = json.loads(invoke("dstar", *common, "--n1", "1e9", "--n1", "7e9", "--json", cwd=tmp_path))
     dec = json.loads(invoke("decide", *common, "--n1", "1e9", "--d1", "1e9", "--d2", "1e9", "--json", cwd=tmp_path))
     opt = json.loads(invoke("optimal", "--upcycled", "up.json", "--d1", "2e12", "--compute", "1e22", "--json",
@@ -89,6 +94,25 @@ def test_fit_dstar_decide_optimal_json_contracts(tmp_path):
     assert dec["verdict"] in ("upcycle", "scratch") and 0 <= dec["probability_upcycle"] <= 1
     assert opt["relative_difference"] < 0.01
     assert opt["closed_form"]["d2_opt"] == pytest.approx(opt["numeric"]["d2_opt"], rel=0.01)
+
+
+def test_fit_plot_on_a_small_grid_warns_and_still_fits(tmp_path):
+    """Two D2 per D1 are too few for the alpha(D1) diagnostic: one warning line, the fit printed, exit 0."""
+    joint = get_law("joint")
+    grid = {"N1": (1e8, 1e9), "D1": (1e9, 4e9, 1.6e10), "D2": (1e9, 4e9)}
+    generate(joint, TABLE2["upcycled"], design(joint, grid), noise=0.003, seed=4).to_csv(tmp_path / "up.csv")
+    table, as_json = run_all([["fit", "--law", "joint", "--data", "up.csv", "--fix", "E=0.165", "--plot", p, *extra]
+                              for p, extra in (("plots", []), ("json-plots", ["--json"]))], cwd=tmp_path)
+    for code, _, stderr in (table, as_json):
+        assert code == 0, stderr
+        warnings = [line for line in stderr.splitlines() if line.startswith("warning: plot")]
+        assert warnings == ["warning: plot alpha_d1 skipped: the alpha(D1) diagnostic needs at least 2 D1 values "
+                            "with more than 2 points each"], stderr
+    assert "alpha1" in table[1] and "plots written to plots/ (PNG and PDF): parity, residuals, loss_vs_d2" in table[1]
+    assert json.loads(as_json[1])["law"] == "joint"  # stdout is the JSON alone
+    for folder in ("plots", "json-plots"):
+        assert {p.name for p in (tmp_path / folder).iterdir()} == {
+            f"{name}.{ext}" for ext in ("png", "pdf") for name in ("parity", "residuals", "loss_vs_d2")}
 
 
 def test_compare_and_grouped_fit(tmp_path):
