@@ -9,7 +9,10 @@ the last `/`, puts the prefixed sections first in alphabetical order and the unp
 after them. The losses are therefore `loss/train` and `loss/val`, ahead of `moe/...` (the auxiliary loss, the
 per-expert load), `optim/...` and `speed/...` (`CHART_NAMES`).
 
-The run is the orchestrator's (`SegmentRuntime.mlflow_run_id`, its name, params and tags already set) or, when
+A retried attempt resumes from the segment's last checkpoint and trains again the steps after it that the failed
+attempt had already logged: points at steps the run already holds are not sent again, so each history stays one
+curve in step order. The run is the orchestrator's (`SegmentRuntime.mlflow_run_id`, its name, params and tags
+already set) or, when
 the segment runs alone, a new run in the `upscale` experiment with the name, params and tags given here. With no
 tracking URI every call is a no-op, so the training loop never branches on whether MLflow is on.
 """
@@ -67,6 +70,13 @@ def ensure_experiment(client: Any, artifact_location: str | None, name: str = EX
     return found.experiment_id
 
 
+def last_step(client: Any, run_id: str) -> int:
+    """The highest step logged to the run so far, -1 for none: one read of the run, and of each history only when
+    it has metrics (a resumed attempt's)."""
+    keys = client.get_run(run_id).data.metrics
+    return max((m.step for k in keys for m in client.get_metric_history(run_id, k)), default=-1)
+
+
 class MetricLogger:
     """Buffer (key, value, step) points and send them in batches to one MLflow run."""
 
@@ -80,12 +90,15 @@ class MetricLogger:
         self.client = None
         self.run_id = run_id
         self.owns_run = run_id is None
+        self.logged_through = -1  # the highest step the run already holds (a resumed attempt's)
         if tracking_uri is None:
             return
         from mlflow.entities import Param, RunTag
 
         self.client = client_for(tracking_uri)
-        if run_id is None:
+        if run_id is not None:
+            self.logged_through = last_step(self.client, run_id)
+        else:
             exp_id = ensure_experiment(self.client, artifact_root_for(tracking_uri))
             self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
             self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted((params or {}).items())],
@@ -98,6 +111,8 @@ class MetricLogger:
             return
         from mlflow.entities import Metric
 
+        if step <= self.logged_through:
+            return
         now = int(time.time() * 1000)
         self._points.extend(Metric(chart_name(k), float(v), now, step) for k, v in metrics.items())
         if len(self._points) >= self.flush_every:

@@ -1,6 +1,7 @@
 """MetricLogger against a real SQLite MLflow store: points are buffered and arrive complete, in batches, under the
 chart names that put the losses first in MLflow's UI; a run it creates alone gets its name, params and tags and an
-experiment in the model-training view with its artifacts beside the store; with no tracking URI it does nothing."""
+experiment in the model-training view with its artifacts beside the store; a resumed attempt logs no step twice;
+with no tracking URI it does nothing."""
 
 from __future__ import annotations
 
@@ -51,6 +52,23 @@ def test_an_orchestrator_run_is_logged_into_and_left_open(tmp_path: Path) -> Non
     run = client.get_run(run_id)
     assert run.data.metrics["loss/val"] == 3.25 and run.info.status == "RUNNING"
     assert run.data.params == {} and "a" not in run.data.tags  # its creator described it
+
+
+def test_a_resumed_attempt_does_not_log_the_steps_the_run_already_holds(tmp_path: Path) -> None:
+    """The first attempt logged steps 0..50 and died; the retry resumes from its checkpoint at step 30 and trains
+    30..80 again: the history is each step once, in order."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.create_experiment("sweep")).info.run_id
+    with MetricLogger(uri, run_id, run_name="segment") as first:
+        for step in range(0, 51, 10):
+            first.log(step, {"train_loss": 1.0})
+    with MetricLogger(uri, run_id, run_name="segment") as retry:
+        for step in range(30, 81, 10):
+            retry.log(step, {"train_loss": 2.0})
+    history = client.get_metric_history(run_id, "loss/train")
+    assert sorted((m.step, m.value) for m in history) == \
+        [(s, 1.0) for s in range(0, 51, 10)] + [(60, 2.0), (70, 2.0), (80, 2.0)]
 
 
 def test_artifacts_of_a_sqlite_store_go_beside_it_and_a_server_keeps_its_own() -> None:
