@@ -32,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 
 from upscale.api.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.api.records import AnalysisRecord
+from upscale.api.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.records import utcnow
 
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KINDS = ("dense", "scratch", "upcycled")  # the tables `analyze` takes
-DEFAULT_BOOTSTRAP = 100  # the automatic analyses' refits per fit: intervals and a probability, in about a minute
-MAX_BOOTSTRAP = 500  # what a request may ask for: each refit is a full fit of every law
 STALE_RUNNING_S = 3600.0  # a `running` row older than this is a crashed run: the next trigger takes it over
 WAIT_POLL_S = 0.5  # how often a trigger that found its analysis running looks again
 SETTLED = ("done", "failed", "cancelled")  # sweep states the loop analyses: nothing more is coming for now
@@ -96,7 +95,7 @@ def inputs_hash(observations: str, params: dict[str, Any]) -> str:
 
 
 def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[float] | None = None,
-                 bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0, owner: str, trigger: str,
+                 bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP, seed: int = 0, owner: str, trigger: str,
                  progress: Progress | None = None, tables: dict[str, pd.DataFrame] | None = None,
                  decisions: Sequence[tuple[float, float, float]] | None = None, workers: int = 1,
                  cache: ObservationCache | None = None) -> AnalysisRecord:
@@ -309,7 +308,7 @@ def sweep_owner(services: Services, sweep_id: str) -> str:
     return owners(services).get(sweep_id, "upscale")
 
 
-def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_BOOTSTRAP,
+def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP,
                    cache: ObservationCache | None = None) -> AnalysisRecord | None:
     """Analyse a sweep whose observations differ from those of its latest analysis (of any status: the same failing
     inputs are not retried); None when they do not, or when it has none."""
@@ -332,7 +331,7 @@ class AnalysisLoop(threading.Thread):
     one analysis at a time, with one process for the bootstrap, so it costs one core at most."""
 
     def __init__(self, services: Services, tick_s: float = 5.0, policy: str | None = None,
-                 bootstrap: int = DEFAULT_BOOTSTRAP) -> None:
+                 bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP) -> None:
         super().__init__(name="upscale-analyses", daemon=True)
         self.services, self.tick_s, self.bootstrap = services, tick_s, bootstrap
         self.policy = policy if policy is not None else services.settings.analysis_policy

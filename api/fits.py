@@ -160,7 +160,7 @@ def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str |
     for role, given, kind in (("moe", moe_fit, "scratch"), ("upcycled", upcycled_fit, "upcycled")):
         record = get_fit(services, given) if given else latest_fit(services.store, kind)
         if record is None:
-            raise FitError(f"no {kind} fit {given or ''}; POST /fits with kind={kind!r} first")
+            raise FitError(f"{role}_fit: no {kind} fit {given or 'stored'}; GET /fits lists the stored fits")
         ids[role] = record.id
     moe, up = fitted(services, ids["moe"]), fitted(services, ids["upcycled"])
     d = decide(moe, up, n1, d1, d2).to_json()

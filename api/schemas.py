@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Kind = Literal["dense", "upcycled", "scratch"]
+DEFAULT_ANALYSIS_BOOTSTRAP = 100  # an analysis's refits per fit unless asked: intervals and a probability
+MAX_BOOTSTRAP = 500  # what a request may ask for: each refit is a full fit of every law
 
 
 class PlanSummary(BaseModel):
@@ -142,8 +144,9 @@ class AnalysisCreate(BaseModel):
 
     n1s: list[float] | None = Field(None, description="Dense sizes N1 to find D* at (default: the sweep's sizes).",
                                     examples=[[1e8, 1e9]])
-    bootstrap: int = Field(100, ge=0, le=500, description="Cluster-bootstrap refits per fit (0: no intervals and no "
-                           "probability; each refit costs a full fit).")
+    bootstrap: int = Field(DEFAULT_ANALYSIS_BOOTSTRAP, ge=0, le=MAX_BOOTSTRAP,
+                           description="Cluster-bootstrap refits per fit (0: no intervals and no probability; each "
+                           "refit costs a full fit).")
     seed: int = Field(0, ge=0, description="Seed of the bootstrap's resampling.")
 
     @model_validator(mode="after")
