@@ -7,37 +7,30 @@ the upcycled `joint` fit, with a cluster bootstrap over trunks. It prints D* wit
 writes the plots and says how to open the MLflow UI on the runs. A second run reuses every trained segment.
 
 `--synthetic` skips training and fits the bundled SYNTHETIC tables instead (generated from the paper's Table 2
-parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. Both run fitting/analysis.py's
-``analyze`` and record its fits in the store, where `upscale decide` and `upscale dstar` find them.
+parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. Both run the service's analysis
+(api/analyses.py `run_analysis`, fitting/analysis.py's ``analyze``) and record it in the store, where `upscale
+decide` and `upscale dstar` find it; `upscale analyze SWEEP_ID` prints the same for any sweep.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from upscale.api.cli.analysis_view import print_problems, print_scratch, print_upcycled
 from upscale.api.cli.app import app, console
-from upscale.api.cli.fit_commands import (
-    decision_text,
-    dstar_table,
-    fit_table,
-    fmt,
-    workers_for,
-)
+from upscale.api.cli.fit_commands import workers_for
+from upscale.api.cli.progress import stage_bars
 from upscale.sweeps.spec import DEMO_SPEC
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     import pandas as pd
 
-    from upscale.api.records import FitRecord
-    from upscale.fitting.analysis import Analysis, Progress, UpcycledAnalysis
-    from upscale.orchestrator.store import Store
+    from upscale.api.services import Services
+    from upscale.fitting.analysis import Analysis, UpcycledAnalysis
 
 # The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
 PAPER_N1 = (1e8, 1e9, 7e9)
@@ -45,29 +38,20 @@ PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
 BAND_POINTS = 8  # model sizes on the D*(N1) plot
 
 
-@contextmanager
-def stage_bars() -> Iterator[Progress]:
-    """One rich bar per stage of the analysis, on stderr; yields analyze's ``progress`` callback."""
-    from rich.console import Console
-    from rich.progress import Progress as Bars
-
-    with Bars(console=Console(stderr=True), transient=True) as bars:
-        tasks: dict[str, int] = {}
-
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bars.add_task(stage, total=total)
-            bars.update(tasks[stage], completed=done)
-
-        yield update
-
-
-def run_analysis(tables: dict[str, pd.DataFrame], n_boot: int, n1s: list[float] | None = None,
-                 decisions: list[tuple[float, float, float]] | None = None) -> Analysis:
-    from upscale.fitting.analysis import analyze
+def analyse(services: Services, sweep_ids: list[str], n_boot: int, tables: dict[str, pd.DataFrame] | None = None,
+            n1s: list[float] | None = None, decisions: list[tuple[float, float, float]] | None = None) -> Analysis:
+    """The shared analysis (api/analyses.py `run_analysis`, trigger demo) with a bar per stage, recorded in the
+    store where `upscale decide` and `upscale dstar` find it; identical inputs reuse the analysis already made."""
+    from upscale.api.analyses import run_analysis
+    from upscale.api.auth import LOCAL_OWNER
+    from upscale.fitting.analysis import Analysis
 
     with stage_bars() as progress:
-        return analyze(tables, n1s, decisions, n_boot, workers=workers_for(n_boot), progress=progress)
+        record = run_analysis(services, sweep_ids, n1s=n1s, bootstrap=n_boot, owner=LOCAL_OWNER, trigger="demo",
+                              progress=progress, tables=tables, decisions=decisions, workers=workers_for(n_boot))
+    console.print(f"analysis {record.id} recorded in the store: `upscale decide` and `upscale dstar` use the newest",
+                  soft_wrap=True, highlight=False)
+    return Analysis.from_json(record.record)
 
 
 def plot_group(analysis: Analysis, up: UpcycledAnalysis, upcycled: pd.DataFrame, out_dir: Path) -> list[str]:
@@ -109,80 +93,48 @@ def plot_group(analysis: Analysis, up: UpcycledAnalysis, upcycled: pd.DataFrame,
     return paths
 
 
-def _print_scratch(analysis: Analysis, truth: dict[str, float] | None = None) -> None:
-    console.print(f"shared E (dense + MoE fitted jointly): {analysis.E:.4f}")
-    if analysis.E_note:
-        console.print(f"[yellow]{analysis.E_note}[/]", highlight=False)
-    console.print(fit_table(analysis.scratch.report, "MoE from scratch (chinchilla on D, N = N1)", truth))
-
-
-def _print_upcycled(up: UpcycledAnalysis, truth: dict[str, float] | None = None) -> None:
-    console.print(fit_table(up.fit.report, "upcycled (joint, Eq. 12)", truth))
-    console.print(dstar_table(up.dstar))
-    for d in up.decisions:
-        console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))
-
-
-def _record(store: Store, analysis: Analysis, sweep_ids: list[str], source: str) -> None:
-    """Keep the analysis's fits in the store: `upscale decide` and `upscale dstar` use the newest ones."""
-    from upscale.api.auth import LOCAL_OWNER
-    from upscale.api.fits import record_analysis
-    from upscale.orchestrator.settings import get_settings
-
-    records = record_analysis(store, get_settings().home, analysis, sweep_ids, owner=LOCAL_OWNER, source=source)
-    ids = ", ".join(f"{r.kind} {r.id}" + (f" ({label})" if (label := _group(r)) else "") for r in records)
-    console.print(f"fits recorded in the store: {ids}; `upscale decide` and `upscale dstar` use the newest",
-                  soft_wrap=True, highlight=False)
-
-
-def _group(record: FitRecord) -> str:
-    """The upcycling group a recorded fit of an analysis is of ("" for the from-scratch one)."""
-    from upscale.fitting.groups import group_label
-
-    return group_label(record.request["analysis"]["group"])
-
-
 def _synthetic(out_dir: Path, n_boot: int) -> None:
+    from upscale.api.services import Services
     from upscale.fitting.data import read_table
     from upscale.fitting.synthetic import E_TABLE2, TABLE2, bundled_path
     from upscale.orchestrator.settings import get_settings
-    from upscale.orchestrator.store import Store
 
     console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
                   "(fitting/data/README.md), not measurements.")
     tables = {kind: read_table(bundled_path(name)) for kind, name in
               (("dense", "dense"), ("scratch", "moe"), ("upcycled", "upcycled"))}
-    analysis = run_analysis(tables, n_boot, list(PAPER_N1), list(PAPER_DECISIONS))
+    analysis = analyse(Services.open(get_settings(), auth=False), [], n_boot, tables, list(PAPER_N1),
+                       list(PAPER_DECISIONS))
     console.print(f"generating value of E: {E_TABLE2}")
-    _print_scratch(analysis, TABLE2["moe"])
+    print_scratch(analysis, TABLE2["moe"])
     (up,) = analysis.upcycled
-    _print_upcycled(up, TABLE2["upcycled"])
+    print_upcycled(up, TABLE2["upcycled"])
     plot_group(analysis, up, tables["upcycled"], out_dir)
-    _record(Store(get_settings().db_url), analysis, [], "upscale demo --synthetic")
 
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
+    from upscale.api.analyses import sweep_tables
     from upscale.api.cli.run_commands import run_sweep
+    from upscale.api.services import Services
     from upscale.fitting.groups import upcycled_groups
-    from upscale.orchestrator.observations import table
     from upscale.sweeps.spec import load_spec
 
     spec = load_spec(spec_path)
     orch, outcome = run_sweep(spec, str(spec_path))
     console.print(f"sweep {outcome.sweep_id}: {len(outcome.trained)} segment(s) trained this run (the rest reused), "
                   f"{outcome.wall_s:.0f} s wall")
-    obs = orch.store.observations(outcome.sweep_id)
-    tables = {kind: table(obs, kind) for kind in ("dense", "scratch", "upcycled")}
-    analysis = run_analysis(tables, n_boot)
-    _print_scratch(analysis)
+    services = Services(orch, auth=False)
+    tables = sweep_tables(services, [outcome.sweep_id])
+    analysis = analyse(services, [outcome.sweep_id], n_boot, tables)
+    print_scratch(analysis)
     methods = [up.group.get("method") for up in analysis.upcycled]
     for up, (_, rows) in zip(analysis.upcycled, upcycled_groups(tables["upcycled"]), strict=True):
         console.rule(f"[bold]upcycling method: {up.label}")
-        _print_upcycled(up)
+        print_upcycled(up)
         method = str(up.group.get("method"))
         folder = method if methods.count(up.group.get("method")) == 1 else up.label.replace(" ", "_")
         plot_group(analysis, up, rows, out_dir / folder)
-    _record(orch.store, analysis, [outcome.sweep_id], "upscale demo")
+    print_problems(analysis)
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     # `upscale ui` runs MLflow through this interpreter: a bare `mlflow` is on PATH only with the venv activated
     console.print("the runs in the MLflow UI: upscale ui --launch, then http://127.0.0.1:5000", soft_wrap=True)
