@@ -121,13 +121,12 @@ def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[
 
     try:
         analysis = analyze(tables, params["n1s"], decisions, bootstrap, seed, workers, progress)
-    except Exception as e:  # any failure is the row's; FitError (the data) reaches the caller as a 422
+        folder = analysis_dir(services.settings.home, record.id)
+        plots, result = _draw(analysis, tables, folder), analysis.to_json()
+        _finish(services.store, record, status="done", record=result, plots=plots)
+    except BaseException as e:  # any failure is the row's (never left `running`); FitError reaches callers as a 422
         _finish(services.store, record, status="failed", error=_one_line(e))
         raise
-    folder = analysis_dir(services.settings.home, record.id)
-    record.plots = _draw(analysis, tables, folder)
-    record.record = analysis.to_json()
-    _finish(services.store, record, status="done", record=record.record, plots=record.plots)
     _log_to_mlflow(services, record, folder)
     return record
 
@@ -174,13 +173,13 @@ def _claim(store: Store, ids: list[str], digest: str, observed: str, params: dic
         time.sleep(WAIT_POLL_S)
 
 
-def _finish(store: Store, record: AnalysisRecord, **values: Any) -> None:
-    record.finished_at = utcnow()
-    record.status = values["status"]
-    record.error = values.get("error")
+def _finish(store: Store, row: AnalysisRecord, **values: Any) -> None:
+    """End a claimed row (status done or failed) in the store and on ``row``."""
+    values["finished_at"] = utcnow()
     with store.transaction() as s:
-        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == record.id)
-                  .values(finished_at=record.finished_at, **values))
+        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == row.id).values(**values))
+    for name, value in values.items():
+        setattr(row, name, value)
 
 
 def _draw(analysis: Analysis, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:

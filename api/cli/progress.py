@@ -158,13 +158,20 @@ def load_tokens_with_bar(data: DataSpec, context: int, cache_dir: Path | None) -
 
 @contextmanager
 def stage_bars() -> Iterator[AnalysisProgress]:
-    """One bar per stage of the analysis (fitting/analysis.py), on stderr; yields analyze's ``progress`` callback."""
-    with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=err_console, transient=True) as bars:
-        tasks: dict[str, Any] = {}
+    """One bar per stage of the analysis (fitting/analysis.py), on stderr; yields analyze's ``progress`` callback.
+    The bars appear with the first stage, so work that fails or is found done before any leaves no trace."""
+    bars = Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=err_console, transient=True)
+    tasks: dict[str, Any] = {}
 
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bars.add_task(stage, total=total)
-            bars.update(tasks[stage], completed=done)
+    def update(stage: str, done: int, total: int) -> None:
+        if not tasks:
+            bars.start()
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(stage, total=total)
+        bars.update(tasks[stage], completed=done)
 
+    try:
         yield update
+    finally:
+        if tasks:
+            bars.stop()

@@ -46,6 +46,8 @@ GRID = {
     "resources": {"cpus": 1},
 }
 
+OTHER_GRID = {**GRID, "name": "other", "train": {**GRID["train"], "context": 32}}  # no segment shared with GRID's
+
 
 def _loss(o: dict, rng: np.random.Generator) -> float:
     """The paper's law for the observation's kind at its planned coordinates, with 0.2% noise."""
@@ -105,7 +107,7 @@ def test_identical_inputs_make_one_analysis_even_when_triggers_race(services) ->
         start.wait()
         results.append(run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request"))
 
-    threads = [threading.Thread(target=trigger) for _ in range(3)]
+    threads = [threading.Thread(target=trigger, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -143,8 +145,8 @@ def test_unknown_sweep_and_sweep_without_observations(services) -> None:
 
 
 def test_the_loop_analyses_settled_sweeps_when_their_observations_change(services) -> None:
-    running = fill(services, status="running")
-    sid = fill(services, leave_out=1, grid={**GRID, "name": "late"})
+    running = fill(services, status="running", grid=OTHER_GRID)
+    sid = fill(services, leave_out=1)
     loop = AnalysisLoop(services, bootstrap=0)
     loop.tick()
     (first,) = _rows(services)
@@ -181,7 +183,7 @@ def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
     services = Services.open(settings)
     sid = fill(services)
-    empty = submit(services, parse_spec({**GRID, "name": "empty"}), "alice", new=True).id
+    empty = submit(services, parse_spec(OTHER_GRID), "alice", new=True).id
     with serve(settings, scheduler=False) as live:
         c = live.client()
         r = c.get("/decisions/upcycle", params={"n1": 1e4, "d1": 1e3, "d2": 1e3})
@@ -255,7 +257,7 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
 def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) -> None:
     services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     sid = fill(services)
-    empty = submit(services, parse_spec({**GRID, "name": "empty"}), "alice", new=True).id
+    empty = submit(services, parse_spec(OTHER_GRID), "alice", new=True).id
     out = _cli(tmp_path, "analyze", sid, "--bootstrap", "0", "--n1", "2e4")
     assert out.returncode == 0, out.stderr
     assert "MoE from scratch" in out.stdout and "upcycling method: naive 4x2" in out.stdout and "D*" in out.stdout
