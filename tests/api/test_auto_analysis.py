@@ -11,13 +11,14 @@ from tests.api.conftest import serve
 from tests.api.test_flow import wait_for
 from upscale.orchestrator.settings import Settings
 
-# test_demo.py's tiny grid: 3 sizes, from-scratch runs at two token counts, naive upcycling at 2 D1 x 3 D2.
+# Tiny shapes, 3 sizes; three from-scratch budgets, so the from-scratch law is identified (with two, the analysis
+# says so and the decision is a 409 naming the budget to add); naive upcycling at 2 D1 x 3 D2.
 SPEC = """
 name: auto-analysis
 model: {sizes: [{n_layer: 1, d_model: 16, n_head: 2}, {n_layer: 1, d_model: 24, n_head: 2}, nano]}
 moe: {experts: [4], topk: [2]}
 upcycling: {methods: [naive]}
-tokens: {d1: [1024, 2048], d2: [512, 1024, 2048], scratch: [1024, 2048]}
+tokens: {d1: [1024, 2048], d2: [512, 1024, 2048], scratch: [1024, 2048, 4096]}
 train: {context: 16, batch_size: 8, lr: {dense: 3.0e-3, moe: 2.0e-3}, warmup_tokens: 256}
 data: {corpus: "builtin:python-stdlib", tokenizer: bytes, eval_tokens: 2048}
 resources: {cpus: 1}
