@@ -92,15 +92,22 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
     assert c.get(f"/fits/{fit['id']}").json()["data_hash"] == fit["data_hash"]
 
-    versions = wait_for(lambda: c.get("/refits", params={"schedule_id": schedule["id"]}).json(), 30,
-                        "the scheduled refit")
-    first = versions[0]
-    assert first["version"] == 1 and len(first["inputs_hash"]) == 64 and first["diff"] == {}
-    refit_analysis = next(a for a in c.get(f"/sweeps/{sid}/analyses").json() if a["id"] == first["analysis_id"])
+    def refitted_all():  # the schedule fires on every change of the observations: wait for the last one
+        versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()
+        if not versions:
+            return None
+        ran = {a["id"]: a for a in c.get(f"/sweeps/{sid}/analyses").json()}[versions[-1]["analysis_id"]]
+        return versions if sum(ran["analysis"]["points"].values()) == len(rows) else None
+
+    versions = wait_for(refitted_all, 60, "the scheduled refit of every observation")
+    first, last = versions[0], versions[-1]
+    assert [v["version"] for v in versions] == list(range(1, len(versions) + 1)) and first["diff"] == {}
+    assert len(last["inputs_hash"]) == 64
+    refit_analysis = next(a for a in c.get(f"/sweeps/{sid}/analyses").json() if a["id"] == last["analysis_id"])
     assert refit_analysis["trigger"] == "refit" and refit_analysis["status"] == "done"
     again = c.post(f"/refit-schedules/{schedule['id']}/run").json()
-    assert again["version"] == 2 and again["inputs_hash"] == first["inputs_hash"]
-    assert again["analysis_id"] == first["analysis_id"]  # the same inputs: the same analysis, not a second one
+    assert again["version"] == last["version"] + 1 and again["inputs_hash"] == last["inputs_hash"]
+    assert again["analysis_id"] == last["analysis_id"]  # the same inputs: the same analysis, not a second one
     assert not again["left_interval"]
 
     client = MlflowClient(flow.settings.mlflow_tracking_uri)
