@@ -1,8 +1,10 @@
-"""The FastAPI control plane: `create_app(settings)` builds one app on one store, with the sweep loop and the refit
-loop running in background threads of the same process unless `scheduler=False` (`upscale serve --no-scheduler`).
+"""The FastAPI control plane: `create_app(settings)` builds one app on one store, with the sweep loop, the refit loop
+and the analysis loop running in background threads of the same process unless `scheduler=False` (`upscale serve
+--no-scheduler`).
 
 Errors a caller can fix come back as `{"detail": ...}`: a bad spec as 422 with one entry per problem whose `loc`
-is the field path, a fitting problem as 422 with its message, a missing resource as 404.
+is the field path, a fitting problem as 422 with its message, a missing resource as 404, and nothing to answer
+with yet (no observations, no analysis) as 409 saying what is missing.
 
 /docs (Swagger UI) and /redoc load their scripts and styles from the app itself (fastapi-offline's bundled copies),
 so the pages render on a machine without internet.
@@ -19,9 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 
+from upscale.api.analyses import AnalysisLoop, NotReady
 from upscale.api.background import SweepLoop
 from upscale.api.refits import RefitLoop
-from upscale.api.routes import fits, ops, refits, sweeps
+from upscale.api.routes import analyses, fits, ops, refits, sweeps
 from upscale.api.services import Services
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import Settings
@@ -44,6 +47,11 @@ async def _spec_error(_: Request, e: SpecError) -> JSONResponse:
 
 async def _value_error(_: Request, e: ValueError) -> JSONResponse:
     return JSONResponse({"detail": str(e)}, status_code=422)
+
+
+async def _not_ready(_: Request, e: NotReady) -> JSONResponse:
+    """Nothing can answer yet (no observations, no analysis): 409 with what is missing."""
+    return JSONResponse({"detail": str(e)}, status_code=409)
 
 
 async def _not_found(_: Request, e: NotFoundError) -> JSONResponse:
@@ -69,14 +77,15 @@ def _add_spec_schemas(app: FastAPI) -> None:
 
 
 def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True, refit_tick_s: float = 5.0,
-               poll_s: float = 1.0) -> FastAPI:
+               poll_s: float = 1.0, analysis_tick_s: float = 5.0) -> FastAPI:
     """The app on ``settings``' store; its lifespan starts and gracefully stops the background loops."""
     services = Services.open(settings, auth=auth)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if scheduler:
-            app.state.loops = (SweepLoop(services, poll_s=poll_s), RefitLoop(services, tick_s=refit_tick_s))
+            app.state.loops = (SweepLoop(services, poll_s=poll_s), RefitLoop(services, tick_s=refit_tick_s),
+                               AnalysisLoop(services, tick_s=analysis_tick_s))
             for loop in app.state.loops:
                 loop.start()
         yield
@@ -91,7 +100,8 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
-    for router in (sweeps.router, fits.router, fits.decisions, refits.router, ops.router):
+    app.add_exception_handler(NotReady, _not_ready)
+    for router in (sweeps.router, analyses.router, fits.router, fits.decisions, refits.router, ops.router):
         app.include_router(router)
     _add_spec_schemas(app)
     return app

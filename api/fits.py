@@ -1,7 +1,7 @@
-"""Fits and decisions behind the routes: fit a law on stored observations (or inline rows), keep the report, its
-plots and `report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits.
-`record_analysis` keeps an analysis's fits (`upscale demo`'s) the same way, so that `upscale decide`/`dstar` and
-GET /decisions/upcycle find them as the latest fits.
+"""Fits behind the routes: fit a law on stored observations (or inline rows), keep the report, its plots and
+`report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits when a caller names them
+(the default decision comes from the newest analysis, api/analyses.py). The observation tables read here are what
+the analyses read too.
 
 The numerics are fitting/'s (`report`, `decide`, `dstar_at`), and so are the plots (`fit_plots`, as
 `upscale fit --plot`).
@@ -31,7 +31,6 @@ from upscale.orchestrator.records import ObservationRecord
 
 if TYPE_CHECKING:  # at run time only its attributes are used: the CLI's reads of stored fits need no Ray or MLflow
     from upscale.api.services import Services
-    from upscale.fitting.analysis import Analysis
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
 
@@ -118,26 +117,6 @@ def store_fit(store: Store, home: Path, kind: str, rep: dict[str, Any], request:
     return record
 
 
-def record_analysis(store: Store, home: Path, analysis: Analysis, sweep_ids: list[str], owner: str,
-                    source: str) -> list[FitRecord]:
-    """An analysis's from-scratch fit and its upcycled fit per group, as fit records of kinds scratch and upcycled
-    (the from-scratch one first, so each upcycled fit is newer). Each request says where it came from: the sweeps,
-    E fixed, the bootstrap, the upcycling group, and ``source`` (e.g. `upscale demo --synthetic`)."""
-    analysis_id = uuid.uuid4().hex[:12]
-
-    def request(kind: str, law: str, group: dict[str, Any]) -> dict[str, Any]:
-        return {"law": law, "kind": kind, "sweep_ids": sweep_ids, "rows": None, "fixed": {"E": analysis.E},
-                "bootstrap": analysis.bootstrap,
-                "analysis": {"id": analysis_id, "source": source, "group": group, "E_note": analysis.E_note}}
-
-    records = [store_fit(store, home, "scratch", analysis.scratch.report, request("scratch", "chinchilla", {}),
-                         owner)]
-    for up in analysis.upcycled:
-        records.append(store_fit(store, home, "upcycled", up.fit.report, request("upcycled", "joint", up.group),
-                                 owner))
-    return records
-
-
 def get_fit(services: Services, fit_id: str) -> FitRecord | None:
     with services.store.transaction() as s:
         return s.get(FitRecord, fit_id)
@@ -167,7 +146,7 @@ def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str |
     for role, given, kind in (("moe", moe_fit, "scratch"), ("upcycled", upcycled_fit, "upcycled")):
         record = get_fit(services, given) if given else latest_fit(services.store, kind)
         if record is None:
-            raise FitError(f"no {kind} fit {given or ''}; POST /fits with kind={kind!r} first")
+            raise FitError(f"{role}_fit: no {kind} fit {given or 'stored'}; GET /fits lists the stored fits")
         ids[role] = record.id
     moe, up = fitted(services, ids["moe"]), fitted(services, ids["upcycled"])
     d = decide(moe, up, n1, d1, d2).to_json()

@@ -1,8 +1,10 @@
-"""The API's tables (tokens, sweep owners, fits, refit schedules, refit records) on the orchestrator's declarative
-Base, so there is one schema and one Alembic history (migration 0002 creates them).
+"""The API's tables (tokens, sweep owners, fits, analyses, refit schedules, refit records) on the orchestrator's
+declarative Base, so there is one schema and one Alembic history (migration 0002 creates them, 0005 the analyses).
 
 Fits and refit records are immutable once written: a refit is a new row with the next `version`, its inputs' hash
-and its diff from the previous version, never an update.
+and its diff from the previous version, never an update. An analysis row is written once its claim is made
+(status running) and completed once (done or failed); one row per (sweeps, inputs), so two triggers for the same
+inputs make one analysis (api/analyses.py).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from upscale.orchestrator.records import Base, utcnow
@@ -54,6 +56,32 @@ class FitRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class AnalysisRecord(Base):
+    """One run of the paper's analysis (fitting/analysis.py) on the observations of a set of sweeps: its parameters,
+    the versioned record (`Analysis.to_json()`) and its plots under <home>/analyses/<id>/."""
+
+    __tablename__ = "analyses"
+    __table_args__ = (UniqueConstraint("sweep_key", "inputs_hash"),)
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    sweep_ids: Mapped[list[str]] = mapped_column(doc="The sweeps analysed together, sorted.")
+    sweep_key: Mapped[str] = mapped_column(String(400), index=True, doc="The sorted sweep ids joined by ','.")
+    inputs_hash: Mapped[str] = mapped_column(String(64), doc="sha256 of the observation tables and the parameters.")
+    observations_hash: Mapped[str] = mapped_column(String(64), doc="sha256 of the observation tables alone: the "
+                                                   "automatic analyses run when it changes.")
+    status: Mapped[str] = mapped_column(String(16), doc="running | done | failed")
+    error: Mapped[str | None] = mapped_column(Text)
+    trigger: Mapped[str] = mapped_column(String(16), doc="completed | observations | request | refit | demo")
+    params: Mapped[dict[str, Any]] = mapped_column(doc="n1s, bootstrap, seed (and decisions, if asked).")
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc="Analysis.to_json() once done.")
+    plots: Mapped[list[str]] = mapped_column(doc="Plot names: <home>/analyses/<id>/<name>.png and .pdf.")
+    owner: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, doc="When this run was claimed.")
+    finished_at: Mapped[datetime | None] = mapped_column()
+    # Not a column: on the record run_analysis returns, True when that call ran the analysis, False when it found it.
+    ran = False
+
+
 class RefitScheduleRecord(Base):
     """When to refit (a 5-field cron expression, or whenever a sweep's observations change) and what to fit."""
 
@@ -88,4 +116,7 @@ class RefitRecord(Base):
     diff: Mapped[dict[str, Any]] = mapped_column(doc="Parameter and D* changes from the previous version.")
     left_interval: Mapped[bool] = mapped_column(Boolean, default=False,
                                                 doc="D* is outside the previous version's interval.")
+    analysis_id: Mapped[str | None] = mapped_column(String(16), doc="The analysis this version ran (None before "
+                                                    "refits ran the analysis: those versions list `fits`).")
+    dstar_group: Mapped[str | None] = mapped_column(String(200), doc="The upcycling group `dstar` is of.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,15 +1,14 @@
 """Refit schedules and their immutable, versioned refit records, plus the thread that fires them.
 
-A refit fits one law per kind on the schedule's sweeps (api/fits.py), computes D* at N1 when both a scratch and
-an upcycled law are fitted, and records version n+1 with the hash of its inputs (request + observation table),
-its diff from version n, and `left_interval` when D* falls outside version n's interval. `on_new_observations`
-schedules fire when that hash changes; `cron` schedules fire once in each matching minute.
+A refit runs the analysis on the schedule's sweeps (api/analyses.py `run_analysis`, D* at the schedule's N1: the
+one procedure, no second copy) and records version n+1 with the analysis's id and inputs hash, D* of the upcycling
+group from-scratch takes longest to catch, the diff from version n per law and parameter, and `left_interval` when
+D* falls outside version n's interval. Identical inputs reuse the analysis already made. `on_new_observations`
+schedules fire when the inputs hash changes; `cron` schedules fire once in each matching minute.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import uuid
 from datetime import datetime
@@ -17,12 +16,12 @@ from datetime import datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from upscale.api.analyses import NotReady, analysis_params, inputs_hash, observations_hash, run_analysis, sweep_tables
 from upscale.api.cron import fires_at
-from upscale.api.fits import ObservationCache, create_fit, fitted, observations_table
-from upscale.api.records import FitRecord, RefitRecord, RefitScheduleRecord
-from upscale.api.schemas import FitCreate, RefitRequest, RefitScheduleCreate
+from upscale.api.fits import ObservationCache
+from upscale.api.records import AnalysisRecord, RefitRecord, RefitScheduleRecord
+from upscale.api.schemas import RefitRequest, RefitScheduleCreate
 from upscale.api.services import Services
-from upscale.fitting.dstar import dstar_at
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.records import utcnow
@@ -61,24 +60,37 @@ def refits(services: Services, schedule_id: str | None = None) -> list[RefitReco
         return list(s.scalars(q.where(RefitRecord.schedule_id == schedule_id) if schedule_id else q))
 
 
-def inputs_hash(services: Services, req: RefitRequest, cache: ObservationCache | None = None) -> str:
-    """sha256 of the request and of every observation table it would fit."""
-    h = hashlib.sha256(json.dumps(req.model_dump(mode="json"), sort_keys=True).encode())
-    for kind in sorted(req.laws):
-        h.update(observations_table(services, req.sweep_ids, kind, cache).to_csv(index=False).encode())
-    return h.hexdigest()
+def _law_params(record: AnalysisRecord) -> dict[str, dict[str, float]]:
+    """An analysis's fitted parameters per law: `scratch`, and `upcycled <group>` per upcycling group."""
+    data = record.record or {}
+    out = {"scratch": data["scratch"]["params"]} if data.get("scratch") else {}
+    for up in data.get("upcycled", []):
+        if up["fit"] is not None:
+            out[f"upcycled {up['label']}".strip()] = up["fit"]["params"]
+    return out
+
+
+def _best_dstar(record: AnalysisRecord) -> tuple[float | None, list[float | None] | None, str | None]:
+    """D* at the analysis's one N1 of the group from-scratch takes longest to catch (the best way to upcycle
+    there), its interval and the group; Nones when no group has a finite D*."""
+    best = None
+    for up in (record.record or {}).get("upcycled", []):
+        result = up["dstar"]["results"][0] if up["dstar"] else None
+        if result is not None and result["dstar"] is not None and (best is None or result["dstar"] > best[0]):
+            best = (result["dstar"], result["ci"], up["label"])
+    return best if best is not None else (None, None, None)
 
 
 def _diff(s: Session, old: RefitRecord | None, params: dict[str, dict[str, float]], dstar: float | None) -> dict:
-    """New minus old, per kind per parameter, and for D*; empty for version 1."""
+    """New minus old, per law per parameter (versions that ran the analysis), and for D*; empty for version 1."""
     if old is None:
         return {}
     out: dict = {}
-    for kind, fit_id in old.fits.items():
-        before = s.get(FitRecord, fit_id).report["params"]
-        if kind in params:
-            out[kind] = {k: v - before[k] for k, v in params[kind].items() if k in before and v is not None
-                         and before[k] is not None}
+    before = _law_params(s.get(AnalysisRecord, old.analysis_id)) if old.analysis_id else {}
+    for law, values in params.items():
+        if law in before:
+            out[law] = {k: v - before[law][k] for k, v in values.items()
+                        if v is not None and before[law].get(k) is not None}
     if dstar is not None and old.dstar is not None:
         out["dstar"] = dstar - old.dstar
     return out
@@ -86,13 +98,15 @@ def _diff(s: Session, old: RefitRecord | None, params: dict[str, dict[str, float
 
 def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = False,
               cache: ObservationCache | None = None) -> RefitRecord | None:
-    """Refit now; None when the inputs are those last tried and not ``force``. FitError if a fit fails.
+    """Run the analysis on the schedule's sweeps (api/analyses.py; D* at its n1) and record the next version; None
+    when the inputs are those last tried and not ``force``. FitError if the analysis fails, NotReady when the
+    sweeps have no observations.
 
-    ``cache`` (one refit tick's) shares observation reads between schedules; the fits then use the very tables
+    ``cache`` (one refit tick's) shares observation reads between schedules; the analysis then uses the very tables
     that were hashed."""
     req = RefitRequest.model_validate(schedule.request)
-    cache = cache if cache is not None else ObservationCache(services)
-    digest = inputs_hash(services, req, cache)
+    tables = sweep_tables(services, req.sweep_ids, cache if cache is not None else ObservationCache(services))
+    digest = inputs_hash(observations_hash(tables), analysis_params([req.n1], req.bootstrap, 0))
     with services.store.transaction() as s:  # a conditional UPDATE: of racing loops, one fires on new inputs
         mark = update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id).values(last_checked_hash=digest)
         if not force:
@@ -101,23 +115,18 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
         if s.execute(mark).rowcount == 0:
             return None
     schedule.last_checked_hash = digest
-    fit_ids, params = {}, {}
-    for kind, law in sorted(req.laws.items()):
-        record = create_fit(services, FitCreate(law=law, kind=kind, sweep_ids=req.sweep_ids, fixed=req.fixed,
-                                                bootstrap=req.bootstrap), schedule.owner, cache)
-        fit_ids[kind], params[kind] = record.id, record.report["params"]
-    dstar, ci = None, None
-    if {"scratch", "upcycled"} <= set(fit_ids):
-        star = dstar_at(fitted(services, fit_ids["scratch"]), fitted(services, fit_ids["upcycled"]), req.n1)
-        dstar, ci = star["dstar"], star["ci"]
+    analysis = run_analysis(services, req.sweep_ids, n1s=[req.n1], bootstrap=req.bootstrap, owner=schedule.owner,
+                            trigger="refit", tables=tables)
+    dstar, ci, group = _best_dstar(analysis)
     with services.store.transaction() as s:
         prev = s.scalar(select(RefitRecord).where(RefitRecord.schedule_id == schedule.id)
                         .order_by(RefitRecord.version.desc()).limit(1))
-        diff = _diff(s, prev, params, dstar)
+        diff = _diff(s, prev, _law_params(analysis), dstar)
         left = bool(prev and prev.dstar_ci and dstar is not None and None not in prev.dstar_ci
                     and not prev.dstar_ci[0] <= dstar <= prev.dstar_ci[1])
         record = RefitRecord(schedule_id=schedule.id, version=(prev.version if prev else 0) + 1, inputs_hash=digest,
-                             fits=fit_ids, dstar=dstar, dstar_ci=ci, diff=diff, left_interval=left)
+                             fits={}, analysis_id=analysis.id, dstar=dstar, dstar_ci=ci, dstar_group=group,
+                             diff=diff, left_interval=left)
         s.add(record)
         s.get(RefitScheduleRecord, schedule.id).last_error = None
     return record
@@ -164,7 +173,7 @@ class RefitLoop(threading.Thread):
                 continue
             try:
                 run_refit(self.services, schedule, force=schedule.trigger == "cron", cache=cache)
-            except (FitError, OrchestratorError, ValueError) as e:
+            except (FitError, NotReady, OrchestratorError, ValueError) as e:
                 fail(self.services, schedule.id, str(e))
 
     def stop(self) -> None:

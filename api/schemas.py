@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Kind = Literal["dense", "upcycled", "scratch"]
+DEFAULT_ANALYSIS_BOOTSTRAP = 100  # an analysis's refits per fit unless asked: intervals and a probability
+MAX_BOOTSTRAP = 500  # what a request may ask for: each refit is a full fit of every law
 
 
 class PlanSummary(BaseModel):
@@ -106,6 +108,16 @@ class FitPublic(BaseModel):
     plots: dict[str, str] = Field(description="Plot name -> URL of its PNG.")
 
 
+class AnalysisRef(BaseModel):
+    """Which analysis an answer came from."""
+
+    id: str = Field(description="Analysis id: GET /analyses lists them.")
+    sweep_ids: list[str] = Field(description="The sweeps it analysed.")
+    created_at: datetime = Field(description="When it started.")
+    finished_at: datetime | None = Field(description="When it finished.")
+    age_s: float = Field(description="Seconds since it finished: how old the answer is.")
+
+
 class DecisionPublic(BaseModel):
     verdict: Literal["upcycle", "scratch"]
     n1: float
@@ -114,21 +126,71 @@ class DecisionPublic(BaseModel):
     loss_upcycled: float
     catch_up_tokens: float | None = Field(description="Tokens from scratch needs to match the upcycled loss.")
     tokens_saved: float | None
-    probability_upcycle: float | None = Field(description="Share of bootstrap pairs voting upcycle.")
+    probability_upcycle: float | None = Field(description="Share of bootstrap pairs voting upcycle (null when the "
+                                              "analysis ran without bootstrap).")
     catch_up_ci: list[float | None] | None
     dstar: float | None = Field(description="D*: upcycled tokens from which from-scratch wins (at this N1).")
     dstar_ci: list[float | None] | None
-    fits: dict[str, str] = Field(description="The fits used: {moe, upcycled} -> fit id.")
+    group: str | None = Field(None, description="The upcycling group (method, r, n_expert x topk) whose law answered: "
+                              "`group=` if given, else the one predicting the lowest loss at (N1, D1, D2).")
+    analysis: AnalysisRef | None = Field(None, description="The analysis that answered (null when two stored fits "
+                                         "were named).")
+    fits: dict[str, str] | None = Field(None, description="The stored fits used when `moe_fit`/`upcycled_fit` named "
+                                        "them: {moe, upcycled} -> fit id.")
+
+
+class AnalysisCreate(BaseModel):
+    """What to analyse a sweep's observations with; every field has a default."""
+
+    n1s: list[float] | None = Field(None, description="Dense sizes N1 to find D* at (default: the sweep's sizes).",
+                                    examples=[[1e8, 1e9]])
+    bootstrap: int = Field(DEFAULT_ANALYSIS_BOOTSTRAP, ge=0, le=MAX_BOOTSTRAP,
+                           description="Cluster-bootstrap refits per fit (0: no intervals and no probability; each "
+                           "refit costs a full fit).")
+    seed: int = Field(0, ge=0, description="Seed of the bootstrap's resampling.")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> AnalysisCreate:
+        if self.n1s is not None and not all(0 < n <= 1e18 for n in self.n1s):
+            raise ValueError("n1s: every N1 must be a parameter count in (0, 1e18]")
+        return self
+
+
+class AnalysisPublic(BaseModel):
+    id: str
+    sweep_ids: list[str]
+    status: Literal["running", "done", "failed"]
+    trigger: str = Field(description="What ran it: completed (the sweep finished), observations (they changed), "
+                         "request, refit or demo.")
+    owner: str
+    params: dict[str, Any] = Field(description="n1s, bootstrap, seed.")
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None = Field(description="Why it failed.")
+    analysis: dict[str, Any] | None = Field(description="The analysis record (fitting/analysis.py `Analysis.to_json`): "
+                                            "version, E, the from-scratch fit, per upcycling group its fit, D* per N1 "
+                                            "and verdicts, and `problems`: laws the data cannot identify, why, and "
+                                            "what to add to the grid.")
+    plots: dict[str, str] = Field(description="Plot name -> URL of its PNG (the PDF: the same URL ending .pdf).")
+
+
+# The laws the analysis fits, per kind: a schedule may name them (as older schedules did), never others.
+ANALYSIS_LAWS = {"dense": "chinchilla", "scratch": "chinchilla", "upcycled": "joint"}
 
 
 class RefitRequest(BaseModel):
-    """What each refit fits: one law per kind on the sweeps' observations; D* when scratch and upcycled are both fit."""
+    """What each refit runs: the analysis of the sweeps' observations (api/analyses.py), D* reported at `n1`.
+
+    `laws` and `fixed` are what schedules stored before refits ran the analysis: such schedules still load (their
+    refits run the analysis), and a new schedule may only name the analysis's own laws and fix nothing
+    (RefitScheduleCreate checks)."""
 
     sweep_ids: list[str] = Field(min_length=1)
-    laws: dict[Kind, str] = Field(description="kind -> law, e.g. {\"scratch\": \"chinchilla\", "
-                                              "\"upcycled\": \"joint\"}.", min_length=1)
-    fixed: dict[str, float] = Field(default_factory=dict)
-    bootstrap: int = Field(0, ge=0, le=500)
+    laws: dict[Kind, str] = Field(default_factory=dict, description="Optional: the analysis fits chinchilla on dense "
+                                  "and scratch and joint on upcycled; no other law is accepted.")
+    fixed: dict[str, float] = Field(default_factory=dict, description="Must be empty: the analysis fixes E itself "
+                                    "(shared by the dense and from-scratch laws).")
+    bootstrap: int = Field(0, ge=0, le=500, description="Bootstrap refits per fit (0: no intervals).")
     n1: float = Field(1e9, gt=0, description="Dense size at which D* is reported.")
 
 
@@ -147,6 +209,15 @@ class RefitScheduleCreate(BaseModel):
             raise ValueError("give cron exactly when trigger is 'cron'")
         if self.cron is not None:
             check_cron(self.cron)
+        other = {k: v for k, v in self.request.laws.items() if ANALYSIS_LAWS[k] != v}
+        if other:
+            raise ValueError(f"request.laws: a refit runs the analysis, which fits "
+                             f"{', '.join(f'{k}={v}' for k, v in ANALYSIS_LAWS.items())}; it cannot fit "
+                             f"{', '.join(f'{k}={v}' for k, v in other.items())} (POST /fits fits any law once); "
+                             f"leave `laws` out")
+        if self.request.fixed:
+            raise ValueError("request.fixed: a refit runs the analysis, which fixes E itself (shared by the dense and "
+                             "from-scratch laws); leave `fixed` out")
         return self
 
 
@@ -165,11 +236,15 @@ class RefitSchedulePublic(BaseModel):
 class RefitPublic(BaseModel):
     schedule_id: str
     version: int = Field(description="1, 2, ...: a refit never overwrites an earlier one.")
-    inputs_hash: str = Field(description="sha256 of the request and the observation table it fitted.")
-    fits: dict[str, str] = Field(description="kind -> fit id.")
-    dstar: float | None
+    inputs_hash: str = Field(description="sha256 of the analysis's inputs: the observation tables and parameters.")
+    analysis_id: str | None = Field(description="The analysis this version ran: GET /analyses lists them.")
+    fits: dict[str, str] = Field(description="kind -> fit id, of versions from before refits ran the analysis.")
+    dstar: float | None = Field(description="D* at the schedule's n1 of the upcycling group from-scratch takes "
+                                "longest to catch (the best way to upcycle there); null without both laws.")
     dstar_ci: list[float | None] | None
-    diff: dict[str, Any] = Field(description="Changes from the previous version: per kind per parameter, and D*.")
+    dstar_group: str | None = Field(description="The upcycling group `dstar` is of.")
+    diff: dict[str, Any] = Field(description="Changes from the previous version: per law (scratch, upcycled <group>) "
+                                 "per parameter, and D*.")
     left_interval: bool = Field(description="D* left the previous version's interval.")
     created_at: datetime
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,6 +38,10 @@ class Settings(BaseSettings):
                                                       "for an http(s) tracking server, the server's own.")
     ray_address: str | None = Field(None, validation_alias="RAY_ADDRESS",
                                     description="An existing Ray cluster; unset = embedded local Ray.")
+    analysis_policy: Literal["on_new_observations", "off"] = Field(
+        "on_new_observations", description="UPSCALE_ANALYSIS_POLICY: when `upscale serve`/`upscale scheduler` run "
+        "the analysis by themselves: on_new_observations (a sweep settles with observations its latest analysis "
+        "did not have) or off (only POST /sweeps/{id}/analysis, `upscale analyze` and refits run it).")
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:

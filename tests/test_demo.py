@@ -1,7 +1,7 @@
 """`upscale demo` through the console script: the synthetic fit (fast) and the real pipeline on a tiny grid (slow).
 
 Both run in a subprocess with their own UPSCALE_HOME, as `make demo` runs on a fresh machine. The demo records its
-fits in the store, and `upscale decide` / `upscale dstar` without fit files use them.
+analysis in the store, and `upscale decide` / `upscale dstar` without fit files use it.
 """
 
 from __future__ import annotations
@@ -44,31 +44,29 @@ def test_synthetic_demo_recovers_the_papers_dstar_and_writes_the_plots(tmp_path:
     assert out.count("verdict:") == 2
     plots = tmp_path / "plots"
     assert {p.relative_to(plots).as_posix() for p in plots.rglob("*") if p.is_file()} == PLOTS
-    # The demo's fits are in the store: decide and dstar use them without fit files, naming them, and give what
-    # the same fits give as files.
+    # The demo's analysis is in the store: decide and dstar use it without fit files, naming it, and give the D*
+    # the demo printed.
     decision = _upscale(tmp_path, "decide", "--n1", "1e9", "--d1", "1e9", "--d2", "1e9", "--json", timeout=120)
     assert decision.returncode == 0, decision.stderr
     stored = json.loads(decision.stdout)
-    ids = stored["fits"]
-    assert f"fit {ids['moe']} (chinchilla" in decision.stderr and f"fit {ids['upcycled']} (joint" in decision.stderr
-    assert "upscale demo --synthetic" in decision.stderr
-    files = [f"--moe={tmp_path / 'fits' / ids['moe'] / 'report.json'}",
-             f"--upcycled={tmp_path / 'fits' / ids['upcycled'] / 'report.json'}"]
-    given = json.loads(_upscale(tmp_path, "decide", "--n1", "1e9", "--d1", "1e9", "--d2", "1e9", "--json", *files,
-                                timeout=120).stdout)
-    assert {k: stored[k] for k in given} == given and stored["verdict"] == "upcycle"
-    assert stored["dstar"] == pytest.approx(float(row.group(1)), rel=1e-3)  # the D* the demo printed
+    analysis_id = stored["analysis"]["id"]
+    assert f"analysis {analysis_id} of sweep (none: the synthetic demo)" in decision.stderr
+    assert stored["verdict"] == "upcycle" and stored["dstar"] == pytest.approx(float(row.group(1)), rel=1e-3)
     star = _upscale(tmp_path, "dstar", "--n1", "1e9", "--json", timeout=120)
     assert star.returncode == 0, star.stderr
-    star_given = json.loads(_upscale(tmp_path, "dstar", "--n1", "1e9", "--json", *files, timeout=120).stdout)
-    assert json.loads(star.stdout) == {**star_given, "fits": ids}
+    star = json.loads(star.stdout)
+    assert star["analysis"]["id"] == analysis_id and star["results"][0]["dstar"] == pytest.approx(stored["dstar"])
+    # A second demo on the same tables finds the analysis already made.
+    assert f"analysis {analysis_id} recorded" in _demo(tmp_path, "--synthetic", "--bootstrap", "20", "--out",
+                                                       str(tmp_path / "plots"), timeout=300)
 
 
 def test_decide_without_fits_says_what_to_run(tmp_path: Path) -> None:
     for args in (("decide", "--n1", "1e9", "--d1", "1e9", "--d2", "1e9"), ("dstar", "--n1", "1e9")):
         out = _upscale(tmp_path, *args, timeout=120)
-        assert out.returncode == 2 and out.stderr.startswith("error: no scratch and no upcycled fit"), out.stderr
-        assert "`upscale demo`" in out.stderr and "POST /fits" in out.stderr and "Traceback" not in out.stderr
+        assert out.returncode == 2 and out.stderr.startswith("error:"), out.stderr
+        assert "no analysis" in out.stderr or "409" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and "POST /fits" not in out.stderr
 
 
 TINY_GRID = """

@@ -1,9 +1,9 @@
 """`upscale.Client`: the REST API of a running `upscale serve` from Python, and the CLI's `--api` path.
 
-One method per thing the API offers (sweeps, observations, fits, decisions, refit schedules, health), returning the
-API's JSON as plain dicts and lists (observations as a pandas DataFrame or CSV text). Every failure a caller can
-cause or fix (server not running, no answer, no or wrong token, scope, unknown id, invalid body) raises one type,
-`ApiError`, whose message says what to do; the CLI prints it as one `error:` line.
+One method per thing the API offers (sweeps, observations, analyses, fits, decisions, refit schedules, health),
+returning the API's JSON as plain dicts and lists (observations as a pandas DataFrame or CSV text). Every failure a
+caller can cause or fix (server not running, no answer, no or wrong token, scope, unknown id, invalid body) raises
+one type, `ApiError`, whose message says what to do; the CLI prints it as one `error:` line.
 
 httpx and pandas are imported when first needed, so `import upscale.client` costs nothing (the CLI imports this
 module for `ApiError` on every start).
@@ -101,8 +101,9 @@ class Client:
 
     # -- transport ---------------------------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Send one request; the JSON (or text, e.g. CSV) of a success, None for an empty one; else ApiError."""
+    def request(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
+        """Send one request; the JSON (or text, e.g. CSV; bytes with ``raw``) of a success, None for an empty one;
+        else ApiError."""
         import httpx
 
         if self.token:
@@ -121,6 +122,8 @@ class Client:
             raise ApiError(f"{where}: {type(e).__name__}: {e}; is {self.url} the upscale API?") from None
         if r.status_code >= 400:
             raise ApiError(self._explain(r, where), r.status_code)
+        if raw:
+            return r.content
         if not r.content:
             return None
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
@@ -208,11 +211,38 @@ class Client:
                 "bootstrap": bootstrap}
         return self.request("POST", "/fits", json=body)
 
-    def decide(self, n1: float, d1: float, d2: float, moe_fit: str | None = None,
-               upcycled_fit: str | None = None) -> dict[str, Any]:
-        """Upcycle or train from scratch, from two stored fits (default: the newest scratch and upcycled ones)."""
-        params = {"n1": n1, "d1": d1, "d2": d2, "moe_fit": moe_fit, "upcycled_fit": upcycled_fit}
+    def decide(self, n1: float, d1: float, d2: float, sweep_id: str | None = None, group: str | None = None,
+               moe_fit: str | None = None, upcycled_fit: str | None = None) -> dict[str, Any]:
+        """Upcycle or train from scratch: from the newest analysis (of ``sweep_id``, if given; of ``group``'s law,
+        default the best one there), named in the answer with its age; or from two stored fits with ``moe_fit`` /
+        ``upcycled_fit``. ApiError with status 409 when nothing can answer yet, saying what is missing."""
+        params = {"n1": n1, "d1": d1, "d2": d2, "sweep_id": sweep_id, "group": group, "moe_fit": moe_fit,
+                  "upcycled_fit": upcycled_fit}
         return self.request("GET", "/decisions/upcycle", params={k: v for k, v in params.items() if v is not None})
+
+    # -- analyses ----------------------------------------------------------------------------------------------
+
+    def analyze(self, sweep_id: str, n1s: list[float] | None = None, bootstrap: int | None = None,
+                seed: int = 0) -> dict[str, Any]:
+        """Run the paper's analysis on a sweep now and wait for it (identical inputs: the existing one); the stored
+        analysis: its record (fits, D*, verdicts, problems) and plot URLs. ``bootstrap`` defaults to the server's."""
+        body: dict[str, Any] = {"n1s": n1s, "seed": seed}
+        if bootstrap is not None:
+            body["bootstrap"] = bootstrap
+        return self.request("POST", f"/sweeps/{sweep_id}/analysis", json=body)
+
+    def analysis(self, sweep_id: str) -> dict[str, Any]:
+        """A sweep's latest finished analysis; ApiError 409 (saying why) when there is none yet."""
+        return self.request("GET", f"/sweeps/{sweep_id}/analysis")
+
+    def analyses(self, sweep_id: str | None = None) -> list[dict[str, Any]]:
+        """Analyses newest first, running and failed ones too: every sweep's, or those including ``sweep_id``."""
+        return self.request("GET", f"/sweeps/{sweep_id}/analyses" if sweep_id else "/analyses")
+
+    def analysis_plot(self, sweep_id: str, name: str, analysis_id: str | None = None) -> bytes:
+        """One plot of a sweep's analysis (the latest, or ``analysis_id``): ``name`` as listed, plus .png or .pdf."""
+        return self.request("GET", f"/sweeps/{sweep_id}/analysis/plots/{name}", raw=True,
+                            params={"analysis_id": analysis_id} if analysis_id else {})
 
     # -- refits ------------------------------------------------------------------------------------------------
 

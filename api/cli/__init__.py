@@ -1,6 +1,7 @@
 """The `upscale` command line: one typer app (app.py); each module below registers one area's commands."""
 
 from upscale.api.cli import (  # noqa: F401  (imported for their @app.command side effects)
+    analyze_command,
     demo_command,
     fit_commands,
     model_commands,

@@ -24,6 +24,7 @@ from upscale.fitting.errors import FitError
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from upscale.fitting.analysis import Analysis
     from upscale.fitting.plots import DrawnPlots
     from upscale.fitting.summary import FittedLaw
 
@@ -201,73 +202,72 @@ def compare_command(
     console.print(table)
 
 
-FitFileOpt = Annotated[Path | None, typer.Option(help="`upscale fit --json` file; give both or neither.")]
-StoredFitsHelp = ("Without --moe/--upcycled: the newest stored from-scratch and upcycled fits (of `upscale demo`, "
-                  "POST /fits or a refit) from this machine's store, or with --api URL from that server's.")
+StoredHelp = ("Without --moe/--upcycled: the newest analysis (the service's own when a sweep finishes, `upscale "
+              "analyze` or `upscale demo`) in this machine's store, or with --api URL on that server.")
+GroupOpt = Annotated[str | None, typer.Option("--group", help="Upcycling group of the analysis, as it labels them "
+                                              "(e.g. 'naive 8x2'); default: the best one.")]
 
 
-def fit_pair(moe: Path | None, upcycled: Path | None, api: str | None,
-             token: str | None) -> tuple[FittedLaw, FittedLaw, dict[str, str] | None]:
-    """The from-scratch and upcycled fits: from the two files, else the newest stored ones (and their ids)."""
+def _file_pair(moe: Path | None, upcycled: Path | None) -> tuple[FittedLaw, FittedLaw] | None:
+    """The two `upscale fit --json` files, or None to use the newest analysis."""
     from upscale.fitting.summary import load_fit
 
     if moe is not None and upcycled is not None:
-        return load_fit(moe), load_fit(upcycled), None
+        return load_fit(moe), load_fit(upcycled)
     if moe is not None or upcycled is not None:
-        raise FitError("give both --moe and --upcycled fit files, or neither to use the newest stored fits")
-    return stored_fit_pair(api, token)
+        raise FitError("give both --moe and --upcycled fit files, or neither to use the newest analysis")
+    return None
 
 
-def stored_fit_pair(api: str | None, token: str | None) -> tuple[FittedLaw, FittedLaw, dict[str, str]]:
-    """The newest stored scratch and upcycled fits, each named on stderr (id, law, upcycling group, sweeps, when)."""
-    from upscale.fitting.groups import group_label
-    from upscale.fitting.summary import fitted_law
+def _where(api: str | None) -> str:
+    from upscale.orchestrator.settings import get_settings
 
-    if api:
-        with api_client(api, token) as c:
-            listed = c.fits()  # oldest first
-        newest = {f["kind"]: f for f in listed}
-        where = f"the server {api}"
-    else:
-        from upscale.api.fits import latest_fit
-        from upscale.orchestrator.settings import get_settings
-        from upscale.orchestrator.store import Store
+    return f"the server {api}" if api else f"the local store ({get_settings().home})"
 
-        store = Store(get_settings().db_url)
-        newest = {}
-        for kind in ("scratch", "upcycled"):
-            if (record := latest_fit(store, kind)) is not None:
-                newest[kind] = {"id": record.id, "law": record.law, "request": record.request,
-                                "report": record.report, "created_at": record.created_at.isoformat()}
-        where = f"the local store ({get_settings().home})"
-    missing = [k for k in ("scratch", "upcycled") if k not in newest]
-    if missing:
-        raise FitError(f"no {' and no '.join(missing)} fit in {where}: run `upscale demo` (or `upscale demo "
-                       f"--synthetic`), or POST /fits with kind={missing[0]!r}, or give --moe and --upcycled files "
+
+def newest_analysis(api: str | None, token: str | None) -> tuple[Analysis, dict[str, Any]]:
+    """The newest finished analysis (as GET /analyses lists it), named on stderr: id, sweeps, when."""
+    from upscale.fitting.analysis import Analysis
+
+    with api_client(api, token) as c:
+        done = [a for a in c.analyses() if a["status"] == "done"]  # newest first
+    if not done:
+        raise FitError(f"no analysis in {_where(api)}: run `upscale analyze SWEEP_ID` on a sweep with finished "
+                       f"segments, or `upscale demo` (--synthetic: in seconds), or give --moe and --upcycled files "
                        f"from `upscale fit --json`")
-    pair = []
-    for role, kind in (("MoE from scratch", "scratch"), ("upcycled", "upcycled")):
-        f = newest[kind]
-        request = f.get("request") or {}
-        analysis = request.get("analysis") or {}
-        group = group_label(analysis.get("group") or {})
-        sweeps = ", ".join(request.get("sweep_ids") or [])
-        origin = "; ".join(x for x in (f"sweep {sweeps}" if sweeps else "inline rows",
-                                       f"by `{analysis['source']}`" if "source" in analysis else "") if x)
-        err_console.print(f"{role}: fit {f['id']} ({f['law']}{', ' + group if group else ''}; {origin}; "
-                          f"{str(f['created_at'])[:19]}) from {where}", soft_wrap=True, highlight=False)
-        pair.append(fitted_law(f["report"], f"stored fit {f['id']}"))
-    return pair[0], pair[1], {"moe": newest["scratch"]["id"], "upcycled": newest["upcycled"]["id"]}
+    a = done[0]
+    err_console.print(f"analysis {a['id']} of sweep {', '.join(a['sweep_ids']) or '(none: the synthetic demo)'} "
+                      f"({a['trigger']}, {str(a['created_at'])[:19]}) from {_where(api)}", soft_wrap=True,
+                      highlight=False)
+    return Analysis.from_json(a["analysis"]), {"id": a["id"], "sweep_ids": a["sweep_ids"],
+                                               "created_at": a["created_at"]}
+
+
+def group_fits(analysis: Analysis, group: str | None) -> tuple[FittedLaw, FittedLaw, str]:
+    """The analysis's from-scratch law and one upcycling group's (``group``, else the first fitted one), with the
+    group's label; FitError saying what is missing when it has no such pair."""
+    if analysis.scratch is None:
+        raise FitError(f"the analysis has no from-scratch MoE law: {analysis.missing('chinchilla')}")
+    fitted = [u for u in analysis.upcycled if u.fit is not None and (group is None or u.label == group)]
+    if not fitted:
+        labels = ", ".join(repr(u.label) for u in analysis.upcycled if u.fit is not None) or "none"
+        raise FitError(f"--group {group!r}: the analysis's fitted upcycling groups are {labels}" if group else
+                       f"the analysis has no upcycled law: {analysis.missing('joint')}")
+    if group is None and len(fitted) > 1:
+        err_console.print(f"group {fitted[0].label!r} (also: {', '.join(repr(u.label) for u in fitted[1:])}; "
+                          f"--group picks one)", highlight=False)
+    return analysis.scratch.fitted, fitted[0].fit.fitted, fitted[0].label
 
 
 @app.command("dstar", help="D*: the token count where MoE from scratch catches up with upcycling at the same sunk "
-                           f"cost (Eq. 13). {StoredFitsHelp}")
+                           f"cost (Eq. 13). {StoredHelp}")
 def dstar_command(
     n1: Annotated[list[float], typer.Option("--n1", help="Dense model size N1 (repeatable).")],
     moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N); "
-                                             "default: the newest stored scratch fit.")] = None,
+                                             "default: the newest analysis's.")] = None,
     upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law; "
-                                                  "default: the newest stored upcycled fit.")] = None,
+                                                  "default: the newest analysis's.")] = None,
+    group: GroupOpt = None,
     api: ApiOpt = None, token: TokenOpt = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Draw D*(N1) with its bootstrap band and closed form, "
                                               "and the catch-up curves at each --n1, in this folder (PNG and PDF).")]
@@ -276,10 +276,14 @@ def dstar_command(
 ) -> None:
     from upscale.fitting.dstar import dstar_results
 
-    moe_fit, up_fit, ids = fit_pair(moe, upcycled, api, token)
-    out = dstar_results(moe_fit, up_fit, n1)
-    if ids is not None:
-        out["fits"] = ids
+    pair = _file_pair(moe, upcycled)
+    if pair is not None:
+        moe_fit, up_fit = pair
+        out = dstar_results(moe_fit, up_fit, n1)
+    else:
+        analysis, ref = newest_analysis(api, token)
+        moe_fit, up_fit, label = group_fits(analysis, group)
+        out = {**dstar_results(moe_fit, up_fit, n1), "group": label, "analysis": ref}
     if as_json:
         print_json(out)
     else:
@@ -325,25 +329,32 @@ def dstar_table(out: dict[str, Any]) -> Table:
 
 
 @app.command("decide", help="Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap "
-                            f"probability. {StoredFitsHelp}")
+                            f"probability. {StoredHelp} (GET /decisions/upcycle)")
 def decide_command(
     n1: Annotated[float, typer.Option("--n1", help="Dense model size (parameters).")],
     d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on (sunk cost).")],
     d2: Annotated[float, typer.Option("--d2", help="Tokens you would spend training the upcycled MoE.")],
     moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N); "
-                                             "default: the newest stored scratch fit.")] = None,
+                                             "default: the newest analysis's.")] = None,
     upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law; "
-                                                  "default: the newest stored upcycled fit.")] = None,
+                                                  "default: the newest analysis's.")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="Use this sweep's newest analysis.")] = None,
+    group: GroupOpt = None,
     api: ApiOpt = None, token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    from upscale.fitting.dstar import decide, dstar_at
+    from upscale.fitting.dstar import decide
 
-    moe_fit, up_fit, ids = fit_pair(moe, upcycled, api, token)
-    d = decide(moe_fit, up_fit, n1, d1, d2).to_json()
-    if ids is not None:  # stored fits: the shape of GET /decisions/upcycle, D* at this N1 and the fits' ids
-        star = dstar_at(moe_fit, up_fit, n1)
-        d.update(dstar=star["dstar"], dstar_ci=star["ci"], fits=ids)
+    pair = _file_pair(moe, upcycled)
+    if pair is not None:
+        d = decide(*pair, n1, d1, d2).to_json()
+    else:  # the service's answer, in-process or from --api: one code path
+        with api_client(api, token) as c:
+            d = c.decide(n1, d1, d2, sweep_id=sweep, group=group)
+        a = d["analysis"]
+        err_console.print(f"analysis {a['id']} of sweep {', '.join(a['sweep_ids']) or '(none: the synthetic demo)'}"
+                          f" ({a['age_s']:.0f} s old), group {d['group']!r}, from {_where(api)}", soft_wrap=True,
+                          highlight=False)
     if as_json:
         print_json(d)
         return

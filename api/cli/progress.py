@@ -1,5 +1,5 @@
-"""Live progress on stderr for the CLI's long work: sweeps (segments, tokens, time left), Ray's start, the token
-cache, and the one-time DeepSpeed op build, announced before it happens.
+"""Live progress on stderr for the CLI's long work: sweeps (segments, tokens, time left), the analysis's stages, Ray's
+start, the token cache, and the one-time DeepSpeed op build, announced before it happens.
 
 The library reports through plain callbacks (the scheduler's `on_progress`, `load_tokens(progress=)`); only this
 module (and `fit_commands.progress_bar`) turns them into rich output. stderr keeps `--json` stdout clean.
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from rich.progress import Task
 
+    from upscale.fitting.analysis import Progress as AnalysisProgress
     from upscale.orchestrator.scheduler import Progress as SchedulerProgress
     from upscale.orchestrator.settings import Settings
     from upscale.sweeps.segments import DataSpec
@@ -153,3 +154,24 @@ def load_tokens_with_bar(data: DataSpec, context: int, cache_dir: Path | None) -
             bar.update(task, completed=done, total=total or None)
 
         load_tokens(data, context, cache_dir, progress=show)
+
+
+@contextmanager
+def stage_bars() -> Iterator[AnalysisProgress]:
+    """One bar per stage of the analysis (fitting/analysis.py), on stderr; yields analyze's ``progress`` callback.
+    The bars appear with the first stage, so work that fails or is found done before any leaves no trace."""
+    bars = Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=err_console, transient=True)
+    tasks: dict[str, Any] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if not tasks:
+            bars.start()
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(stage, total=total)
+        bars.update(tasks[stage], completed=done)
+
+    try:
+        yield update
+    finally:
+        if tasks:
+            bars.stop()

@@ -55,7 +55,8 @@ def serve_command(
                                                "elsewhere to train.")] = False,
     refit_tick_s: Annotated[float, typer.Option(help="How often refit schedules are checked (s).")] = 5.0,
 ) -> None:
-    """The REST API (OpenAPI page at /docs) with the sweep scheduler and refit loops in the same process.
+    """The REST API (OpenAPI page at /docs) with the sweep scheduler, the analysis and the refit loops in the same
+    process: a sweep that finishes is analysed by itself (UPSCALE_ANALYSIS_POLICY=off: only on request).
     Ctrl-C / SIGTERM shut down gracefully: running segments are released and their sweep resumes on restart."""
     import uvicorn
 
@@ -73,7 +74,9 @@ def serve_command(
 def scheduler_command(
     refit_tick_s: Annotated[float, typer.Option(help="How often refit schedules are checked (s).")] = 5.0,
 ) -> None:
-    """Only the background work of `upscale serve`: train pending sweeps and fire refit schedules, until Ctrl-C."""
+    """Only the background work of `upscale serve`: train pending sweeps, analyse sweeps that settle with new
+    observations (UPSCALE_ANALYSIS_POLICY) and fire refit schedules, until Ctrl-C."""
+    from upscale.api.analyses import AnalysisLoop
     from upscale.api.background import SweepLoop
     from upscale.api.cli.progress import start_ray
     from upscale.api.refits import RefitLoop
@@ -82,7 +85,7 @@ def scheduler_command(
 
     services = Services.open(get_settings())
     start_ray(services.settings)
-    loops = (SweepLoop(services), RefitLoop(services, tick_s=refit_tick_s))
+    loops = (SweepLoop(services), RefitLoop(services, tick_s=refit_tick_s), AnalysisLoop(services))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     for loop in loops:
@@ -191,16 +194,18 @@ def refit_command(
     schedule: Annotated[str | None, typer.Argument(help="Refit schedule id; none: every active schedule.")] = None,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """Refit now: a new version per schedule, with D*, its interval and whether it left the previous one."""
+    """Refit now: the analysis on each schedule's sweeps, a new version with D*, its interval and whether it left
+    the previous one."""
     with api_client(api, token) as c:
         ids = [schedule] if schedule else [s["id"] for s in c.refit_schedules()]
         if not ids:
             raise CommandError("no refit schedules; POST /refit-schedules creates one")
         for sid in ids:
             r = c.run_refit(sid)
-            star = "no D* (needs scratch and upcycled laws)" if r["dstar"] is None else f"D* {r['dstar']:.4g}"
+            star = ("no D* (the analysis has no from-scratch and upcycled laws to compare)" if r["dstar"] is None
+                    else f"D* {r['dstar']:.4g} ({r['dstar_group'] or 'upcycled'})")
             flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
-            console.print(f"schedule {sid} v{r['version']}: fits {r['fits']}, {star}{flag}")
+            console.print(f"schedule {sid} v{r['version']}: analysis {r['analysis_id']}, {star}{flag}")
 
 
 @app.command("ui")

@@ -1,11 +1,12 @@
-"""/fits and /decisions: fit a law on observations, read fits and their plots, decide upcycle or scratch."""
+"""/fits and /decisions: fit a law on observations, read fits and their plots, decide upcycle or scratch (from the
+newest analysis, or from two stored fits)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 
-from upscale.api import fits
+from upscale.api import analyses, fits
 from upscale.api.records import FitRecord
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.api.schemas import DecisionPublic, FitCreate, FitPublic
@@ -61,15 +62,27 @@ def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileRe
 
 
 @decisions.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=DecisionPublic,
-               responses={422: {"description": "Missing fits or bad values."}})
+               responses={404: {"description": "No such sweep or fit."},
+                          409: {"description": "Nothing can answer yet, and what is missing: no sweep has finished "
+                                "segments, the analysis is running or failed, or it has no law to answer with."},
+                          422: {"description": "Bad values, an unknown group, or fits of the wrong kind."}})
 def decide_upcycle(services: ServicesDep, _: Reader,
                    n1: float = Query(gt=0, le=MAX_COUNT, description="Dense model size (parameters)."),
                    d1: float = Query(gt=0, le=MAX_COUNT, description="Tokens the dense model was trained on."),
                    d2: float = Query(gt=0, le=MAX_COUNT, description="Tokens you would spend on the upcycled MoE."),
-                   moe_fit: str | None = Query(None, description="Fit id of the from-scratch MoE law (default: "
-                                               "the latest scratch fit)."),
-                   upcycled_fit: str | None = Query(None, description="Fit id of the upcycled law (default: the "
-                                                    "latest upcycled fit).")) -> DecisionPublic:
+                   sweep_id: str | None = Query(None, description="Answer from this sweep's newest analysis (default: "
+                                                "the newest analysis of any sweep)."),
+                   group: str | None = Query(None, description="Upcycling group as the analysis labels it, e.g. "
+                                             "`naive 8x2` (default: the one predicting the lowest loss here)."),
+                   moe_fit: str | None = Query(None, description="Instead of an analysis, two stored fits: the fit id "
+                                               "of the from-scratch MoE law (default: the latest scratch fit)."),
+                   upcycled_fit: str | None = Query(None, description="Instead of an analysis, two stored fits: the "
+                                                    "fit id of the upcycled law (default: the latest upcycled fit).")
+                   ) -> DecisionPublic:
     """The catch-up budget from scratch needs to match upcycling, the verdict (upcycle when it exceeds D1), its
-    bootstrap probability, and D* at this N1, from two stored fits."""
-    return fits.decision(services, n1, d1, d2, moe_fit, upcycled_fit)
+    bootstrap probability, and D* at this N1. It answers from the newest finished analysis (which runs by itself
+    when a sweep finishes) and names it with its age; `moe_fit`/`upcycled_fit` answer from two stored fits
+    instead."""
+    if moe_fit is not None or upcycled_fit is not None:
+        return fits.decision(services, n1, d1, d2, moe_fit, upcycled_fit)
+    return DecisionPublic(**analyses.decision(services, n1, d1, d2, sweep_id, group))

@@ -1,12 +1,11 @@
 """The whole flow on a live server that runs its own scheduler threads: submit a tiny sweep that trains for real on
 embedded Ray (nano model, context 16, a few steps per segment), watch its progress, read its observations as JSON and
-CSV, fit a law on them, see an `on_new_observations` refit fire and record versions, decide from fits, and find the
-sweep's run tree in MLflow. Values are checked against the planner and against fitting/ called directly."""
+CSV, fit a law on them, see an `on_new_observations` refit run the analysis and record versions, decide from fits, and
+find the sweep's run tree in MLflow. Values are checked against the planner and against fitting/ called directly."""
 
 from __future__ import annotations
 
 import io
-import json
 import subprocess
 import sys
 import time
@@ -63,8 +62,7 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     planned = plan(load_spec(FLOW_SPEC))
     assert created["plan"]["segments"] == len(planned.segments) == 13
     schedule = c.post("/refit-schedules", json={
-        "name": "data-mul-noint on arrival", "trigger": "on_new_observations",
-        "request": {"sweep_ids": [sid], "laws": {"upcycled": "data-mul-noint"}}}).json()
+        "name": "analysis on arrival", "trigger": "on_new_observations", "request": {"sweep_ids": [sid]}}).json()
 
     seen = set()
 
@@ -94,15 +92,22 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
     assert c.get(f"/fits/{fit['id']}").json()["data_hash"] == fit["data_hash"]
 
-    versions = wait_for(lambda: c.get("/refits", params={"schedule_id": schedule["id"]}).json(), 30,
-                        "the scheduled refit")
-    first = versions[0]
-    assert first["version"] == 1 and len(first["inputs_hash"]) == 64 and first["diff"] == {}
-    refit_fit = c.get(f"/fits/{first['fits']['upcycled']}").json()
-    assert refit_fit["report"]["params"] == fit["report"]["params"]  # same data, deterministic fitter
+    def refitted_all():  # the schedule fires on every change of the observations: wait for the last one
+        versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()
+        if not versions:
+            return None
+        ran = {a["id"]: a for a in c.get(f"/sweeps/{sid}/analyses").json()}[versions[-1]["analysis_id"]]
+        return versions if sum(ran["analysis"]["points"].values()) == len(rows) else None
+
+    versions = wait_for(refitted_all, 60, "the scheduled refit of every observation")
+    first, last = versions[0], versions[-1]
+    assert [v["version"] for v in versions] == list(range(1, len(versions) + 1)) and first["diff"] == {}
+    assert len(last["inputs_hash"]) == 64
+    refit_analysis = next(a for a in c.get(f"/sweeps/{sid}/analyses").json() if a["id"] == last["analysis_id"])
+    assert refit_analysis["trigger"] == "refit" and refit_analysis["status"] == "done"
     again = c.post(f"/refit-schedules/{schedule['id']}/run").json()
-    assert again["version"] == 2 and again["inputs_hash"] == first["inputs_hash"]
-    assert again["diff"]["upcycled"] == {"A": 0.0, "alpha1": 0.0, "alpha2": 0.0, "E": 0.0}
+    assert again["version"] == last["version"] + 1 and again["inputs_hash"] == last["inputs_hash"]
+    assert again["analysis_id"] == last["analysis_id"]  # the same inputs: the same analysis, not a second one
     assert not again["left_interval"]
 
     client = MlflowClient(flow.settings.mlflow_tracking_uri)
@@ -124,19 +129,20 @@ def test_decision_matches_fitting(flow) -> None:
         r = c.post("/fits", json={"law": law, "kind": kind, "rows": rows})
         assert r.status_code == 201, r.text
         ids[kind] = r.json()["id"]
-    d = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9}).json()
-    assert d["fits"] == {"moe": ids["scratch"], "upcycled": ids["upcycled"]}  # the latest fits by default
+    d = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, "moe_fit": ids["scratch"],
+                                            "upcycled_fit": ids["upcycled"]}).json()
+    assert d["fits"] == {"moe": ids["scratch"], "upcycled": ids["upcycled"]} and d["analysis"] is None
     services = Services.open(flow.settings)
     direct = decide(fitted(services, ids["scratch"]), fitted(services, ids["upcycled"]), 1e9, 1e9, 1e9).to_json()
     assert d["verdict"] == direct["verdict"] and d["catch_up_tokens"] == pytest.approx(direct["catch_up_tokens"])
     assert d["dstar"] > 0
-    # `upscale decide --api` is this endpoint from the command line (a read token is enough).
+    # `upscale decide --api` is this endpoint from the command line (a read token is enough); without fit ids it
+    # answers from the newest analysis, and the flow's one-size sweep has no from-scratch law: one error line.
     token = flow.read["Authorization"].split()[1]
     cli = subprocess.run([str(Path(sys.executable).parent / "upscale"), "decide", "--n1", "1e9", "--d1", "1e9",
                           "--d2", "1e9", "--api", flow.url, "--token", token, "--json"],
                          capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 0, cli.stderr
-    assert json.loads(cli.stdout)["catch_up_tokens"] == pytest.approx(d["catch_up_tokens"])
+    assert cli.returncode == 2 and cli.stderr.startswith("error:") and "409" in cli.stderr, cli.stderr
     r = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, "moe_fit": ids["upcycled"]})
     assert r.status_code == 422 and "detail" in r.json()  # an upcycled law is not a from-scratch MoE law
 
@@ -145,8 +151,7 @@ def test_cron_schedule_fires_once_per_matching_minute(flow) -> None:
     c = flow.client()
     sid = next(s["id"] for s in c.get("/sweeps").json() if s["status"] == "done")
     schedule = c.post("/refit-schedules", json={
-        "name": "every minute", "trigger": "cron", "cron": "* * * * *",
-        "request": {"sweep_ids": [sid], "laws": {"upcycled": "data-mul-noint"}}}).json()
+        "name": "every minute", "trigger": "cron", "cron": "* * * * *", "request": {"sweep_ids": [sid]}}).json()
     first = wait_for(lambda: c.get("/refits", params={"schedule_id": schedule["id"]}).json(), 30, "the cron refit")
     time.sleep(2.0)  # four more ticks of the server's refit loop
     versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()

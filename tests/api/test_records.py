@@ -1,4 +1,4 @@
-"""The API's tables come from migration 0002 exactly as api/records.py declares them, and a cron schedule fires
+"""The API's tables come from migrations 0002-0005 exactly as api/records.py declares them, and a cron schedule fires
 on the minutes it names."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from upscale.api.records import RefitRecord, TokenRecord
 from upscale.orchestrator.records import Base
 from upscale.orchestrator.store import Store, alembic_config
 
-API_TABLES = {"api_tokens", "sweep_owners", "fits", "refit_schedules", "refits"}
+API_TABLES = {"api_tokens", "sweep_owners", "fits", "analyses", "refit_schedules", "refits"}
 
 
 def test_migration_builds_the_api_tables(tmp_path) -> None:
@@ -70,8 +70,8 @@ def test_racing_refit_loops_claim_a_cron_minute_once(tmp_path, mlflow_uri) -> No
 
 
 def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, monkeypatch) -> None:
-    """Two schedules over the same two sweeps, two kinds each: one tick loads each sweep's observations once (the
-    fits then fail, as there are none yet, and each schedule records its own error)."""
+    """Two schedules over the same two sweeps: one tick loads each sweep's observations once (the analyses then
+    cannot run, as there are none yet, and each schedule records its own error)."""
     from collections import Counter
 
     from tests.api.test_auth_validation import SPEC
@@ -84,14 +84,15 @@ def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, 
 
     services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     ids = [sweeps.submit(services, parse_spec({**SPEC, "name": n}), "t").id for n in ("a", "b")]
-    request = {"sweep_ids": ids, "laws": {"scratch": "chinchilla", "upcycled": "data-mul-noint"}}
+    request = {"sweep_ids": ids}
     for name in ("one", "two"):
         create_schedule(services, RefitScheduleCreate(name=name, trigger="on_new_observations", request=request), "t")
     reads, observations = Counter(), services.store.observations
     monkeypatch.setattr(services.store, "observations", lambda s: reads.update([s]) or observations(s))
     RefitLoop(services).tick()
     assert reads == Counter(ids)
-    assert [s.last_error for s in schedules(services)] == ["no scratch observations in sweep(s) "
-                                                           f"{', '.join(ids)} yet"] * 2
+    assert [s.last_error for s in schedules(services)] == [f"sweep {', '.join(sorted(ids))} has no finished "
+                                                           "segments yet: the analysis needs the losses of finished "
+                                                           "decay segments; it runs by itself when they finish"] * 2
     RefitLoop(services).tick()  # a new tick reads afresh (the inputs are unchanged: nothing fires)
     assert reads == Counter(ids * 2)

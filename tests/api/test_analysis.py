@@ -1,0 +1,282 @@
+"""The service's analyses on a real SQLite store: one analysis per (sweeps, inputs) however many triggers race, the
+routes (201/200/404/409, plots by listed name only), decisions from the newest analysis, refits running it, the loop
+that runs it by itself, and `upscale analyze` through the console script.
+
+The store is filled the way the scheduler fills it (a submitted sweep, its decay segments done with an observation
+each), with losses drawn from the paper's Table 2 laws at the planned coordinates (fitting/synthetic.py), so every
+law can be fitted without training anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from sqlalchemy import select, update
+
+from tests.api.conftest import serve
+from upscale.api import analyses
+from upscale.api.analyses import AnalysisLoop, NotReady, run_analysis
+from upscale.api.records import AnalysisRecord
+from upscale.api.services import Services
+from upscale.api.sweeps import submit
+from upscale.fitting.laws import get_law
+from upscale.fitting.synthetic import TABLE2
+from upscale.orchestrator.records import ObservationRecord, SegmentRecord
+from upscale.orchestrator.settings import Settings
+from upscale.orchestrator.tracking import RunTree
+from upscale.sweeps.spec import parse_spec
+
+UPSCALE = Path(sys.executable).parent / "upscale"
+GRID = {
+    "name": "analysis-test",
+    "model": {"sizes": [{"n_layer": 1, "d_model": 16, "n_head": 2}, {"n_layer": 1, "d_model": 24, "n_head": 2},
+                        {"n_layer": 1, "d_model": 32, "n_head": 2}]},
+    "moe": {"experts": [4], "topk": [2]},
+    "upcycling": {"methods": ["naive"]},
+    "tokens": {"d1": [1024, 2048], "d2": [512, 1024, 2048], "scratch": [1024, 2048, 4096]},
+    "train": {"context": 16, "batch_size": 8, "lr": {"dense": 3.0e-3, "moe": 2.0e-3}, "warmup_tokens": 256},
+    "data": {"corpus": "builtin:python-stdlib", "tokenizer": "bytes", "eval_tokens": 2048},
+    "resources": {"cpus": 1},
+}
+
+OTHER_GRID = {**GRID, "name": "other", "train": {**GRID["train"], "context": 32}}  # no segment shared with GRID's
+
+
+def _loss(o: dict, rng: np.random.Generator) -> float:
+    """The paper's law for the observation's kind at its planned coordinates, with 0.2% noise."""
+    if o["kind"] == "upcycled":
+        law, params, row = get_law("joint"), TABLE2["upcycled"], {"N1": o["N1"], "D1": o["D1"], "D2": o["D2"]}
+    else:
+        law, params, row = get_law("chinchilla"), TABLE2["dense" if o["kind"] == "dense" else "moe"], \
+            {"N": o["N1"], "D": o["D"]}
+    return float(law.predict(params, pd.DataFrame([row]))[0] * np.exp(rng.normal(0, 0.002)))
+
+
+def fill(services: Services, status: str = "done", grid: dict | None = None, leave_out: int = 0) -> str:
+    """A submitted sweep whose decay segments are done with an observation each (all but ``leave_out`` of them)."""
+    sweep_id = submit(services, parse_spec(grid or GRID), "alice", new=True).id
+    rng = np.random.default_rng(0)
+    members = [seg for seg, _ in services.store.members(sweep_id) if seg.observation is not None]
+    with services.store.transaction() as s:
+        for seg in members[:len(members) - leave_out]:
+            o = seg.observation
+            s.add(ObservationRecord(segment_key=seg.key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"),
+                                    D2=o.get("D2"), D=o.get("D"), N2=o.get("N2"), N_total=o.get("N_total"),
+                                    n_expert=o.get("n_expert"), topk=o.get("topk"), method=o.get("method"),
+                                    r=o.get("r"), loss=_loss(o, rng), trunk=seg.trunk or seg.key))
+            s.execute(update(SegmentRecord).where(SegmentRecord.key == seg.key).values(status="done"))
+    services.store.set_sweep(sweep_id, status=status)
+    return sweep_id
+
+
+def add_last_observation(services: Services, sweep_id: str) -> None:
+    """A late segment: the one observation `fill(leave_out=1)` left out arrives."""
+    have = {o.segment_key for o in services.store.observations(sweep_id)}
+    seg = next(seg for seg, _ in services.store.members(sweep_id) if seg.observation and seg.key not in have)
+    o = seg.observation
+    with services.store.transaction() as s:
+        s.add(ObservationRecord(segment_key=seg.key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"), D2=o.get("D2"),
+                                D=o.get("D"), N2=o.get("N2"), N_total=o.get("N_total"), n_expert=o.get("n_expert"),
+                                topk=o.get("topk"), method=o.get("method"), r=o.get("r"),
+                                loss=_loss(o, np.random.default_rng(1)), trunk=seg.trunk or seg.key))
+
+
+@pytest.fixture()
+def services(tmp_path, mlflow_uri) -> Services:
+    return Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri), auth=False)
+
+
+def _rows(services: Services) -> list[AnalysisRecord]:
+    with services.store.transaction() as s:
+        return list(s.scalars(select(AnalysisRecord)))
+
+
+def test_identical_inputs_make_one_analysis_even_when_triggers_race(services) -> None:
+    sid = fill(services)
+    results: list[AnalysisRecord] = []
+    start = threading.Barrier(3)
+
+    def trigger() -> None:
+        start.wait()
+        results.append(run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request"))
+
+    threads = [threading.Thread(target=trigger, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(results) == 3 and len({r.id for r in results}) == 1
+    assert sorted(r.ran for r in results) == [False, False, True]
+    (row,) = _rows(services)
+    assert row.status == "done" and row.trigger == "request" and row.record["version"] >= 1
+    assert row.record["scratch"] is not None and row.record["upcycled"][0]["dstar"] is not None
+    again = run_analysis(services, [sid], bootstrap=0, owner="bob", trigger="request")
+    assert again.id == row.id and not again.ran  # the same inputs later: the same analysis
+    other = run_analysis(services, [sid], bootstrap=0, seed=1, owner="bob", trigger="request")
+    assert other.id != row.id and other.ran and len(_rows(services)) == 2  # other parameters: a new one
+
+
+def test_a_crashed_running_row_is_taken_over_once_stale(services) -> None:
+    sid = fill(services)
+    first = run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request")
+    with services.store.transaction() as s:  # as if its process died mid-analysis long ago
+        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == first.id)
+                  .values(status="running", created_at=first.created_at.replace(year=2000)))
+    taken = run_analysis(services, [sid], bootstrap=0, owner="bob", trigger="request")
+    assert taken.id == first.id and taken.ran and taken.status == "done" and taken.owner == "bob"
+
+
+def test_unknown_sweep_and_sweep_without_observations(services) -> None:
+    from upscale.orchestrator.errors import NotFoundError
+
+    with pytest.raises(NotFoundError):
+        run_analysis(services, ["nosuchsweep"], owner="alice", trigger="request")
+    empty = submit(services, parse_spec(GRID), "alice", new=True).id
+    with pytest.raises(NotReady, match="no finished segments"):
+        run_analysis(services, [empty], owner="alice", trigger="request")
+    assert _rows(services) == []  # nothing claimed
+
+
+def test_the_loop_analyses_settled_sweeps_when_their_observations_change(services) -> None:
+    running = fill(services, status="running", grid=OTHER_GRID)
+    sid = fill(services, leave_out=1)
+    loop = AnalysisLoop(services, bootstrap=0)
+    loop.tick()
+    (first,) = _rows(services)
+    assert first.sweep_ids == [sid] and first.trigger == "completed" and first.status == "done"
+    loop.tick()
+    assert len(_rows(services)) == 1  # nothing changed: nothing run
+    add_last_observation(services, sid)
+    loop.tick()
+    latest = analyses.latest_analysis(services.store, sid)
+    assert latest.trigger == "observations"
+    assert sum(latest.record["points"].values()) == sum(first.record["points"].values()) + 1
+    assert analyses.latest_analysis(services.store, running) is None  # still running: not analysed
+    AnalysisLoop(services, bootstrap=0, policy="off").tick()
+    services.store.set_sweep(running, status="done")
+    AnalysisLoop(services, bootstrap=0, policy="off").tick()
+    assert analyses.latest_analysis(services.store, running) is None  # policy off: never by itself
+
+
+def test_a_failing_analysis_is_recorded_and_not_retried_by_the_loop(services) -> None:
+    grid = {**GRID, "name": "one-point", "model": {"sizes": [{"n_layer": 1, "d_model": 16, "n_head": 2}]},
+            "tokens": {"d1": [1024], "d2": [512], "scratch": [1024]}}
+    sid = fill(services, grid=grid)
+    loop = AnalysisLoop(services, bootstrap=0)
+    loop.tick()
+    rows = _rows(services)
+    assert len(rows) == 1 and rows[0].sweep_ids == [sid]
+    if rows[0].status == "failed":  # nothing fittable: the error is on the row, and the loop goes on
+        assert rows[0].error
+    loop.tick()
+    assert len(_rows(services)) == 1 and _rows(services)[0].created_at == rows[0].created_at
+
+
+def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
+    services = Services.open(settings)
+    sid = fill(services)
+    tree = RunTree.for_settings(settings)  # the sweep's MLflow parent run, as the scheduler makes it
+    services.store.set_sweep(sid, mlflow_run_id=(parent := tree.start_sweep(sid, GRID["name"], GRID)))
+    empty = submit(services, parse_spec(OTHER_GRID), "alice", new=True).id
+    with serve(settings, scheduler=False) as live:
+        c = live.client()
+        r = c.get("/decisions/upcycle", params={"n1": 1e4, "d1": 1e3, "d2": 1e3})
+        assert r.status_code == 409 and "/fits" not in r.text and "no analysis yet" in r.text, r.text
+        r = c.get(f"/sweeps/{sid}/analysis")
+        assert r.status_code == 409 and f"POST /sweeps/{sid}/analysis runs it now" in r.text
+        assert c.get("/sweeps/nosuch/analysis").status_code == 404
+        assert c.post("/sweeps/nosuch/analysis", json={}).status_code == 404
+        r = c.post(f"/sweeps/{empty}/analysis", json={})
+        assert r.status_code == 409 and "no finished segments" in r.text
+        assert c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 501}).status_code == 422
+        assert live.client(live.read).post(f"/sweeps/{sid}/analysis", json={}).status_code == 403
+
+        made = c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 10, "n1s": [2e4]})
+        assert made.status_code == 201, made.text
+        body = made.json()
+        assert body["status"] == "done" and body["trigger"] == "request" and body["analysis"]["n1s"] == [2e4]
+        same = c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 10, "n1s": [2e4]})
+        assert same.status_code == 200 and same.json()["id"] == body["id"]
+        assert c.get(f"/sweeps/{sid}/analysis").json()["id"] == body["id"]
+        # ...and it is on the sweep's MLflow parent run, with its plots
+        logged = {f.path for f in tree.client.list_artifacts(parent, "analysis")}
+        assert {"analysis/analysis.json", "analysis/dstar.csv", "analysis/plots"} <= logged, logged
+        assert tree.client.get_run(parent).data.metrics["analysis/E"] == pytest.approx(body["analysis"]["E"])
+        assert [a["id"] for a in c.get(f"/sweeps/{sid}/analyses").json()] == [body["id"]]
+
+        d = c.get("/decisions/upcycle", params={"n1": 2e4, "d1": 1024, "d2": 1024})
+        assert d.status_code == 200, d.text
+        d = d.json()
+        assert d["analysis"]["id"] == body["id"] and d["analysis"]["sweep_ids"] == [sid]
+        assert d["analysis"]["age_s"] >= 0 and d["group"] == "naive 4x2" and d["verdict"] in ("upcycle", "scratch")
+        assert 0 <= d["probability_upcycle"] <= 1 and d["fits"] is None
+        assert c.get("/decisions/upcycle", params={"n1": 2e4, "d1": 1024, "d2": 1024,
+                                                   "sweep_id": sid}).json()["analysis"]["id"] == body["id"]
+        r = c.get("/decisions/upcycle", params={"n1": 2e4, "d1": 1024, "d2": 1024, "sweep_id": empty})
+        assert r.status_code == 409 and "no finished segments" in r.text
+        r = c.get("/decisions/upcycle", params={"n1": 2e4, "d1": 1024, "d2": 1024, "group": "drop 4x2"})
+        assert r.status_code == 422 and "naive 4x2" in r.text
+
+        # Plots are served by listed name only: no way out of the analysis's folder.
+        folder = analyses.analysis_dir(settings.home, body["id"])
+        assert {"dstar", "naive_4x2/parity", "scratch_loss_vs_d"} <= set(body["plots"])  # drawn when it ran
+        ok = c.get(f"/sweeps/{sid}/analysis/plots/naive_4x2/parity.png")
+        assert ok.status_code == 200 and ok.content == (folder / "naive_4x2" / "parity.png").read_bytes()
+        assert ok.content.startswith(b"\x89PNG")
+        for bad in ("..%2F..%2Fupscale.db", "..%2Fupscale.db", "naive_4x2%2F..%2F..%2F..%2Fupscale.db",
+                    "naive_4x2/parity.txt", "%2Fetc%2Fpasswd"):
+            assert c.get(f"/sweeps/{sid}/analysis/plots/{bad}").status_code == 404, bad
+        assert c.get(f"/sweeps/{empty}/analysis/plots/naive_4x2/parity.png",
+                     params={"analysis_id": body["id"]}).status_code == 404  # another sweep's analysis
+
+        # Refits run the analysis: schedules asking for other laws are refused, versions name their analysis.
+        bad = c.post("/refit-schedules", json={"name": "x", "trigger": "on_new_observations",
+                                               "request": {"sweep_ids": [sid], "laws": {"upcycled": "data-mul"}}})
+        assert bad.status_code == 422 and "request.laws" in bad.text
+        schedule = c.post("/refit-schedules", json={"name": "a", "trigger": "on_new_observations",
+                                                    "request": {"sweep_ids": [sid], "n1": 2e4, "bootstrap": 10}})
+        assert schedule.status_code == 201, schedule.text
+        v1 = c.post(f"/refit-schedules/{schedule.json()['id']}/run").json()
+        v2 = c.post(f"/refit-schedules/{schedule.json()['id']}/run").json()
+        assert v1["analysis_id"] == v2["analysis_id"] == body["id"]  # same inputs as the request's: one analysis
+        assert v1["dstar"] == pytest.approx(body["analysis"]["upcycled"][0]["dstar"]["results"][0]["dstar"])
+        assert v1["dstar_group"] == "naive 4x2" and v2["version"] == 2
+        assert v2["diff"]["dstar"] == 0 and set(v2["diff"]) == {"scratch", "upcycled naive 4x2", "dstar"}
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "UPSCALE_HOME": str(home), "COLUMNS": "200"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([str(UPSCALE), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) -> None:
+    services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
+    sid = fill(services)
+    empty = submit(services, parse_spec(OTHER_GRID), "alice", new=True).id
+    out = _cli(tmp_path, "analyze", sid, "--bootstrap", "0", "--n1", "2e4")
+    assert out.returncode == 0, out.stderr
+    assert "MoE from scratch" in out.stdout and "upcycling method: naive 4x2" in out.stdout and "D*" in out.stdout
+    assert out.stdout.count("verdict:") == 2
+    as_json = json.loads(_cli(tmp_path, "analyze", sid, "--bootstrap", "0", "--n1", "2e4", "--json").stdout)
+    stored = analyses.latest_analysis(services.store, sid)
+    assert as_json["id"] == stored.id and as_json["sweep_ids"] == [sid] and as_json["analysis"] == stored.record
+    assert as_json["plots"] == stored.plots
+    decided = _cli(tmp_path, "decide", "--n1", "2e4", "--d1", "1024", "--d2", "1024", "--json")
+    assert decided.returncode == 0, decided.stderr
+    assert json.loads(decided.stdout)["analysis"]["id"] == stored.id and f"analysis {stored.id}" in decided.stderr
+    star = _cli(tmp_path, "dstar", "--n1", "2e4", "--json")
+    assert star.returncode == 0 and json.loads(star.stdout)["results"][0]["dstar"] == pytest.approx(
+        stored.record["upcycled"][0]["dstar"]["results"][0]["dstar"])
+    bad = _cli(tmp_path, "analyze", empty)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "no finished segments" in bad.stderr
+    assert _cli(tmp_path, "analyze", "nosuch").returncode == 2
