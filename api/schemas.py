@@ -139,15 +139,19 @@ class DecisionPublic(BaseModel):
                                         "them: {moe, upcycled} -> fit id.")
 
 
+MAX_N1S = 32  # D* sizes one analysis request may ask for
+
+
 class AnalysisCreate(BaseModel):
     """What to analyse a sweep's observations with; every field has a default."""
 
-    n1s: list[float] | None = Field(None, description="Dense sizes N1 to find D* at (default: the sweep's sizes).",
-                                    examples=[[1e8, 1e9]])
+    n1s: list[float] | None = Field(None, max_length=MAX_N1S, examples=[[1e8, 1e9]],
+                                    description=f"Dense sizes N1 to find D* at (default: the sweep's sizes; at most "
+                                    f"{MAX_N1S}: each costs a D* search per bootstrap sample).")
     bootstrap: int = Field(DEFAULT_ANALYSIS_BOOTSTRAP, ge=0, le=MAX_BOOTSTRAP,
                            description="Cluster-bootstrap refits per fit (0: no intervals and no probability; each "
                            "refit costs a full fit).")
-    seed: int = Field(0, ge=0, description="Seed of the bootstrap's resampling.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the bootstrap's resampling.")
 
     @model_validator(mode="after")
     def _sizes(self) -> AnalysisCreate:

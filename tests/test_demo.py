@@ -74,7 +74,7 @@ name: demo-test
 model: {sizes: [{n_layer: 1, d_model: 16, n_head: 2}, {n_layer: 1, d_model: 24, n_head: 2}, nano]}
 moe: {experts: [4], topk: [2]}
 upcycling: {methods: [naive]}
-tokens: {d1: [1024, 2048], d2: [512, 1024, 2048], scratch: [1024, 2048]}
+tokens: {d1: [1024, 2048], d2: [512, 1024, 2048], scratch: [1024, 2048, 4096]}  # 3: identifies its law
 train: {context: 16, batch_size: 8, lr: {dense: 3.0e-3, moe: 2.0e-3}, warmup_tokens: 256}
 data: {corpus: "builtin:python-stdlib", tokenizer: bytes, eval_tokens: 2048}
 resources: {cpus: 1}
@@ -87,7 +87,9 @@ def test_demo_trains_a_grid_for_real_and_fits_it(tmp_path: Path) -> None:
     spec.write_text(TINY_GRID)
     out = _demo(tmp_path / "home", "--spec", str(spec), "--bootstrap", "20", timeout=1200)
     assert "upcycling method: naive" in out and out.count("verdict:") == 2
-    assert {p.name for p in (tmp_path / "home" / "demo" / "naive").iterdir()} == PLOTS
+    plots = tmp_path / "home" / "demo"
+    drawn = {p.relative_to(plots).as_posix() for p in plots.rglob("*") if p.is_file()}
+    assert drawn == {name.replace("all/", "naive_4x2/") for name in PLOTS}  # the group's plots in its folder
     assert "upscale ui --launch" in out
     # A second run reuses every segment: nothing is trained again.
     assert "0 segment(s) trained this run" in _demo(tmp_path / "home", "--spec", str(spec), "--bootstrap", "0",

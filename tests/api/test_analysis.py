@@ -198,6 +198,8 @@ def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
         r = c.post(f"/sweeps/{empty}/analysis", json={})
         assert r.status_code == 409 and "no finished segments" in r.text
         assert c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 501}).status_code == 422
+        for bad in ({"n1s": [1e9] * 33}, {"n1s": [-1.0]}, {"seed": 2**40}):  # work a request may cause is bounded
+            assert c.post(f"/sweeps/{sid}/analysis", json=bad).status_code == 422, bad
         assert live.client(live.read).post(f"/sweeps/{sid}/analysis", json={}).status_code == 403
 
         made = c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 10, "n1s": [2e4]})
