@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, Param, RunTag
 
+from upscale.fitting.groups import group_label, group_slug
 from upscale.sweeps import run_tags
 from upscale.sweeps.segments import SegmentSpec
 from upscale.workers.tracking import EXPERIMENT, client_for, ensure_experiment
@@ -161,7 +162,7 @@ class RunTree:
         self.log_observations(parent_run_id, observations, "analysis")
         if plot_dir is not None and Path(plot_dir).is_dir():
             self.client.log_artifacts(parent_run_id, str(plot_dir), "analysis/plots")
-        metrics = {ANALYSIS_COUNT: step, **_headline(record, dstar, verdicts)}
+        metrics = {ANALYSIS_COUNT: step, **_headline(record)}
         self.client.log_batch(parent_run_id, metrics=_metrics(metrics, step),
                               tags=[RunTag(NOTE, _summary_markdown(record, dstar, verdicts, step))])
 
@@ -185,14 +186,9 @@ def _metrics(values: dict[str, float], step: int) -> list[Metric]:
     return [Metric(k, float(v), now, step) for k, v in values.items() if v is not None]
 
 
-def _slug(text: str) -> str:
-    """A label as a piece of an MLflow metric name (letters, digits, _ - . / only)."""
-    return "".join(c if c.isalnum() or c in "-." else "_" for c in text).strip("_") or "all"
-
-
 def _label(up: dict[str, Any]) -> str:
-    group = up.get("group") or {}
-    return up.get("label") or " ".join(f"{k}={v}" for k, v in group.items() if v is not None) or "all"
+    """An upcycled group of the record as its tables name it (fitting/groups.py's label; "all" when ungrouped)."""
+    return group_label(up.get("group") or {}) or "all"
 
 
 def _dstar_rows(record: dict) -> list[dict[str, Any]]:
@@ -211,21 +207,25 @@ def _verdict_rows(record: dict) -> list[dict[str, Any]]:
             for up in record.get("upcycled") or [] for d in up.get("decisions") or []]
 
 
-def _headline(record: dict, dstar: list[dict], verdicts: list[dict]) -> dict[str, float]:
-    """E, each fit's parameters, D* with its interval per group and N1, and P(upcycle) per verdict."""
+def _headline(record: dict) -> dict[str, float]:
+    """E, each fit's parameters, D* with its interval per group and N1, and P(upcycle) per verdict; a group is
+    named in metrics as its plots' folder is (fitting/groups.py's slug)."""
     out: dict[str, float] = {}
     if record.get("E") is not None:
         out["analysis/E"] = record["E"]
-    fits = [("scratch", record.get("scratch"))] + [(_label(u), u.get("fit")) for u in record.get("upcycled") or []]
-    for name, fit in fits:
-        for k, v in ((fit or {}).get("params") or {}).items():
-            out[f"fit/{_slug(name)}/{k}"] = v
-    for row in dstar:
-        base = f"dstar/{_slug(row['group'])}/N1_{run_tags.compact(row['n1'])}"
-        out |= {base: row["dstar"], base + "/ci_low": row["ci_low"], base + "/ci_high": row["ci_high"]}
-    for v in verdicts:
-        at = "_".join(f"{k}_{run_tags.compact(v[k.lower()])}" for k in ("N1", "D1", "D2") if v.get(k.lower()))
-        out[f"verdict/{_slug(v['group'])}/{at}/p_upcycle"] = v.get("probability_upcycle")
+    for k, v in ((record.get("scratch") or {}).get("params") or {}).items():
+        out[f"fit/scratch/{k}"] = v
+    for up in record.get("upcycled") or []:
+        slug = group_slug(up.get("group") or {})
+        for k, v in ((up.get("fit") or {}).get("params") or {}).items():
+            out[f"fit/{slug}/{k}"] = v
+        for res in (up.get("dstar") or {}).get("results", []):
+            ci = res.get("ci") or [None, None]
+            base = f"dstar/{slug}/N1_{run_tags.compact(res['n1'])}"
+            out |= {base: res.get("dstar"), base + "/ci_low": ci[0], base + "/ci_high": ci[1]}
+        for d in up.get("decisions") or []:
+            at = "_".join(f"{k}_{run_tags.compact(d[k.lower()])}" for k in ("N1", "D1", "D2") if d.get(k.lower()))
+            out[f"verdict/{slug}/{at}/p_upcycle"] = d.get("probability_upcycle")
     return {k: v for k, v in out.items() if isinstance(v, int | float)}
 
 
