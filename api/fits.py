@@ -107,8 +107,7 @@ def store_fit(store: Store, home: Path, kind: str, rep: dict[str, Any], request:
     if draw is not None:
         drawn = draw(out)
         plots = drawn.names
-        rep = {**rep, "warnings": [*rep["warnings"], *(f"plot {name} skipped: {why}" for name, why in
-                                                        (line.split(": ", 1) for line in drawn.skipped))]}
+        rep = {**rep, "warnings": [*rep["warnings"], *drawn.warnings()]}
     (out / "report.json").write_text(json.dumps(rep))
     record = FitRecord(id=fit_id, law=rep["law"], kind=kind, request=request, report=rep,
                        data_hash=rep["record"]["data_hash"], plots=plots, owner=owner)

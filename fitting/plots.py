@@ -65,6 +65,10 @@ class DrawnPlots:
     def skip(self, name: str, why: str) -> None:
         self.skipped.append(f"{name}: {why}")
 
+    def warnings(self) -> list[str]:
+        """The skipped plots as warning lines, `plot NAME skipped: WHY`: what the CLI prints and a fit report keeps."""
+        return [f"plot {name} skipped: {why}" for name, _, why in (line.partition(": ") for line in self.skipped)]
+
 
 @contextmanager
 def _figure(n_panels: int = 1, panel: tuple[float, float] = (3.6, 3.0), **kw: Any) -> Iterator[tuple[plt.Figure,

@@ -81,9 +81,8 @@ def print_plots(drawn: DrawnPlots, folder: Path, to_stdout: bool = True) -> None
     if to_stdout and drawn.names:
         console.print(f"plots written to {folder}/ (PNG and PDF): {', '.join(drawn.names)}", soft_wrap=True,
                       highlight=False, markup=False)
-    for line in drawn.skipped:
-        name, _, why = line.partition(": ")
-        err_console.print(f"warning: plot {name} skipped: {why}", soft_wrap=True, highlight=False, markup=False)
+    for line in drawn.warnings():
+        err_console.print(f"warning: {line}", soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command("laws")
