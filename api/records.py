@@ -28,6 +28,8 @@ class TokenRecord(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     scope: Mapped[str] = mapped_column(String(8))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(doc="Refused from then on; None: never expires.")
+    revoked_at: Mapped[datetime | None] = mapped_column(doc="Refused from then on (`upscale token revoke`).")
 
 
 class SweepOwnerRecord(Base):

@@ -44,6 +44,9 @@ class SweepRecord(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
+    runner: Mapped[str | None] = mapped_column(String(200), doc="Scheduler driving it while running or cancelling "
+                                               "(host:pid:nonce).")
+    runner_heartbeat_at: Mapped[datetime | None] = mapped_column(doc="When its runner last said it was alive.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
