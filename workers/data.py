@@ -39,7 +39,8 @@ ENCODE_CHUNK = 512  # documents per encode call: the grain of load_tokens' progr
 
 
 def default_cache_dir() -> Path:
-    return upscale_home() / "data"
+    """Settings.data_cache_dir of the default settings: <home>/cache/data, apart from the data roots (<home>/data)."""
+    return upscale_home() / "cache" / "data"
 
 
 # -- sources ----------------------------------------------------------------------------------------------
