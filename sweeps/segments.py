@@ -106,6 +106,10 @@ class ModelSpec(Shape):
         return self.n_expert > 0
 
 
+BUILTIN_STDLIB = "builtin:python-stdlib"  # the running Python's standard library, read by workers/data.py
+BUILTIN_CORPORA = frozenset({BUILTIN_STDLIB})
+
+
 class DataSpec(Frozen):
     """Where tokens come from: a corpus, a tokeniser, and the held-out set the validation loss is measured on."""
 

@@ -569,15 +569,15 @@ def parse_document(text: str | bytes, fmt: Literal["json", "yaml"]) -> dict[str,
         raise SpecError([("", f"the document nests deeper than {MAX_DEPTH} levels")]) from None
     if not isinstance(data, dict):
         raise SpecError([("", "a sweep spec is a mapping with keys name, model, moe, upcycling, tokens, train")])
-    _raise_if(_shape_problems(data))
+    check_document(data)
     return data
 
 
-def _shape_problems(data: Any) -> list[SpecProblem]:
-    """Nesting beyond MAX_DEPTH and integers beyond MAX_INT, found iteratively (a recursive walk is what a deep
-    document breaks), each with its path; at most one problem per kind."""
+def check_document(data: Any, path: str = "") -> None:
+    """SpecError for nesting beyond MAX_DEPTH or integers beyond MAX_INT in plain data (at ``path`` of a larger
+    body), found iteratively: a recursive walk is what a deep document breaks. At most one problem of each kind."""
     problems: dict[str, SpecProblem] = {}
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    stack: list[tuple[Any, str, int]] = [(data, path, 0)]
     while stack:
         node, path, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -592,7 +592,7 @@ def _shape_problems(data: Any) -> list[SpecProblem]:
             stack += [(v, _join(path, str(k)), depth + 1) for k, v in node.items()]
         elif isinstance(node, list):
             stack += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node)]
-    return list(problems.values())
+    _raise_if(list(problems.values()))
 
 
 def _dotted(loc: Sequence[str | int]) -> str:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-import yaml
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from upscale.api import sweeps
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from upscale.orchestrator.observations import as_row, table
-from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_spec
+from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 
@@ -32,20 +31,19 @@ SPEC_BODY = {"requestBody": {
     "content": {"application/json": _SPEC_MEDIA, "application/yaml": _SPEC_MEDIA}}}
 
 
-async def _spec_data(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        if "yaml" in request.headers.get("content-type", ""):
-            return yaml.safe_load(raw)
-        return json.loads(raw)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPException(422, [{"loc": ["body"], "msg": f"not JSON/YAML: {e}", "type": "parse"}]) from None
+def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool) -> SweepCreated:
+    """Parse, admit, plan and record: seconds for a large grid, so it runs in a worker thread, never on the event
+    loop that answers every other request."""
+    return sweeps.submit(services, sweeps.admit(services, parse_document(raw, fmt)), owner, new=new)
 
 
 @router.post("", status_code=201, summary="Submit a sweep", response_model=SweepCreated, openapi_extra=SPEC_BODY,
              responses={200: {"model": SweepCreated,
                               "description": "The caller's existing sweep of this identical spec (`existing`)."},
-                        422: {"description": "Invalid spec: every problem with its field path."}})
+                        413: {"description": "The body is larger than UPSCALE_MAX_BODY_BYTES."},
+                        422: {"description": "Invalid spec: every problem with its field path (also: a grid over "
+                                             "UPSCALE_MAX_SEGMENTS, data.corpus outside the data roots, resources "
+                                             "the cluster does not have, YAML aliases)."}})
 async def submit_sweep(request: Request, response: Response, services: ServicesDep, owner: Writer,
                        new: bool = Query(False, description="Record a new sweep even if the caller already has one "
                                          "of this identical spec.")) -> SweepCreated:
@@ -53,8 +51,8 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
     Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`). Re-submitting a
     spec identical to one of the caller's sweeps returns that sweep with 200 and `existing: true` (queued again if
     it failed or was cancelled), unless `new=true`."""
-    data = await _spec_data(request)
-    created = sweeps.submit(services, parse_spec(data), owner, new=new)
+    fmt = "yaml" if "yaml" in request.headers.get("content-type", "") else "json"
+    created = await run_in_threadpool(_submit, services, await request.body(), fmt, owner, new)
     if created.existing:
         response.status_code = 200
     return created
