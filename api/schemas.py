@@ -77,7 +77,8 @@ class FitCreate(BaseModel):
     """Fit one law on observations: of sweeps (filtered by kind) or given inline as rows."""
 
     # A whole body: the one Swagger UI would build from the fields gives both sources, which the validator refuses.
-    model_config = ConfigDict(json_schema_extra={"examples": [
+    # No infinite or NaN numbers: no observation or fixed parameter is, and the fitter's arithmetic fails on them.
+    model_config = ConfigDict(allow_inf_nan=False, json_schema_extra={"examples": [
         {"law": "data-mul", "kind": "upcycled", "sweep_ids": ["3f9c2a1b7d04"], "bootstrap": 100}]})
 
     law: str = Field(description="A law of `upscale laws` (GET /laws is not needed: errors list them).",
