@@ -17,13 +17,30 @@ from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 
 # The body is read raw (YAML or JSON) so FastAPI cannot derive its schema: the route documents SweepSpec's, whose
-# sub-models api/app.py adds to the OpenAPI components. The example is the demo's spec, a real one that plans, as
-# the model reads it (YAML's 1.2288e5 is a string to a YAML 1.1 loader, a number once validated).
+# sub-models api/app.py adds to the OpenAPI components. The examples are real specs that plan: the demo's, as the
+# model reads it (YAML's 1.2288e5 is a string to a YAML 1.1 loader, a number once validated), and small ones of
+# each shape of grid, so a client (and the schemathesis run of tests/api/test_schema.py) has valid bodies to send.
 _SPEC_SCHEMA = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
 SPEC_COMPONENTS: dict[str, Any] = {"SweepSpec": {k: v for k, v in _SPEC_SCHEMA.items() if k != "$defs"},
                                    **_SPEC_SCHEMA.get("$defs", {})}
-_SPEC_EXAMPLE: dict[str, Any] = load_spec(DEMO_SPEC).model_dump(mode="json", exclude_unset=True)
-_SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "example": _SPEC_EXAMPLE}
+_TINY: dict[str, Any] = {
+    "name": "tiny", "model": {"sizes": ["nano"]}, "moe": {"experts": [2], "topk": [1]},
+    "upcycling": {"methods": ["naive"]}, "tokens": {"d1": [1024], "d2": [512, 1024]},
+    "train": {"context": 16, "batch_size": 4, "lr": {"dense": 0.003, "moe": 0.002}, "warmup_tokens": 64}}
+_SPEC_EXAMPLES: dict[str, dict[str, Any]] = {
+    "demo": {"summary": "The demo's sweep (`upscale demo`)",
+             "value": load_spec(DEMO_SPEC).model_dump(mode="json", exclude_unset=True)},
+    "tiny": {"summary": "One size, one MoE, naive upcycling", "value": _TINY},
+    "scratch-and-drop": {"summary": "Drop-Upcycling at two ratios beside from-scratch MoEs", "value": {
+        **_TINY, "name": "scratch-and-drop", "moe": {"experts": [2, 4], "topk": [1]},
+        "upcycling": {"methods": ["naive", "drop"], "r": [0.25, 0.5]},
+        "tokens": {"d1": [1024], "d2": [1024], "scratch": [1024, 2048]}}},
+    "lr-search": {"summary": "Peak LRs found by an Optuna search per model", "value": {
+        **_TINY, "name": "lr-search", "train": {**{k: v for k, v in _TINY["train"].items() if k != "lr"},
+                                               "lr_search": {"trials": 2, "low": 0.0001, "high": 0.01,
+                                                             "tokens": 512}}}},
+}
+_SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "examples": _SPEC_EXAMPLES}
 SPEC_BODY = {"requestBody": {
     "required": True,
     "description": "A sweep spec as JSON, or as YAML with `Content-Type: application/yaml` (the file `upscale plan` "
