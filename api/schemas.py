@@ -146,6 +146,8 @@ MAX_N1S = 32  # D* sizes one analysis request may ask for
 class AnalysisCreate(BaseModel):
     """What to analyse a sweep's observations with; every field has a default."""
 
+    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size
+
     n1s: list[float] | None = Field(None, max_length=MAX_N1S, examples=[[1e8, 1e9]],
                                     description=f"Dense sizes N1 to find D* at (default: the sweep's sizes; at most "
                                     f"{MAX_N1S}: each costs a D* search per bootstrap sample).")
@@ -189,6 +191,8 @@ class RefitRequest(BaseModel):
     `laws` and `fixed` are what schedules stored before refits ran the analysis: such schedules still load (their
     refits run the analysis), and a new schedule may only name the analysis's own laws and fix nothing
     (RefitScheduleCreate checks)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size nor fixed parameter
 
     sweep_ids: list[str] = Field(min_length=1)
     laws: dict[Kind, str] = Field(default_factory=dict, description="Optional: the analysis fits chinchilla on dense "

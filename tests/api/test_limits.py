@@ -219,3 +219,13 @@ def test_resources_the_cluster_lacks_are_refused_at_submit(server, ray_session) 
     r = _post_raw(server, json.dumps({**SPEC, "name": "gpu", "resources": {"cpus": 1, "gpus": 1}}))
     assert ["body", "resources", "gpus"] in _locs(r)
     assert _post_raw(server, json.dumps({**SPEC, "name": "fits"})).status_code == 201
+
+
+def test_infinities_in_other_bodies_are_422_with_field_paths(server) -> None:
+    schedule = '{"name": "s", "trigger": "on_new_observations", "request": {"sweep_ids": ["x"], "n1": Infinity}}'
+    with server.client() as c:
+        r = c.post("/refit-schedules", content=schedule, headers={"content-type": "application/json"})
+        assert ["body", "request", "n1"] in _locs(r)
+        r = c.post("/fits", content='{"law": "power-d2", "kind": "upcycled", "rows": [{"D2": 1, "loss": 1}], '
+                   '"fixed": {"E": NaN}}', headers={"content-type": "application/json"})
+        assert ["body", "fixed", "E"] in _locs(r)
