@@ -4,7 +4,9 @@ and the analysis loop running in background threads of the same process unless `
 
 Errors a caller can fix come back as `{"detail": ...}`: a bad spec as 422 with one entry per problem whose `loc`
 is the field path, a fitting problem as 422 with its message, a missing resource as 404, and nothing to answer
-with yet (no observations, no analysis) as 409 saying what is missing.
+with yet (no observations, no analysis) as 409 saying what is missing. Every error is small: a body over
+UPSCALE_MAX_BODY_BYTES is refused with 413 before it is read whole (`BodyLimit`), and a message quotes at most an
+excerpt of a bad value.
 
 /docs (Swagger UI) and /redoc load their scripts and styles from the app itself (fastapi-offline's bundled copies),
 so the pages render on a machine without internet.
@@ -18,8 +20,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from upscale.api.analyses import AnalysisLoop, NotReady
 from upscale.api.background import SweepLoop
@@ -28,7 +34,7 @@ from upscale.api.routes import analyses, fits, ops, refits, sweeps
 from upscale.api.services import Services
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.spec import SpecError
+from upscale.sweeps.spec import SpecError, excerpt
 
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
 upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz and /metrics takes a bearer token
@@ -43,6 +49,47 @@ def _loc(path: str) -> list[str | int]:
 async def _spec_error(_: Request, e: SpecError) -> JSONResponse:
     detail = [{"loc": ["body", *_loc(path)], "msg": msg, "type": "spec"} for path, msg in e.problems]
     return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _request_validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 for a body or parameter that fails its model, with each bad value quoted as an excerpt: the
+    default echoes the whole value (a megabyte of a body that is not JSON)."""
+    detail = [{"loc": err["loc"], "msg": err["msg"], "type": err["type"], "input": excerpt(err.get("input"))}
+              for err in e.errors()]
+    return JSONResponse({"detail": jsonable_encoder(detail)}, status_code=422)
+
+
+class BodyLimit:
+    """413 for a request body over ``max_bytes``, before it is read whole: a Content-Length over the limit is
+    refused at once, and a streamed (chunked) body as soon as the bytes received pass it. The overflow is raised as
+    an HTTPException from `receive`, which FastAPI's body parsing re-raises as it is."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    def _too_large(self) -> HTTPException:
+        return HTTPException(413, f"request body larger than {self.max_bytes} bytes (UPSCALE_MAX_BODY_BYTES)")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            e = self._too_large()
+            await JSONResponse({"detail": e.detail}, status_code=413)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise self._too_large()
+            return message
+
+        await self.app(scope, limited, send)
 
 
 async def _value_error(_: Request, e: ValueError) -> JSONResponse:
@@ -98,10 +145,12 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.services, app.state.loops = services, None
     app.add_exception_handler(SpecError, _spec_error)
+    app.add_exception_handler(RequestValidationError, _request_validation_error)
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     app.add_exception_handler(NotReady, _not_ready)
     for router in (sweeps.router, analyses.router, fits.router, fits.decisions, refits.router, ops.router):
         app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     _add_spec_schemas(app)
     return app

@@ -77,7 +77,8 @@ class FitCreate(BaseModel):
     """Fit one law on observations: of sweeps (filtered by kind) or given inline as rows."""
 
     # A whole body: the one Swagger UI would build from the fields gives both sources, which the validator refuses.
-    model_config = ConfigDict(json_schema_extra={"examples": [
+    # No infinite or NaN numbers: no observation or fixed parameter is, and the fitter's arithmetic fails on them.
+    model_config = ConfigDict(allow_inf_nan=False, json_schema_extra={"examples": [
         {"law": "data-mul", "kind": "upcycled", "sweep_ids": ["3f9c2a1b7d04"], "bootstrap": 100}]})
 
     law: str = Field(description="A law of `upscale laws` (GET /laws is not needed: errors list them).",
@@ -145,6 +146,8 @@ MAX_N1S = 32  # D* sizes one analysis request may ask for
 class AnalysisCreate(BaseModel):
     """What to analyse a sweep's observations with; every field has a default."""
 
+    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size
+
     n1s: list[float] | None = Field(None, max_length=MAX_N1S, examples=[[1e8, 1e9]],
                                     description=f"Dense sizes N1 to find D* at (default: the sweep's sizes; at most "
                                     f"{MAX_N1S}: each costs a D* search per bootstrap sample).")
@@ -188,6 +191,8 @@ class RefitRequest(BaseModel):
     `laws` and `fixed` are what schedules stored before refits ran the analysis: such schedules still load (their
     refits run the analysis), and a new schedule may only name the analysis's own laws and fix nothing
     (RefitScheduleCreate checks)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size nor fixed parameter
 
     sweep_ids: list[str] = Field(min_length=1)
     laws: dict[Kind, str] = Field(default_factory=dict, description="Optional: the analysis fits chinchilla on dense "

@@ -1,6 +1,9 @@
 """Sweep operations behind the routes: submit with a plan summary and an owner, progress and cost, extend.
 
-Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it.
+Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it, and what a
+server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data paths under the data
+roots, resources the cluster has. The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own
+machine and is not confined.
 """
 
 from __future__ import annotations
@@ -15,10 +18,19 @@ from upscale.api.auth import LOCAL_OWNER
 from upscale.api.records import SweepOwnerRecord
 from upscale.api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from upscale.api.services import Services
+from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import SweepSpec, parse_spec
+from upscale.sweeps.segments import BUILTIN_CORPORA
+from upscale.sweeps.spec import (
+    ClusterResources,
+    SpecError,
+    SweepSpec,
+    check_document,
+    check_resources,
+    parse_spec,
+)
 
 
 def identical(services: Services, spec: SweepSpec, owner: str) -> SweepRecord | None:
@@ -32,6 +44,36 @@ def identical(services: Services, spec: SweepSpec, owner: str) -> SweepRecord | 
                          .where(SweepOwnerRecord.sweep_id.in_([c.id for c in candidates])))
         owned = {sweep_id: who for sweep_id, who in rows}
     return next((c for c in candidates if owned.get(c.id, LOCAL_OWNER) == owner), None)
+
+
+def admit(services: Services, data: Any) -> SweepSpec:
+    """``data`` validated as a spec this server will plan: its grid within `max_segments` (refused before planning),
+    its corpus a builtin or under the data roots, its resources within the cluster's; SpecError otherwise."""
+    settings = services.settings
+    spec = parse_spec(data, max_segments=settings.max_segments)
+    if spec.data.corpus not in BUILTIN_CORPORA:
+        try:
+            confine(spec.data.corpus, settings.data_root_paths)
+        except OutsideRoots as e:
+            raise SpecError([("data.corpus", str(e))]) from None
+    available = cluster(services)
+    if available is not None:
+        check_resources(spec, available)
+    return spec
+
+
+def cluster(services: Services) -> ClusterResources | None:
+    """What the cluster offers: RAY_ADDRESS's, or the embedded Ray this process runs (its sweep loop starts it);
+    None when neither is there to ask (`upscale serve --no-scheduler` beside an embedded `upscale scheduler`)."""
+    import ray
+
+    from upscale.orchestrator.scheduler import ensure_ray
+
+    if services.settings.ray_address is None and not ray.is_initialized():
+        return None
+    ensure_ray(services.settings)
+    have = ray.cluster_resources()
+    return ClusterResources(cpus=have.get("CPU", 0), gpus=have.get("GPU", 0))
 
 
 def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None,
@@ -74,8 +116,9 @@ def merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:
 
 def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: str) -> SweepCreated:
     """A new sweep whose spec is the old one plus ``additions``: only its new segments train."""
+    check_document(additions, "additions")  # before `merge` recurses through it
     old = services.store.sweep(sweep_id)
-    return submit(services, parse_spec(merge(old.spec, additions)), owner, extends=sweep_id)
+    return submit(services, admit(services, merge(old.spec, additions)), owner, extends=sweep_id)
 
 
 def owners(services: Services) -> dict[str, str]:

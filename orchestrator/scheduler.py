@@ -232,7 +232,7 @@ class Scheduler:
             mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id,
             num_threads=max(1, math.floor(res.cpus)), workers=workers,
             device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
-            data_cache_dir=str(self.settings.home / "data"),
+            data_cache_dir=str(self.settings.data_cache_dir),
         )
         self._report_msg(f"start {seg.kind} {seg.key}")
         # A multi-worker task only drives its Ray Train group, whose workers hold the CPUs and GPUs.

@@ -4,6 +4,8 @@
 Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over; that includes
 MLflow's artifacts (`<home>/mlartifacts`) unless a tracking server keeps them. The API and
 the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.
+Limits on what one API request may ask for (`max_segments`, `max_body_bytes`) and the folders a submitted spec may
+read data from (`data_roots`) live here too, so every server sharing a store can be configured alike.
 The checkpoint root may be an fsspec URI (`s3://bucket/upscale`); one whose protocol cannot be opened here (unknown,
 or its package, e.g. s3fs, not installed) is refused when the settings are read.
 """
@@ -43,6 +45,13 @@ class Settings(BaseSettings):
         "the analysis by themselves: on_new_observations (a sweep settles with observations its latest analysis "
         "did not have) or off (only POST /sweeps/{id}/analysis, `upscale analyze` and refits run it).")
 
+    max_segments: int = Field(20000, ge=1, description="UPSCALE_MAX_SEGMENTS: the most segments a sweep submitted "
+                              "over the API may plan; a larger grid is refused (422) before it is planned.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="UPSCALE_MAX_BODY_BYTES: the largest request body the "
+                                "API reads; a larger one is refused with 413 before it is read whole.")
+    data_roots: str = Field("", description="UPSCALE_DATA_ROOTS: colon-separated folders a spec submitted over the "
+                            "API may name in data.corpus (besides builtin: corpora); default <home>/data.")
+
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
         home = self.home.absolute()
@@ -59,9 +68,22 @@ class Settings(BaseSettings):
             object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{home / 'mlflow.db'}")
         if not self.mlflow_artifact_root and not self.mlflow_tracking_uri.startswith(("http://", "https://")):
             object.__setattr__(self, "mlflow_artifact_root", (home / "mlartifacts").as_uri())
+        if not self.data_roots:
+            object.__setattr__(self, "data_roots", str(home / "data"))
         if not self.ray_address:
             object.__setattr__(self, "ray_address", None)
         return self
+
+
+    @property
+    def data_root_paths(self) -> tuple[Path, ...]:
+        """`data_roots` as absolute paths, in the order configured."""
+        return tuple(Path(p).expanduser().absolute() for p in self.data_roots.split(":") if p)
+
+    @property
+    def data_cache_dir(self) -> Path:
+        """Where tokenised corpora are cached: apart from the data roots, so users' files and the cache never mix."""
+        return self.home / "cache" / "data"
 
 
 @lru_cache(maxsize=1)

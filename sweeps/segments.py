@@ -41,21 +41,30 @@ DecayShape = Literal["linear", "cosine", "1-sqrt"]
 
 
 class Frozen(BaseModel):
-    """Base for identity models: immutable, no unknown keys."""
+    """Base for identity models: immutable, no unknown keys, no infinite or NaN numbers (JSON's `Infinity`, YAML's
+    `.inf`: no budget, rate or size is infinite, and an infinity reaching the planner's arithmetic overflows)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 FFN_MULT = 4  # the dense FFN is FFN_MULT·d_model wide, as the paper's 4·d_model
+# Bounds far above any real model or run (the largest public ones train ~1e13 tokens, ~100 layers, d_model ~16k) that
+# keep every count derived from them inside the store's 64-bit integers: tokens x lr_search trials, and an MoE's
+# parameters (MAX_LAYERS x 12 x MAX_EXPERTS x MAX_WIDTH^2 ~ 3.5e18 < 2^63).
+MAX_TOKENS = 10**14
+MAX_LAYERS = 1024
+MAX_WIDTH = 65536
+MAX_EXPERTS = 65536
+MAX_TRIALS = 10000
 
 
 class Shape(Frozen):
     """A decoder's shape: layers, width, heads. The one description of it that the spec, segments and the workers'
     model build on, so the rule that heads divide the width is checked here only."""
 
-    n_layer: int = Field(ge=1, description="Transformer blocks.")
-    d_model: int = Field(ge=1, description="Residual width; the FFN is 4·d_model wide.")
-    n_head: int = Field(ge=1, description="Attention heads; must divide d_model.")
+    n_layer: int = Field(ge=1, le=MAX_LAYERS, description="Transformer blocks.")
+    d_model: int = Field(ge=1, le=MAX_WIDTH, description="Residual width; the FFN is 4·d_model wide.")
+    n_head: int = Field(ge=1, le=MAX_WIDTH, description="Attention heads; must divide d_model.")
 
     @model_validator(mode="after")
     def _check_heads(self) -> Shape:
@@ -78,7 +87,7 @@ class ModelSpec(Shape):
 
     vocab_size: int = Field(ge=2, description="Tokeniser vocabulary size (256 for bytes).")
     context: int = Field(ge=1, description="Tokens per training sequence.")
-    n_expert: int = Field(0, ge=0, description="Experts per MoE layer; 0 = dense FFN.")
+    n_expert: int = Field(0, ge=0, le=MAX_EXPERTS, description="Experts per MoE layer; 0 = dense FFN.")
     topk: int = Field(0, ge=0, description="Experts each token is routed to; 0 for dense.")
     aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
     router_init: str = Field("normal_2_5d", description="Router init; normal_2_5d = N(0, 2/(5·d_model)) (A.6).")
@@ -95,6 +104,10 @@ class ModelSpec(Shape):
     @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
+
+
+BUILTIN_STDLIB = "builtin:python-stdlib"  # the running Python's standard library, read by workers/data.py
+BUILTIN_CORPORA = frozenset({BUILTIN_STDLIB})
 
 
 class DataSpec(Frozen):
@@ -170,10 +183,10 @@ class UpcycleSpec(Frozen):
 class LrSearchSpec(Frozen):
     """An Optuna study of short runs over the peak LR of one family and size."""
 
-    trials: int = Field(ge=1, description="Optuna trials.")
+    trials: int = Field(ge=1, le=MAX_TRIALS, description="Optuna trials.")
     low: float = Field(gt=0, description="Lowest peak LR tried (log-uniform).")
     high: float = Field(gt=0, description="Highest peak LR tried (log-uniform).")
-    tokens: int = Field(ge=1, description="Tokens per trial.")
+    tokens: int = Field(ge=1, le=MAX_TOKENS, description="Tokens per trial.")
 
 
 class SegmentSpec(Frozen):

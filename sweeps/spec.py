@@ -8,6 +8,13 @@ field-level problems come from pydantic, section-level ones from each section's 
 Token counts are trained in whole optimiser steps of `batch_size * context` tokens, so `resolve` turns every budget
 into steps: to the nearest step (half up) by default, recorded in `notes`, or refused with `train.round_tokens: exact`.
 The LR decay of a budget of S steps starts at step S - max(1, round(decay.fraction * S)).
+
+A spec may come from anyone who can reach the API, so reading one is bounded: `parse_document` refuses YAML aliases
+(an 887-byte "billion laughs" expands to gigabytes), nesting deeper than MAX_DEPTH and integers beyond the store's
+64-bit columns, each with its field path; every axis list holds at most MAX_AXIS entries; a message quotes at most an
+`excerpt` of a bad value and a SpecError keeps at most MAX_PROBLEMS problems, so an error is always small. A server
+passes its segment limit as `parse_spec(data, max_segments=...)`: a grid whose `segment_bound` is larger is refused
+before the heavier cross-section checks and before any planning.
 """
 
 from __future__ import annotations
@@ -20,9 +27,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from upscale.sweeps.segments import DataSpec, DecayShape, Frozen, LrSearchSpec, Method, Shape, UpcycleSpec
+from upscale.sweeps.segments import (
+    MAX_EXPERTS,
+    MAX_TOKENS,
+    DataSpec,
+    DecayShape,
+    Frozen,
+    LrSearchSpec,
+    Method,
+    Shape,
+    UpcycleSpec,
+)
 from upscale.sweeps.sizes import NAMED_SIZES, expert_widths
 
 # Methods whose identity varies with the `r` axis (Drop-Upcycling's re-initialised fraction, docs/methods.md). Others
@@ -31,14 +48,39 @@ R_METHODS = frozenset({"drop"})
 METHODS: tuple[str, ...] = get_args(Method)
 
 SpecProblem = tuple[str, str]
-Budget = Annotated[float, Field(gt=0, description="Tokens (rounded to whole steps).")]
+Budget = Annotated[float, Field(gt=0, le=MAX_TOKENS, description="Tokens (rounded to whole steps).")]
+ExpertCount = Annotated[int, Field(le=MAX_EXPERTS)]
+
+MAX_AXIS = 1000  # entries of one grid axis (sizes, experts, topk, r, budgets): the product is what gets planned
+MAX_DEPTH = 64  # nesting of a spec document; a real spec nests 5 deep
+MAX_INT = 2**63 - 1  # the store's integer columns are 64-bit
+EXCERPT_CHARS = 80  # of a bad value quoted in a message
+MAX_MESSAGE_CHARS = 400  # of one problem's message (a YAML parser's message quotes the offending line)
+MAX_PROBLEMS = 50  # listed in one SpecError; the rest are counted
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """repr of ``value`` cut to ``limit`` characters, ellipsised: what an error message may quote of a bad value.
+    A value's repr is built whole only when it is small; a big container is summarised without building it."""
+    if isinstance(value, (list, dict, tuple, set)) and len(value) > limit:
+        return f"<{type(value).__name__} of {len(value)} entries>"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _bounded(text: str) -> str:
+    """A problem's path or message cut to MAX_MESSAGE_CHARS (a path through long keys, a parser's quoted line)."""
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 1] + "…"
 
 
 class SpecError(ValueError):
     """A sweep spec the user must fix: every problem, each with the field path it concerns."""
 
     def __init__(self, problems: Sequence[SpecProblem]):
-        self.problems: tuple[SpecProblem, ...] = tuple(problems)
+        kept = [(_bounded(path), _bounded(msg)) for path, msg in problems[:MAX_PROBLEMS]]
+        if len(problems) > MAX_PROBLEMS:
+            kept.append(("", f"... and {len(problems) - MAX_PROBLEMS} more problems"))
+        self.problems: tuple[SpecProblem, ...] = tuple(kept)
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -77,8 +119,8 @@ class ShapeEntry(Shape):
 
 
 class ModelSection(Frozen):
-    sizes: list[str | ShapeEntry] = Field(description=f"Dense sizes N1: named ({', '.join(NAMED_SIZES)}) or "
-                                          "explicit {n_layer, d_model, n_head}.")
+    sizes: list[str | ShapeEntry] = Field(max_length=MAX_AXIS, description=f"Dense sizes N1: named "
+                                          f"({', '.join(NAMED_SIZES)}) or explicit {{n_layer, d_model, n_head}}.")
     vocab_size: int | None = Field(None, ge=2, description="None: 256 for bytes, data.bpe_vocab_size for bpe.")
     init_std: float = Field(0.02, gt=0, description="Std of the normal weight init (per size in `per_size`).")
 
@@ -88,11 +130,13 @@ class ModelSection(Frozen):
         """Names or shapes, checked here rather than as a pydantic union so each entry gets one clear message."""
         if not isinstance(sizes, list) or not sizes:
             raise SpecError([("", "give a list of at least one size")])
+        if len(sizes) > MAX_AXIS:
+            raise SpecError([("", f"{len(sizes)} sizes; at most {MAX_AXIS}")])
         problems: list[SpecProblem] = []
         out: list[str | ShapeEntry] = []
         for i, s in enumerate(sizes):
             if isinstance(s, str) and s not in NAMED_SIZES:
-                problems.append((f"[{i}]", f"unknown size {s!r}; named sizes: {', '.join(NAMED_SIZES)}, or give "
+                problems.append((f"[{i}]", f"unknown size {excerpt(s)}; named sizes: {', '.join(NAMED_SIZES)}, or give "
                                  "{n_layer, d_model, n_head}"))
             elif not isinstance(s, str):
                 try:
@@ -114,8 +158,9 @@ class ModelSection(Frozen):
 
 
 class MoeSection(Frozen):
-    experts: list[int] = Field(description="n_expert values; every one is paired with every topk.")
-    topk: list[int] = Field(description="Experts each token is routed to.")
+    experts: list[ExpertCount] = Field(max_length=MAX_AXIS,
+                                       description="n_expert values; every one is paired with every topk.")
+    topk: list[ExpertCount] = Field(max_length=MAX_AXIS, description="Experts each token is routed to.")
     aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
 
     @model_validator(mode="after")
@@ -140,9 +185,10 @@ class MoeSection(Frozen):
 
 
 class UpcyclingSection(Frozen):
-    methods: list[Method] = Field(description=f"Upcycling methods: {', '.join(METHODS)}.")
+    methods: list[Method] = Field(max_length=MAX_AXIS, description=f"Upcycling methods: {', '.join(METHODS)}.")
     r: list[Annotated[float, Field(ge=0, le=1)]] = Field(
-        [0.5], description=f"Re-initialisation ratios; apply to {', '.join(sorted(R_METHODS))} only.")
+        [0.5], max_length=MAX_AXIS,
+        description=f"Re-initialisation ratios; apply to {', '.join(sorted(R_METHODS))} only.")
     seed: int = Field(0, description="Seed of each method's random draws (router, re-initialised neurons).")
     options: dict[Method, dict[str, Any]] = Field(
         default_factory=dict, description="Per-method options, the fields of UpcycleSpec (e.g. drop: {index_mode}).")
@@ -182,9 +228,10 @@ class UpcyclingSection(Frozen):
 
 
 class TokensSection(Frozen):
-    d1: list[Budget] = Field(description="Dense budgets D1; each is also a dense-law observation.")
-    d2: list[Budget] = Field(description="Upcycled-MoE budgets D2, trained after each D1.")
-    scratch: list[Budget] | None = Field(None, description="From-scratch MoE budgets; omit for none.")
+    d1: list[Budget] = Field(max_length=MAX_AXIS, description="Dense budgets D1; each is also a dense-law observation.")
+    d2: list[Budget] = Field(max_length=MAX_AXIS, description="Upcycled-MoE budgets D2, trained after each D1.")
+    scratch: list[Budget] | None = Field(None, max_length=MAX_AXIS,
+                                         description="From-scratch MoE budgets; omit for none.")
 
     @model_validator(mode="after")
     def _check(self) -> TokensSection:
@@ -196,9 +243,9 @@ class TokensSection(Frozen):
 
 
 class TokensOverride(Frozen):
-    d1: list[Budget] | None = None
-    d2: list[Budget] | None = None
-    scratch: list[Budget] | None = None
+    d1: list[Budget] | None = Field(None, max_length=MAX_AXIS)
+    d2: list[Budget] | None = Field(None, max_length=MAX_AXIS)
+    scratch: list[Budget] | None = Field(None, max_length=MAX_AXIS)
 
     @model_validator(mode="after")
     def _check(self) -> TokensOverride:
@@ -233,7 +280,7 @@ class TrainSection(Frozen):
     batch_size: int = Field(ge=1, description="Sequences per optimiser step.")
     lr: LrSection | None = Field(None, description="Fixed peak LRs; or use lr_search.")
     lr_search: LrSearchSpec | None = Field(None, description="Optuna search of the peak LR per model (family, size).")
-    warmup_tokens: float = Field(ge=0, description="Linear warmup (rounded to whole steps).")
+    warmup_tokens: float = Field(ge=0, le=MAX_TOKENS, description="Linear warmup (rounded to whole steps).")
     decay: DecaySection = DecaySection()
     adamw: AdamWSection = AdamWSection()
     seed: int = Field(0, description="Seed of model init and training randomness.")
@@ -255,7 +302,7 @@ class SizeOverride(Frozen):
     """Per-size recipe (the paper's Table 5 varies batch, warmup, init and LR with size)."""
 
     batch_size: int | None = Field(None, ge=1)
-    warmup_tokens: float | None = Field(None, ge=0)
+    warmup_tokens: float | None = Field(None, ge=0, le=MAX_TOKENS)
     lr: LrSection | None = None
     init_std: float | None = Field(None, gt=0)
     tokens: TokensOverride | None = None
@@ -289,7 +336,12 @@ class SweepSpec(Frozen):
     per_size: dict[str, SizeOverride] = Field(default_factory=dict, description="Overrides keyed by size label.")
 
     @model_validator(mode="after")
-    def _check(self) -> SweepSpec:
+    def _check(self, info: ValidationInfo) -> SweepSpec:
+        limit = (info.context or {}).get("max_segments")
+        if limit is not None and (n := segment_bound(self)) > limit:  # before the checks that walk the whole grid
+            raise SpecError([("", f"this grid plans up to {n:,} segments, over the limit of {limit:,} "
+                                  "(UPSCALE_MAX_SEGMENTS); shrink model.sizes, moe.experts, moe.topk, "
+                                  "upcycling.methods or upcycling.r, or the token budget lists")])
         problems: list[SpecProblem] = []
         labels = list(self.model.shapes())
         problems += [(f"per_size.{k}", f"not a size of this sweep ({', '.join(labels)})")
@@ -430,10 +482,30 @@ def check_resources(spec: SweepSpec, available: ClusterResources) -> None:
     _raise_if(problems)
 
 
-def parse_spec(data: Any) -> SweepSpec:
-    """Validate a spec given as plain data (a dict from YAML/JSON or an API body); SpecError lists every problem."""
+def segment_bound(spec: SweepSpec) -> int:
+    """At most how many segments `planner.plan` makes of ``spec``, counted from its axes without enumerating them (the
+    planner's DAG per size: a dense trunk and a decay per D1; per (experts, topk) and upcycling variant, an upcycle, an
+    MoE trunk and a decay per D2 after each D1; a scratch trunk and its decays; the LR searches). Shared segments make
+    the plan smaller, never larger."""
+    variants = sum(len(spec.upcycling.r) if m in R_METHODS else 1 for m in spec.upcycling.methods)
+    configs = len(spec.moe.experts) * len(spec.moe.topk)
+    total = 0
+    for label in spec.model.shapes():
+        override = spec.per_size.get(label)
+        given = override.tokens if override and override.tokens else TokensOverride()
+        d1, d2 = given.d1 or spec.tokens.d1, given.d2 or spec.tokens.d2
+        scratch = given.scratch if given.scratch is not None else spec.tokens.scratch
+        searches = 1 + configs if spec.train.lr_search else 0
+        per_config = variants * len(d1) * (2 + len(d2)) + (1 + len(scratch) if scratch is not None else 0)
+        total += 1 + len(d1) + searches + configs * per_config
+    return total
+
+
+def parse_spec(data: Any, max_segments: int | None = None) -> SweepSpec:
+    """Validate a spec given as plain data (a dict from YAML/JSON or an API body); SpecError lists every problem.
+    With ``max_segments``, a grid whose `segment_bound` exceeds it is refused before the grid-wide checks."""
     try:
-        return SweepSpec.model_validate(data)
+        return SweepSpec.model_validate(data, context={"max_segments": max_segments})
     except ValidationError as e:
         problems: list[SpecProblem] = []
         for err in e.errors():
@@ -452,7 +524,7 @@ def _message(err: Any) -> str:
     if cause is not None:
         return str(cause)
     if err["type"] == "literal_error":  # an unknown method, decay shape or tokenizer
-        return f"unknown value {err['input']!r}: {err['msg']}"
+        return f"unknown value {excerpt(err['input'])}: {err['msg']}"
     return err["msg"]
 
 
@@ -471,13 +543,56 @@ def load_spec(source: str | Path) -> SweepSpec:
             raise SpecError([("", f"{path} is a folder, not a spec file" if path.is_dir()
                                   else f"no such spec file: {path}")])
         text = path.read_text()
+    return parse_spec(parse_document(text, "json" if text.lstrip().startswith("{") else "yaml"))
+
+
+class SpecLoader(yaml.SafeLoader):
+    """YAML's safe loader without aliases: `*name` repeats a node, so a few hundred bytes of nested aliases expand
+    to gigabytes once loaded ("billion laughs"). A spec never needs one."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise SpecError([("", f"YAML aliases are not allowed in a spec (line {mark.line + 1}); write the "
+                                  "value out")])
+        return super().compose_node(parent, index)
+
+
+def parse_document(text: str | bytes, fmt: Literal["json", "yaml"]) -> dict[str, Any]:
+    """A spec document as plain data, read with bounds: YAML without aliases, at most MAX_DEPTH deep, no integer
+    beyond MAX_INT; SpecError otherwise. JSON's `Infinity` and `NaN` parse here and are refused by the models."""
     try:
-        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        raise SpecError([("", f"not valid YAML/JSON: {e}")]) from None
+        data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=SpecLoader)  # a SafeLoader subclass
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecError([("", f"not valid {fmt.upper()}: {e}")]) from None
+    except RecursionError:
+        raise SpecError([("", f"the document nests deeper than {MAX_DEPTH} levels")]) from None
     if not isinstance(data, dict):
         raise SpecError([("", "a sweep spec is a mapping with keys name, model, moe, upcycling, tokens, train")])
-    return parse_spec(data)
+    check_document(data)
+    return data
+
+
+def check_document(data: Any, path: str = "") -> None:
+    """SpecError for nesting beyond MAX_DEPTH or integers beyond MAX_INT in plain data (at ``path`` of a larger
+    body), found iteratively: a recursive walk is what a deep document breaks. At most one problem of each kind."""
+    problems: dict[str, SpecProblem] = {}
+    stack: list[tuple[Any, str, int]] = [(data, path, 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            problems.setdefault("depth", (path, f"nested deeper than {MAX_DEPTH} levels"))
+            continue
+        if isinstance(node, bool):
+            continue
+        if isinstance(node, int) and abs(node) > MAX_INT:
+            problems.setdefault("int", (path, f"integer {excerpt(node)} is beyond what the store holds "
+                                              f"(at most {MAX_INT})"))
+        elif isinstance(node, dict):
+            stack += [(v, _join(path, str(k)), depth + 1) for k, v in node.items()]
+        elif isinstance(node, list):
+            stack += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node)]
+    _raise_if(list(problems.values()))
 
 
 def _dotted(loc: Sequence[str | int]) -> str:

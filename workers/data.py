@@ -29,17 +29,17 @@ import numpy as np
 import torch
 
 from upscale.home import upscale_home
-from upscale.sweeps.segments import DataSpec
+from upscale.sweeps.segments import BUILTIN_STDLIB, DataSpec
 from upscale.workers.errors import WorkerError
 
-BUILTIN_STDLIB = "builtin:python-stdlib"
 CACHE_VERSION = 1
 BYTE_VOCAB = 256
 ENCODE_CHUNK = 512  # documents per encode call: the grain of load_tokens' progress
 
 
 def default_cache_dir() -> Path:
-    return upscale_home() / "data"
+    """Settings.data_cache_dir of the default settings: <home>/cache/data, apart from the data roots (<home>/data)."""
+    return upscale_home() / "cache" / "data"
 
 
 # -- sources ----------------------------------------------------------------------------------------------

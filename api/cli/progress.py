@@ -122,7 +122,7 @@ def prepare_training(spec: SweepSpec, settings: Settings) -> None:
 
     announce_op_build()
     first = plan(spec).segments[0].spec
-    load_tokens_with_bar(first.data, first.model.context, settings.home / "data")
+    load_tokens_with_bar(first.data, first.model.context, settings.data_cache_dir)
 
 
 def announce_op_build() -> None:

@@ -4,12 +4,16 @@ newest analysis, or from two stored fits)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 
 from upscale.api import analyses, fits
 from upscale.api.records import FitRecord
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.api.schemas import DecisionPublic, FitCreate, FitPublic
+from upscale.fitting.errors import FitError
+from upscale.fitting.laws import get_law
+from upscale.orchestrator.errors import OrchestratorError
 
 router = APIRouter(tags=["fits"], responses=AUTH_ERRORS)
 # Its own router: a router's tags are added to each route's, and an operation with two tags is listed twice on /docs.
@@ -29,7 +33,21 @@ def _public(record: FitRecord, request: Request) -> FitPublic:
 def create_fit(body: FitCreate, request: Request, services: ServicesDep, owner: Writer) -> FitPublic:
     """Huber/BFGS fit of `law` on the selected observations, with LOO RMS, bootstrap intervals over trunks when
     `bootstrap` > 0, and diagnostic plots. The fit is stored and never changes."""
-    return _public(fits.create_fit(services, body, owner), request)
+    try:
+        return _public(fits.create_fit(services, body, owner), request)
+    except (FitError, OrchestratorError) as e:
+        raise RequestValidationError([_fit_problem(body, e)]) from None
+
+
+def _fit_problem(body: FitCreate, e: ValueError) -> dict[str, object]:
+    """A fit's failure as a 422 entry with its field path: an unknown law is `law`'s; anything else (a sweep the
+    store lacks, missing columns, too few points) is about the data, `rows` or `sweep_ids`, whichever was given."""
+    try:
+        get_law(body.law)
+        field, value = ("rows", None) if body.rows is not None else ("sweep_ids", body.sweep_ids)
+    except FitError:
+        field, value = "law", body.law
+    return {"loc": ("body", field), "msg": str(e), "type": "fit", "input": value}
 
 
 @router.get("/fits", summary="List fits", response_model=list[FitPublic])

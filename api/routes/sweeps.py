@@ -2,29 +2,45 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-import yaml
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from upscale.api import sweeps
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from upscale.orchestrator.observations import as_row, table
-from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_spec
+from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 
 # The body is read raw (YAML or JSON) so FastAPI cannot derive its schema: the route documents SweepSpec's, whose
-# sub-models api/app.py adds to the OpenAPI components. The example is the demo's spec, a real one that plans, as
-# the model reads it (YAML's 1.2288e5 is a string to a YAML 1.1 loader, a number once validated).
+# sub-models api/app.py adds to the OpenAPI components. The examples are real specs that plan: the demo's, as the
+# model reads it (YAML's 1.2288e5 is a string to a YAML 1.1 loader, a number once validated), and small ones of
+# each shape of grid, so a client (and the schemathesis run of tests/api/test_schema.py) has valid bodies to send.
 _SPEC_SCHEMA = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
 SPEC_COMPONENTS: dict[str, Any] = {"SweepSpec": {k: v for k, v in _SPEC_SCHEMA.items() if k != "$defs"},
                                    **_SPEC_SCHEMA.get("$defs", {})}
-_SPEC_EXAMPLE: dict[str, Any] = load_spec(DEMO_SPEC).model_dump(mode="json", exclude_unset=True)
-_SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "example": _SPEC_EXAMPLE}
+_TINY: dict[str, Any] = {
+    "name": "tiny", "model": {"sizes": ["nano"]}, "moe": {"experts": [2], "topk": [1]},
+    "upcycling": {"methods": ["naive"]}, "tokens": {"d1": [1024], "d2": [512, 1024]},
+    "train": {"context": 16, "batch_size": 4, "lr": {"dense": 0.003, "moe": 0.002}, "warmup_tokens": 64}}
+_SPEC_EXAMPLES: dict[str, dict[str, Any]] = {
+    "demo": {"summary": "The demo's sweep (`upscale demo`)",
+             "value": load_spec(DEMO_SPEC).model_dump(mode="json", exclude_unset=True)},
+    "tiny": {"summary": "One size, one MoE, naive upcycling", "value": _TINY},
+    "scratch-and-drop": {"summary": "Drop-Upcycling at two ratios beside from-scratch MoEs", "value": {
+        **_TINY, "name": "scratch-and-drop", "moe": {"experts": [2, 4], "topk": [1]},
+        "upcycling": {"methods": ["naive", "drop"], "r": [0.25, 0.5]},
+        "tokens": {"d1": [1024], "d2": [1024], "scratch": [1024, 2048]}}},
+    "lr-search": {"summary": "Peak LRs found by an Optuna search per model", "value": {
+        **_TINY, "name": "lr-search", "train": {**{k: v for k, v in _TINY["train"].items() if k != "lr"},
+                                               "lr_search": {"trials": 2, "low": 0.0001, "high": 0.01,
+                                                             "tokens": 512}}}},
+}
+_SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "examples": _SPEC_EXAMPLES}
 SPEC_BODY = {"requestBody": {
     "required": True,
     "description": "A sweep spec as JSON, or as YAML with `Content-Type: application/yaml` (the file `upscale plan` "
@@ -32,20 +48,19 @@ SPEC_BODY = {"requestBody": {
     "content": {"application/json": _SPEC_MEDIA, "application/yaml": _SPEC_MEDIA}}}
 
 
-async def _spec_data(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        if "yaml" in request.headers.get("content-type", ""):
-            return yaml.safe_load(raw)
-        return json.loads(raw)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPException(422, [{"loc": ["body"], "msg": f"not JSON/YAML: {e}", "type": "parse"}]) from None
+def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool) -> SweepCreated:
+    """Parse, admit, plan and record: seconds for a large grid, so it runs in a worker thread, never on the event
+    loop that answers every other request."""
+    return sweeps.submit(services, sweeps.admit(services, parse_document(raw, fmt)), owner, new=new)
 
 
 @router.post("", status_code=201, summary="Submit a sweep", response_model=SweepCreated, openapi_extra=SPEC_BODY,
              responses={200: {"model": SweepCreated,
                               "description": "The caller's existing sweep of this identical spec (`existing`)."},
-                        422: {"description": "Invalid spec: every problem with its field path."}})
+                        413: {"description": "The body is larger than UPSCALE_MAX_BODY_BYTES."},
+                        422: {"description": "Invalid spec: every problem with its field path (also: a grid over "
+                                             "UPSCALE_MAX_SEGMENTS, data.corpus outside the data roots, resources "
+                                             "the cluster does not have, YAML aliases)."}})
 async def submit_sweep(request: Request, response: Response, services: ServicesDep, owner: Writer,
                        new: bool = Query(False, description="Record a new sweep even if the caller already has one "
                                          "of this identical spec.")) -> SweepCreated:
@@ -53,8 +68,8 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
     Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`). Re-submitting a
     spec identical to one of the caller's sweeps returns that sweep with 200 and `existing: true` (queued again if
     it failed or was cancelled), unless `new=true`."""
-    data = await _spec_data(request)
-    created = sweeps.submit(services, parse_spec(data), owner, new=new)
+    fmt = "yaml" if "yaml" in request.headers.get("content-type", "") else "json"
+    created = await run_in_threadpool(_submit, services, await request.body(), fmt, owner, new)
     if created.existing:
         response.status_code = 200
     return created

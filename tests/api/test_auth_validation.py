@@ -43,7 +43,8 @@ def test_bad_spec_is_422_naming_each_field(live) -> None:
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]
         assert c.get("/sweeps/nope").status_code == 404
         r = c.post("/fits", json={"law": "no-such-law", "kind": "upcycled", "rows": [{"D2": 1, "loss": 1}]})
-        assert r.status_code == 422 and "no-such-law" in r.json()["detail"]
+        assert r.status_code == 422 and "no-such-law" in r.json()["detail"][0]["msg"]
+        assert r.json()["detail"][0]["loc"] == ["body", "law"]
 
 
 def test_an_unknown_sweep_is_404_on_every_route_and_422_in_a_fit_body(live) -> None:
@@ -61,7 +62,8 @@ def test_an_unknown_sweep_is_404_on_every_route_and_422_in_a_fit_body(live) -> N
             r = c.request(method, url, json=body)
             assert (r.status_code, r.json()) == (404, gone), url
         r = c.post("/fits", json={"law": "joint", "kind": "upcycled", "sweep_ids": ["nope"]})
-        assert (r.status_code, r.json()) == (422, gone)
+        (problem,) = r.json()["detail"]
+        assert (r.status_code, problem["loc"], problem["msg"]) == (422, ["body", "sweep_ids"], gone["detail"])
         for path in ("/sweeps/{sweep_id}", "/sweeps/{sweep_id}/cancel", "/sweeps/{sweep_id}/observations"):
             assert "404" in next(iter(c.get("/openapi.json").json()["paths"][path].values()))["responses"]
 
