@@ -74,7 +74,6 @@ class Settings(BaseSettings):
             object.__setattr__(self, "ray_address", None)
         return self
 
-
     @property
     def data_root_paths(self) -> tuple[Path, ...]:
         """`data_roots` as absolute paths, in the order configured."""
