@@ -178,12 +178,20 @@ class UpcycleSpec(Frozen):
     llama_gate: Literal["mlp", "linear"] = Field(
         default="mlp", description="llama-moe: router network (LLaMA-MoE's default is the tanh MLP gate)"
     )
+    llama_gate_init: Literal["official", "model"] = Field(
+        default="official", description="llama-moe: gate init; official = N(0, 0.02^2) on every gate layer "
+        "(pjlab-sys4nlp/llama-moe), model = the model's router_init",
+    )
     score_scale: float | None = Field(
         default=None, gt=0.0, description="llama-moe: expert output scale folded into W_down; None = n_expert/topk"
     )
     n_residual: int = Field(default=1, ge=1, description="llama-moe sharing-inter: always-on residual experts")
     granularity: int = Field(default=2, ge=1, description="granular: G = dense d_ff / expert d_ff")
     n_routers: int = Field(default=0, ge=0, description="router-upcycling: routers m; 0 = n_expert (paper's best)")
+
+    def identity_omits(self) -> frozenset[str]:
+        """`llama_gate_init` only acts in llama-moe: other methods' keys stay what they were before it existed."""
+        return frozenset() if self.method == "llama-moe" else frozenset({"llama_gate_init"})
 
 
 class LrSearchSpec(Frozen):
