@@ -3,11 +3,13 @@
 Architecture (upcycling-scaling-laws paper, Appendix A.2/A.3): pre-norm decoder blocks with RMSNorm, RoPE
 multi-head attention through `scaled_dot_product_attention(is_causal=True)`, a SwiGLU FFN with d_ff = 4·d_model,
 no biases anywhere, untied input embedding and LM head. The FFN of every block is either dense or a
-`deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, softmax over the selected logits
-(DeepSpeed renormalises for k >= 2), no token dropping (`drop_tokens=False`), deterministic top-2
-(`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss returned to the caller. Top-1 is DeepSpeed's
-(Switch-style) top1gating: the expert output is weighted by its softmax probability p_max, not renormalised to 1,
-so the router gets a gradient; an upcycled top-1 MoE therefore starts at p_max·FFN, not at the dense function.
+`deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, no token dropping
+(`drop_tokens=False`), deterministic top-2 (`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss
+returned to the caller. `routing="softmax_topk"` (default): softmax over all experts, top-k, renormalised over the
+chosen k (DeepSpeed's gate does this for k >= 2; for k = 1 the chosen weight is set to 1, so naive top-1 upcycling
+preserves the dense function); `routing="deepspeed"`: DeepSpeed's Switch-style top-1, weighted by p_max.
+`dispatch="grouped"` (default) swaps DeepSpeed's capacity-buffer dispatch for workers/dispatch.py's dropless grouped
+one inside the same `MoE` (same gate, experts and parameter names); `dispatch="deepspeed"` keeps DeepSpeed's.
 
 Public interface (kept small and stable for the trainer; everything else here is private):
 
