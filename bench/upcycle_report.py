@@ -62,7 +62,7 @@ def main() -> None:
         moe_cfg = dense_cfg.updated(n_expert=n, topk=2)
         seconds, (cfg, sd) = timed(lambda spec=spec, moe_cfg=moe_cfg: upcycle(dense_sd, moe_cfg, spec, tokens))
         base = seconds if base is None else base
-        rows.append((method, opts, cfg, seconds, upcycle_report(method, dense_cfg, dense_sd, cfg, sd)))
+        rows.append((method, opts, cfg, seconds, upcycle_report(spec, dense_cfg, dense_sd, cfg, sd)))
     print(f"dense tiny: N1 = {rows[0][4]['params']['n1']:,}; 8 experts top-2; torch threads 1; "
           f"baseline naive = {base * 1e3:.1f} ms\n")
     print("| method | options | upcycle ms | × naive | max abs logit diff | reinit gate/up/down | intact | distinct "

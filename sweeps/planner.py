@@ -142,7 +142,7 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     def model(n_expert: int = 0, topk: int = 0) -> ModelSpec:
         return ModelSpec(n_layer=shape.n_layer, d_model=shape.d_model, n_head=shape.n_head, vocab_size=vocab,
                          context=t.context, n_expert=n_expert, topk=topk, aux_loss_coef=spec.moe.aux_loss_coef,
-                         init_std=rc.init_std)
+                         init_std=rc.init_std, routing=spec.moe.routing, dispatch=spec.moe.dispatch)
 
     common = {"data": spec.data, "seed": t.seed}
     n1 = dense_params(shape)

@@ -46,6 +46,11 @@ class Frozen(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
+    def identity_omits(self) -> frozenset[str]:
+        """Fields left out of the fingerprint: ones that cannot change the result, or that were added later with a
+        default that computes what the model did before they existed (so existing keys stay valid)."""
+        return frozenset()
+
 
 FFN_MULT = 4  # the dense FFN is FFN_MULT·d_model wide, as the paper's 4·d_model
 # Bounds far above any real model or run (the largest public ones train ~1e13 tokens, ~100 layers, d_model ~16k) that
@@ -92,6 +97,12 @@ class ModelSpec(Shape):
     aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
     router_init: str = Field("normal_2_5d", description="Router init; normal_2_5d = N(0, 2/(5·d_model)) (A.6).")
     init_std: float = Field(0.02, gt=0, description="Std of the normal init of the other weights.")
+    routing: Literal["softmax_topk", "deepspeed"] = Field(
+        "softmax_topk", description="softmax_topk: softmax over all experts, top-k, renormalised over the k (weight 1 "
+        "for top-1; the paper's Eq. 15); deepspeed: DeepSpeed's gate (top-1 weighted by its probability).")
+    dispatch: Literal["grouped", "deepspeed"] = Field(
+        "grouped", description="How tokens reach the experts: grouped (dropless, sorted) or DeepSpeed's capacity "
+        "buffer. Equal results (fp32 <= 1e-5): not part of the identity.")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -104,6 +115,14 @@ class ModelSpec(Shape):
     @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
+
+    def identity_omits(self) -> frozenset[str]:
+        """`dispatch` never changes the result. The two routings differ only at top-1 (for k >= 2 both are DeepSpeed's
+        renormalised top-k, the same computation), so `routing` is hashed only for a top-1 softmax_topk model: keys of
+        dense and k >= 2 models, and of top-1 models with DeepSpeed's routing, are what they were before it existed."""
+        if self.topk == 1 and self.routing == "softmax_topk":
+            return frozenset({"dispatch"})
+        return frozenset({"dispatch", "routing"})
 
 
 BUILTIN_STDLIB = "builtin:python-stdlib"  # the running Python's standard library, read by workers/data.py
@@ -172,12 +191,20 @@ class UpcycleSpec(Frozen):
     llama_gate: Literal["mlp", "linear"] = Field(
         default="mlp", description="llama-moe: router network (LLaMA-MoE's default is the tanh MLP gate)"
     )
+    llama_gate_init: Literal["official", "model"] = Field(
+        default="official", description="llama-moe: gate init; official = N(0, 0.02^2) on every gate layer "
+        "(pjlab-sys4nlp/llama-moe), model = the model's router_init",
+    )
     score_scale: float | None = Field(
         default=None, gt=0.0, description="llama-moe: expert output scale folded into W_down; None = n_expert/topk"
     )
     n_residual: int = Field(default=1, ge=1, description="llama-moe sharing-inter: always-on residual experts")
     granularity: int = Field(default=2, ge=1, description="granular: G = dense d_ff / expert d_ff")
     n_routers: int = Field(default=0, ge=0, description="router-upcycling: routers m; 0 = n_expert (paper's best)")
+
+    def identity_omits(self) -> frozenset[str]:
+        """`llama_gate_init` only acts in llama-moe: other methods' keys stay what they were before it existed."""
+        return frozenset() if self.method == "llama-moe" else frozenset({"llama_gate_init"})
 
 
 class LrSearchSpec(Frozen):
@@ -261,14 +288,19 @@ def fingerprint(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> s
     return hashlib.sha256(canonical_json(value, memo).encode()).hexdigest()[:16]
 
 
+def _plain_fields(value: BaseModel, memo: dict[int, tuple[Any, Any]] | None) -> dict[str, Any]:
+    omit = value.identity_omits() if isinstance(value, Frozen) else frozenset()
+    return {k: _plain(getattr(value, k), memo) for k in type(value).model_fields if k not in omit}
+
+
 def _plain(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
     if isinstance(value, BaseModel):
         if memo is not None and isinstance(value, Frozen):  # immutable: convert once; memo keeps it alive (id reuse)
             hit = memo.get(id(value))
             if hit is None:
-                hit = memo[id(value)] = (value, {k: _plain(getattr(value, k), memo) for k in type(value).model_fields})
+                hit = memo[id(value)] = (value, _plain_fields(value, memo))
             return hit[1]
-        return {k: _plain(getattr(value, k), memo) for k in type(value).model_fields}
+        return _plain_fields(value, memo)
     if isinstance(value, Enum):
         return _plain(value.value, memo)
     if isinstance(value, dict):

@@ -162,6 +162,16 @@ class MoeSection(Frozen):
                                        description="n_expert values; every one is paired with every topk.")
     topk: list[ExpertCount] = Field(max_length=MAX_AXIS, description="Experts each token is routed to.")
     aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
+    routing: Literal["softmax_topk", "deepspeed"] = Field(
+        "softmax_topk", description="softmax_topk: softmax over all experts, top-k, renormalised over the k (the "
+        "paper's Eq. 15; naive top-1 upcycling preserves the dense function); deepspeed: DeepSpeed's gate.")
+    dispatch: Literal["grouped", "deepspeed"] = Field(
+        "grouped", description="grouped: dropless sorted dispatch; deepspeed: DeepSpeed's capacity buffer (same "
+        "results, slower; docs/methods.md, \"Dispatch\").")
+
+    def identity_omits(self) -> frozenset[str]:
+        """The dispatch never changes a result, so it does not make a sweep another sweep."""
+        return frozenset({"dispatch"})
 
     @model_validator(mode="after")
     def _check(self) -> MoeSection:

@@ -3,11 +3,13 @@
 Architecture (upcycling-scaling-laws paper, Appendix A.2/A.3): pre-norm decoder blocks with RMSNorm, RoPE
 multi-head attention through `scaled_dot_product_attention(is_causal=True)`, a SwiGLU FFN with d_ff = 4·d_model,
 no biases anywhere, untied input embedding and LM head. The FFN of every block is either dense or a
-`deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, softmax over the selected logits
-(DeepSpeed renormalises for k >= 2), no token dropping (`drop_tokens=False`), deterministic top-2
-(`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss returned to the caller. Top-1 is DeepSpeed's
-(Switch-style) top1gating: the expert output is weighted by its softmax probability p_max, not renormalised to 1,
-so the router gets a gradient; an upcycled top-1 MoE therefore starts at p_max·FFN, not at the dense function.
+`deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, no token dropping
+(`drop_tokens=False`), deterministic top-2 (`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss
+returned to the caller. `routing="softmax_topk"` (default): softmax over all experts, top-k, renormalised over the
+chosen k (DeepSpeed's gate does this for k >= 2; for k = 1 the chosen weight is set to 1, so naive top-1 upcycling
+preserves the dense function); `routing="deepspeed"`: DeepSpeed's Switch-style top-1, weighted by p_max.
+`dispatch="grouped"` (default) swaps DeepSpeed's capacity-buffer dispatch for workers/dispatch.py's dropless grouped
+one inside the same `MoE` (same gate, experts and parameter names); `dispatch="deepspeed"` keeps DeepSpeed's.
 
 Public interface (kept small and stable for the trainer; everything else here is private):
 
@@ -59,6 +61,8 @@ from upscale.workers.errors import WorkerError, validated
 
 RouterInit = Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"]
 RouterType = Literal["linear", "mixture", "mlp"]
+Routing = Literal["softmax_topk", "deepspeed"]
+Dispatch = Literal["grouped", "deepspeed"]
 
 # Table 5 of the upcycling-scaling-laws paper: std of the normal init per model size. CPU sizes use 0.02.
 _PAPER_INIT_STD = {"15M": 0.035, "44M": 0.029, "0.1B": 0.025, "0.2B": 0.022, "0.5B": 0.019, "1B": 0.016}
@@ -88,6 +92,15 @@ class ModelConfig(Shape):
     init_std: float = Field(default=0.02, gt=0, description="std of the normal init of every weight matrix")
     rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base")
     ep_size: int = Field(default=1, ge=1, description="expert-parallel group size (1 = all experts local)")
+    routing: Routing = Field(
+        default="softmax_topk",
+        description="softmax_topk: softmax over all experts, top-k, renormalised over the chosen k (weight 1 for "
+        "k = 1; Mixtral's router); deepspeed: DeepSpeed's gate (top-1 weighted by its probability)",
+    )
+    dispatch: Dispatch = Field(
+        default="grouped",
+        description="grouped: dropless sorted dispatch (workers/dispatch.py); deepspeed: DeepSpeed's capacity buffer",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -139,6 +152,8 @@ class ModelConfig(Shape):
             aux_loss_coef=spec.aux_loss_coef,
             router_init=spec.router_init,
             init_std=spec.init_std,
+            routing=spec.routing,
+            dispatch=spec.dispatch,
         )
 
     @property
@@ -280,15 +295,18 @@ def _router_gate_class() -> type:
     from deepspeed.moe.sharded_moe import TopKGate, top1gating, top2gating, topkgating
 
     class _RouterGate(TopKGate):
+        routing: Routing = "softmax_topk"
+
         # Same dispatch as TopKGate.forward in deepspeed 0.19.8, minus timers and Jitter (never enabled here);
         # only the logits come from `self.wg`, which may be any router module.
         def forward(self, input, used_token=None, sparse_routes=False, use_tutel=False):  # type: ignore[override]
             logits = self.wg(input.float())
             cf = self.capacity_factor if self.training else self.eval_capacity_factor
             if self.k == 1:
-                return top1gating(logits, cf, self.min_capacity, used_token,
-                                  self.noisy_gate_policy if self.training else None, self.drop_tokens,
-                                  self.use_rts, self.ep_group, sparse_routes, use_tutel)
+                out = top1gating(logits, cf, self.min_capacity, used_token,
+                                 self.noisy_gate_policy if self.training else None, self.drop_tokens,
+                                 self.use_rts, self.ep_group, sparse_routes, use_tutel)
+                return out if self.routing == "deepspeed" else _renormalised_top1(out, sparse_routes)
             if self.k == 2:
                 return top2gating(logits, cf, self.min_capacity, self.drop_tokens, self.ep_group,
                                   self.top2_2nd_expert_sampling, sparse_routes)
@@ -296,6 +314,16 @@ def _router_gate_class() -> type:
                               sparse_routes=sparse_routes)
 
     return _RouterGate
+
+
+def _renormalised_top1(gate_output: tuple, sparse_routes: bool) -> tuple:
+    """DeepSpeed's top-1 output with the chosen expert's weight p/p = 1 (softmax over the top-1 logit); a constant,
+    as its exact derivative is zero: the router learns from the load-balancing loss only, as in Mixtral's top-1."""
+    if sparse_routes:
+        l_aux, capacity, n_expert, indices, locations, gates, counts = gate_output
+        return l_aux, capacity, n_expert, indices, locations, (indices >= 0).to(gates.dtype), counts
+    l_aux, combine, dispatch_mask, counts = gate_output
+    return l_aux, dispatch_mask.to(combine.dtype), dispatch_mask, counts
 
 
 class MoEFFN(nn.Module):
@@ -325,8 +353,15 @@ class MoEFFN(nn.Module):
             top2_2nd_expert_sampling=False,
         )
         gate.wg = _make_router(cfg)
+        gate.routing = cfg.routing
         assert old.ep_group is None  # the engine sets process groups later, on the gate now in place
         self.moe.deepspeed_moe.gate = gate
+        if cfg.dispatch == "grouped":
+            from upscale.workers.dispatch import grouped_moe_layer_class
+
+            ds = self.moe.deepspeed_moe  # same gate and experts, so parameter names and groups are unchanged
+            self.moe.deepspeed_moe = grouped_moe_layer_class()(
+                ds.gate, ds.experts, ds.ep_group_name, ds.ep_size, ds.num_local_experts)
         self.shared = SwiGLU(cfg.d_model, cfg.shared_d_ff) if cfg.shared_d_ff else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -73,6 +73,8 @@ def upcycle_command(
     split: Annotated[str, typer.Option(help="llama-moe: independent-random | independent-clustering | "
                                        "sharing-inner | sharing-inter.")] = "independent-random",
     gate: Annotated[str, typer.Option(help="llama-moe: mlp (LLaMA-MoE's tanh gate) | linear.")] = "mlp",
+    gate_init: Annotated[str, typer.Option(help="llama-moe: official (N(0, 0.02^2) on every gate layer) | model "
+                                           "(--router-init).")] = "official",
     score_scale: Annotated[float | None, typer.Option(help="llama-moe: expert output scale; default experts/topk.")] = (
         None
     ),
@@ -81,6 +83,9 @@ def upcycle_command(
     routers: Annotated[int, typer.Option(help="router-upcycling: routers m; 0 or --experts (the paper's m = n).")] = 0,
     router_init: Annotated[str, typer.Option(help="normal_2_5d | normal_0.02 | uniform_0.02 | kaiming_uniform.")] = (
         "normal_2_5d"
+    ),
+    routing: Annotated[str, typer.Option(help="softmax_topk (renormalised top-k; top-1 weight 1) | deepspeed.")] = (
+        "softmax_topk"
     ),
     calibration: Annotated[Path | None, typer.Option(help="Calibration data for llama-moe sharing-* and "
                                                      "router-upcycling: a .pt [batch, seq] token tensor, or a "
@@ -91,12 +96,12 @@ def upcycle_command(
     # DeepSpeed logs to stdout when it is first imported; keep stdout for the report alone (`--json` is parsed)
     with contextlib.redirect_stdout(sys.stderr):
         report, cfg, seconds = _upcycle(
-            dense, experts, topk, out, router_init, calibration,
+            dense, experts, topk, out, {"router_init": router_init, "routing": routing}, calibration,
             method_spec_fields={
                 "method": method, "seed": seed, "r": r, "index_mode": index_mode, "noise_variant": noise_variant,
                 "noise_ratio": noise_ratio, "noise_std": noise_std, "split": split, "llama_gate": gate,
-                "score_scale": score_scale, "n_residual": n_residual, "granularity": granularity,
-                "n_routers": routers,
+                "llama_gate_init": gate_init, "score_scale": score_scale, "n_residual": n_residual,
+                "granularity": granularity, "n_routers": routers,
             },
         )
     if as_json:
@@ -106,7 +111,7 @@ def upcycle_command(
 
 
 def _upcycle(
-    dense: Path, experts: int, topk: int, out: Path, router_init: str, calibration: Path | None,
+    dense: Path, experts: int, topk: int, out: Path, routing: dict[str, str], calibration: Path | None,
     method_spec_fields: dict[str, Any],
 ) -> tuple[dict[str, Any], Any, float]:
     import time
@@ -122,13 +127,13 @@ def _upcycle(
     spec = method_spec(**method_spec_fields)
     if experts < 2:
         raise WorkerError(f"--experts={experts}: an MoE needs at least 2 experts")
-    moe_cfg = dense_cfg.updated(n_expert=experts, topk=topk, router_init=router_init)
+    moe_cfg = dense_cfg.updated(n_expert=experts, topk=topk, **routing)
     tokens = load_calibration(calibration, dense_cfg) if calibration is not None else None
     start = time.perf_counter()
     cfg, moe_sd = upcycle(dense_sd, moe_cfg, spec, calibration_tokens=tokens)
     seconds = time.perf_counter() - start
     save_model(out, cfg, moe_sd)
-    return upcycle_report(spec.method, dense_cfg, dense_sd, cfg, moe_sd), cfg, seconds
+    return upcycle_report(spec, dense_cfg, dense_sd, cfg, moe_sd), cfg, seconds
 
 
 def _print_report(report: dict[str, Any], cfg: Any, out: Path, seconds: float) -> None:

@@ -1,5 +1,7 @@
 """Segment identity: content keys that change with every identity field and never with runtime placement."""
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -61,3 +63,18 @@ def test_decay_branch_needs_a_decay_start_inside_it() -> None:
 def test_topk_above_experts_is_refused() -> None:
     with pytest.raises(ValidationError, match="topk=3 must be between 1 and n_expert=2"):
         ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=16, n_expert=2, topk=3)
+
+
+def test_dispatch_is_never_hashed_and_routing_only_where_it_changes_the_computation() -> None:
+    base = {"n_layer": 2, "d_model": 32, "n_head": 2, "vocab_size": 64, "context": 16}
+
+    def fields(**kw: object) -> set[str]:
+        return set(json.loads(canonical_json(ModelSpec(**base, **kw))))
+
+    old = set(base) | {"n_expert", "topk", "aux_loss_coef", "router_init", "init_std"}  # the fields before routing
+    assert fields() == old  # dense
+    assert fields(n_expert=4, topk=2) == fields(n_expert=4, topk=2, routing="deepspeed", dispatch="deepspeed") == old
+    assert fields(n_expert=4, topk=1, routing="deepspeed") == old  # what top-1 computed before
+    assert fields(n_expert=4, topk=1) == old | {"routing"}  # the new default top-1: a new computation, a new key
+    ids = {ModelSpec(**base, n_expert=4, topk=1, dispatch=d).model_dump_json() for d in ("grouped", "deepspeed")}
+    assert len(ids) == 2  # still recorded, only not hashed

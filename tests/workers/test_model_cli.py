@@ -47,11 +47,23 @@ def test_upcycle_json_report(dense_dir: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert set(report) == {"method", "max_abs_logit_diff", "reinit_fraction", "intact_neuron_fraction",
-                           "experts_distinct", "params"}
+                           "experts_distinct", "params", "init"}
+    assert report["init"]["index_mode"] == "shared"
     assert report["reinit_fraction"] == {"gate": 0.25, "up": 0.25, "down": 0.25}
     assert report["intact_neuron_fraction"] == 0.75 and report["experts_distinct"] is True
     assert set(report["params"]) == {"n1", "n2", "n_total"}
     assert {p.name for p in (tmp_path / "moe").iterdir()} == {"config.json", "weights.pt"}
+
+
+@pytest.mark.parametrize(("routing", "preserved"), [("softmax_topk", True), ("deepspeed", False)])
+def test_naive_top1_upcycle_preserves_the_dense_function(dense_dir: Path, tmp_path: Path, routing: str,
+                                                         preserved: bool) -> None:
+    res = run("upcycle", "--dense", str(dense_dir), "--method", "naive", "--experts", "4", "--topk", "1",
+              "--routing", routing, "--out", str(tmp_path / "moe"), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["init"]["routing"] == routing
+    assert (report["max_abs_logit_diff"] <= 1e-5) is preserved
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,12 @@ Each expert is a slice of the dense FFN's neurons (rows of W_gate/W_up, columns 
   (expert, neuron) importance first; `share_neurons=False`), so shared + routed partition the FFN.
 
 Gate: LLaMA-MoE's MLP gate Linear(d, n) -> tanh -> Linear(n, n) (`llama_gate="mlp"`, default) or a linear router,
-freshly drawn with `cfg.router_init`; top-k, softmax over the selected logits and DeepSpeed's balance loss (the
-noisy gate's training-time noise and its CV² loss are not reproduced). The score scale s (default n/k, the CPT docs)
-is folded into W_down of the routed experts, which is exact (Identity A, docs/methods.md). s = n/k is a
-magnitude heuristic: no partitioned MoE with top-k < n reproduces the dense function.
+freshly drawn N(0, 0.02^2) on every layer as the official code does (`llama_gate_init="official"`, default) or with
+the model's `router_init` (`"model"`; N(0, 2/(5 d)) on the n x n output layer is std ~0.2 for 8 experts); top-k,
+softmax over the selected logits and DeepSpeed's balance loss (the noisy gate's training-time noise and its CV²
+loss are not reproduced). The score scale s (default n/k, the CPT docs) is folded into W_down of the routed
+experts, which is exact (Identity A, docs/methods.md). s = n/k is a magnitude heuristic: no partitioned MoE with
+top-k < n reproduces the dense function.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def configure(cfg: ModelConfig, spec: UpcycleSpec) -> ModelConfig:
         expert_d_ff, shared_d_ff = expert_widths(spec, cfg.d_ff, cfg.n_expert, cfg.topk)
     except ValueError as e:
         raise WorkerError(str(e)) from None
-    return cfg.updated(expert_d_ff=expert_d_ff, shared_d_ff=shared_d_ff, router_type=spec.llama_gate, n_routers=0)
+    router_init = "normal_0.02" if spec.llama_gate_init == "official" else cfg.router_init
+    return cfg.updated(expert_d_ff=expert_d_ff, shared_d_ff=shared_d_ff, router_type=spec.llama_gate, n_routers=0,
+                       router_init=router_init)
 
 
 def random_split(f: int, n: int, gen: torch.Generator) -> list[torch.Tensor]:

@@ -1,9 +1,10 @@
 """Naive (vanilla) sparse upcycling, Komatsuzaki et al.: every expert is an exact copy of the dense FFN.
 
 Everything but the FFNs is copied; each layer gets a fresh router drawn exactly as `build_model` draws it
-(cfg.router_init, default N(0, 2/(5 d_model)), the upcycling-scaling-laws paper's A.6). With DeepSpeed's
-renormalised top-k (k >= 2) and no token dropping the MoE computes the dense function exactly (docs/methods.md,
-"Two identities"); DeepSpeed's top-1 does not renormalise, so k = 1 scales every FFN output by p_max.
+(cfg.router_init, default N(0, 2/(5 d_model)), the upcycling-scaling-laws paper's A.6). With the renormalised top-k
+(`routing="softmax_topk"`, every k; DeepSpeed's routing for k >= 2) and no token dropping the MoE computes the dense
+function exactly (docs/methods.md, "Two identities"); DeepSpeed's top-1 (`routing="deepspeed"`) does not
+renormalise, so there k = 1 scales every FFN output by p_max.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@
 * `intact_neuron_fraction`: the fraction of expert neurons whose three vectors all match the *same* dense neuron.
 * `experts_distinct`: every pair of experts of every layer differs (naive copies: False).
 * `params`: N1, N2, N_total of the MoE (non-embedding).
+* `init`: what was used: the routing, the router network and its init, and the method's own init options (drop:
+  `index_mode`, shared = the paper's one index set, per_matrix = the official code's; llama-moe: `gate_init`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from upscale.sweeps.segments import UpcycleSpec
 from upscale.workers.model import ModelConfig, seeded_generator
 from upscale.workers.upcycling.adapter import FFN, dense_ffn, experts_of, shared_of
 from upscale.workers.weights import instantiate
@@ -55,14 +58,14 @@ def neuron_matches(dense: FFN, experts: list[FFN]) -> tuple[torch.Tensor, torch.
 
 @torch.no_grad()
 def upcycle_report(
-    method: str,
+    spec: UpcycleSpec,
     dense_cfg: ModelConfig,
     dense_sd: dict[str, torch.Tensor],
     moe_cfg: ModelConfig,
     moe_sd: dict[str, torch.Tensor],
 ) -> dict[str, Any]:
     """The report (`upscale upcycle --json`) for one upcycled model (keys: method, max_abs_logit_diff, reinit_fraction,
-    intact_neuron_fraction, experts_distinct, params)."""
+    intact_neuron_fraction, experts_distinct, params, init)."""
     dense = instantiate(dense_cfg, {k: v.float() for k, v in dense_sd.items()}).eval()
     moe = instantiate(moe_cfg, {k: v.float() for k, v in moe_sd.items()}).eval()
     tokens = probe_tokens(dense_cfg)
@@ -79,10 +82,21 @@ def upcycle_report(
         intact.append(i)
     m = torch.cat(matched, dim=1).double()
     return {
-        "method": method,
+        "method": spec.method,
         "max_abs_logit_diff": diff,
         "reinit_fraction": {name: 1.0 - m[j].mean().item() for j, name in enumerate(_MATRICES)},
         "intact_neuron_fraction": torch.cat(intact).double().mean().item(),
         "experts_distinct": distinct,
         "params": {"n1": moe.n1(), "n2": moe.n2(), "n_total": moe.n_total()},
+        "init": init_used(spec, moe_cfg),
     }
+
+
+def init_used(spec: UpcycleSpec, cfg: ModelConfig) -> dict[str, str]:
+    """Routing, router and init options the MoE was built with (the method's own options only where it has any)."""
+    used = {"routing": cfg.routing, "router_type": cfg.router_type, "router_init": cfg.router_init}
+    if spec.method == "drop":
+        used["index_mode"] = spec.index_mode
+    if spec.method == "llama-moe":
+        used["gate_init"] = spec.llama_gate_init
+    return used

@@ -6,6 +6,7 @@ data-driven splits.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -177,3 +178,20 @@ def test_default_score_scale_is_n_over_k(dense_cfg: ModelConfig, dense_sd: dict)
     for g, _, d in experts_of(sd, cfg, 0):
         idx = torch.nonzero((dense[0][:, None] == g[None]).all(-1))[:, 0]
         torch.testing.assert_close(d, dense[2][:, idx] * 4.0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("gate_init", "want_init"), [("official", "normal_0.02"), ("model", "normal_2_5d")])
+def test_gate_init_official_by_default(dense_cfg: ModelConfig, dense_sd: dict, gate_init: str, want_init: str) -> None:
+    n = 8
+    spec = method_spec("llama-moe", **({} if gate_init == "official" else {"llama_gate_init": gate_init}))
+    cfg, sd = upcycle(dense_sd, dense_cfg.updated(n_expert=n, topk=2), spec)
+    assert cfg.router_init == want_init
+    # both gate layers over all layers: N(0, 0.02^2) officially, N(0, 2/(5 cols)) (std ~0.22 on the n x n layer) else
+    out = torch.cat([sd[f"blocks.{l}.ffn.moe.deepspeed_moe.gate.wg.out.weight"].flatten()
+                     for l in range(cfg.n_layer)])
+    proj = torch.cat([sd[f"blocks.{l}.ffn.moe.deepspeed_moe.gate.wg.proj.weight"].flatten()
+                      for l in range(cfg.n_layer)])
+    want_out = 0.02 if gate_init == "official" else math.sqrt(2 / (5 * n))
+    want_proj = 0.02 if gate_init == "official" else math.sqrt(2 / (5 * dense_cfg.d_model))
+    assert abs(out.std().item() / want_out - 1) < 0.25  # 128 draws: ~4 standard errors
+    assert abs(proj.std().item() / want_proj - 1) < 0.1

@@ -1,9 +1,9 @@
 """Naive upcycling (docs/methods.md, "Naive upcycling"): exact copies, fresh router statistics, and function
 preservation.
 
-Oracle: Identity B. With DeepSpeed's renormalised top-k (k >= 2) and no token dropping, copied experts give back
-the dense FFN, so whole-model logits match the dense model's; top-1 is not renormalised (output = p_max·FFN),
-the negative control that shows the comparison can fail.
+Oracle: Identity B. With the renormalised top-k (every k under `softmax_topk`, k >= 2 under DeepSpeed's routing) and
+no token dropping, copied experts give back the dense FFN, so whole-model logits match the dense model's; DeepSpeed's
+top-1 is not renormalised (output = p_max·FFN), the negative control that shows the comparison can fail.
 """
 
 from __future__ import annotations
@@ -55,8 +55,17 @@ def test_copies_preserve_the_dense_function(
     assert logit_diff <= 1e-5
 
 
-def test_top1_negative_control_scales_by_p_max(dense_cfg: ModelConfig, dense_sd: dict, dense_model, tokens) -> None:
+def test_top1_preserves_the_dense_function_under_softmax_topk(dense_cfg: ModelConfig, dense_sd: dict, dense_model,
+                                                               tokens) -> None:
     cfg, sd = upcycle(dense_sd, dense_cfg.updated(n_expert=4, topk=1), method_spec("naive"))
+    assert cfg.routing == "softmax_topk"  # the default: the chosen expert's weight is 1
+    with torch.no_grad():
+        logit_diff = (instantiate(cfg, sd).eval()(tokens)[0] - dense_model(tokens)[0]).abs().max().item()
+    assert logit_diff <= 1e-5
+
+
+def test_top1_deepspeed_routing_scales_by_p_max(dense_cfg: ModelConfig, dense_sd: dict, dense_model, tokens) -> None:
+    cfg, sd = upcycle(dense_sd, dense_cfg.updated(n_expert=4, topk=1, routing="deepspeed"), method_spec("naive"))
     moe = instantiate(cfg, sd).eval()
     with torch.no_grad():
         x = torch.randn(64, dense_cfg.d_model, generator=torch.Generator().manual_seed(0))

@@ -11,12 +11,14 @@ from upscale.workers.model import ModelConfig
 from upscale.workers.upcycling import method_spec, upcycle
 from upscale.workers.upcycling.report import upcycle_report
 
-KEYS = {"method", "max_abs_logit_diff", "reinit_fraction", "intact_neuron_fraction", "experts_distinct", "params"}
+KEYS = {"method", "max_abs_logit_diff", "reinit_fraction", "intact_neuron_fraction", "experts_distinct", "params",
+        "init"}
 
 
 def report(dense_cfg: ModelConfig, dense_sd: dict, method: str, n: int = 4, k: int = 2, **opts: object) -> dict:
-    cfg, sd = upcycle(dense_sd, dense_cfg.updated(n_expert=n, topk=k), method_spec(method, **opts))
-    return upcycle_report(method, dense_cfg, dense_sd, cfg, sd)
+    spec = method_spec(method, **opts)
+    cfg, sd = upcycle(dense_sd, dense_cfg.updated(n_expert=n, topk=k), spec)
+    return upcycle_report(spec, dense_cfg, dense_sd, cfg, sd)
 
 
 def test_naive_report(dense_cfg: ModelConfig, dense_sd: dict) -> None:
@@ -36,6 +38,8 @@ def test_drop_report(dense_cfg: ModelConfig, dense_sd: dict, mode: str) -> None:
     frac = math.floor(0.25 * 128) / 128
     assert r["reinit_fraction"] == {"gate": frac, "up": frac, "down": frac}
     assert r["experts_distinct"] is True and r["max_abs_logit_diff"] > 1e-4
+    assert r["init"] == {"routing": "softmax_topk", "router_type": "linear", "router_init": "normal_2_5d",
+                         "index_mode": mode}
     if mode == "shared":
         assert r["intact_neuron_fraction"] == 1 - frac
     else:
@@ -46,6 +50,8 @@ def test_split_and_scratch_reports(dense_cfg: ModelConfig, dense_sd: dict) -> No
     split = report(dense_cfg, dense_sd, "llama-moe")
     assert split["reinit_fraction"] == {"gate": 0.0, "up": 0.0, "down": 0.0}  # slices, W_down scaled by n/k
     assert split["intact_neuron_fraction"] == 1.0 and split["experts_distinct"] is True
+    assert split["init"] == {"routing": "softmax_topk", "router_type": "mlp", "router_init": "normal_0.02",
+                             "gate_init": "official"}
     # the experts partition the FFN: N_total = N1 + the MLP gates (Linear(d, n) and Linear(n, n) per layer)
     assert split["params"]["n_total"] == split["params"]["n1"] + dense_cfg.n_layer * (4 * dense_cfg.d_model + 4 * 4)
     scratch = report(dense_cfg, dense_sd, "scratch")
