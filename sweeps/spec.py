@@ -170,8 +170,9 @@ class MoeSection(Frozen):
         "results, slower; docs/methods.md, \"Dispatch\").")
 
     def identity_omits(self) -> frozenset[str]:
-        """The dispatch never changes a result, so it does not make a sweep another sweep."""
-        return frozenset({"dispatch"})
+        """The dispatch never changes a result, and the routing only at top-1 (ModelSpec's rule), so neither makes
+        a sweep another sweep where it computes the same: specs without top-1 keep the hash they had before."""
+        return frozenset({"dispatch"}) if 1 in self.topk else frozenset({"dispatch", "routing"})
 
     @model_validator(mode="after")
     def _check(self) -> MoeSection:
