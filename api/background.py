@@ -19,15 +19,18 @@ import traceback
 from upscale.api.services import Services
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, cluster_resources, ensure_ray, runner_gone
+from upscale.orchestrator.task import SegmentFn, train_segment
 from upscale.sweeps.spec import ClusterResources, ResourcesSection, SpecError, SweepSpec, check_resources
 
 
 class SweepLoop(threading.Thread):
     """Adopts orphaned sweeps, else runs the oldest pending sweep that can run, every ``poll_s``."""
 
-    def __init__(self, services: Services, poll_s: float = 1.0, scheduler_poll_s: float = 0.5) -> None:
+    def __init__(self, services: Services, poll_s: float = 1.0, scheduler_poll_s: float = 0.5,
+                 segment_fn: SegmentFn = train_segment) -> None:
         super().__init__(name="upscale-sweeps", daemon=True)
         self.services, self.poll_s, self.scheduler_poll_s = services, poll_s, scheduler_poll_s
+        self.segment_fn = segment_fn  # the Scheduler's seam for tests
         self.stopping = threading.Event()
         self.current: str | None = None
 
@@ -67,7 +70,7 @@ class SweepLoop(threading.Thread):
         return False
 
     def _scheduler(self) -> Scheduler:
-        return Scheduler(self.services.store, self.services.settings, poll_s=self.scheduler_poll_s)
+        return Scheduler(self.services.store, self.services.settings, self.segment_fn, poll_s=self.scheduler_poll_s)
 
     def _drive(self, scheduler: Scheduler, sweep_id: str) -> None:
         store = self.services.store
