@@ -7,6 +7,11 @@ worker finds it in `runtime.checkpoint_dir`), until `max_attempts` failures. Can
 loop polls. On start, segments left `running` by a scheduler that has died are *adopted* (their worker left a
 result file: recorded as done, not retrained) or re-queued (resumed from their checkpoint), so no segment is
 trained to completion twice. A segment another live scheduler runs is waited for, never launched twice.
+
+The scheduler driving a sweep records itself as the sweep's `runner` and refreshes its heartbeat with its segments',
+so a sweep loop that starts later can tell a sweep whose runner died (`runner_gone`) and adopt it: resume it with
+`Scheduler.run`, or, if it was cancelling, end it with `Scheduler.finish_cancelling`. Ray itself never retries a
+segment (orchestrator/task.py): the store's attempts are the only retries.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime
 
 import ray
 
@@ -36,7 +41,7 @@ from upscale.orchestrator.store import Store
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
 from upscale.orchestrator.tracking import RunTree, SegmentRun
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.sweeps.spec import ResourcesSection
+from upscale.sweeps.spec import ClusterResources, ResourcesSection
 from upscale.workers.errors import WorkerError
 
 
@@ -66,18 +71,45 @@ class SweepOutcome:
     compute_s: float = 0.0  # sum of the segments' own wall times, as the workers measured them
 
 
+STALE_AFTER_S = 120.0  # a scheduler on another host whose heartbeat is older than this is taken for dead
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
-    """Connect to RAY_ADDRESS, or start embedded local Ray, once per process.
+    """Connect to RAY_ADDRESS, or start embedded local Ray bound to the loopback interface, once per process.
 
     Unless verbose (`upscale -v`), Ray's banners are off and workers' output stays in Ray's session logs
     (log_to_driver=False): the CLI's stdout carries only its results (`upscale run --json`), and a failure reaches
     the store through the task's exception."""
     if not ray.is_initialized():
         local = settings.ray_address is None
+        if local:
+            _loopback_only()
         # "local" always starts a fresh embedded instance; address=None would join any Ray started on this host.
         ray.init(address=settings.ray_address or "local", num_cpus=num_cpus if local else None,
                  include_dashboard=False, logging_level=verbosity.ray_logging_level(),
-                 log_to_driver=verbosity.is_verbose())
+                 log_to_driver=verbosity.is_verbose(), **({"_node_ip_address": "127.0.0.1"} if local else {}))
+
+
+def _loopback_only() -> None:
+    """Make embedded Ray listen on 127.0.0.1 only: its ports have no authentication of their own.
+
+    Every Ray server (GCS, raylet, object manager, dashboard and runtime-env agents, each worker's and the driver's
+    gRPC server) binds to the node IP, or to all interfaces unless that IP is a loopback one; and on Linux Ray turns
+    a loopback `_node_ip_address` into the host's routable address. Ray's single-host mode (its default on macOS
+    and Windows) keeps the loopback address: switch it on here (Ray reads the constant at each call) and for the
+    processes Ray starts (they read the variable at import). A RAY_ADDRESS cluster is the operator's: untouched."""
+    from ray._private import ray_constants
+
+    os.environ[LOOPBACK_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def cluster_resources(settings: Settings) -> ClusterResources:
+    """The CPUs and GPUs of the cluster sweeps run on (embedded Ray, started if need be, or RAY_ADDRESS's)."""
+    ensure_ray(settings)
+    have = ray.cluster_resources()
+    return ClusterResources(cpus=have.get("CPU", 0), gpus=have.get("GPU", 0))
 
 
 def owner_id() -> str:
@@ -85,17 +117,27 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def owner_alive(seg: SegmentRecord, stale_after_s: float) -> bool:
-    """Whether the scheduler that claimed ``seg`` still runs: its pid on this host, its heartbeat elsewhere."""
-    host, pid, _ = (seg.owner or "::").split(":")
+def owner_alive(owner: str | None, heartbeat_at: datetime | None, stale_after_s: float) -> bool:
+    """Whether the scheduler ``owner`` (host:pid:nonce) still runs: its pid on this host, its heartbeat
+    ``heartbeat_at`` elsewhere. Segments and sweeps both record the scheduler that runs them this way."""
+    host, pid, _ = (owner or "::").split(":")
     if host == socket.gethostname():
         return pid_alive(int(pid))
-    beat = seg.heartbeat_at
-    if beat is None:
-        return False
-    if beat.tzinfo is None:  # SQLite returns naive datetimes; they were written in UTC
-        beat = beat.replace(tzinfo=utcnow().tzinfo)
-    return utcnow() - beat < timedelta(seconds=stale_after_s)
+    return heartbeat_at is not None and _age_s(heartbeat_at) < stale_after_s
+
+
+def runner_gone(sweep: SweepRecord, stale_after_s: float = STALE_AFTER_S) -> bool:
+    """Whether nobody drives ``sweep`` any more: its runner died, or (a sweep recorded before runners were) it has
+    none and has not changed for ``stale_after_s``."""
+    if sweep.runner is None:
+        return _age_s(sweep.updated_at) >= stale_after_s
+    return not owner_alive(sweep.runner, sweep.runner_heartbeat_at, stale_after_s)
+
+
+def _age_s(when: datetime) -> float:
+    if when.tzinfo is None:  # SQLite returns naive datetimes; they were written in UTC
+        when = when.replace(tzinfo=utcnow().tzinfo)
+    return (utcnow() - when).total_seconds()
 
 
 class Scheduler:
@@ -103,7 +145,7 @@ class Scheduler:
 
     def __init__(self, store: Store, settings: Settings, segment_fn: SegmentFn = train_segment,
                  max_concurrent: int | None = None, max_attempts: int = 3, poll_s: float = 0.5,
-                 stale_after_s: float = 120.0, heartbeat_s: float = 10.0,
+                 stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = 10.0,
                  checkpoint_every_tokens: int | None = None, tracker: RunTree | None = None,
                  on_progress: Callable[[Progress], None] | None = None) -> None:
         self.store, self.settings, self.segment_fn = store, settings, segment_fn
@@ -118,6 +160,13 @@ class Scheduler:
         """Train every segment of the sweep that is not done yet; returns when all are done, one has failed for
         good, or the sweep is cancelled."""
         ensure_ray(self.settings)
+        self.store.set_sweep(sweep_id, runner=self.owner, runner_heartbeat_at=utcnow())
+        try:
+            return self._run(sweep_id)
+        finally:
+            self.store.release_sweep(sweep_id, self.owner)
+
+    def _run(self, sweep_id: str) -> SweepOutcome:
         t0 = time.perf_counter()
         sweep = self.store.sweep(sweep_id)
         self.store.reset_failed([s.key for s, _ in self.store.members(sweep_id)])  # each run: a fresh retry budget
@@ -146,6 +195,26 @@ class Scheduler:
                                table(self.store.observations(sweep_id)),
                                segments_done=sum(s.status == "done" for s in segs.values()))
         self._progress(segs, out)
+        return out
+
+    def finish_cancelling(self, sweep_id: str) -> SweepOutcome:
+        """End a sweep that was cancelling when its runner died: the segments that runner left running are adopted
+        (their worker finished) or released back to pending with their MLflow runs ended KILLED, then the sweep is
+        `cancelled` and its MLflow run KILLED. The caller has claimed the sweep (`Store.claim_sweep`)."""
+        t0 = time.perf_counter()
+        sweep = self.store.sweep(sweep_id)
+        out = SweepOutcome(sweep_id, "cancelled")
+        segs = {s.key: s for s, _ in self.store.members(sweep_id)}
+        for key in self._recover(segs, out):
+            if segs[key].mlflow_run_id:
+                self.tracker.end_segment(segs[key].mlflow_run_id, "KILLED")
+        self.store.set_sweep(sweep_id, status="cancelled", error=None, runner=None)
+        out.wall_s = time.perf_counter() - t0
+        if sweep.mlflow_run_id:
+            self.tracker.end_sweep(sweep.mlflow_run_id, "KILLED",
+                                   {"wall_s": out.wall_s, "compute_s": out.compute_s, "segments_trained": 0},
+                                   table(self.store.observations(sweep_id)),
+                                   segments_done=sum(s.status == "done" for s in segs.values()))
         return out
 
     def _loop(self, sweep: SweepRecord, out: SweepOutcome,
@@ -190,6 +259,7 @@ class Scheduler:
                 time.sleep(self.poll_s)  # waiting on segments another live scheduler runs
             if time.monotonic() - last_beat > self.heartbeat_s:
                 self.store.heartbeat(self.owner)
+                self.store.sweep_heartbeat(sweep.id, self.owner)
                 last_beat = time.monotonic()
 
     def _show_reused(self, sweep: SweepRecord) -> None:
@@ -276,10 +346,13 @@ class Scheduler:
                 self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
             self._report_msg(f"done {seg.kind} {key}" + (f" loss {result.val_loss:.4f}" if result.val_loss else ""))
 
-    def _recover(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> None:
-        """Adopt or re-queue segments whose scheduler died while they ran."""
+    def _recover(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> list[str]:
+        """Adopt or re-queue segments whose scheduler died while they ran; returns the keys re-queued."""
+        requeued = []
         for seg in list(segs.values()):
-            if seg.status != "running" or seg.owner == self.owner or owner_alive(seg, self.stale_after_s):
+            if seg.status != "running" or seg.owner == self.owner:
+                continue
+            if owner_alive(seg.owner, seg.heartbeat_at, self.stale_after_s):
                 continue
             attempt = self.store.open_attempt(seg.key)
             if attempt is None or attempt.owner != seg.owner:
@@ -296,8 +369,10 @@ class Scheduler:
                 continue  # its worker outlived the scheduler: adopt the result when it lands
             elif result is None:
                 self.store.release(seg.key, attempt, "orphaned")
+                requeued.append(seg.key)
                 self._report_msg(f"re-queued {seg.kind} {seg.key} (its scheduler died)")
             segs[seg.key] = self.store.segment(seg.key)
+        return requeued
 
     def _cancel(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
         for ref, (key, attempt) in inflight.items():

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from upscale.orchestrator.records import SweepRecord
-from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, ensure_ray
+from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, cluster_resources
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import fingerprint
-from upscale.sweeps.spec import ClusterResources, SweepSpec, check_resources
+from upscale.sweeps.spec import SweepSpec, check_resources
 
 
 @dataclass
@@ -42,11 +42,7 @@ class Orchestrator:
     def run(self, spec: SweepSpec, scheduler: Scheduler | None = None, sweep_id: str | None = None) -> SweepOutcome:
         """Submit ``spec`` (or resume ``sweep_id``, recorded from it) and train it to completion on Ray (embedded
         unless RAY_ADDRESS is set)."""
-        ensure_ray(self.settings)
-        import ray
-
-        have = ray.cluster_resources()
-        check_resources(spec, ClusterResources(cpus=have.get("CPU", 0), gpus=have.get("GPU", 0)))
+        check_resources(spec, cluster_resources(self.settings))
         sweep_id = sweep_id or self.submit(spec).id
         return (scheduler or Scheduler(self.store, self.settings)).run(sweep_id)
 

@@ -129,6 +129,28 @@ class Store:
         with self.transaction() as s:
             s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id).values(**fields, updated_at=utcnow()))
 
+    def claim_sweep(self, sweep: SweepRecord, runner: str) -> bool:
+        """Make ``runner`` the sweep's runner if its status and runner are still those read in ``sweep``: of two
+        schedulers adopting one orphaned sweep (or starting one pending sweep), exactly one wins."""
+        was = SweepRecord.runner.is_(None) if sweep.runner is None else SweepRecord.runner == sweep.runner
+        with self.transaction() as s:
+            return s.execute(update(SweepRecord).where(SweepRecord.id == sweep.id, SweepRecord.status == sweep.status,
+                                                       was)
+                             .values(runner=runner, runner_heartbeat_at=utcnow())).rowcount == 1
+
+    def sweep_heartbeat(self, sweep_id: str, runner: str) -> None:
+        """``runner`` still drives the sweep (it takes the sweep back if another scheduler on it released it)."""
+        with self.transaction() as s:
+            s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id,
+                                                (SweepRecord.runner == runner) | SweepRecord.runner.is_(None))
+                      .values(runner=runner, runner_heartbeat_at=utcnow()))
+
+    def release_sweep(self, sweep_id: str, runner: str) -> None:
+        """``runner`` stops driving the sweep (unless another scheduler has taken it since)."""
+        with self.transaction() as s:
+            s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id, SweepRecord.runner == runner)
+                      .values(runner=None, runner_heartbeat_at=None))
+
     def request_cancel(self, sweep_id: str) -> None:
         """Ask the scheduler running ``sweep_id`` to stop; a sweep that is not running is cancelled at once."""
         sweep = self.sweep(sweep_id)

@@ -31,7 +31,9 @@ def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
 
 # max_calls=0: a worker process is reused for any number of segments, so torch/deepspeed are imported once per
 # worker (~5 s each, docs/architecture.md "Measured facts"), not once per segment.
-@ray.remote(max_calls=0)
+# max_retries=0: Ray would rerun a task whose worker died (3 times by default) without the store knowing; a dead
+# worker must be one failed attempt, which the scheduler retries from the segment's checkpoint and counts.
+@ray.remote(max_calls=0, max_retries=0)
 def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> dict:
     """Run ``spec`` and leave its result, filed under the segment's key ``key`` (which differs from spec.id when
     the scheduler filled in an LR found by a search), in the segment's folder. With ``runtime.workers > 1`` this

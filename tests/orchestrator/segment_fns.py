@@ -7,7 +7,7 @@
   attempt resumes from the last one, as the real worker does.
 * A file `<checkpoint root>/fail-<segment id>` holding n makes the next n attempts fail half-way (after a resume
   checkpoint), which is how tests inject worker failures; holding `bad` makes it raise a WorkerError (a bad value,
-  which no retry can fix) at once.
+  which no retry can fix) at once; holding `die` makes the worker process SIGKILL itself half-way, once.
 * `<checkpoint root>/events.jsonl` gets one line per start (with the token count it resumed from) and per finish.
 * Into the orchestrator's MLflow run it logs a `train_loss` curve, one point per step (step = tokens seen), as the
   real worker does, through the same `MetricLogger`.
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -53,7 +55,8 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
     planned = fail.read_text() if fail.exists() else "0"
     if planned == "bad":
         raise WorkerError(f"segment {spec.id}: a bad value")
-    failures_left = int(planned)
+    die = planned == "die"
+    failures_left = 0 if die else int(planned)
     step = spec.tokens_per_step or spec.end_tokens or 1
     every = runtime.checkpoint_every_tokens
     curve = MetricLogger(runtime.mlflow_tracking_uri if runtime.mlflow_run_id else None, runtime.mlflow_run_id,
@@ -70,6 +73,9 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
             raise RuntimeError(f"injected failure at {tokens} tokens")
         if tokens in spec.save_at_tokens:
             _checkpoint(out / f"tokens-{tokens}", spec, tokens)
+        if die and tokens - spec.start_tokens >= (spec.end_tokens - spec.start_tokens) // 2:
+            fail.unlink()
+            os.kill(os.getpid(), signal.SIGKILL)
     curve.close()
     final = _checkpoint(out / "final", spec, spec.end_tokens)
     # branch points passed in an earlier (failed) attempt are on disk already

@@ -1,0 +1,46 @@
+"""Embedded Ray, as `ensure_ray` starts it for `upscale serve`, listens on the loopback interface only: Ray's ports
+have no authentication of their own, so nothing of it may be reachable from another host.
+
+Strategy: start it in a subprocess (the test process's own Ray is left alone), run one task so worker processes
+exist, then list every listening TCP socket of that process and all its descendants (GCS, raylet, the agents, the
+workers, the driver's gRPC servers) with psutil."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+PROBE = textwrap.dedent("""
+    import json, sys
+    import psutil, ray
+    from upscale.orchestrator.scheduler import ensure_ray
+    from upscale.orchestrator.settings import Settings
+
+    ensure_ray(Settings(home=sys.argv[1]), num_cpus=1)
+    ray.get(ray.remote(lambda: 1).remote())
+    me = psutil.Process()
+    listening = []
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            listening += [[proc.name(), c.laddr.ip, c.laddr.port] for c in proc.net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            pass
+    print(json.dumps(listening))
+    ray.shutdown()
+""")
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def test_embedded_ray_listens_on_loopback_only(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True, text=True, timeout=240,
+                         start_new_session=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    listening = json.loads(out.stdout.strip().splitlines()[-1])
+    names = {name for name, _, _ in listening}
+    assert {"gcs_server", "raylet"} <= names, names  # the probe saw Ray's own servers, not an empty list
+    exposed = [(name, ip, port) for name, ip, port in listening if ip not in LOOPBACK]
+    assert not exposed, f"Ray processes listening beyond loopback: {exposed}"
