@@ -67,13 +67,11 @@ def cluster(services: Services) -> ClusterResources | None:
     None when neither is there to ask (`upscale serve --no-scheduler` beside an embedded `upscale scheduler`)."""
     import ray
 
-    from upscale.orchestrator.scheduler import ensure_ray
+    from upscale.orchestrator.scheduler import cluster_resources
 
     if services.settings.ray_address is None and not ray.is_initialized():
         return None
-    ensure_ray(services.settings)
-    have = ray.cluster_resources()
-    return ClusterResources(cpus=have.get("CPU", 0), gpus=have.get("GPU", 0))
+    return cluster_resources(services.settings)
 
 
 def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None,
