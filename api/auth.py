@@ -80,12 +80,17 @@ def tokens(store: Store) -> list[TokenRecord]:
         return list(s.scalars(select(TokenRecord).order_by(TokenRecord.created_at, TokenRecord.id)))
 
 
-def revoke(store: Store, name_or_id: str) -> list[str]:
-    """Revoke the token with id ``name_or_id``, or else every token of that name; returns the ids revoked now (tokens
-    already revoked keep their time)."""
+def token(store: Store, token_id: str) -> TokenRecord | None:
+    with store.transaction() as s:
+        return s.get(TokenRecord, token_id)
+
+
+def revoke(store: Store, name_or_id: str, by_name: bool = True) -> list[str]:
+    """Revoke the token with id ``name_or_id``, or else (``by_name``) every token of that name; returns the ids
+    revoked now (tokens already revoked keep their time)."""
     with store.transaction() as s:
         by_id = s.scalar(select(TokenRecord.id).where(TokenRecord.id == name_or_id))
-        match = TokenRecord.id == name_or_id if by_id is not None else TokenRecord.name == name_or_id
+        match = TokenRecord.name == name_or_id if by_name and by_id is None else TokenRecord.id == name_or_id
         ids = list(s.scalars(select(TokenRecord.id).where(match, TokenRecord.revoked_at.is_(None))))
         if ids:
             s.execute(update(TokenRecord).where(TokenRecord.id.in_(ids)).values(revoked_at=utcnow()))

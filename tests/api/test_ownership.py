@@ -3,8 +3,9 @@ of the app, acting on alice's sweep, analysis and refit schedule. The table of c
 routes, so a new mutating route fails here until it is given a rule (and, if it changes what someone owns, a check).
 
 Rules: `own` routes change an existing resource: its owner and admin tokens may, other write tokens get 403 naming
-the owner rule; `create` routes make something the caller owns (reading anyone's sweeps): any write token may. Read
-tokens see everything and change nothing. Also here: every timestamp the API returns has one timezone-aware form.
+the owner rule; `create` routes make something the caller owns (reading anyone's sweeps): any write token may;
+`admin` routes (revoking a token) need an admin token. Read tokens see everything and change nothing. Also here:
+every timestamp the API returns has one timezone-aware form.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 from tests.api.conftest import Live, serve
 from tests.api.test_analysis import GRID, fill
-from upscale.api.auth import create_token
+from upscale.api.auth import create_token, tokens
 from upscale.api.services import Services
 from upscale.api.sweeps import submit
 from upscale.orchestrator.settings import Settings
@@ -44,6 +45,10 @@ class World:
     def alice_pending_sweep(self) -> str:
         return submit(self.services, parse_spec(PENDING), "alice", new=True).id
 
+    def alice_token(self) -> str:
+        create_token(self.services.store, "write", "alice")
+        return tokens(self.services.store)[-1].id
+
     def alice_schedule(self) -> str:
         with self.live.client(self.headers["alice"]) as c:
             r = c.post("/refit-schedules", json=_schedule_body(self.sweep))
@@ -59,7 +64,7 @@ def _schedule_body(sweep_id: str) -> dict[str, Any]:
 class Cell:
     """How to call one mutating route as someone, against alice's resources, and who may."""
 
-    rule: str  # own: the owner and admin tokens; create: any write token
+    rule: str  # own: the owner and admin tokens; create: any write token; admin: admin tokens only
     call: Callable[[World], tuple[str, dict[str, Any] | None]]  # -> (url, json body)
     after: Callable[[World, str, httpx.Response], None] | None = None  # what an allowed call did (caller, answer)
 
@@ -93,6 +98,9 @@ CELLS: dict[tuple[str, str], Cell] = {
     ("POST", "/refit-schedules/{schedule_id}/run"): Cell(
         "own", lambda w: (f"/refit-schedules/{w.schedule}/run", None),
         lambda w, who, r: (r.json()["schedule_id"] == w.schedule) or pytest.fail(r.text)),
+    ("DELETE", "/tokens/{token_id}"): Cell(
+        "admin", lambda w: (f"/tokens/{w.alice_token()}", None),
+        lambda w, who, r: (r.json()["state"] == "revoked") or pytest.fail(r.text)),
 }
 
 
@@ -121,12 +129,14 @@ def test_the_table_covers_every_mutating_route(world) -> None:
 def test_cross_user_matrix(world, route, who) -> None:
     cell = CELLS[route]
     url, body = cell.call(world)
-    allowed = SCOPES[who] == "admin" or (SCOPES[who] == "write" and (cell.rule == "create" or who == "alice"))
+    allowed = SCOPES[who] == "admin" or (SCOPES[who] == "write" and (cell.rule == "create"
+                                                                      or (cell.rule == "own" and who == "alice")))
     with world.live.client(world.headers[who]) as c:
         r = c.request(route[0], url, json=body)
     if not allowed:
         assert r.status_code == 403, r.text
-        expected = "has scope 'read'" if SCOPES[who] == "read" else "belongs to 'alice'"
+        expected = f"has scope '{SCOPES[who]}'" if SCOPES[who] == "read" or cell.rule == "admin" else \
+            "belongs to 'alice'"
         assert expected in r.json()["detail"]
         if route == ("POST", "/sweeps/{sweep_id}/cancel"):
             _still_pending(world, url)

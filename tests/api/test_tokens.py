@@ -89,3 +89,19 @@ def test_token_create_expires_and_list(settings) -> None:
     assert token not in listing and "ups_" not in listing and record.token_hash not in listing
     bad = _cli(settings, "create", "--scope", "owner", ok=False)
     assert bad.returncode == 2 and "use read, write, admin" in bad.stderr
+
+
+def test_an_admin_token_lists_and_revokes_tokens_over_rest(settings) -> None:
+    with serve(settings, scheduler=False) as live:
+        store = live.app.state.services.store
+        root = _bearer(create_token(store, "admin", "root"))
+        victim = create_token(store, "write", "gina", expires_at=utcnow() + timedelta(days=1))
+        assert live.client(live.write).get("/tokens").status_code == 403  # alice: write is not admin
+        listed = live.client(root).get("/tokens")
+        assert listed.status_code == 200 and victim not in listed.text and digest(victim) not in listed.text
+        (gina,) = [t for t in listed.json() if t["name"] == "gina"]
+        assert gina["state"] == "active" and gina["expires_at"].endswith("Z") and gina["scope"] == "write"
+        r = live.client(root).delete(f"/tokens/{gina['id']}")
+        assert r.status_code == 200 and r.json()["state"] == "revoked"
+        assert live.client(_bearer(victim)).get("/sweeps").status_code == 401
+        assert live.client(root).delete("/tokens/gina").status_code == 404  # an id, never a name, over REST
