@@ -22,7 +22,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from upscale.api.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.api.records import AnalysisRecord
 from upscale.api.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
 from upscale.fitting.errors import FitError
-from upscale.orchestrator.records import utcnow
+from upscale.orchestrator.records import as_utc, utcnow
 
 if TYPE_CHECKING:
     from upscale.api.services import Services
@@ -219,18 +219,14 @@ def _log_to_mlflow(services: Services, record: AnalysisRecord, folder: Path) -> 
 def public_json(record: AnalysisRecord) -> dict[str, Any]:
     """What `upscale analyze --json` prints and MLflow keeps: the row's identity and the Analysis JSON."""
     return {"id": record.id, "sweep_ids": record.sweep_ids, "status": record.status, "trigger": record.trigger,
-            "params": record.params, "created_at": _aware(record.created_at).isoformat(),
-            "finished_at": _aware(record.finished_at).isoformat() if record.finished_at else None,
+            "params": record.params, "created_at": as_utc(record.created_at).isoformat(),
+            "finished_at": as_utc(record.finished_at).isoformat() if record.finished_at else None,
             "error": record.error, "analysis": record.record, "plots": record.plots}
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo else when.replace(tzinfo=utcnow().tzinfo)  # SQLite returns naive UTC
 
 
 def age_s(record: AnalysisRecord) -> float:
     """Seconds since the analysis finished."""
-    return (utcnow() - _aware(record.finished_at or record.created_at)).total_seconds()
+    return (utcnow() - as_utc(record.finished_at or record.created_at)).total_seconds()
 
 
 def _of_sweep(sweep_id: str | None) -> ColumnElement[bool]:
@@ -263,7 +259,7 @@ def why_no_analysis(services: Services, sweep_id: str | None = None) -> str:
     running = next((a for a in history if a.status == "running"), None)
     if running is not None:
         return (f"no finished analysis of {where} yet: analysis {running.id} (sweeps {running.sweep_key}) is "
-                f"running since {_aware(running.created_at):%Y-%m-%d %H:%M:%S} UTC; ask again when it finishes")
+                f"running since {as_utc(running.created_at):%Y-%m-%d %H:%M:%S} UTC; ask again when it finishes")
     if history and history[0].status == "failed":
         return f"the last analysis of {where} ({history[0].id}) failed: {history[0].error}"
     if sweep_id is not None:
@@ -304,8 +300,8 @@ def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str 
 
 def analysis_ref(record: AnalysisRecord) -> dict[str, Any]:
     """Which analysis an answer came from, and how old it is."""
-    return {"id": record.id, "sweep_ids": record.sweep_ids, "created_at": _aware(record.created_at),
-            "finished_at": _aware(record.finished_at) if record.finished_at else None, "age_s": age_s(record)}
+    return {"id": record.id, "sweep_ids": record.sweep_ids, "created_at": as_utc(record.created_at),
+            "finished_at": as_utc(record.finished_at) if record.finished_at else None, "age_s": age_s(record)}
 
 
 def sweep_owner(services: Services, sweep_id: str) -> str:

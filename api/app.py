@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from upscale.api.analyses import AnalysisLoop, NotReady
 from upscale.api.background import SweepLoop
 from upscale.api.refits import RefitLoop
-from upscale.api.routes import analyses, fits, ops, refits, sweeps
+from upscale.api.routes import analyses, fits, ops, refits, sweeps, tokens
 from upscale.api.services import Services
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import Settings
@@ -38,7 +38,9 @@ from upscale.sweeps.spec import SpecError, excerpt
 
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
 upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz and /metrics takes a bearer token
-(`upscale token create --scope read|write`); mutations need scope `write`."""
+(`upscale token create --scope read|write|admin NAME`). A read token sees everything (a shared team store); a write
+token also creates sweeps, fits, analyses and refit schedules, which its name owns, and changes only those; an admin
+token changes anyone's."""
 
 
 def _loc(path: str) -> list[str | int]:
@@ -149,7 +151,8 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     app.add_exception_handler(NotReady, _not_ready)
-    for router in (sweeps.router, analyses.router, fits.router, fits.decisions, refits.router, ops.router):
+    for router in (sweeps.router, analyses.router, fits.router, fits.decisions, refits.router, tokens.router,
+                   ops.router):
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     _add_spec_schemas(app)

@@ -1,73 +1,141 @@
-"""Bearer tokens: created once and shown once, stored as their sha256, with a scope (`read`, or `write` which also
-reads). Routes depend on `require("read")` or `require("write")`; the token's name becomes a sweep's owner."""
+"""Bearer tokens and the principal a request acts as.
+
+A token is created once and shown once, stored as its sha256, with a name (its principal: the owner of what it
+creates) and a scope: `read` sees everything (a shared team store), `write` also creates and changes what its
+principal owns, `admin` changes what anyone owns. A token may expire (`expires_at`) and may be revoked
+(`revoked_at`); both are read from the store on every request, so a revoked or expired token is refused at once by
+every server sharing the store. Routes receive a `Principal` through api/routes/deps.py's Reader/Writer/Admin, and
+check ownership with `Principal.check_modify` only.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-import time
 import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
 from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 
 from upscale.api.records import TokenRecord
-from upscale.api.services import Services
+from upscale.orchestrator.records import as_utc, utcnow
 from upscale.orchestrator.store import Store
 
-Scope = Literal["read", "write"]
-CACHE_S = 10.0  # a new token works at once; a token's scope is fixed, so a cached answer stays right
+Scope = Literal["read", "write", "admin"]
+SCOPES: tuple[Scope, ...] = ("read", "write", "admin")  # each implies the ones before it
 LOCAL_OWNER = "local"  # the owner of what in-process CLI calls create (they hold the database itself)
-_bearer = HTTPBearer(auto_error=False, description="`upscale token create --scope read|write` prints one.")
+_bearer = HTTPBearer(auto_error=False, description="`upscale token create --scope read|write|admin NAME` prints one.")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as: a token's name and scope."""
+
+    name: str
+    scope: Scope
+
+    def has(self, scope: Scope) -> bool:
+        return SCOPES.index(self.scope) >= SCOPES.index(scope)
+
+    def can_modify(self, owner: str) -> bool:
+        """A write token changes what its own name owns; an admin token changes anything."""
+        return self.has("admin") or (self.has("write") and owner == self.name)
+
+    def check_modify(self, owner: str, what: str) -> None:
+        """403 unless `can_modify(owner)`; ``what`` names the resource, e.g. "sweep 3f9c2a1b7d04"."""
+        if not self.can_modify(owner):
+            raise HTTPException(403, f"{what} belongs to {owner!r}: a write token changes only what its own name "
+                                     f"owns (token {self.name!r}); an admin token changes anything")
+
+
+LOCAL = Principal(LOCAL_OWNER, "admin")  # the in-process CLI holds the database itself
 
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(store: Store, scope: Scope, name: str) -> str:
-    """A new random token of ``scope``; returns the plain token, which is not stored anywhere."""
+def create_token(store: Store, scope: Scope, name: str, expires_at: datetime | None = None) -> str:
+    """A new random token of ``scope`` for ``name``, refused from ``expires_at`` on (None: never); returns the plain
+    token, which is not stored anywhere."""
     token = f"ups_{secrets.token_urlsafe(24)}"
     with store.transaction() as s:
-        s.add(TokenRecord(id=uuid.uuid4().hex[:12], name=name, token_hash=digest(token), scope=scope))
+        s.add(TokenRecord(id=uuid.uuid4().hex[:12], name=name, token_hash=digest(token), scope=scope,
+                          expires_at=expires_at))
     return token
 
 
-def lookup(store: Store, token: str) -> TokenRecord | None:
+def expiry(days: float | None) -> datetime | None:
+    """The `expires_at` of a token that lives ``days`` from now (None: forever)."""
+    return None if days is None else utcnow() + timedelta(days=days)
+
+
+def tokens(store: Store) -> list[TokenRecord]:
+    """Every token, oldest first (hashes included: callers show the rest)."""
     with store.transaction() as s:
-        return s.scalar(select(TokenRecord).where(TokenRecord.token_hash == digest(token)))
+        return list(s.scalars(select(TokenRecord).order_by(TokenRecord.created_at, TokenRecord.id)))
 
 
-def caller(services: Services, token: str) -> tuple[str, str] | None:
-    """(name, scope) of a valid token, remembered for CACHE_S: every request is authenticated, most by the same
-    few tokens, and the lookup would otherwise be a transaction per request. Unknown tokens are not remembered (a
-    flood of random ones must not grow the cache)."""
-    now = time.monotonic()
-    hit = services.token_cache.get(token)
-    if hit is not None and hit[1] >= now:
-        return hit[0]
-    record = lookup(services.store, token)
-    if record is None:
+def token(store: Store, token_id: str) -> TokenRecord | None:
+    with store.transaction() as s:
+        return s.get(TokenRecord, token_id)
+
+
+def revoke(store: Store, name_or_id: str, by_name: bool = True) -> list[str]:
+    """Revoke the token with id ``name_or_id``, or else (``by_name``) every token of that name; returns the ids
+    revoked now (tokens already revoked keep their time)."""
+    with store.transaction() as s:
+        by_id = s.scalar(select(TokenRecord.id).where(TokenRecord.id == name_or_id))
+        match = TokenRecord.name == name_or_id if by_name and by_id is None else TokenRecord.id == name_or_id
+        ids = list(s.scalars(select(TokenRecord.id).where(match, TokenRecord.revoked_at.is_(None))))
+        if ids:
+            s.execute(update(TokenRecord).where(TokenRecord.id.in_(ids)).values(revoked_at=utcnow()))
+    return ids
+
+
+def state(record: TokenRecord, now: datetime | None = None) -> str:
+    """`active`, `revoked` or `expired`."""
+    now = now or utcnow()
+    if record.revoked_at is not None:
+        return "revoked"
+    if record.expires_at is not None and as_utc(record.expires_at) <= now:
+        return "expired"
+    return "active"
+
+
+# Built once: constructing the select on every request cost five times the query itself (bench/api_load.py).
+_LOOKUP = (select(TokenRecord.name, TokenRecord.scope, TokenRecord.expires_at)
+           .where(TokenRecord.token_hash == bindparam("token_hash"), TokenRecord.revoked_at.is_(None)))
+
+
+def lookup(store: Store, token: str) -> Principal | None:
+    """The principal of a token that is known, not revoked and not expired; None otherwise. One indexed Core query
+    per request, not cached: a revocation or an expiry takes effect on the very next request."""
+    with store.engine.connect() as conn:
+        row = conn.execute(_LOOKUP, {"token_hash": digest(token)}).first()
+    if row is None or (row.expires_at is not None and as_utc(row.expires_at) <= utcnow()):
         return None
-    services.token_cache[token] = ((record.name, record.scope), now + CACHE_S)
-    return record.name, record.scope
+    return Principal(row.name, row.scope)
 
 
 def require(scope: Scope):
-    """A dependency that returns the caller's name: 401 without a valid token, 403 if its scope is too small."""
+    """A dependency that returns the caller's Principal: 401 without a valid token (unknown, revoked or expired),
+    403 if its scope is too small."""
 
-    def dependency(request: Request, cred: HTTPAuthorizationCredentials | None = Security(_bearer)) -> str:
+    def dependency(request: Request, cred: HTTPAuthorizationCredentials | None = Security(_bearer)) -> Principal:
         services = request.app.state.services
         if not services.auth:
-            return LOCAL_OWNER
-        found = caller(services, cred.credentials) if cred else None
+            return LOCAL
+        found = lookup(services.store, cred.credentials) if cred else None
         if found is None:
-            raise HTTPException(401, "missing or unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
-        name, has = found
-        if scope == "write" and has != "write":
-            raise HTTPException(403, f"token {name!r} has scope {has!r}; this needs 'write'")
-        return name
+            raise HTTPException(401, "missing, unknown, revoked or expired bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+        if not found.has(scope):
+            raise HTTPException(403, f"token {found.name!r} has scope {found.scope!r}; this needs {scope!r}")
+        return found
 
     return dependency

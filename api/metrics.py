@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 
 from upscale.api.records import RefitRecord
 from upscale.api.services import Services
-from upscale.orchestrator.records import SegmentRecord, SweepRecord, utcnow
+from upscale.orchestrator.records import SegmentRecord, SweepRecord, as_utc, utcnow
 
 STATES = ("pending", "running", "done", "failed")
 
@@ -26,8 +26,7 @@ def render(services: Services) -> bytes:
         segments.labels(state).set(counts.get(state, 0))
     queue.set(waiting or 0)
     if last is not None:
-        last = last if last.tzinfo else last.replace(tzinfo=utcnow().tzinfo)  # SQLite returns naive UTC
-        age.set((utcnow() - last).total_seconds())
+        age.set((utcnow() - as_utc(last)).total_seconds())
     else:
         age.set(float("nan"))
     return generate_latest(registry)

@@ -4,11 +4,16 @@ descriptions are the OpenAPI page's documentation."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from upscale.orchestrator.records import as_utc
 
 Kind = Literal["dense", "upcycled", "scratch"]
+# Every timestamp the API returns: timezone-aware UTC, so every route writes one ISO form ("2026-01-31T12:00:00.5Z");
+# SQLite gives stored timestamps back naive, PostgreSQL aware.
+Timestamp = Annotated[datetime, AfterValidator(as_utc)]
 DEFAULT_ANALYSIS_BOOTSTRAP = 100  # an analysis's refits per fit unless asked: intervals and a probability
 MAX_BOOTSTRAP = 500  # what a request may ask for: each refit is a full fit of every law
 
@@ -42,7 +47,7 @@ class SweepSummary(BaseModel):
     owner: str | None = Field(description="Name of the token that submitted it.")
     segments_done: int
     segments_total: int
-    created_at: datetime
+    created_at: Timestamp
 
 
 class SegmentProgress(BaseModel):
@@ -102,7 +107,7 @@ class FitPublic(BaseModel):
     law: str
     kind: str
     owner: str
-    created_at: datetime
+    created_at: Timestamp
     data_hash: str = Field(description="sha256 of the fitted columns: identifies the data.")
     request: dict[str, Any]
     report: dict[str, Any] = Field(description="The `upscale fit --json` report: params, ci, loo_rms, record...")
@@ -114,8 +119,8 @@ class AnalysisRef(BaseModel):
 
     id: str = Field(description="Analysis id: GET /analyses lists them.")
     sweep_ids: list[str] = Field(description="The sweeps it analysed.")
-    created_at: datetime = Field(description="When it started.")
-    finished_at: datetime | None = Field(description="When it finished.")
+    created_at: Timestamp = Field(description="When it started.")
+    finished_at: Timestamp | None = Field(description="When it finished.")
     age_s: float = Field(description="Seconds since it finished: how old the answer is.")
 
 
@@ -171,8 +176,8 @@ class AnalysisPublic(BaseModel):
                          "request, refit or demo.")
     owner: str
     params: dict[str, Any] = Field(description="n1s, bootstrap, seed.")
-    created_at: datetime
-    finished_at: datetime | None
+    created_at: Timestamp
+    finished_at: Timestamp | None
     error: str | None = Field(description="Why it failed.")
     analysis: dict[str, Any] | None = Field(description="The analysis record (fitting/analysis.py `Analysis.to_json`): "
                                             "version, E, the from-scratch fit, per upcycling group its fit, D* per N1 "
@@ -239,7 +244,7 @@ class RefitSchedulePublic(BaseModel):
     owner: str
     active: bool
     last_error: str | None
-    created_at: datetime
+    created_at: Timestamp
 
 
 class RefitPublic(BaseModel):
@@ -255,7 +260,19 @@ class RefitPublic(BaseModel):
     diff: dict[str, Any] = Field(description="Changes from the previous version: per law (scratch, upcycled <group>) "
                                  "per parameter, and D*.")
     left_interval: bool = Field(description="D* left the previous version's interval.")
-    created_at: datetime
+    created_at: Timestamp
+
+
+class TokenPublic(BaseModel):
+    """A bearer token as `upscale token list` shows it: never the token or its hash."""
+
+    id: str
+    name: str = Field(description="Its principal: the owner of what it creates.")
+    scope: Literal["read", "write", "admin"]
+    created_at: Timestamp
+    expires_at: Timestamp | None = Field(description="Refused from then on; null: never expires.")
+    revoked_at: Timestamp | None = Field(description="When it was revoked; null: not revoked.")
+    state: Literal["active", "expired", "revoked"]
 
 
 class Health(BaseModel):

@@ -19,7 +19,6 @@ class Services:
     orch: Orchestrator
     auth: bool = True  # False for the CLI's in-process calls: whoever holds the database needs no token
     detail_cache: dict[str, tuple[Any, bytes, str]] = field(default_factory=dict)  # sweep -> (version, JSON, ETag)
-    token_cache: dict[str, tuple[tuple[str, str], float]] = field(default_factory=dict)  # api/auth.py
 
     @classmethod
     def open(cls, settings: Settings, auth: bool = True) -> Services:

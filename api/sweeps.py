@@ -119,6 +119,15 @@ def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: 
     return submit(services, admit(services, merge(old.spec, additions)), owner, extends=sweep_id)
 
 
+def owner_of(services: Services, sweep_id: str) -> str:
+    """Who owns the sweep: its submitter's token name, or LOCAL_OWNER for a sweep `upscale run` made in-process (no
+    owner row); NotFoundError if there is no such sweep."""
+    services.store.sweep(sweep_id)
+    with services.store.transaction() as s:
+        row = s.get(SweepOwnerRecord, sweep_id)
+        return row.owner if row is not None else LOCAL_OWNER
+
+
 def owners(services: Services) -> dict[str, str]:
     with services.store.transaction() as s:
         return {r.sweep_id: r.owner for r in s.query(SweepOwnerRecord)}

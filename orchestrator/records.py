@@ -24,6 +24,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(when: datetime) -> datetime:
+    """``when`` as a timezone-aware UTC time: SQLite gives timestamps back naive, and they were written in UTC."""
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         dict[str, Any]: JSON, list[str]: JSON, datetime: DateTime(timezone=True),

@@ -132,9 +132,9 @@ class Client:
         status, detail = r.status_code, _detail(r)
         message = f"{where} -> {status}: {detail}"
         if status == 401:
-            return f"{message}; " + (f"the token is not one this server issued: {TOKEN_HINT}" if self.token
-                                     else TOKEN_HINT)
-        if status == 403:
+            return f"{message}; " + (f"the token is not one this server issued, or it was revoked or has expired: "
+                                     f"{TOKEN_HINT}" if self.token else TOKEN_HINT)
+        if status == 403 and "has scope" in detail:  # not an ownership refusal, whose detail says whose it is
             return f"{message}; use a token of scope 'write' (`upscale token create --scope write`)"
         if status == 404 and detail == "Not Found":  # FastAPI's own answer: no such route, not no such sweep
             return f"{message}; is {self.url} the upscale API?"

@@ -1,4 +1,4 @@
-"""`upscale serve|scheduler|token create|submit|status|refit|ui`: run the control plane and talk to it.
+"""`upscale serve|scheduler|submit|status|refit|ui`: run the control plane and talk to it.
 
 `submit`, `status` and `refit` go through the REST routes either way, as `upscale.Client` calls: with `--api URL`
 over HTTP to a remote server (token from `--token` or UPSCALE_TOKEN), otherwise to the same app in-process
@@ -29,8 +29,6 @@ ApiOpt = Annotated[str | None, typer.Option("--api", help="A remote server's URL
                                             "in-process on this machine's store. UPSCALE_TIMEOUT: seconds to wait.")]
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar="UPSCALE_TOKEN", help="Bearer token for --api "
                                               "(`upscale token create`); reads need one too.")]
-token_app = typer.Typer(help="API bearer tokens.", no_args_is_help=True)
-app.add_typer(token_app, name="token")
 FINAL = ("done", "failed", "cancelled")
 
 
@@ -98,22 +96,6 @@ def scheduler_command(
         pass
     for loop in loops:
         loop.stop()
-
-
-@token_app.command("create")
-def token_create_command(
-    scope: Annotated[str, typer.Option(help="read, or write (also reads).")] = "read",
-    name: Annotated[str, typer.Option(help="Who holds it: recorded as the owner of what it submits.")]
-    = os.environ.get("USER", "user"),
-) -> None:
-    """Print a new bearer token (shown once; only its sha256 is stored)."""
-    from upscale.api.auth import create_token
-    from upscale.api.services import Services
-    from upscale.orchestrator.settings import get_settings
-
-    if scope not in ("read", "write"):
-        raise CommandError(f"--scope {scope!r}: use read or write")
-    print(create_token(Services.open(get_settings()).store, scope, name))  # type: ignore[arg-type]
 
 
 @app.command("submit")

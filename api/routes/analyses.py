@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from upscale.api import analyses
+from upscale.api import analyses, sweeps
 from upscale.api.records import AnalysisRecord
 from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer
 from upscale.api.schemas import AnalysisCreate, AnalysisPublic
@@ -33,15 +33,18 @@ def _public(record: AnalysisRecord, request: Request) -> AnalysisPublic:
                         409: {"description": "The sweep has no finished segments yet."},
                         422: {"description": "A bad parameter, or nothing the analysis can fit."}})
 def create_analysis(sweep_id: str, body: AnalysisCreate, request: Request, response: Response,
-                    services: ServicesDep, owner: Writer) -> AnalysisPublic:
+                    services: ServicesDep, caller: Writer) -> AnalysisPublic:
     """Run the paper's analysis on the sweep's observations and wait for it: the from-scratch MoE law, E shared
     with the dense law, the upcycled law per upcycling group (method, r, n_expert x topk), D* at each N1 with its
     bootstrap interval and closed form, verdicts, and the plots. Laws the grid cannot identify are not fitted:
     `analysis.problems` says which, why and what to add. The service also runs it by itself when a sweep finishes
     or its observations change (UPSCALE_ANALYSIS_POLICY), so this is for other parameters or for running it now.
-    Identical inputs (observations and parameters) make one analysis: 200 with the existing one."""
+    Identical inputs (observations and parameters) make one analysis: 200 with the existing one. Only the sweep's
+    owner or an admin token may run it (403 otherwise): the analysis it records becomes the one the sweep's
+    decisions answer from."""
+    caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
     record = analyses.run_analysis(services, [sweep_id], n1s=body.n1s, bootstrap=body.bootstrap, seed=body.seed,
-                                   owner=owner, trigger="request")
+                                   owner=caller.name, trigger="request")
     if not record.ran:
         response.status_code = 200
     return _public(record, request)

@@ -32,9 +32,10 @@ def _public(record: FitRecord, request: Request) -> FitPublic:
              responses={422: {"description": "Unknown law, missing columns, too few points..."}})
 def create_fit(body: FitCreate, request: Request, services: ServicesDep, owner: Writer) -> FitPublic:
     """Huber/BFGS fit of `law` on the selected observations, with LOO RMS, bootstrap intervals over trunks when
-    `bootstrap` > 0, and diagnostic plots. The fit is stored and never changes."""
+    `bootstrap` > 0, and diagnostic plots. The fit is stored under the caller's token name and never changes; any
+    write token may fit any sweep's observations (it only reads them)."""
     try:
-        return _public(fits.create_fit(services, body, owner), request)
+        return _public(fits.create_fit(services, body, owner.name), request)
     except (FitError, OrchestratorError) as e:
         raise RequestValidationError([_fit_problem(body, e)]) from None
 
@@ -52,7 +53,7 @@ def _fit_problem(body: FitCreate, e: ValueError) -> dict[str, object]:
 
 @router.get("/fits", summary="List fits", response_model=list[FitPublic])
 def list_fits(request: Request, services: ServicesDep, _: Reader) -> list[FitPublic]:
-    """Every stored fit, oldest first."""
+    """Every stored fit of every owner, oldest first (a read token sees all)."""
     return [_public(r, request) for r in fits.list_fits(services)]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query
 
 from upscale.api import refits
+from upscale.api.auth import Principal
 from upscale.api.records import RefitRecord, RefitScheduleRecord
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.api.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
@@ -27,34 +28,43 @@ def _schedule_or_404(services: ServicesDep, schedule_id: str) -> RefitScheduleRe
     return record
 
 
+def _owned_schedule(services: ServicesDep, schedule_id: str, caller: Principal) -> RefitScheduleRecord:
+    """The schedule, if ``caller`` may change it: 404 if there is none, 403 if it is another name's."""
+    record = _schedule_or_404(services, schedule_id)
+    caller.check_modify(record.owner, f"refit schedule {schedule_id}")
+    return record
+
+
 @router.post("/refit-schedules", status_code=201, summary="Create a refit schedule",
              response_model=RefitSchedulePublic, responses=NOT_FOUND)
 def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Writer) -> RefitSchedulePublic:
-    """Refit the given laws on the sweeps' observations on a 5-field cron, or whenever they change."""
-    return _schedule(refits.create_schedule(services, body, owner))
+    """Refit the given laws on the sweeps' observations on a 5-field cron, or whenever they change. The schedule is
+    the caller's; its sweeps may be anyone's (it only reads their observations)."""
+    return _schedule(refits.create_schedule(services, body, owner.name))
 
 
 @router.get("/refit-schedules", summary="List refit schedules", response_model=list[RefitSchedulePublic])
 def list_schedules(services: ServicesDep, _: Reader,
                    all: bool = Query(False, description="Include deleted (inactive) schedules.")
                    ) -> list[RefitSchedulePublic]:
-    """Schedules with their last error, if their latest refit failed."""
+    """Every owner's schedules (a read token sees all), with their last error, if their latest refit failed."""
     return [_schedule(r) for r in refits.schedules(services, active_only=not all)]
 
 
 @router.delete("/refit-schedules/{schedule_id}", status_code=204, summary="Delete a refit schedule",
                responses=NOT_FOUND)
-def delete_schedule(schedule_id: str, services: ServicesDep, _: Writer) -> None:
-    """Stop the schedule; its refit records are kept."""
-    _schedule_or_404(services, schedule_id)
+def delete_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> None:
+    """Stop the schedule; its refit records are kept. Only its owner or an admin token may (403 otherwise)."""
+    _owned_schedule(services, schedule_id, caller)
     refits.deactivate(services, schedule_id)
 
 
 @router.post("/refit-schedules/{schedule_id}/run", status_code=201, summary="Refit now",
              response_model=RefitPublic, responses={**NOT_FOUND, 422: {"description": "A fit failed."}})
-def run_schedule(schedule_id: str, services: ServicesDep, _: Writer) -> RefitPublic:
-    """Refit at once and record the next version, whether or not the inputs changed."""
-    return _refit(refits.run_refit(services, _schedule_or_404(services, schedule_id), force=True))
+def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> RefitPublic:
+    """Refit at once and record the next version, whether or not the inputs changed. Only the schedule's owner or
+    an admin token may (403 otherwise)."""
+    return _refit(refits.run_refit(services, _owned_schedule(services, schedule_id, caller), force=True))
 
 
 @router.get("/refits", summary="Refit history", response_model=list[RefitPublic])

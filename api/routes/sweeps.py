@@ -69,7 +69,7 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
     spec identical to one of the caller's sweeps returns that sweep with 200 and `existing: true` (queued again if
     it failed or was cancelled), unless `new=true`."""
     fmt = "yaml" if "yaml" in request.headers.get("content-type", "") else "json"
-    created = await run_in_threadpool(_submit, services, await request.body(), fmt, owner, new)
+    created = await run_in_threadpool(_submit, services, await request.body(), fmt, owner.name, new)
     if created.existing:
         response.status_code = 200
     return created
@@ -77,7 +77,8 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
 
 @router.get("", summary="List sweeps", response_model=list[SweepSummary])
 def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
-    """Every sweep, oldest first, with its status, owner and segments done."""
+    """Every sweep of every owner, oldest first, with its status, owner and segments done: a read token sees all
+    sweeps (a shared team store); only their owner (or an admin token) may change them."""
     return sweeps.summaries(services)
 
 
@@ -93,9 +94,10 @@ def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader)
 
 
 @router.post("/{sweep_id}/cancel", summary="Cancel a sweep", response_model=SweepSummary, responses=NOT_FOUND)
-def cancel_sweep(sweep_id: str, services: ServicesDep, _: Writer) -> SweepSummary:
+def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepSummary:
     """A running sweep stops after releasing its running segments (they resume if it is submitted again); a pending
-    one is cancelled at once."""
+    one is cancelled at once. Only the sweep's owner or an admin token may cancel it (403 otherwise)."""
+    caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
     services.store.request_cancel(sweep_id)
     return sweeps.summary(services, services.store.sweep(sweep_id), sweeps.owners(services).get(sweep_id))
 
@@ -107,8 +109,10 @@ def cancel_sweep(sweep_id: str, services: ServicesDep, _: Writer) -> SweepSummar
 def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services: ServicesDep,
                  owner: Writer) -> SweepCreated:
     """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train.
-    If the caller already has a sweep of the extended spec, that sweep is returned with 200 and `existing: true`."""
-    created = sweeps.extend(services, sweep_id, body.additions, owner)
+    The new sweep is the caller's, so any write token may extend any sweep (it only reads the old one's spec, which
+    every read token sees). If the caller already has a sweep of the extended spec, that sweep is returned with 200
+    and `existing: true`."""
+    created = sweeps.extend(services, sweep_id, body.additions, owner.name)
     if created.existing:
         response.status_code = 200
     return created

@@ -56,7 +56,7 @@ def _start(env: dict[str, str], *args: str) -> tuple[subprocess.Popen, str]:
 
 def test_cli_over_http_and_in_process(tmp_path, mlflow_uri) -> None:
     env = _env(tmp_path, mlflow_uri)
-    token = _cli(env, "token", "create", "--scope", "write", "--name", "carol").strip()
+    token = _cli(env, "token", "create", "--scope", "write", "carol").strip()
     spec = tmp_path / "flow.yaml"
     spec.write_text(FLOW_SPEC)
     proc, url = _start(env, "--no-scheduler")
