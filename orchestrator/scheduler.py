@@ -35,7 +35,7 @@ from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_ru
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.observations import table
-from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, utcnow
+from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, as_utc, utcnow
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
@@ -135,9 +135,7 @@ def runner_gone(sweep: SweepRecord, stale_after_s: float = STALE_AFTER_S) -> boo
 
 
 def _age_s(when: datetime) -> float:
-    if when.tzinfo is None:  # SQLite returns naive datetimes; they were written in UTC
-        when = when.replace(tzinfo=utcnow().tzinfo)
-    return (utcnow() - when).total_seconds()
+    return (utcnow() - as_utc(when)).total_seconds()
 
 
 class Scheduler:
