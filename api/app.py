@@ -21,8 +21,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -94,6 +95,15 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+async def _http_error(request: Request, e: HTTPException) -> Response:
+    """FastAPI's own answer, except for a JSON body nested past what the parser can recurse through: FastAPI turns
+    that RecursionError into a bare 400 "error parsing the body"; it is a malformed body, 422 at `body`."""
+    if isinstance(e.__cause__, RecursionError):
+        return JSONResponse({"detail": [{"loc": ["body"], "msg": "JSON nested too deep to read", "type": "depth"}]},
+                            status_code=422)
+    return await http_exception_handler(request, e)
+
+
 async def _value_error(_: Request, e: ValueError) -> JSONResponse:
     return JSONResponse({"detail": str(e)}, status_code=422)
 
@@ -148,6 +158,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.state.services, app.state.loops = services, None
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(RequestValidationError, _request_validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     app.add_exception_handler(NotReady, _not_ready)

@@ -168,6 +168,15 @@ def test_deep_nesting_is_422(server, yaml) -> None:
     assert loc[2:] == ["a"] * 64 and "deeper than 64" in r.text
 
 
+@pytest.mark.parametrize("path", ["/fits", "/sweeps/anything/extend", "/refit-schedules"])
+def test_deep_json_in_a_parsed_body_is_422(server, path) -> None:
+    """Routes whose body FastAPI parses: the parser's RecursionError is a 422 at `body`, not a 400 or a 500."""
+    with server.client() as c:
+        r = c.post(path, content='{"law": ' + "[" * 5000 + "]" * 5000 + "}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"], r.text
+
+
 def test_error_messages_quote_only_an_excerpt(server) -> None:
     huge = "s" * 20000
     r = _post_raw(server, json.dumps({**SPEC, "model": {"sizes": [huge]}, "upcycling": {"methods": [huge]}}))
