@@ -52,6 +52,8 @@ class Frozen(BaseModel):
         return frozenset()
 
 
+Routing = Literal["softmax_topk", "deepspeed"]  # docs/methods.md, "Routing"
+Dispatch = Literal["grouped", "deepspeed"]  # docs/methods.md, "Dispatch"
 FFN_MULT = 4  # the dense FFN is FFN_MULT·d_model wide, as the paper's 4·d_model
 # Bounds far above any real model or run (the largest public ones train ~1e13 tokens, ~100 layers, d_model ~16k) that
 # keep every count derived from them inside the store's 64-bit integers: tokens x lr_search trials, and an MoE's
@@ -97,10 +99,10 @@ class ModelSpec(Shape):
     aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
     router_init: str = Field("normal_2_5d", description="Router init; normal_2_5d = N(0, 2/(5·d_model)) (A.6).")
     init_std: float = Field(0.02, gt=0, description="Std of the normal init of the other weights.")
-    routing: Literal["softmax_topk", "deepspeed"] = Field(
+    routing: Routing = Field(
         "softmax_topk", description="softmax_topk: softmax over all experts, top-k, renormalised over the k (weight 1 "
         "for top-1; the paper's Eq. 15); deepspeed: DeepSpeed's gate (top-1 weighted by its probability).")
-    dispatch: Literal["grouped", "deepspeed"] = Field(
+    dispatch: Dispatch = Field(
         "grouped", description="How tokens reach the experts: grouped (dropless, sorted) or DeepSpeed's capacity "
         "buffer. Equal results (fp32 <= 1e-5): not part of the identity.")
 

@@ -34,9 +34,11 @@ from upscale.sweeps.segments import (
     MAX_TOKENS,
     DataSpec,
     DecayShape,
+    Dispatch,
     Frozen,
     LrSearchSpec,
     Method,
+    Routing,
     Shape,
     UpcycleSpec,
 )
@@ -162,10 +164,10 @@ class MoeSection(Frozen):
                                        description="n_expert values; every one is paired with every topk.")
     topk: list[ExpertCount] = Field(max_length=MAX_AXIS, description="Experts each token is routed to.")
     aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
-    routing: Literal["softmax_topk", "deepspeed"] = Field(
+    routing: Routing = Field(
         "softmax_topk", description="softmax_topk: softmax over all experts, top-k, renormalised over the k (the "
         "paper's Eq. 15; naive top-1 upcycling preserves the dense function); deepspeed: DeepSpeed's gate.")
-    dispatch: Literal["grouped", "deepspeed"] = Field(
+    dispatch: Dispatch = Field(
         "grouped", description="grouped: dropless sorted dispatch; deepspeed: DeepSpeed's capacity buffer (same "
         "results, slower; docs/methods.md, \"Dispatch\").")
 

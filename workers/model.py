@@ -56,13 +56,11 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from upscale.sweeps import sizes
-from upscale.sweeps.segments import FFN_MULT, ModelSpec, Shape
+from upscale.sweeps.segments import FFN_MULT, Dispatch, ModelSpec, Routing, Shape
 from upscale.workers.errors import WorkerError, validated
 
 RouterInit = Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"]
 RouterType = Literal["linear", "mixture", "mlp"]
-Routing = Literal["softmax_topk", "deepspeed"]
-Dispatch = Literal["grouped", "deepspeed"]
 
 # Table 5 of the upcycling-scaling-laws paper: std of the normal init per model size. CPU sizes use 0.02.
 _PAPER_INIT_STD = {"15M": 0.035, "44M": 0.029, "0.1B": 0.025, "0.2B": 0.022, "0.5B": 0.019, "1B": 0.016}
