@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 
 from upscale.fitting.groups import group_label, group_slug
 from upscale.sweeps import run_tags
@@ -132,8 +133,16 @@ class RunTree:
         with warnings.catch_warnings():  # MLflow warns that a file URI fits two of its (identical) source kinds
             warnings.simplefilter("ignore", UserWarning)
             dataset = mlflow.data.from_pandas(observations.astype(ints), source=source, name="observations")
-        context = [InputTag("mlflow.data.context", folder or "training")]
-        self.client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), context)])
+        inputs = [DatasetInput(dataset._to_mlflow_entity(), [InputTag("mlflow.data.context", folder or "training")])]
+        try:
+            self.client.log_inputs(run_id, inputs)
+        except MlflowException as e:
+            # MLflow's store looks the dataset up, then inserts it: two writers logging the same table at once (two
+            # schedulers ending one sweep) both insert, and the second hits the unique key. The row now exists, so
+            # a second call finds it and only links it to this run.
+            if "unique constraint" not in str(e).lower():  # SQLite's and PostgreSQL's wording both
+                raise
+            self.client.log_inputs(run_id, inputs)
 
     def end_sweep(self, run_id: str, status: str, summary: dict[str, float], observations: pd.DataFrame,
                   segments_done: int) -> None:
