@@ -1,10 +1,11 @@
 """Hugging Face data in the worker: a save_to_disk corpus tokenised with a Hugging Face tokenizer (a folder or a
 tokenizer.json) lands in the token cache with the tokenizer's own ids and vocabulary, streamed with progress; the
 cache is keyed by content (the same files elsewhere share it); data changed since planning is refused; bad input
-fails with one clear message."""
+fails with one clear message; a dense model trains on such data."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import pytest
 
 from tests.hf_data import DOCS, dataset, tokenizer_folder, tokenizer_json, train_tokenizer
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
-from upscale.sweeps.segments import DataSpec
+from upscale.sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
 from upscale.workers.data import load_tokens
 from upscale.workers.errors import WorkerError
+from upscale.workers.segment import run_segment
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +80,19 @@ def test_bad_corpora_and_tokenizers_are_one_clear_error_each(hf: Path, tmp_path:
     for spec, message in cases:
         with pytest.raises(WorkerError, match=message):
             load_tokens(spec, 8, tmp_path / "cache")
+
+
+def test_a_dense_model_trains_on_a_saved_dataset_with_a_hf_tokenizer(hf: Path, tmp_path: Path) -> None:
+    """The planner's data (fingerprinted, vocabulary from the tokenizer) through run_segment: the loss falls from
+    about ln(vocab), so the tokens are the tokenizer's and fit the model's embedding."""
+    data = resolve_data(DataSpec(corpus=str(hf / "corpus"), text_field="body", tokenizer=str(hf / "tok"),
+                                 eval_tokens=256), tmp_path / "cache")
+    tps = 8 * 16
+    spec = SegmentSpec(kind="dense_decay", model=ModelSpec(n_layer=1, d_model=32, n_head=2, context=16,
+                                                           vocab_size=vocab_size_of(data)),
+                       data=data, optim=OptimSpec(lr=1e-2, batch_size=8), schedule=ScheduleSpec(warmup_tokens=2 * tps),
+                       end_tokens=24 * tps, decay_start_tokens=20 * tps)
+    result = run_segment(spec, SegmentRuntime(checkpoint_dir=str(tmp_path / "ckpt"),
+                                              data_cache_dir=str(tmp_path / "cache")))
+    assert result.metrics["val_loss_start"] == pytest.approx(math.log(300), abs=0.3)
+    assert result.val_loss < result.metrics["val_loss_start"] - 1.0
