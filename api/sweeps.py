@@ -8,7 +8,9 @@ machine and is not confined.
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import os
 from collections import Counter
 from typing import Any
 
@@ -21,6 +23,7 @@ from upscale.api.services import Services
 from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
+from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, is_glob
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import BUILTIN_CORPORA
 from upscale.sweeps.spec import (
@@ -48,14 +51,23 @@ def identical(services: Services, spec: SweepSpec, owner: str) -> SweepRecord | 
 
 def admit(services: Services, data: Any) -> SweepSpec:
     """``data`` validated as a spec this server will plan: its grid within `max_segments` (refused before planning),
-    its corpus a builtin or under the data roots, its resources within the cluster's; SpecError otherwise."""
+    its corpus (a glob's matches too) and tokenizer builtins or under the data roots, its resources within the
+    cluster's; SpecError otherwise."""
     settings = services.settings
     spec = parse_spec(data, max_segments=settings.max_segments)
     if spec.data.corpus not in BUILTIN_CORPORA:
         try:
             confine(spec.data.corpus, settings.data_root_paths)
+            if is_glob(spec.data.corpus):  # and every match: one may be a symlink out of the roots
+                for path in glob.glob(os.path.expanduser(spec.data.corpus), recursive=True):
+                    confine(path, settings.data_root_paths)
         except OutsideRoots as e:
             raise SpecError([("data.corpus", str(e))]) from None
+    if spec.data.tokenizer not in BUILTIN_TOKENIZERS:
+        try:
+            confine(spec.data.tokenizer, settings.data_root_paths, instead="bytes, bpe")
+        except OutsideRoots as e:
+            raise SpecError([("data.tokenizer", str(e))]) from None
     available = cluster(services)
     if available is not None:
         check_resources(spec, available)

@@ -22,6 +22,7 @@ import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from upscale.sweeps.data_sources import resolve_data, vocab_size_of
 from upscale.sweeps.segments import (
     LrSearchSpec,
     ModelSpec,
@@ -118,6 +119,7 @@ class _Builder:
 def plan(spec: SweepSpec) -> Plan:
     """Compile `spec` into its segment DAG, with FLOPs per segment and the independent-runs cost."""
     resolution = resolve(spec)
+    spec = spec.model_copy(update={"data": resolve_data(spec.data)})  # the data's content into segment identity
     b = _Builder()
     independent = 0.0
     for recipe in resolution.recipes:
@@ -129,7 +131,7 @@ def plan(spec: SweepSpec) -> Plan:
 def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     """Add one dense size's segments; return the grid's independent-runs cost for this size."""
     t, tps, shape = spec.train, rc.tokens_per_step, rc.shape
-    vocab = spec.model.vocab_size or (256 if spec.data.tokenizer == "bytes" else spec.data.bpe_vocab_size)
+    vocab = spec.model.vocab_size or vocab_size_of(spec.data)
     schedule = ScheduleSpec(warmup_tokens=rc.warmup_steps * tps, decay_fraction=t.decay.fraction,
                             decay_shape=t.decay.shape, final_lr_fraction=t.decay.final_lr_fraction)
     adamw = t.adamw.model_dump()

@@ -28,7 +28,7 @@ import json
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -132,15 +132,34 @@ BUILTIN_CORPORA = frozenset({BUILTIN_STDLIB})
 
 
 class DataSpec(Frozen):
-    """Where tokens come from: a corpus, a tokeniser, and the held-out set the validation loss is measured on."""
+    """Where tokens come from: a corpus, a tokeniser, and the held-out set the validation loss is measured on.
 
-    corpus: str = Field("builtin:python-stdlib", description="builtin:python-stdlib, a folder of text files, "
-                        "a .jsonl/.parquet file with a text column, or a Hugging Face dataset saved with save_to_disk.")
-    text_column: str = Field("text", description="Column holding the text in JSONL/Parquet/HF corpora.")
-    tokenizer: Literal["bytes", "bpe"] = Field("bytes", description="Byte-level, or a BPE trained on the corpus.")
+    Local files only (README, "Data and tokenizers"); sweeps/data_sources.py reads their layout and vocabulary."""
+
+    corpus: str = Field("builtin:python-stdlib", description="builtin:python-stdlib, a folder of text files (one "
+                        "document per file), a Hugging Face dataset saved with save_to_disk, or .parquet/.jsonl/"
+                        ".json/.txt/.csv files: a path or a glob, read with datasets.load_dataset.")
+    text_column: str = Field("text", validation_alias=AliasChoices("text_column", "text_field"),
+                             description="Column holding the text in dataset corpora (`text_field` is an alias).")
+    tokenizer: str = Field("bytes", min_length=1, description="bytes (UTF-8 bytes), bpe (a BPE trained on the "
+                           "corpus), or the path of a Hugging Face tokenizer folder or tokenizer.json file.")
     bpe_vocab_size: int = Field(4096, ge=257, description="Vocabulary size of the BPE tokeniser.")
     eval_tokens: int = Field(65536, ge=1, description="Held-out validation tokens (split by document).")
     data_seed: int = Field(0, description="Seed of the train/validation split and of batch order.")
+    fingerprint: str | None = Field(None, description="Content hash of a user corpus's and a Hugging Face "
+                                    "tokenizer's files; set by the planner, leave unset.")
+
+    def identity_omits(self) -> frozenset[str]:
+        """Without a fingerprint, the key is what it was before fingerprints existed. With one, the files' content
+        stands for their paths: the same files anywhere give the same key, changed files a new one."""
+        if self.fingerprint is None:
+            return frozenset({"fingerprint"})
+        omit = set()
+        if self.corpus not in BUILTIN_CORPORA:
+            omit.add("corpus")
+        if self.tokenizer not in ("bytes", "bpe"):
+            omit.add("tokenizer")
+        return frozenset(omit)
 
 
 class OptimSpec(Frozen):

@@ -18,9 +18,10 @@ class OutsideRoots(ValueError):
     """A path outside every data root (or not absolute); the message names the roots, never the path's state."""
 
 
-def confine(path: str, roots: Sequence[Path]) -> Path:
-    """``path`` resolved, if it is absolute and lies under one of ``roots``; OutsideRoots otherwise. Relative paths
-    are refused: the server and its Ray workers do not share a working directory to resolve them against."""
+def confine(path: str, roots: Sequence[Path], instead: str = "a builtin: name") -> Path:
+    """``path`` resolved, if it is absolute and lies under one of ``roots``; OutsideRoots otherwise, its message
+    naming what the field takes ``instead`` of a path. Relative paths are refused: the server and its Ray workers do
+    not share a working directory to resolve them against."""
     expanded = os.path.expanduser(path)
     if os.path.isabs(expanded):
         resolved = Path(os.path.realpath(expanded))
@@ -29,5 +30,5 @@ def confine(path: str, roots: Sequence[Path]) -> Path:
             if resolved == real_root or real_root in resolved.parents:
                 return resolved
     listed = ":".join(str(r) for r in roots) or "none configured"
-    raise OutsideRoots(f"must be a builtin: name or an absolute path under the data roots ({listed}); the server's "
+    raise OutsideRoots(f"must be {instead} or an absolute path under the data roots ({listed}); the server's "
                        "UPSCALE_DATA_ROOTS sets them")

@@ -1,8 +1,8 @@
 """Bounded work per request, on a live server: a grid over UPSCALE_MAX_SEGMENTS is refused before planning while
 /healthz keeps answering, a body over UPSCALE_MAX_BODY_BYTES is 413 and stores nothing, YAML aliases, deep nesting,
-infinities and integers the store cannot hold are small 422s with field paths, data.corpus is confined to the data
-roots with one answer whether or not a path exists, and resources the cluster lacks are refused at submit. No
-background loops: nothing trains."""
+infinities and integers the store cannot hold are small 422s with field paths, data.corpus (a glob's matches too)
+and data.tokenizer are confined to the data roots with one answer whether or not a path exists, and resources the
+cluster lacks are refused at submit. No background loops: nothing trains."""
 
 from __future__ import annotations
 
@@ -215,9 +215,23 @@ def test_corpus_outside_the_data_roots_is_one_identical_422(server, outside) -> 
 def test_corpus_under_a_data_root_is_accepted(server) -> None:
     root = server.settings.data_root_paths[0]
     (root / "texts").mkdir(exist_ok=True)
+    (root / "texts" / "a.txt").write_text("some text\n")  # planning reads it: an empty corpus is refused
     for corpus in (str(root / "texts"), str(root / "not-yet-there")):
         r = _post_raw(server, json.dumps({**SPEC, "name": f"rooted-{len(corpus)}", "data": {"corpus": corpus}}))
         assert r.status_code == 201, r.text
+
+
+def test_tokenizer_and_glob_matches_are_confined_to_the_data_roots(server, outside) -> None:
+    root = server.settings.data_root_paths[0]
+    (root / "globbed").mkdir(exist_ok=True)
+    (root / "globbed" / "escape.txt").unlink(missing_ok=True)
+    (root / "globbed" / "escape.txt").symlink_to(outside / "notes.txt")
+    r = _post_raw(server, json.dumps({**SPEC, "data": {"corpus": str(root / "globbed" / "*.txt")}}))
+    assert r.status_code == 422 and _locs(r) == [["body", "data", "corpus"]], r.text
+    for tokenizer in (str(outside), "relative/tok", str(root / "escape")):
+        r = _post_raw(server, json.dumps({**SPEC, "data": {"tokenizer": tokenizer}}))
+        assert r.status_code == 422 and _locs(r) == [["body", "data", "tokenizer"]], r.text
+        assert r.json()["detail"][0]["msg"].startswith("must be bytes, bpe or an absolute path under the data roots")
 
 
 def test_resources_the_cluster_lacks_are_refused_at_submit(server, ray_session) -> None:

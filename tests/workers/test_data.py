@@ -7,36 +7,38 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
+from datasets import DatasetDict
 
+from tests.hf_data import DOCS, dataset
 from upscale.sweeps.segments import DataSpec
 from upscale.workers.data import BUILTIN_STDLIB, iter_documents, load_tokens
 from upscale.workers.errors import WorkerError
 
-DOCS = [f"document {i}: " + "the quick brown fox jumps over the lazy dog. " * (5 + i) for i in range(40)]
 
-
-def test_folder_jsonl_parquet_and_save_to_disk_give_the_same_documents(tmp_path: Path) -> None:
+def test_folder_files_globs_and_save_to_disk_give_the_same_documents(tmp_path: Path) -> None:
     folder = tmp_path / "txt"
     folder.mkdir()
     for i, d in enumerate(DOCS):
         (folder / f"{i:03d}.txt").write_text(d)
-    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps({"body": d}) for d in DOCS) + "\n")
-    pq.write_table(pa.table({"body": DOCS}), tmp_path / "c.parquet")
-    hf = tmp_path / "hf"  # the layout of datasets' save_to_disk: arrow IPC stream shards + state.json
-    hf.mkdir()
-    with pa.OSFile(str(hf / "data-00000-of-00001.arrow"), "wb") as sink, \
-            pa.ipc.new_stream(sink, pa.schema([("body", pa.string())])) as w:
-        w.write_table(pa.table({"body": DOCS}))
-    (hf / "state.json").write_text("{}")
+    ds = dataset(DOCS)
+    ds.to_json(tmp_path / "c.jsonl")
+    ds.to_parquet(tmp_path / "c.parquet")
+    (tmp_path / "c.json").write_text(json.dumps([{"body": d} for d in DOCS]))
+    ds.save_to_disk(tmp_path / "hf")
+    DatasetDict({"a": dataset(DOCS[:25]), "b": dataset(DOCS[25:])}).save_to_disk(tmp_path / "splits")
+    (tmp_path / "shards").mkdir()
+    dataset(DOCS[:25]).to_parquet(tmp_path / "shards" / "part-0.parquet")
+    dataset(DOCS[25:]).to_parquet(tmp_path / "shards" / "part-1.parquet")
+    (tmp_path / "para.txt").write_text("\n\n".join(DOCS) + "\n")  # a .txt file: one document per paragraph
     assert list(iter_documents(DataSpec(corpus=str(folder)))) == DOCS
-    for src in ("c.jsonl", "c.parquet", "hf"):
-        assert list(iter_documents(DataSpec(corpus=str(tmp_path / src), text_column="body"))) == DOCS
-    with pytest.raises(WorkerError, match="no key 'text'"):
-        list(iter_documents(DataSpec(corpus=str(tmp_path / "c.jsonl"))))
+    for src in ("c.jsonl", "c.parquet", "c.json", "hf", "splits", "shards/*.parquet", "shards/**/*.parquet"):
+        assert list(iter_documents(DataSpec(corpus=str(tmp_path / src), text_field="body"))) == DOCS, src
+    assert [d.strip() for d in iter_documents(DataSpec(corpus=str(tmp_path / "para.txt")))] == [d.strip() for d in DOCS]
+    for src in ("c.jsonl", "hf", "shards/*.parquet"):  # a missing text field names the columns there are
+        with pytest.raises(WorkerError, match=r"no column 'text'; columns: \['body', 'id'\]; set data.text_field"):
+            list(iter_documents(DataSpec(corpus=str(tmp_path / src))))
 
 
 def test_missing_and_empty_corpora_are_clear_errors(tmp_path: Path) -> None:
