@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -604,11 +604,14 @@ def segment_bound(spec: SweepSpec) -> int:
     return total
 
 
-def parse_spec(data: Any, max_segments: int | None = None) -> SweepSpec:
+def parse_spec(data: Any, max_segments: int | None = None,
+               check_path: Callable[[str], object] | None = None) -> SweepSpec:
     """Validate a spec given as plain data (a dict from YAML/JSON or an API body); SpecError lists every problem.
-    With ``max_segments``, a grid whose `segment_bound` exceeds it is refused before the grid-wide checks."""
+    With ``max_segments``, a grid whose `segment_bound` exceeds it is refused before the grid-wide checks.
+    ``check_path`` is called with `model.dense.path` before the model there is read, and raises ValueError to refuse
+    it (a server confining it to its data roots)."""
     try:
-        return SweepSpec.model_validate(data, context={"max_segments": max_segments})
+        return SweepSpec.model_validate(data, context={"max_segments": max_segments, "check_path": check_path})
     except ValidationError as e:
         problems: list[SpecProblem] = []
         for err in e.errors():
