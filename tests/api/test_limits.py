@@ -238,3 +238,38 @@ def test_infinities_in_other_bodies_are_422_with_field_paths(server) -> None:
         r = c.post("/fits", content='{"law": "power-d2", "kind": "upcycled", "rows": [{"D2": 1, "loss": 1}], '
                    '"fixed": {"E": NaN}}', headers={"content-type": "application/json"})
         assert ["body", "fixed", "E"] in _locs(r)
+
+
+def _dense_spec(name: str, path: str) -> dict:
+    """SPEC started from the model directory at ``path`` instead of trained dense sizes."""
+    return {**SPEC, "name": name, "model": {"dense": {"path": path, "trained_tokens": 4096}},
+            "tokens": {"d2": [128, 256]}, "train": {**SPEC["train"], "lr": {"moe": 2e-3}}}
+
+
+def _model_dir(path: Path) -> Path:
+    """A dense model directory as the planner reads it (config.json, and the weights' bytes it hashes)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"n_layer": 1, "d_model": 32, "n_head": 2, "vocab_size": 256,
+                                                  "context": 64}))
+    (path / "weights.pt").write_bytes(b"weights")
+    return path
+
+
+def test_a_dense_model_outside_the_data_roots_is_one_identical_422_and_never_read(server, outside) -> None:
+    model = _model_dir(outside / "model")  # a real model directory: accepted if it were read
+    answers = []
+    for path in (str(model), str(outside / "missing"), "/etc", "relative/model"):
+        r = _post_raw(server, json.dumps(_dense_spec("outside", path)))
+        assert r.status_code == 422, (path, r.text)
+        answers.append(r.json())
+    assert all(a == answers[0] for a in answers), answers
+    (problem,) = answers[0]["detail"]
+    assert problem["loc"] == ["body", "model", "dense", "path"] and "UPSCALE_DATA_ROOTS" in problem["msg"]
+    assert not (model / "weights.sha256.json").exists()  # nothing hashed the weights either
+
+
+def test_a_dense_model_under_a_data_root_is_planned(server) -> None:
+    model = _model_dir(server.settings.data_root_paths[0] / "models" / "mine")
+    r = _post_raw(server, json.dumps(_dense_spec("imported", str(model))))
+    assert r.status_code == 201, r.text
+    assert r.json()["plan"]["by_kind"]["dense_import"] == 1
