@@ -1,7 +1,7 @@
 """Bounded work per request, on a live server: a grid over UPSCALE_MAX_SEGMENTS is refused before planning while
 /healthz keeps answering, a body over UPSCALE_MAX_BODY_BYTES is 413 and stores nothing, YAML aliases, deep nesting,
-infinities and integers the store cannot hold are small 422s with field paths, data.corpus is confined to the data
-roots with one answer whether or not a path exists, and resources the cluster lacks are refused at submit. No
+infinities and integers the store cannot hold are small 422s with field paths, data.corpus and model.dense.path are
+confined to the data roots with one answer whether or not a path exists, and resources the cluster lacks are refused at submit. No
 background loops: nothing trains."""
 
 from __future__ import annotations
