@@ -1,8 +1,8 @@
 """Sweep operations behind the routes: submit with a plan summary and an owner, progress and cost, extend.
 
 Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it, and what a
-server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data paths under the data
-roots, resources the cluster has. The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own
+server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data and model paths under
+the data roots, resources the cluster has. The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own
 machine and is not confined.
 """
 
@@ -51,10 +51,11 @@ def identical(services: Services, spec: SweepSpec, owner: str) -> SweepRecord | 
 
 def admit(services: Services, data: Any) -> SweepSpec:
     """``data`` validated as a spec this server will plan: its grid within `max_segments` (refused before planning),
-    its corpus (a glob's matches too) and tokenizer builtins or under the data roots, its resources within the
-    cluster's; SpecError otherwise."""
+    its corpus (a glob's matches too), tokenizer and the dense model it starts from builtins or under the data roots
+    (the model refused before its directory is read), its resources within the cluster's; SpecError otherwise."""
     settings = services.settings
-    spec = parse_spec(data, max_segments=settings.max_segments)
+    spec = parse_spec(data, max_segments=settings.max_segments,
+                      check_path=lambda path: confine(path, settings.data_root_paths, instead=None))
     if spec.data.corpus not in BUILTIN_CORPORA:
         try:
             confine(spec.data.corpus, settings.data_root_paths)

@@ -291,8 +291,8 @@ class Scheduler:
             self.store.set_segment_run(seg.key, run_id)
             seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
         res = ResourcesSection.model_validate(sweep.resources)
-        # Upcycles do not train and an LR search's trials are short single-process runs: one worker each.
-        workers = 1 if spec.kind in ("upcycle", "lr_search") else res.workers
+        # Upcycles and imports do not train and an LR search's trials are short single-process runs: one worker each.
+        workers = 1 if spec.kind in ("upcycle", "dense_import", "lr_search") else res.workers
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Literal
 
 from upscale.home import upscale_home
+from upscale.sweeps.errors import SpecError
 from upscale.sweeps.segments import BUILTIN_CORPORA, BUILTIN_STDLIB, DataSpec
-from upscale.sweeps.spec import SpecError
 
 BYTE_VOCAB = 256
 BUILTIN_TOKENIZERS = frozenset({"bytes", "bpe"})

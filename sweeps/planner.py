@@ -3,6 +3,7 @@
 Per dense size N1 (docs/architecture.md, "Segments and WSD reuse"):
 
     dense_trunk ──► dense_decay(D1) ──► upcycle(E, k, method, r) ──► moe_trunk ──► moe_decay(D2)
+    dense_import(D1) ──► upcycle ...      (model.dense: a model trained elsewhere replaces the dense trunk and decays)
     scratch_trunk(E, k) ──► scratch_decay(D)
     lr_search(dense | E×k)  ──► the trunks of that model, when the spec asks for an LR search
 
@@ -13,7 +14,7 @@ share (a trunk, an upcycle that ignores r) is planned once, and two overlapping 
 Costs: training FLOPs = `sizes.train_flops_per_token` (active params, attention, LM head) x tokens; an upcycle is a
 weight copy (0 FLOPs). `independent_flops` is the same grid trained the usual way, every point from scratch on its
 own schedule: D1 dense tokens per dense point, D1 dense + D2 MoE tokens per upcycled point, D per scratch point
-(LR searches cost the same either way and are in both).
+(LR searches cost the same either way and are in both; an imported dense model's training is in neither).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
+from upscale.sweeps.model_dirs import weights_fingerprint
 from upscale.sweeps.segments import (
+    DenseImportSpec,
     LrSearchSpec,
     ModelSpec,
     OptimSpec,
@@ -141,10 +144,12 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     def optim(lr: float | None) -> OptimSpec:
         return OptimSpec(lr=lr, batch_size=batch, **adamw)
 
+    options = dict(rc.imported.options) if rc.imported else {}  # what an imported model was built with
+
     def model(n_expert: int = 0, topk: int = 0) -> ModelSpec:
-        return ModelSpec(n_layer=shape.n_layer, d_model=shape.d_model, n_head=shape.n_head, vocab_size=vocab,
-                         context=t.context, n_expert=n_expert, topk=topk, aux_loss_coef=spec.moe.aux_loss_coef,
-                         init_std=rc.init_std, routing=spec.moe.routing, dispatch=spec.moe.dispatch)
+        return ModelSpec(**shape.model_dump(), **options, vocab_size=vocab, context=t.context, n_expert=n_expert,
+                         topk=topk, aux_loss_coef=spec.moe.aux_loss_coef, init_std=rc.init_std,
+                         routing=spec.moe.routing, dispatch=spec.moe.dispatch)
 
     common = {"data": spec.data, "seed": t.seed}
     n1 = dense_params(shape)
@@ -184,15 +189,28 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
             out.append(b.add(decay, f, trunk_id, axes(decay.kind, **{**kv, "D1": o.D1, "D2": o.D2, "D": o.D}), o))
         return out
 
-    # Dense: one trunk, one decay per D1; each decay is a dense observation and an upcycling start point.
     dense = model()
     f_dense = train_flops_per_token(shape, n1, t.context, vocab)
-    lr_dense, parents = lr_parent(dense, "dense", rc.lr.dense if rc.lr else None, f_dense)
-    d1_tokens = [s * tps for s in rc.d1.steps]
     d2_tokens = [s * tps for s in rc.d2.steps]
-    dense_decays = trunk_and_decays("dense", dense, lr_dense, parents, rc.d1, f_dense, {}, Observation("dense", n1),
-                                    ("D1", "D"))
-    independent = f_dense * sum(d1_tokens)
+    if rc.imported is None:
+        # Dense: one trunk, one decay per D1; each decay is a dense observation and an upcycling start point.
+        lr_dense, parents = lr_parent(dense, "dense", rc.lr.dense if rc.lr else None, f_dense)
+        d1_tokens = [s * tps for s in rc.d1.steps]
+        dense_decays = trunk_and_decays("dense", dense, lr_dense, parents, rc.d1, f_dense, {},
+                                        Observation("dense", n1), ("D1", "D"))
+        dense_cost = f_dense * sum(d1_tokens)  # of one D1 row of upcycled points, trained independently
+    else:
+        # An imported dense model: the one upcycling start point and dense observation, trained elsewhere (its
+        # training is in neither cost).
+        assert spec.model.dense is not None
+        d1 = spec.model.dense.trained_tokens
+        source = DenseImportSpec(path=rc.imported.path, fingerprint=weights_fingerprint(rc.imported.path))
+        seg = SegmentSpec(kind="dense_import", model=dense, dense_import=source, start_tokens=d1, end_tokens=d1,
+                          **common)
+        d1_tokens = [d1]
+        dense_decays = [b.add(seg, 0, None, axes("dense_import", D1=d1, D=d1), Observation("dense", n1, D1=d1, D=d1))]
+        dense_cost = 0
+    independent = dense_cost
 
     variants: list[UpcycleSpec] = spec.upcycling.variants()
     for n_expert, topk in spec.moe.configs():
@@ -213,7 +231,7 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
                 obs = Observation("upcycled", n1, D1=d1, n_expert=n_expert, topk=topk, method=up.method, r=r,
                                   N2=up_n2, N_total=moe_total_params(shape, n_expert, *widths))
                 trunk_and_decays("moe", moe, lr_moe, (up_id, *moe_lr_parents), rc.d2, f_up, kv, obs, ("D2",))
-            independent += len(d2_tokens) * f_dense * sum(d1_tokens) + len(d1_tokens) * f_up * sum(d2_tokens)
+            independent += len(d2_tokens) * dense_cost + len(d1_tokens) * f_up * sum(d2_tokens)
         if rc.scratch is not None:
             obs = Observation("scratch", n1, n_expert=n_expert, topk=topk, N2=n2, N_total=n_total)
             trunk_and_decays("scratch", moe, lr_moe, moe_lr_parents, rc.scratch, f_moe, cfg, obs, ("D",))
@@ -254,7 +272,10 @@ def segment_seconds(p: Plan, tokens_per_s: float | None = None, flops_per_s: flo
         if s.spec.kind == "upcycle":
             out[s.id] = SEGMENT_OVERHEAD_S
             continue
-        per_token = s.flops / s.tokens
+        if s.spec.kind == "dense_import":  # trains nothing: the evaluation below at the model's training rate
+            per_token = train_flops_per_token(m, dense_params(m), m.context, m.vocab_size)
+        else:
+            per_token = s.flops / s.tokens
         work = s.flops + (per_token / 3 * s.spec.data.eval_tokens if s.observation else 0.0)
         rate = per_token * tokens_per_s if tokens_per_s else flops_per_s or cpu_flops_per_s(m)
         out[s.id] = work / rate + SEGMENT_OVERHEAD_S

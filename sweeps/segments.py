@@ -14,6 +14,8 @@ branch point is the same computation as one uninterrupted WSD run to the branch'
 Kinds:
     dense_trunk   warmup + constant LR from random init; saves a checkpoint at every `save_at_tokens`
     dense_decay   resumes its trunk at start_tokens, decays to end_tokens = D1: one dense observation
+    dense_import  a dense model trained elsewhere (`model.dense`), keyed by its weights' content and its D1
+                  (start_tokens = end_tokens = D1): no training; its validation loss is one dense observation
     upcycle       builds the MoE from its parent's final dense weights (no training, no tokens)
     moe_trunk     trains the upcycled MoE: warmup + constant at the MoE LR; checkpoints at every D2 branch point
     moe_decay     decays the upcycled MoE to D2: one upcycled observation (D1, D2, N1, config)
@@ -33,7 +35,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 SCHEMA_VERSION = 1
 
 SegmentKind = Literal[
-    "dense_trunk", "dense_decay", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk", "scratch_decay", "lr_search"
+    "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk",
+    "scratch_decay", "lr_search",
 ]
 TRUNK_KINDS = frozenset({"dense_trunk", "moe_trunk", "scratch_trunk"})
 DECAY_KINDS = frozenset({"dense_decay", "moe_decay", "scratch_decay"})
@@ -237,16 +240,28 @@ class LrSearchSpec(Frozen):
     tokens: int = Field(ge=1, le=MAX_TOKENS, description="Tokens per trial.")
 
 
+class DenseImportSpec(Frozen):
+    """A dense model directory a sweep starts from. Its identity is the content of its weights, not where they are:
+    the same weights copied elsewhere are the same segment, changed weights a new one."""
+
+    path: str = Field(description="The upscale model directory (config.json + weights.pt); not part of the id.")
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of its weights file.")
+
+    def identity_omits(self) -> frozenset[str]:
+        return frozenset({"path"})
+
+
 class SegmentSpec(Frozen):
     """One training job, identified by the hash of everything that determines its output."""
 
     kind: SegmentKind
     model: ModelSpec = Field(description="The architecture trained (the MoE's, for upcycle and MoE kinds).")
     data: DataSpec
-    optim: OptimSpec | None = Field(None, description="None only for upcycle.")
-    schedule: ScheduleSpec | None = Field(None, description="None only for upcycle.")
+    optim: OptimSpec | None = Field(None, description="None only for upcycle and dense_import.")
+    schedule: ScheduleSpec | None = Field(None, description="None only for upcycle and dense_import.")
     upcycle: UpcycleSpec | None = Field(None, description="Set for upcycle segments only.")
     lr_search: LrSearchSpec | None = Field(None, description="Set for lr_search segments only.")
+    dense_import: DenseImportSpec | None = Field(None, description="Set for dense_import segments only.")
     seed: int = Field(0, description="Seed of model init and training randomness.")
     start_tokens: int = Field(0, ge=0, description="Tokens already trained when the segment starts.")
     end_tokens: int = Field(0, ge=0, description="Tokens trained when it ends (a decay branch: the budget D).")
@@ -255,15 +270,24 @@ class SegmentSpec(Frozen):
     save_at_tokens: tuple[int, ...] = Field((), description="Trunks: branch points where a checkpoint is kept.")
     parent_ids: tuple[str, ...] = Field((), description="Ids of the segments whose outputs this one starts from.")
 
+    def identity_omits(self) -> frozenset[str]:
+        """`dense_import` is hashed only where it is set: every other segment keeps the key it had before it."""
+        return frozenset() if self.dense_import is not None else frozenset({"dense_import"})
+
     @model_validator(mode="after")
     def _check(self) -> SegmentSpec:
-        needs_training = self.kind != "upcycle"
+        needs_training = self.kind not in ("upcycle", "dense_import")
         if needs_training != (self.optim is not None and self.schedule is not None):
             raise ValueError(f"{self.kind}: optim and schedule must be set exactly when the segment trains")
         if (self.kind == "upcycle") != (self.upcycle is not None):
             raise ValueError(f"{self.kind}: `upcycle` is set exactly for upcycle segments")
         if (self.kind == "lr_search") != (self.lr_search is not None):
             raise ValueError(f"{self.kind}: `lr_search` is set exactly for lr_search segments")
+        if (self.kind == "dense_import") != (self.dense_import is not None):
+            raise ValueError(f"{self.kind}: `dense_import` is set exactly for dense_import segments")
+        if self.kind == "dense_import" and (self.model.is_moe or not 0 < self.start_tokens == self.end_tokens):
+            raise ValueError("dense_import: a dense model whose trained tokens D1 > 0 are both start_tokens and "
+                             f"end_tokens (got n_expert={self.model.n_expert}, {self.start_tokens}, {self.end_tokens})")
         if self.kind in TRUNK_KINDS | DECAY_KINDS:
             step = self.tokens_per_step
             for name in ("start_tokens", "end_tokens"):
@@ -287,7 +311,7 @@ class SegmentSpec(Frozen):
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens in one optimiser step (batch_size · context); 0 for upcycle segments."""
+        """Tokens in one optimiser step (batch_size · context); 0 for the kinds that do not train."""
         return self.optim.batch_size * self.model.context if self.optim else 0
 
     @property

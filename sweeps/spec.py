@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
+from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, vocab_size_of
+from upscale.sweeps.errors import SpecError, SpecProblem
+from upscale.sweeps.model_dirs import DenseModelDir, read_dense_model
 from upscale.sweeps.segments import (
     MAX_EXPERTS,
     MAX_TOKENS,
@@ -49,7 +52,6 @@ from upscale.sweeps.sizes import NAMED_SIZES, expert_widths
 R_METHODS = frozenset({"drop"})
 METHODS: tuple[str, ...] = get_args(Method)
 
-SpecProblem = tuple[str, str]
 Budget = Annotated[float, Field(gt=0, le=MAX_TOKENS, description="Tokens (rounded to whole steps).")]
 ExpertCount = Annotated[int, Field(le=MAX_EXPERTS)]
 
@@ -57,8 +59,6 @@ MAX_AXIS = 1000  # entries of one grid axis (sizes, experts, topk, r, budgets): 
 MAX_DEPTH = 64  # nesting of a spec document; a real spec nests 5 deep
 MAX_INT = 2**63 - 1  # the store's integer columns are 64-bit
 EXCERPT_CHARS = 80  # of a bad value quoted in a message
-MAX_MESSAGE_CHARS = 400  # of one problem's message (a YAML parser's message quotes the offending line)
-MAX_PROBLEMS = 50  # listed in one SpecError; the rest are counted
 
 
 def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
@@ -68,29 +68,6 @@ def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
         return f"<{type(value).__name__} of {len(value)} entries>"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _bounded(text: str) -> str:
-    """A problem's path or message cut to MAX_MESSAGE_CHARS (a path through long keys, a parser's quoted line)."""
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 1] + "…"
-
-
-class SpecError(ValueError):
-    """A sweep spec the user must fix: every problem, each with the field path it concerns."""
-
-    def __init__(self, problems: Sequence[SpecProblem]):
-        kept = [(_bounded(path), _bounded(msg)) for path, msg in problems[:MAX_PROBLEMS]]
-        if len(problems) > MAX_PROBLEMS:
-            kept.append(("", f"... and {len(problems) - MAX_PROBLEMS} more problems"))
-        self.problems: tuple[SpecProblem, ...] = tuple(kept)
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        n = len(self.problems)
-        lines = [f"{path or '<spec>'}: {msg}" for path, msg in self.problems]
-        if n == 1:  # one line, as the CLI's other errors are
-            return f"invalid sweep spec: {lines[0]}"
-        return f"invalid sweep spec ({n} problems):\n  " + "\n  ".join(lines)
 
 
 def _raise_if(problems: list[SpecProblem]) -> None:
@@ -120,16 +97,37 @@ class ShapeEntry(Shape):
         return self.name or f"L{self.n_layer}-d{self.d_model}-h{self.n_head}"
 
 
+class DenseSection(Frozen):
+    """A dense model trained elsewhere that the sweep upcycles, instead of training dense models itself."""
+
+    path: str = Field(min_length=1, description="An upscale model directory (config.json + weights.pt): written by "
+                      "`upscale model import`, `upscale model init`, or a training checkpoint's model/ folder.")
+    trained_tokens: int = Field(gt=0, le=MAX_TOKENS, description="Tokens it was trained on: its D1.")
+    name: str | None = Field(None, min_length=1, description="Label in tags and `per_size`; default "
+                             "imported-L{n_layer}-d{d_model}.")
+
+
 class ModelSection(Frozen):
-    sizes: list[str | ShapeEntry] = Field(max_length=MAX_AXIS, description=f"Dense sizes N1: named "
-                                          f"({', '.join(NAMED_SIZES)}) or explicit {{n_layer, d_model, n_head}}.")
-    vocab_size: int | None = Field(None, ge=2, description="None: 256 for bytes, data.bpe_vocab_size for bpe.")
+    sizes: list[str | ShapeEntry] | None = Field(
+        None, max_length=MAX_AXIS, description=f"Dense sizes N1: named ({', '.join(NAMED_SIZES)}) or explicit "
+        "{n_layer, d_model, n_head}. Give this or `dense`.")
+    dense: DenseSection | None = Field(None, description="Start from this dense model instead of training `sizes`: "
+                                       "its shape is the one N1, trained_tokens the one D1.")
+    vocab_size: int | None = Field(None, ge=2, description="None: the tokeniser's (256 for bytes, "
+                                   "data.bpe_vocab_size for bpe); with `dense`, the model's.")
     init_std: float = Field(0.02, gt=0, description="Std of the normal weight init (per size in `per_size`).")
+    _dense_model: DenseModelDir | None = PrivateAttr(None)
+
+    def identity_omits(self) -> frozenset[str]:
+        """`dense` is hashed only where it is set: specs of sizes keep the hash they had before it existed."""
+        return frozenset() if self.dense is not None else frozenset({"dense"})
 
     @field_validator("sizes", mode="before")
     @classmethod
-    def _sizes(cls, sizes: Any) -> list[str | ShapeEntry]:
+    def _sizes(cls, sizes: Any) -> list[str | ShapeEntry] | None:
         """Names or shapes, checked here rather than as a pydantic union so each entry gets one clear message."""
+        if sizes is None:
+            return None
         if not isinstance(sizes, list) or not sizes:
             raise SpecError([("", "give a list of at least one size")])
         if len(sizes) > MAX_AXIS:
@@ -153,8 +151,37 @@ class ModelSection(Frozen):
         _raise_if(problems)
         return out
 
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> ModelSection:
+        """Exactly one of sizes and dense; a dense model's directory is read here (after the caller's
+        `check_path`, which a server uses to confine it to its data roots before anything reads it)."""
+        if (self.sizes is None) == (self.dense is None):
+            raise SpecError([("", "give exactly one of model.sizes (train dense models) and model.dense (start from "
+                                  "a trained one)")])
+        if self.dense is not None:
+            check_path = (info.context or {}).get("check_path")
+            try:
+                if check_path is not None:
+                    check_path(self.dense.path)
+                self._dense_model = read_dense_model(self.dense.path)
+            except ValueError as e:  # ModelDirError, or the caller's refusal (upscale.data_roots.OutsideRoots)
+                raise SpecError([("dense.path", str(e))]) from None
+        return self
+
+    @property
+    def dense_model(self) -> DenseModelDir | None:
+        """The dense model `dense` names, as read when the spec was validated."""
+        return self._dense_model
+
+    def dense_label(self) -> str:
+        m = self._dense_model
+        assert self.dense is not None and m is not None
+        return self.dense.name or f"imported-L{m.shape.n_layer}-d{m.shape.d_model}"
+
     def shapes(self) -> dict[str, Shape]:
-        """Size label -> shape, in the order given."""
+        """Size label -> shape, in the order given (the one imported model's, with `dense`)."""
+        if self.sizes is None:
+            return {self.dense_label(): self._dense_model.shape}
         return {s if isinstance(s, str) else s.label:
                 NAMED_SIZES[s] if isinstance(s, str) else s.shape for s in self.sizes}
 
@@ -241,16 +268,16 @@ class UpcyclingSection(Frozen):
 
 
 class TokensSection(Frozen):
-    d1: list[Budget] = Field(max_length=MAX_AXIS, description="Dense budgets D1; each is also a dense-law observation.")
+    d1: list[Budget] | None = Field(None, max_length=MAX_AXIS, description="Dense budgets D1; each is also a "
+                                    "dense-law observation. Not with model.dense, whose trained_tokens is D1.")
     d2: list[Budget] = Field(max_length=MAX_AXIS, description="Upcycled-MoE budgets D2, trained after each D1.")
     scratch: list[Budget] | None = Field(None, max_length=MAX_AXIS,
                                          description="From-scratch MoE budgets; omit for none.")
 
     @model_validator(mode="after")
     def _check(self) -> TokensSection:
-        problems = _budget_list_problems("d1", self.d1) + _budget_list_problems("d2", self.d2)
-        if self.scratch is not None:
-            problems += _budget_list_problems("scratch", self.scratch)
+        problems = [p for name in ("d1", "d2", "scratch") if getattr(self, name) is not None
+                    for p in _budget_list_problems(name, getattr(self, name))]
         _raise_if(problems)
         return self
 
@@ -268,7 +295,7 @@ class TokensOverride(Frozen):
 
 
 class LrSection(Frozen):
-    dense: float = Field(gt=0, description="Peak LR of dense training.")
+    dense: float | None = Field(None, gt=0, description="Peak LR of dense training (not used with model.dense).")
     moe: float = Field(gt=0, description="Peak LR of MoE training, upcycled or from scratch (paper A.6).")
 
 
@@ -367,6 +394,10 @@ class SweepSpec(Frozen):
                      for path, bs in [("train.batch_size", self.train.batch_size)] +
                      [(f"per_size.{k}.batch_size", o.batch_size) for k, o in self.per_size.items() if o.batch_size]
                      if bs % w]
+        if self.model.dense is not None:
+            problems += self._dense_problems((info.context or {}).get("check_path"))
+        else:
+            problems += self._sizes_problems()
         if not problems:
             problems += resolve(self).problems
         variants = self.upcycling.variants()
@@ -380,6 +411,46 @@ class SweepSpec(Frozen):
                                          f"{up.method} cannot build {label} as {e}x{k}: {err}"))
         _raise_if(list(dict.fromkeys(problems)))
         return self
+
+    def _sizes_problems(self) -> list[SpecProblem]:
+        """Dense models trained here need their budgets and, without an LR search, their LR."""
+        problems: list[SpecProblem] = []
+        if self.tokens.d1 is None:
+            problems += [("tokens.d1", f"give the dense budgets D1 ({label} has none), or start from a trained model "
+                                       "with model.dense") for label in self.model.shapes()
+                         if not ((o := self.per_size.get(label)) and o.tokens and o.tokens.d1)]
+        problems += [(path, "give the peak LR of dense training") for path, lr in
+                     [("train.lr.dense", self.train.lr)] + [(f"per_size.{k}.lr.dense", o.lr)
+                                                            for k, o in self.per_size.items()]
+                     if lr is not None and lr.dense is None]
+        return problems
+
+    def _dense_problems(self, check_path: Callable[[str], object] | None) -> list[SpecProblem]:
+        """An imported dense model fixes D1, the vocabulary and the longest context; nothing dense is trained. The
+        tokenizer's vocabulary is read here, so a path it names passes ``check_path`` first."""
+        m = self.model.dense_model
+        assert m is not None
+        problems: list[SpecProblem] = []
+        if self.tokens.d1 is not None:
+            problems.append(("tokens.d1", "model.dense.trained_tokens is the D1 of an imported model; drop tokens.d1"))
+        problems += [(f"per_size.{k}.tokens.d1", "model.dense.trained_tokens is the D1 of an imported model")
+                     for k, o in self.per_size.items() if o.tokens and o.tokens.d1 is not None]
+        if self.train.context > m.context:
+            problems.append(("train.context", f"{self.train.context} exceeds the context of the model at "
+                                              f"model.dense.path ({m.context})"))
+        if check_path is not None and self.data.tokenizer not in BUILTIN_TOKENIZERS:
+            try:
+                check_path(self.data.tokenizer)
+            except ValueError as e:
+                return [*problems, ("data.tokenizer", str(e))]
+        tokenizer_vocab = vocab_size_of(self.data)
+        if tokenizer_vocab != m.vocab_size:
+            problems.append(("data.tokenizer", f"the {self.data.tokenizer} tokeniser has {tokenizer_vocab} tokens; "
+                                               f"the model at model.dense.path has vocab_size={m.vocab_size}"))
+        if self.model.vocab_size is not None and self.model.vocab_size != m.vocab_size:
+            problems.append(("model.vocab_size", f"{self.model.vocab_size} differs from vocab_size={m.vocab_size} "
+                                                 "of the model at model.dense.path; drop it"))
+        return problems
 
 
 @dataclass(frozen=True)
@@ -400,9 +471,10 @@ class SizeRecipe:
     warmup_steps: int
     lr: LrSection | None
     init_std: float
-    d1: Budgets
+    d1: Budgets | None  # None for an imported model, whose D1 is its trained_tokens
     d2: Budgets
     scratch: Budgets | None
+    imported: DenseModelDir | None = None
 
 
 @dataclass(frozen=True)
@@ -459,7 +531,7 @@ def resolve(spec: SweepSpec) -> Resolution:
             problems.append(("train.lr_search.tokens", f"{label}: {t.lr_search.tokens} tokens per trial do not reach "
                              f"past the warmup ({warmup} steps of {tps})"))
         recipes.append(SizeRecipe(label, shape, tps, warmup, o.lr or t.lr, o.init_std or spec.model.init_std,
-                                  budgets["d1"], budgets["d2"], budgets["scratch"]))
+                                  budgets["d1"], budgets["d2"], budgets["scratch"], spec.model.dense_model))
     return Resolution(tuple(recipes), tuple(problems), tuple(notes))
 
 
@@ -497,28 +569,33 @@ def check_resources(spec: SweepSpec, available: ClusterResources) -> None:
 
 def segment_bound(spec: SweepSpec) -> int:
     """At most how many segments `planner.plan` makes of ``spec``, counted from its axes without enumerating them (the
-    planner's DAG per size: a dense trunk and a decay per D1; per (experts, topk) and upcycling variant, an upcycle, an
-    MoE trunk and a decay per D2 after each D1; a scratch trunk and its decays; the LR searches). Shared segments make
-    the plan smaller, never larger."""
+    planner's DAG per size: a dense trunk and a decay per D1, or one dense_import; per (experts, topk) and upcycling
+    variant, an upcycle, an MoE trunk and a decay per D2 after each D1; a scratch trunk and its decays; the LR
+    searches). Shared segments make the plan smaller, never larger."""
     variants = sum(len(spec.upcycling.r) if m in R_METHODS else 1 for m in spec.upcycling.methods)
     configs = len(spec.moe.experts) * len(spec.moe.topk)
     total = 0
     for label in spec.model.shapes():
         override = spec.per_size.get(label)
         given = override.tokens if override and override.tokens else TokensOverride()
-        d1, d2 = given.d1 or spec.tokens.d1, given.d2 or spec.tokens.d2
+        d1, d2 = given.d1 or spec.tokens.d1 or [], given.d2 or spec.tokens.d2
         scratch = given.scratch if given.scratch is not None else spec.tokens.scratch
-        searches = 1 + configs if spec.train.lr_search else 0
-        per_config = variants * len(d1) * (2 + len(d2)) + (1 + len(scratch) if scratch is not None else 0)
-        total += 1 + len(d1) + searches + configs * per_config
+        dense_segments, dense_search = (1 + len(d1), 1) if spec.model.dense is None else (1, 0)
+        searches = dense_search + configs if spec.train.lr_search else 0
+        d1_count = len(d1) if spec.model.dense is None else 1
+        per_config = variants * d1_count * (2 + len(d2)) + (1 + len(scratch) if scratch is not None else 0)
+        total += dense_segments + searches + configs * per_config
     return total
 
 
-def parse_spec(data: Any, max_segments: int | None = None) -> SweepSpec:
+def parse_spec(data: Any, max_segments: int | None = None,
+               check_path: Callable[[str], object] | None = None) -> SweepSpec:
     """Validate a spec given as plain data (a dict from YAML/JSON or an API body); SpecError lists every problem.
-    With ``max_segments``, a grid whose `segment_bound` exceeds it is refused before the grid-wide checks."""
+    With ``max_segments``, a grid whose `segment_bound` exceeds it is refused before the grid-wide checks.
+    ``check_path`` is called with `model.dense.path` and a tokenizer path before validation reads them, and raises
+    ValueError to refuse one (a server confining them to its data roots)."""
     try:
-        return SweepSpec.model_validate(data, context={"max_segments": max_segments})
+        return SweepSpec.model_validate(data, context={"max_segments": max_segments, "check_path": check_path})
     except ValidationError as e:
         problems: list[SpecProblem] = []
         for err in e.errors():

@@ -11,7 +11,9 @@ uninterrupted WSD run are the same computation (bit-exact on CPU).
 Starting states (`runtime.parent_checkpoints`): a folder written by `workers.checkpoints.save` (a trunk's branch
 point: weights and optimiser state, resumed with `load_checkpoint`), or one holding only a `model/` export (an
 upcycled MoE: fresh optimiser). Upcycle segments do not train: they load the parent's decayed dense model, call the
-upcycling registry (with calibration windows from the training data) and save the MoE. lr_search segments are the
+upcycling registry (with calibration windows from the training data) and save the MoE. dense_import segments do not
+train either: they check that an imported dense model's weights are still the planned ones, save it as a checkpoint
+at its D1 and measure its validation loss. lr_search segments are the
 orchestrator's (an Optuna study whose trials are ordinary segments run here); it resolves `optim.lr` for their
 children before calling this function.
 
@@ -22,6 +24,7 @@ fetches parents.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ import torch
 
 from upscale import storage
 from upscale.sweeps import run_tags
+from upscale.sweeps.model_dirs import weights_fingerprint
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers import checkpoints
 from upscale.workers.data import TokenData, load_tokens
@@ -43,6 +47,9 @@ from upscale.workers.schedule import check_schedule, lr_multiplier
 from upscale.workers.tracking import MetricLogger
 from upscale.workers.weights import CONFIG_FILE, load_model, save_model
 
+IMPORT_EVAL_BATCH = 8  # windows per forward pass when an imported model's validation loss is measured (a mean over
+# tokens: the batching changes only the summation order)
+SOURCE_FILE = "source.json"  # `upscale model import`'s record of where a model came from
 CALIBRATION_TOKENS = 8192  # windows handed to data-driven upcycling methods (llama-moe sharing, router-upcycling)
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "vocab_size", "context")
 
@@ -86,10 +93,10 @@ def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | 
     if spec.kind == "lr_search":
         raise WorkerError("lr_search segments are run by the orchestrator (orchestrator/lr_search.py: an Optuna "
                           "study whose trials call run_segment); give optim.lr to train a segment alone")
-    if spec.kind == "upcycle":
+    if spec.kind in ("upcycle", "dense_import"):
         if ranks.world > 1:
-            raise WorkerError("an upcycle segment does not train: run it with workers=1")
-        return _upcycle(spec, runtime, t0)
+            raise WorkerError(f"a {spec.kind} segment does not train: run it with workers=1")
+        return _upcycle(spec, runtime, t0) if spec.kind == "upcycle" else _import_dense(spec, runtime, t0)
     return _train(spec, runtime, on_step, t0, ranks)
 
 
@@ -158,6 +165,43 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
     wall = time.perf_counter() - t0
     return SegmentResult(segment_id=spec.id, kind=spec.kind, val_loss=None, tokens=0, wall_s=wall,
                          tokens_per_s=0.0, checkpoint=folder.location_of(out))
+
+
+def _import_dense(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentResult:
+    """A dense model trained elsewhere, as a checkpoint at its D1 (`tokens_<D1>/model/` + sidecar) that upcycle
+    segments start from, and its validation loss on the sweep's data: one dense observation. The weights must still
+    be the ones the segment was planned from (their SHA-256 is its identity)."""
+    source = spec.dense_import
+    assert source is not None  # guaranteed by SegmentSpec for dense_import
+    found = weights_fingerprint(source.path)
+    if found != source.fingerprint:
+        raise WorkerError(f"the weights in {source.path} changed since the sweep was planned (sha256 {found[:16]}, "
+                          f"planned {source.fingerprint[:16]}); submit the sweep again to plan from them")
+    cfg, weights = load_model(source.path)
+    if cfg.context < spec.model.context:
+        raise WorkerError(f"the model in {source.path} has context {cfg.context}, less than the sweep's "
+                          f"{spec.model.context}")
+    cfg = cfg.model_copy(update={"context": spec.model.context})  # the model as the sweep uses it, as its children
+    _check_shape(cfg, spec, Path(source.path))
+    folder = storage.SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir)
+    out = folder.local / checkpoints.tag_for(spec.end_tokens)
+    save_model(out / checkpoints.MODEL_DIR, cfg, weights)
+    if (Path(source.path) / SOURCE_FILE).is_file():  # provenance (the Hugging Face source) travels with the model
+        shutil.copyfile(Path(source.path) / SOURCE_FILE, out / checkpoints.MODEL_DIR / SOURCE_FILE)
+    model = build_model(cfg, spec.seed)
+    model.load_state_dict(weights)
+    model.to(runtime.device)
+    val_set = _data(spec, runtime).val_batches(spec.data.eval_tokens, spec.model.context, IMPORT_EVAL_BATCH)
+    logger = MetricLogger(runtime.mlflow_tracking_uri, runtime.mlflow_run_id, run_name=run_tags.run_name(spec),
+                          params=run_tags.segment_params(spec),
+                          tags=run_tags.segment_tags(spec.id) | runtime.mlflow_tags)
+    with logger:
+        loss = val_loss(model, val_set, runtime.device)
+        logger.log(spec.end_tokens, {"val_loss": loss})
+    checkpoints.write_meta(out, {**_meta(spec), "tokens": spec.end_tokens}, cfg)
+    folder.push(out)
+    return SegmentResult(segment_id=spec.id, kind=spec.kind, val_loss=loss, tokens=0,
+                         wall_s=time.perf_counter() - t0, tokens_per_s=0.0, checkpoint=folder.location_of(out))
 
 
 @dataclass

@@ -24,8 +24,8 @@ from upscale.sweeps.spec import SpecError, SweepSpec, load_spec
 
 register_user_error(SpecError)
 
-KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk",
-              "scratch_decay")
+KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
+              "scratch_trunk", "scratch_decay")
 
 
 def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: float | None) -> dict:

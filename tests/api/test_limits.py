@@ -1,8 +1,8 @@
 """Bounded work per request, on a live server: a grid over UPSCALE_MAX_SEGMENTS is refused before planning while
 /healthz keeps answering, a body over UPSCALE_MAX_BODY_BYTES is 413 and stores nothing, YAML aliases, deep nesting,
-infinities and integers the store cannot hold are small 422s with field paths, data.corpus (a glob's matches too)
-and data.tokenizer are confined to the data roots with one answer whether or not a path exists, and resources the
-cluster lacks are refused at submit. No background loops: nothing trains."""
+infinities and integers the store cannot hold are small 422s with field paths, data.corpus (a glob's matches too),
+data.tokenizer and model.dense.path are confined to the data roots with one answer whether or not a path exists, and
+resources the cluster lacks are refused at submit. No background loops: nothing trains."""
 
 from __future__ import annotations
 
@@ -226,6 +226,8 @@ def test_tokenizer_and_glob_matches_are_confined_to_the_data_roots(server, outsi
     (root / "globbed").mkdir(exist_ok=True)
     (root / "globbed" / "escape.txt").unlink(missing_ok=True)
     (root / "globbed" / "escape.txt").symlink_to(outside / "notes.txt")
+    (root / "escape").unlink(missing_ok=True)
+    (root / "escape").symlink_to(outside)
     r = _post_raw(server, json.dumps({**SPEC, "data": {"corpus": str(root / "globbed" / "*.txt")}}))
     assert r.status_code == 422 and _locs(r) == [["body", "data", "corpus"]], r.text
     for tokenizer in (str(outside), "relative/tok", str(root / "escape")):
@@ -252,3 +254,47 @@ def test_infinities_in_other_bodies_are_422_with_field_paths(server) -> None:
         r = c.post("/fits", content='{"law": "power-d2", "kind": "upcycled", "rows": [{"D2": 1, "loss": 1}], '
                    '"fixed": {"E": NaN}}', headers={"content-type": "application/json"})
         assert ["body", "fixed", "E"] in _locs(r)
+
+
+def _dense_spec(name: str, path: str) -> dict:
+    """SPEC started from the model directory at ``path`` instead of trained dense sizes."""
+    return {**SPEC, "name": name, "model": {"dense": {"path": path, "trained_tokens": 4096}},
+            "tokens": {"d2": [128, 256]}, "train": {**SPEC["train"], "lr": {"moe": 2e-3}}}
+
+
+def _model_dir(path: Path) -> Path:
+    """A dense model directory as the planner reads it (config.json, and the weights' bytes it hashes)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"n_layer": 1, "d_model": 32, "n_head": 2, "vocab_size": 256,
+                                                  "context": 64}))
+    (path / "weights.pt").write_bytes(b"weights")
+    return path
+
+
+def test_a_dense_model_outside_the_data_roots_is_one_identical_422_and_never_read(server, outside) -> None:
+    model = _model_dir(outside / "model")  # a real model directory: accepted if it were read
+    answers = []
+    for path in (str(model), str(outside / "missing"), "/etc", "relative/model"):
+        r = _post_raw(server, json.dumps(_dense_spec("outside", path)))
+        assert r.status_code == 422, (path, r.text)
+        answers.append(r.json())
+    assert all(a == answers[0] for a in answers), answers
+    (problem,) = answers[0]["detail"]
+    assert problem["loc"] == ["body", "model", "dense", "path"] and "UPSCALE_DATA_ROOTS" in problem["msg"]
+
+
+def test_a_dense_model_under_a_data_root_is_planned(server) -> None:
+    model = _model_dir(server.settings.data_root_paths[0] / "models" / "mine")
+    r = _post_raw(server, json.dumps(_dense_spec("imported", str(model))))
+    assert r.status_code == 201, r.text
+    assert r.json()["plan"]["by_kind"]["dense_import"] == 1
+
+
+def test_the_tokenizer_of_an_imported_model_is_confined_before_its_vocabulary_is_read(server, outside) -> None:
+    model = _model_dir(server.settings.data_root_paths[0] / "models" / "vocab")
+    (outside / "tokenizer.json").write_text("not json")  # read, it would be refused as a broken tokenizer instead
+    spec = {**_dense_spec("vocab", str(model)), "data": {"tokenizer": str(outside / "tokenizer.json")}}
+    r = _post_raw(server, json.dumps(spec))
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["detail"]
+    assert problem["loc"] == ["body", "data", "tokenizer"] and "UPSCALE_DATA_ROOTS" in problem["msg"]

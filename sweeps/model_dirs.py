@@ -1,0 +1,78 @@
+"""Read an upscale model directory without torch: the shape a sweep plans from, and the weights' content fingerprint.
+
+A model directory (workers/weights.py) is `config.json` (a ModelConfig as JSON) + `weights.pt`. A sweep that starts
+from an imported dense model (`model: {dense: {path, trained_tokens}}`) reads its config here, at validation, and
+keys its `dense_import` segment by the SHA-256 of the weights file rather than by the path: the same weights
+anywhere give the same segment, changed weights a new one. Hashing a 0.1B model reads ~0.5 GB, so the digest is
+remembered by the file's size and modification time (sweeps/data_sources.py `FileHashes`, as the corpus files').
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from upscale.sweeps.data_sources import FileHashes, default_cache_dir
+from upscale.sweeps.segments import ModelSpec, Shape
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "weights.pt"
+# Config keys a sweep takes from an imported model: its decoder shape, and the ModelSpec options that change what
+# it computes. Only those the installed Shape / ModelSpec define are passed on.
+SHAPE_KEYS = ("n_layer", "d_model", "n_head", "ffn_width", "n_kv_head")
+OPTION_KEYS = ("tie_embeddings", "norm_eps", "rope_theta")
+
+
+class ModelDirError(ValueError):
+    """A path that is not a dense upscale model directory; the message says what is wrong and how to make one."""
+
+
+@dataclass(frozen=True)
+class DenseModelDir:
+    """What a sweep needs of an imported dense model: its shape, the ModelSpec options it was built with, its
+    vocabulary and the longest context it was built for."""
+
+    path: str
+    shape: Shape
+    options: tuple[tuple[str, object], ...]
+    vocab_size: int
+    context: int
+
+
+def read_dense_model(path: str | Path) -> DenseModelDir:
+    """The dense model at ``path``; ModelDirError if it is missing, not a model directory, or an MoE."""
+    src = Path(path).expanduser()
+    if not src.is_dir():
+        raise ModelDirError(f"no model directory at {path}")
+    cfg_file = src / CONFIG_FILE
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (src / f).is_file()]
+    if missing:
+        raise ModelDirError(f"{path} is not an upscale model directory ({', '.join(missing)} missing); write one with "
+                            "`upscale model import --hf DIR --out MODEL` or `upscale model init`")
+    try:
+        fields = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"{cfg_file} is not valid JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise ModelDirError(f"{cfg_file} must hold a JSON object of model config fields")
+    absent = [k for k in ("n_layer", "d_model", "n_head", "vocab_size", "context") if k not in fields]
+    if absent:
+        raise ModelDirError(f"{cfg_file} lacks {', '.join(absent)}")
+    if fields.get("n_expert"):
+        raise ModelDirError(f"{cfg_file}: n_expert={fields['n_expert']}; model.dense takes a dense model")
+    try:
+        shape = Shape(**{k: fields[k] for k in SHAPE_KEYS if k in fields and k in Shape.model_fields})
+        options = tuple((k, fields[k]) for k in OPTION_KEYS if k in fields and k in ModelSpec.model_fields)
+        ModelSpec(**shape.model_dump(), **dict(options), vocab_size=fields["vocab_size"], context=fields["context"])
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ModelDirError(f"{cfg_file}: {'.'.join(map(str, err['loc'])) or 'shape'}: {err['msg']}") from None
+    return DenseModelDir(str(path), shape, options, fields["vocab_size"], fields["context"])
+
+
+def weights_fingerprint(path: str | Path) -> str:
+    """SHA-256 of the model directory's weights file, remembered by its size and mtime like the corpus files'."""
+    return FileHashes(default_cache_dir() / "fingerprints").sha256(Path(path).expanduser() / WEIGHTS_FILE)
