@@ -6,43 +6,17 @@ schedule).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from upscale.orchestrator.plan_in_store import PlanInStore, compare
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, cluster_resources
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.sweeps import segments
-from upscale.sweeps.planner import Plan, PlannedSegment, plan, unversioned_ids
+from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import fingerprint
 from upscale.sweeps.spec import SweepSpec, check_resources
-
-
-@dataclass(frozen=True)
-class PlanInStore:
-    """A plan compared with what the store holds: its segments done there, and those the store holds only trained
-    under another training-semantics version (stale: planned key -> the stale segment's key)."""
-
-    plan: Plan
-    done: frozenset[str] = frozenset()
-    stale: dict[str, str] = field(default_factory=dict)
-    reuse_stale: bool = False  # stale results are taken over, not retrained
-
-    def to_train(self) -> list[PlannedSegment]:
-        """The plan's segments that running it trains: not done, and not stale unless stale results are reused."""
-        held = self.done | (self.stale.keys() if self.reuse_stale else set())
-        return [s for s in self.plan.segments if s.id not in held]
-
-    def figures(self) -> dict[str, Any]:
-        """Segments, tokens and FLOPs of the whole plan and of what it trains (`new_*`), the independent-runs cost
-        and saving of the whole plan, and the stale segments."""
-        p, new = self.plan, self.to_train()
-        return {"segments": len(p.segments), "new_segments": len(new),
-                "tokens": sum(s.tokens for s in p.segments), "new_tokens": sum(s.tokens for s in new),
-                "flops": p.total_flops, "new_flops": sum(s.flops for s in new),
-                "independent_flops": p.independent_flops, "saving": p.saving,
-                "stale_segments": len(self.stale), "stale": dict(self.stale), "reuse_stale": self.reuse_stale}
 
 
 @dataclass
@@ -58,8 +32,7 @@ class Orchestrator:
 
     def compare(self, p: Plan, reuse_stale: bool = False) -> PlanInStore:
         """What the store holds of plan ``p``: done segments and stale ones (`Store.holdings`)."""
-        done, stale = self.store.holdings(unversioned_ids(p.segments))
-        return PlanInStore(p, frozenset(done), stale, reuse_stale)
+        return compare(self.store, p, reuse_stale)
 
     def submit(self, spec: SweepSpec, planned: Plan | None = None, reuse_stale: bool = False,
                stale: dict[str, str] | None = None) -> SweepRecord:

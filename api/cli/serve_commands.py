@@ -169,6 +169,9 @@ def status_command(
         t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
                   "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
     console.print(t)
+    if d["stale_segments"]:
+        console.print(f"{len(d['stale_segments'])} segment(s) were stale (trained under an older training-semantics "
+                      f"version) when it was recorded: {'reused (--reuse-stale)' if d['reuse_stale'] else 'retrained'}")
 
 
 @app.command("refit")
