@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from mlflow import MlflowClient
 
-from tests.orchestrator.conftest import TINY_SPEC
+from tests.orchestrator.conftest import TINY_NAIVE_SPEC, TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment, loss_of
 from upscale.api.cli.run_commands import trained_report
 from upscale.orchestrator.scheduler import Scheduler
@@ -19,11 +19,6 @@ from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
-# TINY_SPEC's naive half: its segments are TINY_SPEC's too
-MICRO_SPEC = (TINY_SPEC.replace("name: tiny", "name: micro").replace("methods: [naive, drop]", "methods: [naive]")
-              .replace(", scratch: [512]", ""))
-
-
 def _run(orch: Orchestrator, spec, reuse_stale: bool = False):
     return orch.run(spec, Scheduler(orch.store, orch.settings, segment_fn=counting_segment, poll_s=0.05),
                     reuse_stale=reuse_stale)
@@ -31,7 +26,7 @@ def _run(orch: Orchestrator, spec, reuse_stale: bool = False):
 
 def test_a_version_bump_makes_segments_stale_and_retrains_them(settings, monkeypatch) -> None:
     orch = Orchestrator.open(settings)
-    micro = load_spec(MICRO_SPEC)
+    micro = load_spec(TINY_NAIVE_SPEC)
     v1 = plan(micro)
     assert len(_run(orch, micro).trained) == len(v1.segments)
     assert orch.compare(v1).stale == {} and orch.compare(v1).figures()["new_segments"] == 0
@@ -56,7 +51,7 @@ def test_a_version_bump_makes_segments_stale_and_retrains_them(settings, monkeyp
 
 def test_reuse_stale_takes_results_over_and_children_train_from_them(settings, monkeypatch) -> None:
     orch = Orchestrator.open(settings)
-    micro, tiny = load_spec(MICRO_SPEC), load_spec(TINY_SPEC)
+    micro, tiny = load_spec(TINY_NAIVE_SPEC), load_spec(TINY_SPEC)
     _run(orch, micro)
     old = {s.id: s for s in plan(micro).segments}
 
