@@ -27,6 +27,12 @@ class PlanSummary(BaseModel):
     independent_flops: float = Field(description="FLOPs of the same grid as independent runs.")
     saving: float = Field(description="independent_flops / total_flops.")
     notes: list[str] = Field(description="How budgets were rounded to whole steps.")
+    tokens: int = Field(description="Tokens of the whole plan.")
+    new_tokens: int = Field(description="Tokens of the segments that will train (`new_segments`).")
+    new_flops: float = Field(description="FLOPs of the segments that will train.")
+    stale_segments: dict[str, str] = Field(description="Planned segment key -> a done segment of the same job trained "
+                                           "under an older training-semantics version: retrained, unless the sweep "
+                                           "reuses them (`reuse_stale`).")
 
 
 class SweepCreated(BaseModel):
@@ -38,6 +44,8 @@ class SweepCreated(BaseModel):
     existing: bool = Field(False, description="True: the caller already had a sweep of this identical spec, and this "
                            "is it (HTTP 200; queued again if it had failed or been cancelled); `new=true` forces a new "
                            "one.")
+    reuse_stale: bool = Field(False, description="The sweep takes over the results of `plan.stale_segments` instead of "
+                              "retraining them (`reuse_stale=true`).")
 
 
 class SweepSummary(BaseModel):
@@ -60,6 +68,8 @@ class SegmentProgress(BaseModel):
     axes: dict[str, Any] = Field(description="This sweep's grid coordinates of the segment.")
     val_loss: float | None = Field(description="Final validation loss, once done (decays).")
     error: str | None
+    reused_from: str | None = Field(None, description="The stale segment (older training-semantics version) whose "
+                                    "result it was recorded done with.")
 
 
 class SweepDetail(SweepSummary):
@@ -68,6 +78,9 @@ class SweepDetail(SweepSummary):
     by_status: dict[str, int] = Field(description="Segment count per status.")
     flops_done: float = Field(description="FLOPs of the segments done so far.")
     flops_planned: float = Field(description="FLOPs of all the sweep's segments.")
+    stale_segments: dict[str, str] = Field(description="Its segment key -> a done segment of the same job trained "
+                                           "under an older training-semantics version, found when it was recorded.")
+    reuse_stale: bool = Field(description="True: it took over those stale results instead of retraining them.")
     segments: list[SegmentProgress]
 
 
@@ -76,6 +89,8 @@ class SweepExtend(BaseModel):
 
     additions: dict[str, Any] = Field(description="Partial spec; lists are unioned, scalars replaced.",
                                       examples=[{"tokens": {"d2": [1024]}}])
+    reuse_stale: bool = Field(False, description="Take over segments trained under an older training-semantics "
+                              "version instead of retraining them.")
 
 
 class FitCreate(BaseModel):

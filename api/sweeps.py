@@ -88,28 +88,31 @@ def cluster(services: Services) -> ClusterResources | None:
 
 
 def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None,
-           new: bool = False) -> SweepCreated:
-    """Record ``spec`` as a sweep owned by ``owner``; segments already done anywhere are not retrained. Unless
-    ``new``, the owner's sweep of an identical spec is returned instead (``existing``), queued again if it had
-    failed or been cancelled."""
+           new: bool = False, reuse_stale: bool = False) -> SweepCreated:
+    """Record ``spec`` as a sweep owned by ``owner``; segments already done anywhere are not retrained, nor, with
+    ``reuse_stale``, those done under an older training-semantics version. Unless ``new``, the owner's sweep of an
+    identical spec is returned instead (``existing``), queued again if it had failed or been cancelled."""
     p = plan(spec)
-    known = services.store.segments([s.id for s in p.segments])
+    check = services.orch.compare(p, reuse_stale)
     sweep = None if new else identical(services, spec, owner)
     if sweep is not None and sweep.status in ("failed", "cancelled"):
         services.store.set_sweep(sweep.id, status="pending", error=None)
+    if sweep is not None and reuse_stale and check.stale:
+        services.store.adopt_stale(sweep.id, check.stale)
+    if sweep is not None:
         sweep = services.store.sweep(sweep.id)
     existing = sweep is not None
     if sweep is None:
-        sweep = services.orch.submit(spec, p)
+        sweep = services.orch.submit(spec, p, reuse_stale=reuse_stale, stale=check.stale)
         with services.store.transaction() as s:
             s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
+    f = check.figures()
     summary = PlanSummary(
-        segments=len(p.segments), new_segments=sum(1 for s in p.segments if getattr(known.get(s.id), "status", "")
-                                                   != "done"),
-        by_kind=p.by_kind(), observations=len(p.observations()), total_flops=p.total_flops,
-        independent_flops=p.independent_flops, saving=p.saving, notes=list(p.notes))
+        segments=f["segments"], new_segments=f["new_segments"], by_kind=p.by_kind(), observations=len(p.observations()),
+        total_flops=f["flops"], independent_flops=f["independent_flops"], saving=f["saving"], notes=list(p.notes),
+        tokens=f["tokens"], new_tokens=f["new_tokens"], new_flops=f["new_flops"], stale_segments=f["stale"])
     return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=summary,
-                        existing=existing)
+                        existing=existing, reuse_stale=sweep.reuse_stale)
 
 
 def merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:
@@ -125,11 +128,13 @@ def merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: str) -> SweepCreated:
+def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: str,
+           reuse_stale: bool = False) -> SweepCreated:
     """A new sweep whose spec is the old one plus ``additions``: only its new segments train."""
     check_document(additions, "additions")  # before `merge` recurses through it
     old = services.store.sweep(sweep_id)
-    return submit(services, admit(services, merge(old.spec, additions)), owner, extends=sweep_id)
+    return submit(services, admit(services, merge(old.spec, additions)), owner, extends=sweep_id,
+                  reuse_stale=reuse_stale)
 
 
 def owner_of(services: Services, sweep_id: str) -> str:
@@ -213,7 +218,7 @@ def detail(services: Services, sweep_id: str) -> SweepDetail:
     members = services.store.members(sweep_id)
     segs = [SegmentProgress(key=seg.key, kind=seg.kind, status=seg.status, attempts=seg.attempts, tokens=seg.tokens,
                             flops=seg.flops, axes=link.axes, val_loss=(seg.result or {}).get("val_loss"),
-                            error=seg.error) for seg, link in members]
+                            error=seg.error, reused_from=seg.reused_from) for seg, link in members]
     by_status = Counter(s.status for s in segs)
     with services.store.transaction() as s:
         owner = s.get(SweepOwnerRecord, sweep_id)
@@ -222,4 +227,4 @@ def detail(services: Services, sweep_id: str) -> SweepDetail:
         segments_done=by_status["done"], segments_total=len(segs), created_at=sweep.created_at, error=sweep.error,
         mlflow_run_id=sweep.mlflow_run_id, by_status=dict(by_status),
         flops_done=sum(s.flops for s in segs if s.status == "done"), flops_planned=sum(s.flops for s in segs),
-        segments=segs)
+        stale_segments=sweep.stale_segments or {}, reuse_stale=sweep.reuse_stale, segments=segs)

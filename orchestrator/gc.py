@@ -39,13 +39,19 @@ def collect_garbage(store: Store, everything: bool = False, dry_run: bool = Fals
         status = {seg.key: seg.status for seg in segments}
         kind = {seg.key: seg.kind for seg in segments}
         needed = {p for seg in segments if seg.status != "done" for p in seg.parents}
-        live = s.scalars(select(CheckpointRecord).where(CheckpointRecord.deleted_at.is_(None))
-                         .order_by(CheckpointRecord.id))
-        seen: set[str] = set()  # a trunk's final checkpoint may also be its last branch point: one folder, two rows
+        live = list(s.scalars(select(CheckpointRecord).where(CheckpointRecord.deleted_at.is_(None))
+                              .order_by(CheckpointRecord.id)))
+
+        def keep(ckpt: CheckpointRecord) -> bool:
+            kept = ckpt.segment_key in needed or status.get(ckpt.segment_key) != "done"
+            return kept or (not everything and kind.get(ckpt.segment_key) in LIKELY_PARENT_KINDS)
+
+        # A folder can have several rows: a trunk's final checkpoint may be its last branch point, and a segment that
+        # took over a stale one's result (--reuse-stale) records the same folders; one row kept keeps the folder.
+        kept_uris = {ckpt.uri for ckpt in live if keep(ckpt)}
+        seen: set[str] = set()
         for ckpt in live:
-            keep = ckpt.segment_key in needed or status.get(ckpt.segment_key) != "done"
-            keep = keep or (not everything and kind.get(ckpt.segment_key) in LIKELY_PARENT_KINDS)
-            if keep:
+            if ckpt.uri in kept_uris:
                 report.kept.append(ckpt.uri)
                 continue
             if ckpt.uri not in seen:

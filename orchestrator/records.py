@@ -11,7 +11,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import false as sa_false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SweepStatus = Literal["pending", "running", "done", "failed", "cancelling", "cancelled"]
@@ -52,6 +53,11 @@ class SweepRecord(Base):
     runner: Mapped[str | None] = mapped_column(String(200), doc="Scheduler driving it while running or cancelling "
                                                "(host:pid:nonce).")
     runner_heartbeat_at: Mapped[datetime | None] = mapped_column(doc="When its runner last said it was alive.")
+    stale_segments: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc="Planned segment key -> the key of the "
+                                                                  "same job the store held trained under an older "
+                                                                  "training-semantics version, when it was recorded.")
+    reuse_stale: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false(),
+                                              doc="The user asked to reuse those stale results (`--reuse-stale`).")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -71,6 +77,12 @@ class SegmentRecord(Base):
     flops: Mapped[float] = mapped_column(Float, default=0.0)
     trunk: Mapped[str | None] = mapped_column(String(64), doc="The trunk this segment branches from (bootstrap).")
     observation: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc="Planned observation, if any.")
+    semantics: Mapped[int] = mapped_column(Integer, server_default="1",
+                                           doc="Training-semantics version of `config` (TRAINING_SEMANTICS).")
+    unversioned_key: Mapped[str | None] = mapped_column(String(64), index=True, doc="`SegmentSpec.unversioned_id`: "
+                                                        "equal for the same job under any training-semantics version.")
+    reused_from: Mapped[str | None] = mapped_column(String(64), doc="The stale segment (older version) whose result "
+                                                    "and checkpoints this one was recorded done with (--reuse-stale).")
     checkpoint_uri: Mapped[str | None] = mapped_column(Text)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc="SegmentResult as JSON once done.")

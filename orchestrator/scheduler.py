@@ -172,6 +172,8 @@ class Scheduler:
             sweep.mlflow_run_id = self.tracker.start_sweep(sweep.id, sweep.name, sweep.spec)
             self.store.set_sweep(sweep_id, mlflow_run_id=sweep.mlflow_run_id)
         self.store.set_sweep(sweep_id, status="running", error=None)
+        if sweep.reuse_stale:
+            self.tracker.tag_reused_stale(sweep.mlflow_run_id, len(sweep.stale_segments or {}))
         self._show_reused(sweep)
         out = SweepOutcome(sweep_id, "running")
         inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]] = {}

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from upscale.orchestrator.plan_in_store import PlanInStore, compare
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, cluster_resources
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
+from upscale.sweeps import segments
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import fingerprint
 from upscale.sweeps.spec import SweepSpec, check_resources
@@ -28,25 +30,43 @@ class Orchestrator:
     def open(cls, settings: Settings) -> Orchestrator:
         return cls(Store(settings.db_url), settings)
 
-    def submit(self, spec: SweepSpec, planned: Plan | None = None) -> SweepRecord:
+    def compare(self, p: Plan, reuse_stale: bool = False) -> PlanInStore:
+        """What the store holds of plan ``p``: done segments and stale ones (`Store.holdings`)."""
+        return compare(self.store, p, reuse_stale)
+
+    def submit(self, spec: SweepSpec, planned: Plan | None = None, reuse_stale: bool = False,
+               stale: dict[str, str] | None = None) -> SweepRecord:
         """Record ``spec`` with its plan (planned here unless the caller has it); segments already known (from any
-        sweep) are shared, not re-planned."""
+        sweep) are shared, not re-planned. Segments the store holds trained under an older training-semantics
+        version (``stale``, found here unless the caller has them) are recorded on the sweep and retrained, or with
+        ``reuse_stale`` taken over from the old ones."""
         p = planned or plan(spec)
+        if stale is None:
+            stale = self.compare(p).stale
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
-                                       spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec))
+                                       spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec),
+                                       stale=stale, reuse_stale=reuse_stale)
 
     def identical(self, spec: SweepSpec) -> list[SweepRecord]:
         """The sweeps recorded from a spec identical to ``spec``, newest first."""
         return self.store.sweeps_with_spec(spec_hash(spec))
 
-    def run(self, spec: SweepSpec, scheduler: Scheduler | None = None, sweep_id: str | None = None) -> SweepOutcome:
+    def run(self, spec: SweepSpec, scheduler: Scheduler | None = None, sweep_id: str | None = None,
+            reuse_stale: bool = False) -> SweepOutcome:
         """Submit ``spec`` (or resume ``sweep_id``, recorded from it) and train it to completion on Ray (embedded
-        unless RAY_ADDRESS is set)."""
+        unless RAY_ADDRESS is set); with ``reuse_stale``, segments held only under an older training-semantics
+        version are taken over instead of trained (a resumed sweep's too)."""
         check_resources(spec, cluster_resources(self.settings))
-        sweep_id = sweep_id or self.submit(spec).id
+        if sweep_id is None:
+            sweep_id = self.submit(spec, reuse_stale=reuse_stale).id
+        elif reuse_stale and (stale := self.compare(plan(spec)).stale):
+            self.store.adopt_stale(sweep_id, stale)
         return (scheduler or Scheduler(self.store, self.settings)).run(sweep_id)
 
 
 def spec_hash(spec: SweepSpec) -> str:
-    """What makes two submissions the same sweep: the hash of the validated spec's canonical JSON."""
-    return fingerprint(spec)
+    """What makes two submissions the same sweep: the hash of the validated spec's canonical JSON, and the
+    training-semantics version from version 2 on (a sweep recorded under an older one holds that version's
+    segments: an identical spec after a bump is a new sweep)."""
+    version = segments.TRAINING_SEMANTICS  # read at call time: a test may set another
+    return fingerprint(spec) if version == 1 else fingerprint({"spec": spec, "training_semantics": version})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -32,7 +32,7 @@ from upscale.orchestrator.records import (
     SweepSegmentRecord,
     utcnow,
 )
-from upscale.sweeps.planner import PlannedSegment
+from upscale.sweeps.planner import PlannedSegment, unversioned_ids
 from upscale.sweeps.segments import SegmentResult
 
 
@@ -85,10 +85,16 @@ class Store:
     # -- sweeps ---------------------------------------------------------------------------------------------------
 
     def create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
-                     segments: Sequence[PlannedSegment], spec_hash: str | None = None) -> SweepRecord:
-        """Record a sweep and its segments; segments another sweep already created are shared, not duplicated."""
+                     segments: Sequence[PlannedSegment], spec_hash: str | None = None,
+                     stale: Mapping[str, str] | None = None, reuse_stale: bool = False) -> SweepRecord:
+        """Record a sweep and its segments; segments another sweep already created are shared, not duplicated.
+
+        ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
+        version; it is recorded on the sweep, and with ``reuse_stale`` their results are taken over (`adopt_stale`)
+        in the same transaction, so no scheduler can start training them in between."""
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
-                            status="pending")
+                            status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale)
+        unversioned = unversioned_ids(segments)
         with self.transaction() as s:
             s.add(sweep)
             known = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_([p.id for p in segments]))))
@@ -99,11 +105,65 @@ class Store:
                         parents=list(p.spec.parent_ids), status="pending", attempts=0, tokens=int(p.tokens),
                         flops=float(p.flops), trunk=p.trunk,
                         observation=dataclasses.asdict(p.observation) if p.observation else None,
+                        semantics=p.spec.semantics, unversioned_key=unversioned[p.id],
                     ))
                     known.add(p.id)
                 s.add(SweepSegmentRecord(sweep_id=sweep.id, segment_key=p.id, position=position,
                                          axes={k: v for k, v in p.axes.items()}))
+            if reuse_stale and stale:
+                s.flush()
+                self._adopt_stale(s, stale)
         return sweep
+
+    def holdings(self, unversioned: Mapping[str, str]) -> tuple[set[str], dict[str, str]]:
+        """What the store holds of planned segments (``unversioned``: planned key -> `SegmentSpec.unversioned_id`):
+        the keys done, and for each one not done the key of a done segment of the same job trained under another
+        training-semantics version (stale), the newest version's first; one transaction."""
+        keys = list(unversioned)
+        with self.transaction() as s:
+            done = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_(keys),
+                                                                SegmentRecord.status == "done")))
+            wanted = {u: k for k, u in unversioned.items() if k not in done}
+            rows = s.execute(select(SegmentRecord.key, SegmentRecord.unversioned_key)
+                             .where(SegmentRecord.unversioned_key.in_(list(wanted)), SegmentRecord.status == "done",
+                                    SegmentRecord.key.not_in(keys))
+                             .order_by(SegmentRecord.semantics, SegmentRecord.updated_at))
+            stale = {wanted[u]: old for old, u in rows}  # ascending: the newest version's row is written last
+        return done, {k: stale[k] for k in keys if k in stale}
+
+    def adopt_stale(self, sweep_id: str, stale: Mapping[str, str]) -> list[str]:
+        """Record the sweep's planned segments in ``stale`` as done with the results of the stale segments they map to
+        (`holdings`), and mark the sweep as reusing them; returns the keys taken over (those still pending)."""
+        with self.transaction() as s:
+            sweep = s.get(SweepRecord, sweep_id)
+            if sweep is None:
+                raise _no_sweep(sweep_id)
+            sweep.reuse_stale = True
+            sweep.stale_segments = {**(sweep.stale_segments or {}), **stale}
+            return self._adopt_stale(s, stale)
+
+    def _adopt_stale(self, s: Session, stale: Mapping[str, str]) -> list[str]:
+        """Each pending (or failed) segment in ``stale`` becomes done with its stale segment's result, checkpoints and
+        observation: its children start from the stale checkpoints, as from any done parent's."""
+        olds = {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(list(stale.values()))))}
+        ckpts = s.scalars(select(CheckpointRecord).where(CheckpointRecord.segment_key.in_(list(olds)),
+                                                         CheckpointRecord.deleted_at.is_(None)))
+        by_segment: dict[str, list[CheckpointRecord]] = {}
+        for c in ckpts:
+            by_segment.setdefault(c.segment_key, []).append(c)
+        now, adopted = utcnow(), []
+        for key, old_key in stale.items():
+            seg, old = s.get(SegmentRecord, key), olds.get(old_key)
+            if seg is None or old is None or old.status != "done" or seg.status not in ("pending", "failed"):
+                continue
+            seg.status, seg.result = "done", {**(old.result or {}), "segment_id": key}
+            seg.checkpoint_uri, seg.mlflow_run_id, seg.reused_from = old.checkpoint_uri, old.mlflow_run_id, old.key
+            seg.error, seg.updated_at = None, now
+            for c in by_segment.get(old_key, []):
+                s.add(CheckpointRecord(segment_key=key, role=c.role, tokens=c.tokens, uri=c.uri))
+            self._observe(s, seg, (old.result or {}).get("val_loss"))
+            adopted.append(key)
+        return adopted
 
     def sweep(self, sweep_id: str) -> SweepRecord:
         with self.transaction() as s:
@@ -238,15 +298,21 @@ class Store:
                                        uri=result.checkpoint))
             for tokens, uri in sorted(result.branch_checkpoints.items()):
                 s.add(CheckpointRecord(segment_key=key, role="branch", tokens=int(tokens), uri=uri))
-            if seg.observation is not None and result.val_loss is not None:
-                o = seg.observation
-                s.add(ObservationRecord(
-                    segment_key=key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"), D2=o.get("D2"), D=o.get("D"),
-                    N2=o.get("N2"), N_total=o.get("N_total"), n_expert=o.get("n_expert"), topk=o.get("topk"),
-                    method=o.get("method"), r=o.get("r"), loss=result.val_loss, trunk=seg.trunk or key,
-                    mlflow_run_id=seg.mlflow_run_id,
-                ))
+            self._observe(s, seg, result.val_loss)
         return True
+
+    @staticmethod
+    def _observe(s: Session, seg: SegmentRecord, loss: float | None) -> None:
+        """Record the observation a done segment makes, if it plans one and has a loss."""
+        if seg.observation is None or loss is None:
+            return
+        o = seg.observation
+        s.add(ObservationRecord(
+            segment_key=seg.key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"), D2=o.get("D2"), D=o.get("D"),
+            N2=o.get("N2"), N_total=o.get("N_total"), n_expert=o.get("n_expert"), topk=o.get("topk"),
+            method=o.get("method"), r=o.get("r"), loss=loss, trunk=seg.trunk or seg.key,
+            mlflow_run_id=seg.mlflow_run_id,
+        ))
 
     def fail(self, key: str, attempt: AttemptRecord, error: str, max_attempts: int, retry: bool = True) -> str:
         """Close a failed attempt; the segment goes back to pending while failed attempts < ``max_attempts``.

@@ -75,6 +75,10 @@ class RunTree:
         self.client.log_dict(run_id, spec, "sweep.json")
         return run_id
 
+    def tag_reused_stale(self, run_id: str, segments: int) -> None:
+        """Say on a sweep's run that it took over ``segments`` results trained under an older training version."""
+        self.client.set_tag(run_id, run_tags.REUSE_STALE, str(segments))
+
     def start_segment(self, parent_run_id: str, sweep_id: str, key: str, spec: SegmentSpec,
                       axes: dict[str, Any]) -> str:
         """The run of segment ``key`` under its sweep's run. ``spec`` has its LR resolved (params are immutable:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
@@ -98,6 +99,20 @@ class Plan:
     def observations(self) -> list[PlannedSegment]:
         """The segments that produce an observation (the decays), in plan order."""
         return [s for s in self.segments if s.observation is not None]
+
+
+
+def unversioned_ids(segments: Sequence[PlannedSegment]) -> dict[str, str]:
+    """Segment id -> `SegmentSpec.unversioned_id` (the same job's key under any training-semantics version) of
+    segments in topological order: what a store matches to find segments trained under another version. A parent
+    not among ``segments`` counts as trained under version 1."""
+    out: dict[str, str] = {}
+    memo: dict = {}
+    for s in segments:
+        parents = tuple(out.get(p, p) for p in s.spec.parent_ids)
+        same = s.spec.semantics == 1 and parents == s.spec.parent_ids
+        out[s.id] = s.id if same else s.spec.unversioned_id(parents, memo)
+    return out
 
 
 class _Builder:

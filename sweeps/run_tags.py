@@ -27,6 +27,7 @@ SEGMENT_ID = PREFIX + "segment_id"
 SWEEP_ID = PREFIX + "sweep_id"
 ROLE = PREFIX + "role"
 STATUS = PREFIX + "status"
+REUSE_STALE = PREFIX + "reuse_stale"  # on a sweep's run: how many segments it took over from an older training version
 TRAINED_IN_RUN = PREFIX + "trained_in_run"  # on a reused segment's child: the run that trained it
 
 # The grid axes a segment's params take from the sweep's plan (sweeps/planner.py); `sweep` (the sweep's name) is not

@@ -33,6 +33,12 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
+# What a segment computes, as a version: bump it by hand (2, 3, ...) in the change that alters the result of training
+# a segment with the same spec: data order or tokenisation, init, the LR schedule, the loss, the model's math. Every
+# planned segment's key then changes, and stored segments trained under the older version are reported stale and
+# retrained (or reused only when the user asks: `--reuse-stale`). Version 1 is every key from before it existed: it
+# is left out of the hash, so those keys stay valid (docs/conventions.md, "Content-addressed segments").
+TRAINING_SEMANTICS = 1
 
 SegmentKind = Literal[
     "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk",
@@ -269,6 +275,9 @@ class SegmentSpec(Frozen):
                                            "None for trunks, which never decay.")
     save_at_tokens: tuple[int, ...] = Field((), description="Trunks: branch points where a checkpoint is kept.")
     parent_ids: tuple[str, ...] = Field((), description="Ids of the segments whose outputs this one starts from.")
+    semantics: int = Field(default_factory=lambda: TRAINING_SEMANTICS, ge=1,
+                           description="The training-semantics version the segment is trained under (default: the "
+                           "running code's, TRAINING_SEMANTICS); hashed from version 2 on.")
 
     def identity_omits(self) -> frozenset[str]:
         """`dense_import` is hashed only where it is set: every other segment keeps the key it had before it."""
@@ -318,6 +327,16 @@ class SegmentSpec(Frozen):
     def id(self) -> str:
         """Content key: 16 hex digits of the SHA-256 of the canonical JSON of every field."""
         return fingerprint(self)
+
+    def identity_omits(self) -> frozenset[str]:
+        """Version 1 of the training semantics is every key from before the version was part of it."""
+        return frozenset({"semantics"}) if self.semantics == 1 else frozenset()
+
+    def unversioned_id(self, parent_unversioned_ids: tuple[str, ...], memo: dict | None = None) -> str:
+        """The key this job has under training-semantics version 1, its parents' given as theirs: equal for the same
+        job trained under any version, so a store can find a segment trained under an older one (stale). Equals `id`
+        at version 1."""
+        return fingerprint(self.model_copy(update={"semantics": 1, "parent_ids": parent_unversioned_ids}), memo)
 
 
 def canonical_json(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> str:

@@ -158,12 +158,14 @@ class Client:
         """A sweep's status, each segment's state, and FLOPs done vs planned."""
         return self.request("GET", f"/sweeps/{sweep_id}")
 
-    def submit(self, spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec, *, new: bool = False
-               ) -> dict[str, Any]:
+    def submit(self, spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec, *, new: bool = False,
+               reuse_stale: bool = False) -> dict[str, Any]:
         """Submit a sweep spec: a path to its YAML/JSON file, a mapping, or a parsed SweepSpec. Returns
-        {id, name, status, owner, plan, existing}: a spec identical to one of your sweeps returns that sweep
-        (``existing`` true) unless ``new``. An invalid spec raises ApiError naming each field."""
-        params = {"new": "true"} if new else None
+        {id, name, status, owner, plan, existing, reuse_stale}: a spec identical to one of your sweeps returns that
+        sweep (``existing`` true) unless ``new``; segments trained under an older training-semantics version
+        (``plan.stale_segments``) are retrained unless ``reuse_stale``. An invalid spec raises ApiError naming each
+        field."""
+        params = {k: "true" for k, on in (("new", new), ("reuse_stale", reuse_stale)) if on} or None
         if isinstance(spec, str | os.PathLike):
             path = Path(spec)
             kind = "application/json" if path.suffix == ".json" else "application/yaml"
@@ -176,9 +178,10 @@ class Client:
         """Stop a sweep: running segments are released (they resume if it is submitted again)."""
         return self.request("POST", f"/sweeps/{sweep_id}/cancel")
 
-    def extend(self, sweep_id: str, additions: Mapping[str, Any]) -> dict[str, Any]:
+    def extend(self, sweep_id: str, additions: Mapping[str, Any], *, reuse_stale: bool = False) -> dict[str, Any]:
         """A new sweep whose spec is this one's plus ``additions`` (lists unioned): only new segments train."""
-        return self.request("POST", f"/sweeps/{sweep_id}/extend", json={"additions": dict(additions)})
+        return self.request("POST", f"/sweeps/{sweep_id}/extend",
+                            json={"additions": dict(additions), "reuse_stale": reuse_stale})
 
     def observations_csv(self, sweep_id: str, kind: Kind | None = None) -> str:
         """A sweep's observations as the CSV `upscale fit --data` reads (only one kind's rows with ``kind``)."""

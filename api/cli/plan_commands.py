@@ -6,13 +6,17 @@ that per active FLOP; docs/architecture.md, "Measured facts") and a GPU sweep th
 GPU (Appendix A.10) times the GPUs of a segment (`sweeps.planner.gpu_flops_per_s`); `--tokens-per-s` or
 `--flops-per-s` replace them with your own measured throughput. It prints the serial time (one segment at a time)
 and the critical path (every ready segment at once), and GPU-hours at 400 TFLOP/s.
+
+It also compares the plan with the local state store (UPSCALE_HOME's, or UPSCALE_DB_URL; none is created): how many
+segments, tokens and FLOPs are not yet done there (`new_*`: what `upscale run` would train), and which segments the
+store holds only trained under an older training-semantics version (stale: retrained, unless `--reuse-stale`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -22,6 +26,9 @@ from upscale.api.cli.app import app, console, register_user_error
 from upscale.sweeps.planner import GPU_FLOPS_PER_S, Plan, critical_path_s, gpu_flops_per_s, plan, segment_seconds
 from upscale.sweeps.spec import SpecError, SweepSpec, load_spec
 
+if TYPE_CHECKING:
+    from upscale.orchestrator.plan_in_store import PlanInStore
+
 register_user_error(SpecError)
 
 KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
@@ -29,7 +36,7 @@ KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycl
 
 
 def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: float | None) -> dict:
-    """The plan as JSON-ready data: per-kind totals, costs, saving, estimates and every segment.
+    """The plan as JSON-ready data: per-kind totals, costs, saving, estimates and every segment (`segment_list`).
 
     Without a throughput, a GPU sweep (resources.gpus > 0) is estimated at 400 TFLOP/s per GPU of a segment, a CPU
     sweep from the figures measured on a 2-core CPU (docs/architecture.md, "Measured facts").
@@ -56,10 +63,37 @@ def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: f
         "estimate": {"basis": basis, "serial_s": sum(seconds.values()), "critical_path_s": critical_path_s(p, seconds),
                      "gpu_hours_at_400_tflops": p.total_flops / GPU_FLOPS_PER_S / 3600},
         "notes": list(p.notes),
-        "segments": [{"id": s.id, "kind": s.spec.kind, "parents": list(s.spec.parent_ids), "tokens": s.tokens,
+        "segment_list": [{"id": s.id, "kind": s.spec.kind, "parents": list(s.spec.parent_ids), "tokens": s.tokens,
                       "flops": s.flops, "trunk": s.trunk, "axes": s.axes,
                       "observation": s.observation.__dict__ if s.observation else None} for s in p.segments],
     }
+
+
+def in_store(p: Plan, reuse_stale: bool) -> PlanInStore:
+    """``p`` compared with the local state store; with no store yet, nothing is done (planning creates none)."""
+    from upscale.orchestrator.plan_in_store import PlanInStore, compare
+    from upscale.orchestrator.settings import get_settings
+    from upscale.orchestrator.store import Store
+
+    url = get_settings().db_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return PlanInStore(p, reuse_stale=reuse_stale)
+    store = Store(url)
+    try:
+        return compare(store, p, reuse_stale)
+    finally:
+        store.engine.dispose()
+
+
+def stale_lines(check: PlanInStore) -> list[str]:
+    """What to tell the user about stale segments, or nothing when there are none and none were to be reused."""
+    n = len(check.stale)
+    if not n:
+        return ["--reuse-stale: no segment of this plan is stale"] if check.reuse_stale else []
+    keys = ", ".join(list(check.stale)[:5]) + (f" and {n - 5} more" if n > 5 else "")
+    what = ("reused (--reuse-stale)" if check.reuse_stale
+            else "retrained under the current version (--reuse-stale reuses them)")
+    return [f"{n} segment(s) trained under an older training-semantics version are stale: {what}: {keys}"]
 
 
 def _duration(s: float) -> str:
@@ -75,15 +109,21 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (every segment included).")] = False,
     tokens_per_s: Annotated[float | None, typer.Option(help="Measured training throughput for the estimate.")] = None,
     flops_per_s: Annotated[float | None, typer.Option(help="Sustained FLOP/s for the estimate (instead).")] = None,
+    reuse_stale: Annotated[bool, typer.Option("--reuse-stale", help="Count segments the store holds trained under "
+                                              "an older training-semantics version as done (as `upscale run "
+                                              "--reuse-stale` would reuse them).")] = False,
 ) -> None:
-    """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, an
-    estimated wall time, and a warning for each law of the analysis the grid cannot identify (why, what to add)."""
+    """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, what is
+    not yet done in the state store (and what is stale there), an estimated wall time, and a warning for each law of
+    the analysis the grid cannot identify (why, what to add)."""
     from upscale.fitting.identifiability import identifiability  # numpy and pandas: not for --help
     from upscale.sweeps.identifiability import planned_grid
 
     sweep = load_spec(spec)
     p = plan(sweep)
     data = summary(p, sweep, tokens_per_s, flops_per_s)
+    check = in_store(p, reuse_stale)
+    data.update(check.figures())
     checks = identifiability(planned_grid(p))
     data["identifiability"] = [c.as_dict() for c in checks]
     if as_json:
@@ -101,6 +141,10 @@ def plan_command(
     console.print(f"estimate at {est['basis']}: {_duration(est['serial_s'])} one segment at a time, "
                   f"{_duration(est['critical_path_s'])} along the critical path")
     console.print(f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s per GPU (paper, A.10)")
+    console.print(f"not yet in the store: {data['new_segments']} of {data['segments']} segments, "
+                  f"{data['new_tokens']:.3g} of {data['tokens']:.3g} tokens, {data['new_flops']:.3g} FLOPs")
+    for line in stale_lines(check):
+        console.print(Text.assemble(("warning: ", "bold yellow") if check.stale else "", line))
     for note in p.notes[:5]:
         console.print(f"[dim]rounded {note}[/]")
     if len(p.notes) > 5:

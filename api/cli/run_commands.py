@@ -39,15 +39,18 @@ def _orchestrator():
 
 
 def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_concurrent: int | None = None,
-              max_attempts: int = 3, new: bool = False) -> tuple[Orchestrator, SweepOutcome]:
+              max_attempts: int = 3, new: bool = False, reuse_stale: bool = False) -> tuple[Orchestrator, SweepOutcome]:
     """Train ``sweep_spec`` to completion with a live progress bar on stderr; an unfinished sweep is an error that
     says how to resume it (``source`` is the spec file named in that message). Unless ``new``, the local sweep of an
-    identical spec is resumed (or, when done, returned as it is) instead of recording another. Shared by `run` and
-    `demo`."""
+    identical spec is resumed (or, when done, returned as it is) instead of recording another. Segments the store
+    holds only under an older training-semantics version are retrained, or with ``reuse_stale`` reused (said on
+    stderr either way). Shared by `run` and `demo`."""
     from upscale.api.auth import LOCAL_OWNER
+    from upscale.api.cli.plan_commands import stale_lines
     from upscale.api.services import Services
     from upscale.api.sweeps import identical
     from upscale.orchestrator.scheduler import Scheduler, SweepOutcome
+    from upscale.sweeps.planner import plan
 
     orch = _orchestrator()
     existing = None if new else identical(Services(orch, auth=False), sweep_spec, LOCAL_OWNER)
@@ -56,12 +59,14 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
                           f"{'returning' if existing.status == 'done' else 'resuming'} it; --new records another")
         if existing.status == "done":  # nothing to train: no Ray, no scheduler
             return orch, SweepOutcome(existing.id, "done")
+    for line in stale_lines(orch.compare(plan(sweep_spec), reuse_stale)):
+        err_console.print(line)
     start_ray(orch.settings)
     prepare_training(sweep_spec, orch.settings)
     with sweep_bar(sweep_spec, f"sweep {sweep_spec.name}", transient=transient) as bar:
         scheduler = Scheduler(orch.store, orch.settings, max_concurrent=max_concurrent, max_attempts=max_attempts,
                               on_progress=bar.show)
-        out = orch.run(sweep_spec, scheduler, sweep_id=existing.id if existing else None)
+        out = orch.run(sweep_spec, scheduler, sweep_id=existing.id if existing else None, reuse_stale=reuse_stale)
     if out.status != "done":
         sweep = orch.store.sweep(out.sweep_id)
         raise OrchestratorError(f"sweep {out.sweep_id} {out.status}: {sweep.error or 'stopped'}; "
@@ -72,31 +77,51 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
 @app.command("run")
 def run_command(
     spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print {sweep_id, observations} as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {sweep_id, observations, trained, reused, stale} as "
+                                          "JSON.")] = False,
     max_concurrent: Annotated[int | None, typer.Option(min=1, help="Segments at once; default: as many as the "
                                                        "cluster's CPUs/GPUs hold.")] = None,
     max_attempts: Annotated[int, typer.Option(min=1, help="Failures allowed per segment before the sweep fails.")]
     = 3,
     new: Annotated[bool, typer.Option("--new", help="Record a new sweep even if one of this identical spec exists "
                                       "(default: that one is resumed, or returned if done).")] = False,
+    reuse_stale: Annotated[bool, typer.Option("--reuse-stale", help="Reuse segments the store holds trained under "
+                                              "an older training-semantics version instead of retraining them "
+                                              "(recorded on the sweep).")] = False,
 ) -> None:
-    """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations. Running an
-    identical spec again resumes its sweep, or returns it if done."""
+    """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations and what
+    this run trained. Running an identical spec again resumes its sweep, or returns it if done."""
     from upscale.orchestrator.observations import JSON_FIELDS, as_row
     from upscale.sweeps.spec import load_spec
 
     orch, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
-                          max_attempts=max_attempts, new=new)
+                          max_attempts=max_attempts, new=new, reuse_stale=reuse_stale)
     rows = [as_row(o) for o in orch.store.observations(out.sweep_id)]
+    report = trained_report(orch, out)
     if as_json:
-        print(json.dumps({"sweep_id": out.sweep_id, "observations": [{k: r[k] for k in JSON_FIELDS} for r in rows]},
-                         indent=2))
+        print(json.dumps({"sweep_id": out.sweep_id, "observations": [{k: r[k] for k in JSON_FIELDS} for r in rows],
+                          **report}, indent=2))
         return
-    table = Table(*JSON_FIELDS, title=f"sweep {out.sweep_id}: {len(out.trained)} segment(s) trained, "
-                  f"{out.wall_s:.0f} s")
+    t = report["trained"]
+    table = Table(*JSON_FIELDS, title=f"sweep {out.sweep_id}: {t['segments']} segment(s) trained ({t['tokens']:.3g} "
+                  f"tokens, {t['flops']:.3g} FLOPs), {report['reused']['segments']} reused, {out.wall_s:.0f} s")
     for r in rows:
         table.add_row(*("" if r[k] is None else f"{r[k]:.4f}" if k == "loss" else str(r[k]) for k in JSON_FIELDS))
     console.print(table)
+
+
+def trained_report(orch: Orchestrator, out: SweepOutcome) -> dict:
+    """What a run of the sweep trained (segments, planned tokens and FLOPs), what it reused (its segments done that
+    this run did not train: done before, by another sweep meanwhile, by a dead scheduler's worker, or stale ones taken
+    over), and the stale segments found when the sweep was recorded."""
+    members = [seg for seg, _ in orch.store.members(out.sweep_id)]
+    this_run = set(out.trained)
+    trained = [seg for seg in members if seg.key in this_run]
+    sweep = orch.store.sweep(out.sweep_id)
+    return {"trained": {"segments": len(trained), "tokens": sum(s.tokens for s in trained),
+                        "flops": sum(s.flops for s in trained)},
+            "reused": {"segments": sum(s.status == "done" for s in members) - len(trained)},
+            "stale": {"segments": sorted(sweep.stale_segments or {}), "reused": sweep.reuse_stale}}
 
 
 @app.command("observations")

@@ -105,18 +105,23 @@ def submit_command(
                                        "here).")] = False,
     new: Annotated[bool, typer.Option("--new", help="Record a new sweep even if you already have one of this "
                                       "identical spec (default: that one is returned).")] = False,
+    reuse_stale: Annotated[bool, typer.Option("--reuse-stale", help="Reuse segments trained under an older "
+                                              "training-semantics version instead of retraining them.")] = False,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
     """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving). An identical spec you already
     submitted returns that sweep (resumed if it failed or was cancelled) unless --new."""
     with api_client(api, token) as c:  # a missing or unreadable spec: main() prints the OSError as one line
-        out = c.submit(spec, new=new)
+        out = c.submit(spec, new=new, reuse_stale=reuse_stale)
         p = out["plan"]
         if out["existing"]:
             err_console.print(f"sweep {out['id']} already has this identical spec ({out['status']}): returning it; "
                               "--new records another")
         console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
                       f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
+        if p["stale_segments"]:
+            err_console.print(f"{len(p['stale_segments'])} segment(s) trained under an older training-semantics "
+                              f"version: {'reused' if out['reuse_stale'] else 'retrained (--reuse-stale reuses them)'}")
         if wait:
             _wait(c, out["id"], remote=api is not None, spec=spec)
 
@@ -169,6 +174,9 @@ def status_command(
         t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
                   "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
     console.print(t)
+    if d["stale_segments"]:
+        console.print(f"{len(d['stale_segments'])} segment(s) were stale (trained under an older training-semantics "
+                      f"version) when it was recorded: {'reused (--reuse-stale)' if d['reuse_stale'] else 'retrained'}")
 
 
 @app.command("refit")

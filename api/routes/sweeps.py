@@ -48,10 +48,12 @@ SPEC_BODY = {"requestBody": {
     "content": {"application/json": _SPEC_MEDIA, "application/yaml": _SPEC_MEDIA}}}
 
 
-def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool) -> SweepCreated:
+def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool,
+            reuse_stale: bool) -> SweepCreated:
     """Parse, admit, plan and record: seconds for a large grid, so it runs in a worker thread, never on the event
     loop that answers every other request."""
-    return sweeps.submit(services, sweeps.admit(services, parse_document(raw, fmt)), owner, new=new)
+    return sweeps.submit(services, sweeps.admit(services, parse_document(raw, fmt)), owner, new=new,
+                         reuse_stale=reuse_stale)
 
 
 @router.post("", status_code=201, summary="Submit a sweep", response_model=SweepCreated, openapi_extra=SPEC_BODY,
@@ -63,13 +65,19 @@ def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], own
                                              "the cluster does not have, YAML aliases)."}})
 async def submit_sweep(request: Request, response: Response, services: ServicesDep, owner: Writer,
                        new: bool = Query(False, description="Record a new sweep even if the caller already has one "
-                                         "of this identical spec.")) -> SweepCreated:
+                                         "of this identical spec."),
+                       reuse_stale: bool = Query(False, description="Take over segments the store holds trained under "
+                                                 "an older training-semantics version (`plan.stale_segments`) "
+                                                 "instead of retraining them; recorded on the sweep.")
+                       ) -> SweepCreated:
     """Validate and plan a sweep spec, record it under the caller's token name, and queue it for the scheduler.
-    Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`). Re-submitting a
-    spec identical to one of the caller's sweeps returns that sweep with 200 and `existing: true` (queued again if
-    it failed or was cancelled), unless `new=true`."""
+    Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`, `plan.new_tokens`).
+    Segments trained under an older training-semantics version (the code has changed what they compute) are stale
+    (`plan.stale_segments`): retrained unless `reuse_stale=true`. Re-submitting a spec identical to one of the
+    caller's sweeps returns that sweep with 200 and `existing: true` (queued again if it failed or was cancelled),
+    unless `new=true`."""
     fmt = "yaml" if "yaml" in request.headers.get("content-type", "") else "json"
-    created = await run_in_threadpool(_submit, services, await request.body(), fmt, owner.name, new)
+    created = await run_in_threadpool(_submit, services, await request.body(), fmt, owner.name, new, reuse_stale)
     if created.existing:
         response.status_code = 200
     return created
@@ -112,7 +120,7 @@ def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services:
     The new sweep is the caller's, so any write token may extend any sweep (it only reads the old one's spec, which
     every read token sees). If the caller already has a sweep of the extended spec, that sweep is returned with 200
     and `existing: true`."""
-    created = sweeps.extend(services, sweep_id, body.additions, owner.name)
+    created = sweeps.extend(services, sweep_id, body.additions, owner.name, body.reuse_stale)
     if created.existing:
         response.status_code = 200
     return created

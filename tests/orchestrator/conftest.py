@@ -14,6 +14,10 @@ tokens: {d1: [512, 1024], d2: [256, 512], scratch: [512]}
 train: {context: 16, batch_size: 4, lr: {dense: 3.0e-3, moe: 2.0e-3}, warmup_tokens: 64}
 resources: {cpus: 1}
 """
+# TINY_SPEC's naive half, without scratch runs: every segment of it is one of TINY_SPEC's (a grid that then grows)
+TINY_NAIVE_SPEC = (TINY_SPEC.replace("name: tiny", "name: tiny-naive").replace("methods: [naive, drop]",
+                                                                               "methods: [naive]")
+                   .replace(", scratch: [512]", ""))
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from tests.orchestrator.conftest import TINY_SPEC
+from tests.orchestrator.conftest import TINY_NAIVE_SPEC, TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment, loss_of
 from upscale.api.cli import app
+from upscale.api.cli.run_commands import trained_report
 from upscale.fitting.laws import COUNT_COLUMNS
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
@@ -109,3 +110,35 @@ def test_an_identical_spec_returns_its_sweep_unless_new(settings, cli, tmp_path)
     forced = cli("submit", str(path), "--new").split()[1]
     assert forced != out.sweep_id and len(orch.store.sweeps()) == 2
     assert cli("submit", str(path)).split()[1] == forced  # the newest identical one
+
+
+def test_plan_json_new_figures_are_what_a_run_then_trains(settings, cli, tmp_path) -> None:
+    orch = Orchestrator.open(settings)
+    orch.run(load_spec(TINY_NAIVE_SPEC), Scheduler(orch.store, settings, segment_fn=counting_segment, poll_s=0.05))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_SPEC)
+    grown = plan(load_spec(TINY_SPEC))
+    micro_keys = {s.id for s in plan(load_spec(TINY_NAIVE_SPEC)).segments}
+    figures = json.loads(cli("plan", str(path), "--json"))
+    new = [s for s in grown.segments if s.id not in micro_keys]
+    assert figures["segments"] == len(grown.segments) and figures["new_segments"] == len(new) > 0
+    assert figures["tokens"] == sum(s.tokens for s in grown.segments) > figures["new_tokens"] == sum(
+        s.tokens for s in new) > 0
+    assert figures["flops"] == pytest.approx(grown.total_flops) and figures["new_flops"] == pytest.approx(
+        sum(s.flops for s in new))
+    assert figures["independent_flops"] == pytest.approx(grown.independent_flops)
+    assert figures["saving"] == pytest.approx(grown.saving) and figures["stale_segments"] == 0
+    assert "no segment of this plan is stale" in cli("plan", str(path), "--reuse-stale")
+
+    out = orch.run(load_spec(TINY_SPEC), Scheduler(orch.store, settings, segment_fn=counting_segment, poll_s=0.05))
+    report = trained_report(orch, out)
+    assert report["trained"]["tokens"] == figures["new_tokens"] and report["trained"]["segments"] == len(new)
+    assert report["trained"]["flops"] == pytest.approx(figures["new_flops"])
+    assert report["reused"] == {"segments": len(grown.segments) - len(new)}
+    # `upscale run --json` of the same spec: its sweep is done, so this run trains nothing and reuses everything
+    again = json.loads(cli("run", str(path), "--json"))
+    assert again["sweep_id"] == out.sweep_id and len(again["observations"]) == 11
+    assert again["trained"] == {"segments": 0, "tokens": 0, "flops": 0}
+    assert again["reused"] == {"segments": len(grown.segments)}
+    assert again["stale"] == {"segments": [], "reused": False}
+    assert json.loads(cli("plan", str(path), "--json"))["new_segments"] == 0
