@@ -24,7 +24,7 @@ from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, is_glob
-from upscale.sweeps.planner import plan
+from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import BUILTIN_CORPORA
 from upscale.sweeps.spec import (
     ClusterResources,
@@ -36,10 +36,10 @@ from upscale.sweeps.spec import (
 )
 
 
-def identical(services: Services, spec: SweepSpec, owner: str) -> SweepRecord | None:
-    """``owner``'s newest sweep recorded from a spec identical to ``spec``; another owner's sweeps never match. A
-    sweep without an owner row was made in-process by `upscale run`, so it belongs to LOCAL_OWNER."""
-    candidates = services.orch.identical(spec)
+def identical(services: Services, spec: SweepSpec, p: Plan, owner: str) -> SweepRecord | None:
+    """``owner``'s newest sweep recorded from a spec identical to ``spec`` (planned as ``p``); another owner's sweeps
+    never match. A sweep without an owner row was made in-process by `upscale run`, so it belongs to LOCAL_OWNER."""
+    candidates = services.orch.identical(spec, p)
     if not candidates:
         return None
     with services.store.transaction() as s:
@@ -94,7 +94,7 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
     identical spec is returned instead (``existing``), queued again if it had failed or been cancelled."""
     p = plan(spec)
     check = services.orch.compare(p, reuse_stale)
-    sweep = None if new else identical(services, spec, owner)
+    sweep = None if new else identical(services, spec, p, owner)
     if sweep is not None and sweep.status in ("failed", "cancelled"):
         services.store.set_sweep(sweep.id, status="pending", error=None)
     if sweep is not None and reuse_stale and check.stale:

@@ -13,7 +13,6 @@ from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, cluster_resources
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
-from upscale.sweeps import segments
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import fingerprint
 from upscale.sweeps.spec import SweepSpec, check_resources
@@ -44,12 +43,12 @@ class Orchestrator:
         if stale is None:
             stale = self.compare(p).stale
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
-                                       spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec),
+                                       spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec, p),
                                        stale=stale, reuse_stale=reuse_stale)
 
-    def identical(self, spec: SweepSpec) -> list[SweepRecord]:
-        """The sweeps recorded from a spec identical to ``spec``, newest first."""
-        return self.store.sweeps_with_spec(spec_hash(spec))
+    def identical(self, spec: SweepSpec, p: Plan) -> list[SweepRecord]:
+        """The sweeps recorded from a spec identical to ``spec`` that planned the segments ``p`` plans, newest first."""
+        return self.store.sweeps_with_spec(spec_hash(spec, p))
 
     def run(self, spec: SweepSpec, scheduler: Scheduler | None = None, sweep_id: str | None = None,
             reuse_stale: bool = False) -> SweepOutcome:
@@ -64,9 +63,8 @@ class Orchestrator:
         return (scheduler or Scheduler(self.store, self.settings)).run(sweep_id)
 
 
-def spec_hash(spec: SweepSpec) -> str:
-    """What makes two submissions the same sweep: the hash of the validated spec's canonical JSON, and the
-    training-semantics version from version 2 on (a sweep recorded under an older one holds that version's
-    segments: an identical spec after a bump is a new sweep)."""
-    version = segments.TRAINING_SEMANTICS  # read at call time: a test may set another
-    return fingerprint(spec) if version == 1 else fingerprint({"spec": spec, "training_semantics": version})
+def spec_hash(spec: SweepSpec, p: Plan) -> str:
+    """What makes two submissions the same sweep: the same validated spec planning the same segment keys. The keys
+    carry what the spec's text does not: the content of its corpus, tokenizer and imported model, and the
+    training-semantics version, so the same spec over changed data, or after a version bump, is a new sweep."""
+    return fingerprint({"spec": spec, "segments": sorted(s.id for s in p.segments)})

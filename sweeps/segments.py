@@ -279,10 +279,6 @@ class SegmentSpec(Frozen):
                            description="The training-semantics version the segment is trained under (default: the "
                            "running code's, TRAINING_SEMANTICS); hashed from version 2 on.")
 
-    def identity_omits(self) -> frozenset[str]:
-        """`dense_import` is hashed only where it is set: every other segment keeps the key it had before it."""
-        return frozenset() if self.dense_import is not None else frozenset({"dense_import"})
-
     @model_validator(mode="after")
     def _check(self) -> SegmentSpec:
         needs_training = self.kind not in ("upcycle", "dense_import")
@@ -329,8 +325,15 @@ class SegmentSpec(Frozen):
         return fingerprint(self)
 
     def identity_omits(self) -> frozenset[str]:
-        """Version 1 of the training semantics is every key from before the version was part of it."""
-        return frozenset({"semantics"}) if self.semantics == 1 else frozenset()
+        """Fields hashed only away from their defaults, so every key from before they existed stays: `dense_import`
+        where it is set, and `semantics` from version 2 on (version 1 is every key from before the version was part
+        of it)."""
+        omit = set()
+        if self.dense_import is None:
+            omit.add("dense_import")
+        if self.semantics == 1:
+            omit.add("semantics")
+        return frozenset(omit)
 
     def unversioned_id(self, parent_unversioned_ids: tuple[str, ...], memo: dict | None = None) -> str:
         """The key this job has under training-semantics version 1, its parents' given as theirs: equal for the same

@@ -53,13 +53,14 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
     from upscale.sweeps.planner import plan
 
     orch = _orchestrator()
-    existing = None if new else identical(Services(orch, auth=False), sweep_spec, LOCAL_OWNER)
+    planned = plan(sweep_spec)
+    existing = None if new else identical(Services(orch, auth=False), sweep_spec, planned, LOCAL_OWNER)
     if existing is not None:
         err_console.print(f"sweep {existing.id} already has this identical spec ({existing.status}): "
                           f"{'returning' if existing.status == 'done' else 'resuming'} it; --new records another")
         if existing.status == "done":  # nothing to train: no Ray, no scheduler
             return orch, SweepOutcome(existing.id, "done")
-    for line in stale_lines(orch.compare(plan(sweep_spec), reuse_stale)):
+    for line in stale_lines(orch.compare(planned, reuse_stale)):
         err_console.print(line)
     start_ray(orch.settings)
     prepare_training(sweep_spec, orch.settings)

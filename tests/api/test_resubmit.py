@@ -49,10 +49,27 @@ def test_identical_spec_returns_the_owners_sweep_unless_new(live) -> None:
 def test_the_hash_is_stored_indexed_and_old_rows_never_match(live) -> None:
     store = Services.open(live.settings).store
     spec = parse_spec({**SPEC, "name": "pre-hash"})
-    old = store.create_sweep(spec.name, spec.model_dump(mode="json"), {}, plan(spec).segments)  # as before 0004
-    assert store.sweep(old.id).spec_hash is None and store.sweeps_with_spec(spec_hash(spec)) == []
-    new = store.create_sweep(spec.name, spec.model_dump(mode="json"), {}, plan(spec).segments, spec_hash(spec))
-    assert [s.id for s in store.sweeps_with_spec(spec_hash(spec))] == [new.id]
+    p = plan(spec)
+    old = store.create_sweep(spec.name, spec.model_dump(mode="json"), {}, p.segments)  # as before 0004
+    assert store.sweep(old.id).spec_hash is None and store.sweeps_with_spec(spec_hash(spec, p)) == []
+    new = store.create_sweep(spec.name, spec.model_dump(mode="json"), {}, p.segments, spec_hash(spec, p))
+    assert [s.id for s in store.sweeps_with_spec(spec_hash(spec, p))] == [new.id]
     from sqlalchemy import inspect
 
     assert "ix_sweeps_spec_hash" in {ix["name"] for ix in inspect(store.engine).get_indexes("sweeps")}
+
+
+def test_the_same_spec_over_changed_data_is_a_new_sweep(live) -> None:
+    corpus = live.settings.data_root_paths[0] / "resubmit-corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    (corpus / "a.txt").write_text("the first version of the corpus\n" * 50)
+    body = {**SPEC, "name": "changed-data", "data": {"corpus": str(corpus)}}
+    with live.client() as c:
+        first = c.post("/sweeps", json=body)
+        assert first.status_code == 201, first.text
+        assert c.post("/sweeps", json=body).json()["id"] == first.json()["id"]  # same files: the same sweep
+        (corpus / "a.txt").write_text("the second version of the corpus\n" * 50)
+        changed = c.post("/sweeps", json=body)
+        assert changed.status_code == 201 and changed.json()["existing"] is False
+        assert changed.json()["id"] != first.json()["id"]
+        assert changed.json()["plan"]["new_segments"] == changed.json()["plan"]["segments"]  # every key is new
