@@ -40,6 +40,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+GROUPED_MM_ALIGN = 8  # widths transformers' grouped-matmul experts accept: 16-byte rows in bf16
 PROBE_SHAPE = (2, 32)  # the probe batch of an export: 2 sequences of up to 32 tokens
 
 
@@ -256,6 +257,12 @@ def export_hf(model_dir: Path, out: Path, *, allow_routing_change: bool = False,
 
     with _staging(out) as tmp:
         hf_config.save_pretrained(tmp)
+        if cfg.is_moe and (cfg.d_expert % GROUPED_MM_ALIGN or cfg.d_model % GROUPED_MM_ALIGN):
+            # transformers' default grouped-matmul experts need rows aligned to 16 bytes (8 bf16 values) and fail
+            # on other widths; the eager experts compute the same sums for any width
+            config_file = tmp / "config.json"
+            config_file.write_text(json.dumps({**json.loads(config_file.read_text()),
+                                               "experts_implementation": "eager"}, indent=2) + "\n")
         GenerationConfig.from_model_config(hf_config).save_pretrained(tmp)
         save_file(tensors, str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
         if tokenizer_src is not None:
