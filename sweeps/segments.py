@@ -75,27 +75,62 @@ MAX_TRIALS = 10000
 
 
 class Shape(Frozen):
-    """A decoder's shape: layers, width, heads. The one description of it that the spec, segments and the workers'
-    model build on, so the rule that heads divide the width is checked here only."""
+    """A decoder's shape: layers, width, heads, and optionally the FFN width and grouped-query K/V heads. The one
+    description of it that the spec, segments and the workers' model build on, so its rules are checked here only."""
 
     n_layer: int = Field(ge=1, le=MAX_LAYERS, description="Transformer blocks.")
-    d_model: int = Field(ge=1, le=MAX_WIDTH, description="Residual width; the FFN is 4·d_model wide.")
+    d_model: int = Field(ge=1, le=MAX_WIDTH, description="Residual width.")
     n_head: int = Field(ge=1, le=MAX_WIDTH, description="Attention heads; must divide d_model.")
+    ffn_width: int | None = Field(
+        None, ge=1, le=4 * MAX_WIDTH, description="The FFN's intermediate width; None = 4·d_model (the paper's).")
+    n_kv_head: int | None = Field(
+        None, ge=1, le=MAX_WIDTH, description="Key/value heads of grouped-query attention; None = n_head (full "
+        "multi-head attention). Must divide n_head.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_defaults(cls, data: object) -> object:
+        """An FFN width of 4·d_model or n_kv_head = n_head is the default spelled out: store None, so the same model
+        has one identity however it was written."""
+        if isinstance(data, dict):
+            d_model = data.get("d_model")
+            if isinstance(d_model, int) and data.get("ffn_width") == FFN_MULT * d_model:
+                data = {**data, "ffn_width": None}
+            if data.get("n_kv_head") is not None and data.get("n_kv_head") == data.get("n_head"):
+                data = {**data, "n_kv_head": None}
+        return data
 
     @model_validator(mode="after")
     def _check_heads(self) -> Shape:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        if self.n_kv_head is not None and self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head}; valid: a divisor "
+                             f"of {self.n_head}")
         return self
 
     @property
     def d_ff(self) -> int:
-        return FFN_MULT * self.d_model
+        return self.ffn_width if self.ffn_width is not None else FFN_MULT * self.d_model
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def d_kv(self) -> int:
+        """Width of the K and V projections: kv_heads · d_model / n_head (d_model without GQA)."""
+        return self.kv_heads * (self.d_model // self.n_head)
 
     @property
     def shape(self) -> Shape:
         """The bare shape of this model (a subclass's extra fields dropped)."""
-        return Shape(n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head)
+        return Shape(n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head, ffn_width=self.ffn_width,
+                     n_kv_head=self.n_kv_head)
+
+    def identity_omits(self) -> frozenset[str]:
+        """The FFN width and K/V heads were added later: left out while at their defaults, so older keys stay."""
+        return frozenset(k for k in ("ffn_width", "n_kv_head") if getattr(self, k) is None)
 
 
 class ModelSpec(Shape):
@@ -114,6 +149,9 @@ class ModelSpec(Shape):
     dispatch: Dispatch = Field(
         "grouped", description="How tokens reach the experts: grouped (dropless, sorted) or DeepSpeed's capacity "
         "buffer. Equal results (fp32 <= 1e-5): not part of the identity.")
+    tie_embeddings: bool = Field(False, description="The LM head shares the input embedding's weights.")
+    norm_eps: float = Field(1e-5, gt=0, le=1, description="RMSNorm epsilon.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -130,10 +168,16 @@ class ModelSpec(Shape):
     def identity_omits(self) -> frozenset[str]:
         """`dispatch` never changes the result. The two routings differ only at top-1 (for k >= 2 both are DeepSpeed's
         renormalised top-k, the same computation), so `routing` is hashed only for a top-1 softmax_topk model: keys of
-        dense and k >= 2 models, and of top-1 models with DeepSpeed's routing, are what they were before it existed."""
-        if self.topk == 1 and self.routing == "softmax_topk":
-            return frozenset({"dispatch"})
-        return frozenset({"dispatch", "routing"})
+        dense and k >= 2 models, and of top-1 models with DeepSpeed's routing, are what they were before it existed.
+        tie_embeddings, norm_eps and rope_theta came with imported models: hashed only when not at their defaults."""
+        omit = {"dispatch", *super().identity_omits()}
+        if not (self.topk == 1 and self.routing == "softmax_topk"):
+            omit.add("routing")
+        omit.update(k for k, default in _MODEL_DEFAULTS.items() if getattr(self, k) == default)
+        return frozenset(omit)
+
+
+_MODEL_DEFAULTS = {"tie_embeddings": False, "norm_eps": 1e-5, "rope_theta": 10000.0}
 
 
 BUILTIN_STDLIB = "builtin:python-stdlib"  # the running Python's standard library, read by workers/data.py

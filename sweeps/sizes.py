@@ -10,6 +10,10 @@ weights counted, router counted in the MoE), which reproduce Table 3 to the para
     N1      = L·(16·d² + 2·d) + d                        (dense; Eq. 4 is the 16·L·d² leading term)
     N_total = L·(4·d² + 12·E·d² + 2·d + E·d) + d         (E experts; Eq. 6)
     N2      = L·(4·d² + 12·k·d² + 2·d + E·d) + d         (active with top-k; Eq. 5; the router runs for every token)
+
+Imported shapes generalise two terms exactly: attention is 2·d² + 2·d·d_kv (grouped-query K/V projections of width
+d_kv = n_kv_head·d/n_head) and the FFN 3·d·f for its width f (`Shape.ffn_width`). Tied embeddings change no count:
+the embeddings are outside N, and the LM head's FLOPs are spent either way.
 """
 
 from __future__ import annotations
@@ -68,8 +72,8 @@ def expert_widths(up: UpcycleSpec, d_ff: int, n_expert: int, topk: int) -> tuple
 
 
 def _layer_common(s: Shape) -> int:
-    # attention (q, k, v, o: 4·d²) + two RMSNorm weight vectors
-    return 4 * s.d_model**2 + 2 * s.d_model
+    # attention (q and o: d x d; k and v: d_kv x d, d_kv = d without GQA) + two RMSNorm weight vectors
+    return 2 * s.d_model**2 + 2 * s.d_model * s.d_kv + 2 * s.d_model
 
 
 def _ffn(s: Shape) -> int:

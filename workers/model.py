@@ -2,7 +2,12 @@
 
 Architecture (upcycling-scaling-laws paper, Appendix A.2/A.3): pre-norm decoder blocks with RMSNorm, RoPE
 multi-head attention through `scaled_dot_product_attention(is_causal=True)`, a SwiGLU FFN with d_ff = 4·d_model,
-no biases anywhere, untied input embedding and LM head. The FFN of every block is either dense or a
+no biases anywhere, untied input embedding and LM head. Imported Llama checkpoints (workers/hf_models.py) may set
+the FFN width (`ffn_width`), grouped-query attention (`n_kv_head`: query head h reads K/V head h // (n_head /
+n_kv_head), as transformers' `repeat_kv`), tied embeddings (`tie_embeddings`: `lm_head.weight` is
+`tok_emb.weight`; both names stay in the state dict), the RMSNorm epsilon and the RoPE base.
+
+The FFN of every block is either dense or a
 `deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, no token dropping
 (`drop_tokens=False`), deterministic top-2 (`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss
 returned to the caller. `routing="softmax_topk"` (default): softmax over all experts, top-k, renormalised over the
@@ -89,6 +94,8 @@ class ModelConfig(Shape):
     n_routers: int = Field(default=0, ge=0, description="routers of a 'mixture' router; 0 = n_expert (paper's m=n)")
     init_std: float = Field(default=0.02, gt=0, description="std of the normal init of every weight matrix")
     rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base")
+    norm_eps: float = Field(default=1e-5, gt=0, le=1, description="RMSNorm epsilon")
+    tie_embeddings: bool = Field(default=False, description="the LM head shares the input embedding's weights")
     ep_size: int = Field(default=1, ge=1, description="expert-parallel group size (1 = all experts local)")
     routing: Routing = Field(
         default="softmax_topk",
@@ -139,7 +146,7 @@ class ModelConfig(Shape):
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> ModelConfig:
-        """The model of a segment's hashed architecture (n_expert=0, topk=0 = dense; d_ff = 4·d_model)."""
+        """The model of a segment's hashed architecture (n_expert=0, topk=0 = dense)."""
         return validated(
             cls,
             **spec.shape.model_dump(),
@@ -152,6 +159,9 @@ class ModelConfig(Shape):
             init_std=spec.init_std,
             routing=spec.routing,
             dispatch=spec.dispatch,
+            tie_embeddings=spec.tie_embeddings,
+            norm_eps=spec.norm_eps,
+            rope_theta=spec.rope_theta,
         )
 
     @property
@@ -224,17 +234,18 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d = cfg.d_model
-        self.n_head = cfg.n_head
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
         self.wq = nn.Linear(d, d, bias=False)
-        self.wk = nn.Linear(d, d, bias=False)
-        self.wv = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, cfg.d_kv, bias=False)
+        self.wv = nn.Linear(d, cfg.d_kv, bias=False)
         self.wo = nn.Linear(d, d, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (w(x).view(b, t, self.n_head, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q = self.wq(x).view(b, t, self.n_head, -1).transpose(1, 2)
+        k, v = (w(x).view(b, t, self.n_kv_head, -1).transpose(1, 2) for w in (self.wk, self.wv))
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
         return self.wo(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -372,9 +383,9 @@ class MoEFFN(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model)
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.d_model)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module = MoEFFN(cfg) if cfg.is_moe else SwiGLU(cfg.d_model, cfg.d_ff)
 
 
@@ -386,8 +397,10 @@ class UpscaleLM(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.d_model)
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
         cos, sin = _rope_tables(cfg.context, cfg.d_model // cfg.n_head, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -417,9 +430,9 @@ class UpscaleLM(nn.Module):
     # -- parameter counts (non-embedding: tok_emb and lm_head excluded, as the paper's N) --------------------
 
     def n_total(self) -> int:
-        """All non-embedding parameters (every expert and router)."""
-        emb = self.tok_emb.weight.numel() + self.lm_head.weight.numel()
-        return sum(p.numel() for p in self.parameters()) - emb
+        """All non-embedding parameters (every expert and router); tied embeddings are one tensor, counted once."""
+        emb = {id(p): p.numel() for p in (self.tok_emb.weight, self.lm_head.weight)}
+        return sum(p.numel() for p in self.parameters()) - sum(emb.values())
 
     def n2(self) -> int:
         """Active parameters per token: all but the (n_expert - topk) unselected experts of each MoE layer."""

@@ -1,6 +1,9 @@
-"""`upscale model init` and `upscale upcycle`: dense checkpoints and every upcycling method from the command line.
+"""`upscale model init | import | export` and `upscale upcycle`: dense checkpoints, Hugging Face models in and out, and
+every upcycling method from the command line.
 
-Both write a model directory (workers/weights.py: config.json + weights.pt). `upcycle` prints the report of
+`init`, `import` and `upcycle` write a model directory (workers/weights.py: config.json + weights.pt; `import` adds
+source.json and the tokenizer, workers/hf_models.py); `export --format hf` writes a transformers folder and reports
+format, architecture, routing_change, max_abs_logit_diff and files. `upcycle` prints the report of
 workers/upcycling/report.py; with `--json` its keys are the scripted contract: method,
 max_abs_logit_diff, reinit_fraction {gate, up, down}, intact_neuron_fraction, experts_distinct,
 params {n1, n2, n_total}. torch and DeepSpeed are imported inside the commands so `upscale --help` stays fast.
@@ -149,3 +152,52 @@ def _print_report(report: dict[str, Any], cfg: Any, out: Path, seconds: float) -
         t.add_row(k, f"{v:,}")
     console.print(t)
     console.print(f"upcycled in {seconds:.2f} s -> {out}")
+
+
+@model_app.command("import")
+def model_import(
+    hf: Annotated[Path, typer.Option("--hf", help="Local transformers LlamaForCausalLM folder (config.json + "
+                                     "safetensors, sharded or not).")],
+    out: Annotated[Path, typer.Option(help="Upscale model directory to write (new or empty).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Import a Hugging Face Llama checkpoint as an upscale dense model (with its tokenizer and provenance)."""
+    from upscale.workers.hf_models import import_hf
+
+    report = import_hf(hf, out)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    s = report["shape"]
+    console.print(f"LlamaForCausalLM {s['n_layer']}x{s['d_model']} (heads {s['n_head']}, kv heads "
+                  f"{s['n_kv_head'] or s['n_head']}, FFN {s['ffn_width'] or 4 * s['d_model']}): "
+                  f"n1={report['params']['n1']:,} non-embedding params -> {out}")
+
+
+@model_app.command("export")
+def model_export(
+    model: Annotated[Path, typer.Argument(help="Upscale model directory (dense or MoE).")],
+    out: Annotated[Path, typer.Option(help="Folder to write the transformers model to (new or empty).")],
+    fmt: Annotated[str, typer.Option("--format", help="Output format: hf (transformers, safetensors).")] = "hf",
+    allow_routing_change: Annotated[bool, typer.Option(help="Export even where the target architecture routes "
+                                                       "differently (the report says how).")] = False,
+    tokenizer: Annotated[Path | None, typer.Option(help="Tokenizer folder or tokenizer.json to ship with the model "
+                                                   "(default: the one recorded at import).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Export a model as a stock transformers architecture: Llama (dense), Mixtral (routed experts) or Qwen2-MoE
+    (with a shared expert); AutoModelForCausalLM loads it with no custom code."""
+    if fmt != "hf":
+        raise WorkerError(f"--format {fmt!r} is not supported; valid: hf")
+    from upscale.workers.hf_models import export_hf
+
+    # DeepSpeed logs to stdout when it is first imported; keep stdout for the report alone (`--json` is parsed)
+    with contextlib.redirect_stdout(sys.stderr):
+        report = export_hf(model, out, allow_routing_change=allow_routing_change, tokenizer=tokenizer)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    if report["routing_change"]:
+        console.print(f"[yellow]routing change:[/] {report['routing_change']}")
+    console.print(f"{report['architecture']}: max |upscale - transformers| logit {report['max_abs_logit_diff']:.3g} "
+                  f"(fp32, probe batch) -> {out} ({', '.join(report['files'])})")

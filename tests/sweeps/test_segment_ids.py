@@ -78,3 +78,21 @@ def test_dispatch_is_never_hashed_and_routing_only_where_it_changes_the_computat
     assert fields(n_expert=4, topk=1) == old | {"routing"}  # the new default top-1: a new computation, a new key
     ids = {ModelSpec(**base, n_expert=4, topk=1, dispatch=d).model_dump_json() for d in ("grouped", "deepspeed")}
     assert len(ids) == 2  # still recorded, only not hashed
+
+
+def test_imported_shape_fields_are_hashed_only_away_from_their_defaults() -> None:
+    base = {"n_layer": 2, "d_model": 32, "n_head": 4, "vocab_size": 64, "context": 16}
+    key = _trunk(model=ModelSpec(**base)).id
+
+    def fields(**kw: object) -> set[str]:
+        return set(json.loads(canonical_json(ModelSpec(**base, **kw))))
+
+    # the defaults spelled out are the default: the same key as a spec that never names them
+    spelled = ModelSpec(**base, ffn_width=128, n_kv_head=4, tie_embeddings=False, norm_eps=1e-5, rope_theta=1e4)
+    assert _trunk(model=spelled).id == key and spelled.ffn_width is None and spelled.n_kv_head is None
+    for kw in ({"ffn_width": 96}, {"n_kv_head": 2}, {"tie_embeddings": True}, {"norm_eps": 1e-6},
+               {"rope_theta": 5e5}):
+        assert fields(**kw) == fields() | set(kw)
+        assert _trunk(model=ModelSpec(**base, **kw)).id != key
+    with pytest.raises(ValidationError, match="n_kv_head=3 does not divide n_head=4"):
+        ModelSpec(**base, n_kv_head=3)

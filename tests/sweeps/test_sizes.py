@@ -3,6 +3,7 @@
 import pytest
 
 from upscale.sweeps import sizes
+from upscale.sweeps.segments import Shape
 
 # Table 3 of the upcycling-scaling-laws paper: N_dense and N_MoE^total (8 experts).
 TABLE_3 = {
@@ -41,3 +42,13 @@ def test_flops_per_token_counts_attention_and_head() -> None:
 def test_unknown_size_names_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="unknown model size 'huge'; valid sizes: nano, micro"):
         sizes.shape_of("huge")
+
+
+def test_gqa_and_ffn_width_counted_exactly() -> None:
+    s = Shape(n_layer=3, d_model=64, n_head=8, n_kv_head=2, ffn_width=100)
+    d, d_kv, f = 64, 16, 100
+    layer_common = 2 * d * d + 2 * d * d_kv + 2 * d
+    assert s.d_kv == d_kv and s.d_ff == f and s.shape == s
+    assert sizes.dense_params(s) == 3 * (layer_common + 3 * d * f) + d
+    assert sizes.moe_total_params(s, 4) == 3 * (layer_common + 4 * 3 * d * f + 4 * d) + d
+    assert sizes.moe_active_params(s, 4, 2, expert_d_ff=50) == 3 * (layer_common + 2 * 3 * d * 50 + 4 * d) + d

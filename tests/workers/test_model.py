@@ -138,3 +138,23 @@ def test_moe_backward_under_a_single_process_group(dist_group: None) -> None:
     experts = [p for n, p in model.named_parameters() if ".deepspeed_experts." in n]
     assert router.grad is not None and router.grad.abs().sum() > 0
     assert sum(int(p.grad is not None and p.grad.abs().sum() > 0) for p in experts) >= 6  # >= 2 experts x 3 matrices
+
+
+def test_gqa_ffn_width_and_tied_embeddings_count_as_sizes_says() -> None:
+    cfg = ModelConfig(n_layer=2, d_model=32, n_head=4, n_kv_head=2, ffn_width=72, tie_embeddings=True,
+                      norm_eps=1e-6, vocab_size=64, context=16, n_expert=4, topk=2)
+    model = build_model(cfg, seed=0)
+    assert model.lm_head.weight is model.tok_emb.weight  # one tensor: trained once, counted once
+    assert tuple(model.blocks[0].attn.wk.weight.shape) == (16, 32)
+    assert model.blocks[0].attn_norm.eps == 1e-6
+    assert model.n1() == sizes.dense_params(cfg.shape) == build_model(cfg.dense(), seed=0, device="meta").n_total()
+    assert model.n_total() == sizes.moe_total_params(cfg.shape, 4)
+    assert model.n2() == sizes.moe_active_params(cfg.shape, 4, 2)
+    logits, _ = model(torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0)))
+    assert logits.shape == (2, 16, 64) and torch.isfinite(logits).all()
+
+
+def test_configs_saved_before_the_shape_fields_load_with_the_old_model() -> None:
+    old = {"n_layer": 2, "d_model": 32, "n_head": 2, "vocab_size": 64, "context": 16, "ffn_mult": 4}
+    cfg = ModelConfig(**old)
+    assert (cfg.d_ff, cfg.kv_heads, cfg.tie_embeddings, cfg.norm_eps) == (128, 2, False, 1e-5)

@@ -132,3 +132,40 @@ def test_model_init_explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     code, err = main(monkeypatch, capsys, "model", "init", "--n-layer", "1", "--d-model", "16", "--n-head", "3",
                      "--out", str(tmp_path / "x"))
     assert code == 2 and "d_model=16 is not divisible by n_head=3" in err
+
+
+def test_hf_import_and_export_through_the_console_script(tmp_path: Path) -> None:
+    from tests.workers.test_hf_models import hf_llama
+
+    src = hf_llama(tmp_path / "hf", tied=True)
+    res = run("model", "import", "--hf", str(src), "--out", str(tmp_path / "dense"), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["architecture"] == "LlamaForCausalLM" and report["shape"]["n_kv_head"] == 2
+    assert {p.name for p in (tmp_path / "dense").iterdir()} == {"config.json", "weights.pt", "source.json"}
+    res = run("model", "export", str(tmp_path / "dense"), "--format", "hf", "--out", str(tmp_path / "out"), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert set(report) == {"format", "architecture", "routing_change", "max_abs_logit_diff", "files", "out"}
+    assert report["max_abs_logit_diff"] < 1e-4 and "model.safetensors" in report["files"]
+
+
+def test_hf_bad_input_is_one_error_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+                                        tmp_path: Path, dense_dir: Path) -> None:
+    from tests.workers.test_hf_models import hf_llama
+
+    src = hf_llama(tmp_path / "hf")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "mlp_bias": True}))
+    capsys.readouterr()  # transformers' save progress bar is not the command's output
+    cases = [
+        (("model", "import", "--hf", str(src), "--out", str(tmp_path / "a")), "mlp_bias=True is not supported"),
+        (("model", "import", "--hf", "meta-llama/Llama-3.2-1B", "--out", str(tmp_path / "a")), "download it first"),
+        (("model", "export", str(dense_dir), "--format", "onnx", "--out", str(tmp_path / "a")), "valid: hf"),
+        (("model", "export", str(tmp_path), "--out", str(tmp_path / "a")), "config.json is missing"),
+    ]
+    for args, message in cases:
+        code, err = main(monkeypatch, capsys, *args)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err
+        assert not (tmp_path / "a").exists()

@@ -34,9 +34,13 @@ def dense_ffn(dense_sd: dict[str, torch.Tensor], layer: int) -> FFN:
     return g, u, d
 
 
-def attention(dense_sd: dict[str, torch.Tensor], layer: int, name: str) -> torch.Tensor:
-    """One attention projection (`wq`, `wk`, `wv`, `wo`) of layer `layer`."""
-    return dense_sd[f"blocks.{layer}.attn.{name}.weight"].float()
+def attention(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, layer: int, name: str) -> torch.Tensor:
+    """One attention projection (`wq`, `wk`, `wv`, `wo`) of layer `layer`, [d_model, d_model]: with grouped-query
+    attention the K/V heads are repeated to one per query head, the projection that the attention computes."""
+    w = dense_sd[f"blocks.{layer}.attn.{name}.weight"].float()
+    if name in ("wk", "wv") and cfg.kv_heads != cfg.n_head:
+        w = w.view(cfg.kv_heads, -1, cfg.d_model).repeat_interleave(cfg.n_head // cfg.kv_heads, dim=0)
+    return w.reshape(-1, cfg.d_model)
 
 
 def fresh_router(cfg: ModelConfig, seed: int, layer: int) -> dict[str, torch.Tensor]:

@@ -78,7 +78,7 @@ def build(
     layers = []
     for l in range(cfg.n_layer):
         router = mixture_router(
-            attention(dense_sd, l, "wq"), attention(dense_sd, l, "wk"), inputs[l], cfg.routers, cfg.n_head,
+            attention(dense_sd, cfg, l, "wq"), attention(dense_sd, cfg, l, "wk"), inputs[l], cfg.routers, cfg.n_head,
             seeded_generator(spec.seed, _GROUP_STREAM, l),
         )
         layers.append(LayerMoE(naive.copies(dense_ffn(dense_sd, l), cfg.n_expert), router))
