@@ -29,9 +29,9 @@ BUILTIN_TOKENIZERS = frozenset({"bytes", "bpe"})
 DATASET_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text", ".csv": "csv",
                     ".arrow": "arrow"}
 # The files a Hugging Face tokenizer folder may hold: a tokenizer folder is often a model's folder, so only these are
-# hashed (never its weights).
+# hashed (never its weights), and copied when a model is imported or exported (workers/hf_models.py).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt")
+                   "tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja")
 FINGERPRINT_VERSION = 1  # bump when how a corpus is read into documents changes: new keys, new token caches
 HASH_BLOCK = 1 << 20
 SourceKind = Literal["text_files", "saved_dataset", "data_files"]

@@ -1,5 +1,5 @@
-"""Tiny Hugging Face corpora and tokenizers built here with `datasets` and `tokenizers` (nothing from a hub), for the
-tests of sweeps/data_sources.py and workers/data.py."""
+"""Tiny Hugging Face models, corpora and tokenizers built here with `transformers`, `datasets` and `tokenizers`
+(nothing from a hub), for the tests of Hugging Face import and export, sweeps/data_sources.py and workers/data.py."""
 
 from __future__ import annotations
 
@@ -44,3 +44,28 @@ def dataset(docs: list[str] = DOCS, column: str = "body"):  # -> datasets.Datase
     from datasets import Dataset
 
     return Dataset.from_dict({column: docs, "id": list(range(len(docs)))})
+
+
+VOCAB = 96  # of hf_llama's models unless given
+
+
+def hf_llama(folder: Path, *, tied: bool = False, shard: bool = False, seed: int = 0, **config: object) -> Path:
+    """A random LlamaForCausalLM (GQA, FFN width 72 = 2.25·d_model) saved to `folder`; weights scaled up so that
+    logits are O(1) and a wrong mapping cannot hide under rounding."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 72, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+              "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+              "tie_word_embeddings": tied, **config}
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**fields)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.mul_(5.0)
+            else:
+                p.add_(torch.randn(p.shape) * 0.1)
+    model.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
+    return folder

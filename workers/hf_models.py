@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from upscale.sweeps.data_sources import TOKENIZER_FILES, tokenizer_files
 from upscale.workers.errors import WorkerError, validated
 from upscale.workers.model import MixtureRouter, ModelConfig
 from upscale.workers.upcycling.adapter import experts_of, router_of, shared_of
@@ -36,8 +37,6 @@ from upscale.workers.weights import WEIGHTS_FILE, expected_shapes, instantiate, 
 
 SOURCE_FILE = "source.json"  # provenance of an imported model: HF folder, its config, the weights' sha256
 TOKENIZER_DIR = "tokenizer"  # an imported model keeps its tokenizer files here
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 GROUPED_MM_ALIGN = 8  # widths transformers' grouped-matmul experts accept: 16-byte rows in bf16
@@ -395,7 +394,7 @@ def _recorded_tokenizer(model_dir: Path) -> Path | None:
 def _copy_tokenizer(src: Path, dest: Path, vocab_size: int, *, required: bool) -> bool:
     """Copy a tokenizer (a folder of tokenizer files, or one tokenizer.json) into `dest`; False when `src` holds
     none and none is required. A tokenizer with more tokens than the model's vocabulary is refused."""
-    files = [src] if src.is_file() else [src / n for n in TOKENIZER_FILES if (src / n).is_file()]
+    files = tokenizer_files(src)
     if not files:
         if required:
             raise WorkerError(f"--tokenizer {src}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...) in it")

@@ -11,34 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.hf_data import VOCAB, hf_llama
 from upscale.workers.errors import WorkerError
 from upscale.workers.hf_models import SOURCE_FILE, export_hf, import_hf, sha256_of_files
 from upscale.workers.upcycling import method_spec, upcycle
 from upscale.workers.weights import instantiate, load_model, save_model
 
-VOCAB = 96
 REL_TOL = 1e-5
-
-
-def hf_llama(folder: Path, *, tied: bool = False, shard: bool = False, seed: int = 0, **config: object) -> Path:
-    """A random LlamaForCausalLM (GQA, FFN width 72 = 2.25·d_model) saved to `folder`; weights scaled up so that
-    logits are O(1) and a wrong mapping cannot hide under rounding."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    fields = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 72, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-              "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
-              "tie_word_embeddings": tied, **config}
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**fields)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.mul_(5.0)
-            else:
-                p.add_(torch.randn(p.shape) * 0.1)
-    model.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
-    return folder
 
 
 def hf_logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
