@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from upscale.api.analyses import AnalysisLoop, NotReady
 from upscale.api.background import SweepLoop
 from upscale.api.refits import RefitLoop
-from upscale.api.routes import analyses, fits, ops, refits, sweeps, tokens
+from upscale.api.routes import analyses, calibration, fits, ops, refits, sweeps, tokens
 from upscale.api.services import Services
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import Settings
@@ -162,8 +162,8 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     app.add_exception_handler(NotReady, _not_ready)
-    for router in (sweeps.router, analyses.router, fits.router, fits.decisions, refits.router, tokens.router,
-                   ops.router):
+    for router in (sweeps.router, calibration.router, analyses.router, fits.router, fits.decisions, refits.router,
+                   tokens.router, ops.router):
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     _add_spec_schemas(app)

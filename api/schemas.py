@@ -293,3 +293,39 @@ class TokenPublic(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"]
     scheduler: bool = Field(description="Whether this process runs the sweep and refit schedulers.")
+
+
+class CalibrationCounts(BaseModel):
+    """How a set of predictions scored: coverage of the nominal intervals and mean absolute error (loss units);
+    null until one is scored."""
+
+    predicted: int = Field(description="Predictions recorded before their segments trained.")
+    scored: int = Field(description="Of those, the ones whose segment has finished.")
+    coverage_80: float | None = Field(description="Share of scored observations inside their nominal 80% interval.")
+    coverage_95: float | None = Field(description="Share inside their nominal 95% interval.")
+    mae: float | None = Field(description="Mean |observed - predicted| loss.")
+
+
+class PredictionPublic(BaseModel):
+    """One entry of the ledger: what an analysis predicted for an observation, and what it then was."""
+
+    segment: str
+    law: str = Field(description="The analysis's fit that predicted it: from-scratch, or upcycled <group>.")
+    analysis_id: str
+    predicted: float
+    interval_80: list[float]
+    interval_95: list[float]
+    sigma_fit: float = Field(description="sd of log loss over the fit's bootstrap refits.")
+    sigma_noise: float = Field(description="The fit's observation noise in log loss (its LOO RMS, relative).")
+    observed: float | None
+    inside_80: bool | None
+    inside_95: bool | None
+
+
+class CalibrationPublic(CalibrationCounts):
+    """A sweep's prediction ledger (GET /sweeps/{id}/calibration, `upscale calibration`)."""
+
+    sweep_id: str
+    by_law: dict[str, CalibrationCounts] = Field(description="The same figures per fit.")
+    analyses: list[str] = Field(description="The analyses the predictions came from.")
+    predictions: list[PredictionPublic]

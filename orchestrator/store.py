@@ -22,6 +22,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from upscale.orchestrator import ledger
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import (
     AttemptRecord,
@@ -313,6 +314,7 @@ class Store:
             method=o.get("method"), r=o.get("r"), loss=loss, trunk=seg.trunk or seg.key,
             mlflow_run_id=seg.mlflow_run_id,
         ))
+        ledger.score(s, seg.key, loss)
 
     def fail(self, key: str, attempt: AttemptRecord, error: str, max_attempts: int, retry: bool = True) -> str:
         """Close a failed attempt; the segment goes back to pending while failed attempts < ``max_attempts``.

@@ -79,6 +79,11 @@ class RunTree:
         """Say on a sweep's run that it took over ``segments`` results trained under an older training version."""
         self.client.set_tag(run_id, run_tags.REUSE_STALE, str(segments))
 
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+        """Log ``metrics`` (already named, e.g. `calibration/coverage_80`) on a run at ``step``; nothing if empty."""
+        if metrics:
+            self.client.log_batch(run_id, metrics=_metrics(metrics, step))
+
     def start_segment(self, parent_run_id: str, sweep_id: str, key: str, spec: SegmentSpec,
                       axes: dict[str, Any]) -> str:
         """The run of segment ``key`` under its sweep's run. ``spec`` has its LR resolved (params are immutable:

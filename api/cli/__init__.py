@@ -2,6 +2,7 @@
 
 from upscale.api.cli import (  # noqa: F401  (imported for their @app.command side effects)
     analyze_command,
+    calibration_command,
     demo_command,
     fit_commands,
     model_commands,

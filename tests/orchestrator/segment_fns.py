@@ -9,6 +9,8 @@
   checkpoint), which is how tests inject worker failures; holding `bad` makes it raise a WorkerError (a bad value,
   which no retry can fix) at once; holding `die` makes the worker process SIGKILL itself half-way, once.
 * `<checkpoint root>/events.jsonl` gets one line per start (with the token count it resumed from) and per finish.
+* `<checkpoint root>/losses.json` ({segment id: loss}) overrides the loss of the segments it names: the prediction
+  ledger's test draws them from a known law with known noise.
 * Into the orchestrator's MLflow run it logs a `train_loss` curve, one point per step (step = tokens seen), as the
   real worker does, through the same `MetricLogger`.
 Its loss is a known function of the budget, so observations can be checked exactly.
@@ -84,7 +86,9 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
     wall = time.perf_counter() - t0
     trained = spec.end_tokens - spec.start_tokens
     has_loss = spec.kind not in ("upcycle", "lr_search")
-    return SegmentResult(segment_id=spec.id, kind=spec.kind, val_loss=loss_of(spec) if has_loss else None,
+    losses = json.loads((root / "losses.json").read_text()) if (root / "losses.json").exists() else {}
+    return SegmentResult(segment_id=spec.id, kind=spec.kind,
+                         val_loss=losses.get(spec.id, loss_of(spec)) if has_loss else None,
                          tokens=trained, wall_s=wall, tokens_per_s=trained / max(wall, 1e-9), checkpoint=final,
                          branch_checkpoints=branches, best_lr=1e-3 if spec.kind == "lr_search" else None)
 
