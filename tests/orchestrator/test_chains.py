@@ -131,3 +131,26 @@ def test_a_store_trained_before_chains_is_found_and_taken_over(settings) -> None
     assert _tokens_trained(orch, out) == check.figures()["new_tokens"]
     assert check.figures()["new_tokens"] == (sum(s.tokens for s in plan(grown).segments)
                                              - sum(s.tokens for s in legacy))
+
+
+def test_real_training_grown_from_an_old_store_trains_the_whole_grids_tokens_and_losses(settings, tmp_path) -> None:
+    """The real worker (torch, DeepSpeed-MoE): a store trained by the old planner, grown by a larger D1, trains only
+    the new dense piece (resuming from the old trunk's final checkpoint), its decay and that decay's MoE chain; the
+    tokens of the two steps are those of the grown grid trained once, and so are its losses."""
+    small, grown = _spec([512, 1024], [256]), _spec([512, 1024, 1536], [256])
+    two = Orchestrator.open(settings)
+    legacy = old_planner(plan(small))
+    sweep = two.store.create_sweep("old", small.model_dump(mode="json"), small.resources.model_dump(mode="json"),
+                                   legacy)
+    first = _scheduler(two).run(sweep.id)
+    assert first.status == "done"
+    second = two.run(grown, _scheduler(two))
+    assert second.status == "done"
+    once = Orchestrator.open(Settings(home=tmp_path / "once", mlflow_tracking_uri=settings.mlflow_tracking_uri))
+    whole = once.run(grown, _scheduler(once))
+    assert _tokens_trained(two, first) + _tokens_trained(two, second) == _tokens_trained(once, whole)
+    grown_losses = {o.segment_key: o.loss for o in two.store.observations(second.sweep_id)}
+    once_losses = {o.segment_key: o.loss for o in once.store.observations(whole.sweep_id)}
+    assert grown_losses.keys() == once_losses.keys() and len(once_losses) == 6
+    # One schedule cut in different places computes the same thing (fp32 on CPU, checkpoints keep optimiser state).
+    assert grown_losses == pytest.approx(once_losses, rel=1e-5)
