@@ -103,7 +103,7 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
         sweep = services.store.sweep(sweep.id)
     existing = sweep is not None
     if sweep is None:
-        sweep = services.orch.submit(spec, p, reuse_stale=reuse_stale, stale=check.stale)
+        sweep = services.orch.submit(spec, p, reuse_stale=reuse_stale, stale=check.stale, legacy=check.legacy)
         with services.store.transaction() as s:
             s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
     f = check.figures()

@@ -3,11 +3,12 @@
 Kept: every checkpoint of a segment that has a child not yet done (the child starts from it, in any sweep), and,
 unless `everything` is asked, the checkpoints new grid points are likely to branch from: the final dense model of
 each `dense_decay` and `dense_import` (a new upcycling method or config starts there), each upcycled MoE (a new D2
-grid means a new MoE trunk from it) and each trunk's checkpoints (a resume, a new budget at an existing branch
-point). Deleted: the rest, the final models of finished decay branches (MoE and from scratch), which nothing trains
-from. A checkpoint deleted with `everything` that a later sweep needs makes that sweep's segment fail with a clear
-error. Only checkpoints the store recorded are touched; deleted ones keep their row with `deleted_at` set, so lineage
-stays queryable. A checkpoint is a path or a URI: both are measured and deleted through `upscale.storage` (fsspec).
+grid means a new MoE trunk from it) and each trunk piece's checkpoint (a larger budget appends a piece to the last
+one, a new budget at an existing branch point branches from it). Deleted: the rest, the final models of finished
+decay branches (MoE and from scratch), which nothing trains from. A checkpoint deleted with `everything` that a later
+sweep needs makes that sweep's segment fail with a clear error. Only checkpoints the store recorded are touched;
+deleted ones keep their row with `deleted_at` set, so lineage stays queryable. A checkpoint is a path or a URI: both
+are measured and deleted through `upscale.storage` (fsspec).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, as_utc, utcnow
 from upscale.orchestrator.settings import Settings
-from upscale.orchestrator.store import Store
+from upscale.orchestrator.store import Store, checkpoint_at
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
 from upscale.orchestrator.tracking import RunTree, SegmentRun
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
@@ -401,18 +401,19 @@ class Scheduler:
 
 
 def parent_checkpoint(parent: SegmentRecord, start_tokens: int, parent_dir: str) -> str:
-    """Where a child starting at ``start_tokens`` begins from: a trunk's checkpoint at that branch point, an
-    lr_search's directory (its result.json holds best_lr), otherwise the parent's final checkpoint."""
+    """Where a child starting at ``start_tokens`` begins from: a trunk's checkpoint at that branch point (a piece's
+    end, or a branch point a monolithic trunk from before chains saved), an lr_search's directory (its result.json
+    holds best_lr), otherwise the parent's final checkpoint."""
     result = parent.result or {}
     if parent.kind == "lr_search":
         return result.get("checkpoint") or parent_dir
     if parent.kind in TRUNK_KINDS:
-        branches = {int(k): v for k, v in (result.get("branch_checkpoints") or {}).items()}
-        if start_tokens in branches:
-            return branches[start_tokens]
-        if start_tokens != parent.config["end_tokens"]:
+        found = checkpoint_at(parent, start_tokens)
+        if found is None:
+            saved = sorted(int(k) for k in (result.get("branch_checkpoints") or {}))
             raise OrchestratorError(f"trunk {parent.key} has no checkpoint at {start_tokens} tokens "
-                                    f"(it saved {sorted(branches)})")
+                                    f"(it saved {saved} and its end, {parent.config['end_tokens']})")
+        return found
     if not result.get("checkpoint"):
         raise OrchestratorError(f"segment {parent.key} finished without a checkpoint")
     return result["checkpoint"]

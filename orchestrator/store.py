@@ -34,7 +34,7 @@ from upscale.orchestrator.records import (
     utcnow,
 )
 from upscale.sweeps.planner import PlannedSegment, unversioned_ids
-from upscale.sweeps.segments import SegmentResult
+from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult
 
 
 def make_engine(url: str) -> Engine:
@@ -87,12 +87,15 @@ class Store:
 
     def create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
                      segments: Sequence[PlannedSegment], spec_hash: str | None = None,
-                     stale: Mapping[str, str] | None = None, reuse_stale: bool = False) -> SweepRecord:
+                     stale: Mapping[str, str] | None = None, reuse_stale: bool = False,
+                     legacy: Mapping[str, str] | None = None) -> SweepRecord:
         """Record a sweep and its segments; segments another sweep already created are shared, not duplicated.
 
         ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
         version; it is recorded on the sweep, and with ``reuse_stale`` their results are taken over (`adopt_stale`)
-        in the same transaction, so no scheduler can start training them in between."""
+        in the same transaction, so no scheduler can start training them in between. ``legacy`` (`legacy_holdings`)
+        maps planned segments to done ones the planner keyed differently before trunks were chains: the same
+        computation, always taken over the same way, each recording the old key in `reused_from`."""
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
                             status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale)
         unversioned = unversioned_ids(segments)
@@ -111,9 +114,10 @@ class Store:
                     known.add(p.id)
                 s.add(SweepSegmentRecord(sweep_id=sweep.id, segment_key=p.id, position=position,
                                          axes={k: v for k, v in p.axes.items()}))
-            if reuse_stale and stale:
+            taken = {**(stale if reuse_stale and stale else {}), **(legacy or {})}
+            if taken:
                 s.flush()
-                self._adopt_stale(s, stale)
+                self._adopt_stale(s, taken)
         return sweep
 
     def holdings(self, unversioned: Mapping[str, str]) -> tuple[set[str], dict[str, str]]:
@@ -132,6 +136,25 @@ class Store:
             stale = {wanted[u]: old for old, u in rows}  # ascending: the newest version's row is written last
         return done, {k: stale[k] for k in keys if k in stale}
 
+    def legacy_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
+                        ) -> dict[str, str]:
+        """Planned key -> a done segment the store holds under one of its old keys (``old_keys``:
+        `planner.legacy_ids`), trained before trunks were chains: the same job, or for a trunk piece (``piece_ends``:
+        its end tokens) a monolithic trunk that kept a checkpoint there; one transaction."""
+        wanted = list({o for olds in old_keys.values() for o in olds})
+        if not wanted:
+            return {}
+        with self.transaction() as s:
+            rows = {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(wanted),
+                                                                           SegmentRecord.status == "done"))}
+        out = {}
+        for key, olds in old_keys.items():
+            end = piece_ends.get(key)
+            found = next((o for o in olds if o in rows and (end is None or checkpoint_at(rows[o], end))), None)
+            if found is not None:
+                out[key] = found
+        return out
+
     def adopt_stale(self, sweep_id: str, stale: Mapping[str, str]) -> list[str]:
         """Record the sweep's planned segments in ``stale`` as done with the results of the stale segments they map to
         (`holdings`), and mark the sweep as reusing them; returns the keys taken over (those still pending)."""
@@ -144,8 +167,9 @@ class Store:
             return self._adopt_stale(s, stale)
 
     def _adopt_stale(self, s: Session, stale: Mapping[str, str]) -> list[str]:
-        """Each pending (or failed) segment in ``stale`` becomes done with its stale segment's result, checkpoints and
-        observation: its children start from the stale checkpoints, as from any done parent's."""
+        """Each pending (or failed) segment in ``stale`` becomes done with its old segment's result, checkpoints and
+        observation: its children start from the old checkpoints, as from any done parent's. A trunk piece taking
+        over a longer monolithic trunk (legacy) gets the trunk's checkpoint at the piece's end as its final one."""
         olds = {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(list(stale.values()))))}
         ckpts = s.scalars(select(CheckpointRecord).where(CheckpointRecord.segment_key.in_(list(olds)),
                                                          CheckpointRecord.deleted_at.is_(None)))
@@ -157,12 +181,22 @@ class Store:
             seg, old = s.get(SegmentRecord, key), olds.get(old_key)
             if seg is None or old is None or old.status != "done" or seg.status not in ("pending", "failed"):
                 continue
-            seg.status, seg.result = "done", {**(old.result or {}), "segment_id": key}
-            seg.checkpoint_uri, seg.mlflow_run_id, seg.reused_from = old.checkpoint_uri, old.mlflow_run_id, old.key
+            result = {**(old.result or {}), "segment_id": key}
+            rows = [(c.role, c.tokens, c.uri) for c in by_segment.get(old_key, [])]
+            end = seg.config["end_tokens"]
+            if seg.kind in TRUNK_KINDS and (seg.config["start_tokens"], end) != (old.config["start_tokens"],
+                                                                                  old.config["end_tokens"]):
+                uri = checkpoint_at(old, end)
+                if uri is None:
+                    continue
+                result |= {"checkpoint": uri, "branch_checkpoints": {}, "tokens": seg.tokens, "val_loss": None}
+                rows = [("final", end, uri)]
+            seg.status, seg.result = "done", result
+            seg.checkpoint_uri, seg.mlflow_run_id, seg.reused_from = result["checkpoint"], old.mlflow_run_id, old.key
             seg.error, seg.updated_at = None, now
-            for c in by_segment.get(old_key, []):
-                s.add(CheckpointRecord(segment_key=key, role=c.role, tokens=c.tokens, uri=c.uri))
-            self._observe(s, seg, (old.result or {}).get("val_loss"))
+            for role, tokens, uri in rows:
+                s.add(CheckpointRecord(segment_key=key, role=role, tokens=tokens, uri=uri))
+            self._observe(s, seg, result.get("val_loss"))
             adopted.append(key)
         return adopted
 
@@ -376,6 +410,15 @@ class Store:
             return list(s.scalars(select(ObservationRecord).join(SweepSegmentRecord, link)
                                   .where(SweepSegmentRecord.sweep_id == sweep_id)
                                   .order_by(SweepSegmentRecord.position)))
+
+
+def checkpoint_at(seg: SegmentRecord, tokens: int) -> str | None:
+    """A done trunk's checkpoint at ``tokens``: a branch point it saved, or its end; None if it has none there."""
+    result = seg.result or {}
+    branches = {int(k): v for k, v in (result.get("branch_checkpoints") or {}).items()}
+    if tokens in branches:
+        return branches[tokens]
+    return result.get("checkpoint") if tokens == seg.config["end_tokens"] else None
 
 
 def _no_sweep(sweep_id: str) -> NotFoundError:

@@ -7,9 +7,13 @@ Per dense size N1 (docs/architecture.md, "Segments and WSD reuse"):
     scratch_trunk(E, k) ──► scratch_decay(D)
     lr_search(dense | E×k)  ──► the trunks of that model, when the spec asks for an LR search
 
-A trunk trains warmup + constant LR up to its last branch point, saving a checkpoint at every decay start; each decay
-branch resumes there and ends at exactly its budget. Segments are keyed by content id, so anything two grid points
-share (a trunk, an upcycle that ignores r) is planned once, and two overlapping sweeps produce the same ids.
+A trunk (dense, MoE, from scratch) is a chain of pieces cut at its branch points (the decay starts): piece i trains
+[s_(i-1), s_i) of one warmup + constant-LR schedule from the piece before it and saves its final checkpoint, and the
+decay branch of a budget resumes from the piece that ends at its decay start and ends at exactly its budget. A piece's
+id is its parent's id plus its own span and schedule, never the later branch points, so a sweep grown by larger
+budgets appends pieces and keeps every key it had. Segments are keyed by content id, so anything two grid points share
+(a trunk piece, an upcycle that ignores r) is planned once, and two overlapping sweeps produce the same ids. Stores
+trained before trunks were chains hold one monolithic trunk per chain: `legacy_ids` gives the keys to find them by.
 
 Costs: training FLOPs = `sizes.train_flops_per_token` (active params, attention, LM head) x tokens; an upcycle is a
 weight copy (0 FLOPs). `independent_flops` is the same grid trained the usual way, every point from scratch on its
@@ -20,6 +24,7 @@ own schedule: D1 dense tokens per dense point, D1 dense + D2 MoE tokens per upcy
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
 from upscale.sweeps.model_dirs import weights_fingerprint
 from upscale.sweeps.segments import (
+    TRUNK_KINDS,
     DenseImportSpec,
     LrSearchSpec,
     ModelSpec,
@@ -115,6 +121,68 @@ def unversioned_ids(segments: Sequence[PlannedSegment]) -> dict[str, str]:
     return out
 
 
+def trunk_pieces(whole: SegmentSpec, branch_points: Sequence[int]) -> list[SegmentSpec]:
+    """``whole`` (a trunk from its start to its last branch point, with the trunk's parents) cut into a chain of
+    pieces at ``branch_points``: piece i covers [s_(i-1), s_i) of the same schedule, the first has the trunk's
+    parents and every other the piece before it. So a piece's id is its parent's id plus its own span: a later,
+    larger budget appends a piece and leaves every earlier key as it was."""
+    pieces: list[SegmentSpec] = []
+    start, parents = whole.start_tokens, whole.parent_ids
+    for end in sorted(set(branch_points)):
+        piece = whole.model_copy(update={"start_tokens": start, "end_tokens": end, "save_at_tokens": (),
+                                         "parent_ids": parents})
+        pieces.append(piece)
+        start, parents = end, (piece.id,)
+    return pieces
+
+
+def monolithic_trunk(pieces: Sequence[SegmentSpec], parent_ids: tuple[str, ...]) -> SegmentSpec:
+    """The trunk the planner gave before trunks were chains, for the chain that starts with ``pieces``: one segment
+    from the first piece's start to the last piece's end, saving a checkpoint at every piece's end, from
+    ``parent_ids``. Kept only to find what stores trained then (`legacy_ids`)."""
+    return pieces[0].model_copy(update={"end_tokens": pieces[-1].end_tokens,
+                                        "save_at_tokens": tuple(p.end_tokens for p in pieces),
+                                        "parent_ids": parent_ids})
+
+
+MAX_LEGACY_KEYS = 64  # old keys tried per segment: every prefix of its chains, bounded for wide DAGs
+
+
+def legacy_ids(segments: Sequence[PlannedSegment]) -> dict[str, tuple[str, ...]]:
+    """Segment id -> the keys the planner before chained trunks could have given the same job, for segments in
+    topological order: a trunk piece, every monolithic trunk over a prefix of its chain that contains it (the
+    store then holds its state as that trunk's checkpoint at the piece's end); any other segment, its spec with
+    each parent replaced by one of that parent's old keys. Prefixes find a store trained with fewer, smaller budgets
+    than the plan has (a grid that then grows). Segments whose key did not change are absent."""
+    memo: dict = {}
+    chains: dict[str, list[PlannedSegment]] = {}
+    for s in segments:
+        if s.spec.kind in TRUNK_KINDS:
+            chains.setdefault(s.trunk, []).append(s)
+    out: dict[str, tuple[str, ...]] = {}
+
+    def parent_options(spec: SegmentSpec) -> list[tuple[str, ...]]:
+        combos = itertools.product(*(out.get(p, (p,)) for p in spec.parent_ids))
+        return list(itertools.islice(combos, MAX_LEGACY_KEYS))
+
+    for s in segments:
+        if s.spec.kind in TRUNK_KINDS:
+            if s.id != s.trunk:
+                continue  # a later piece: found with its chain's first
+            chain = [p.spec for p in chains[s.trunk]]
+            found: dict[str, list[str]] = {}
+            for parents in parent_options(s.spec):
+                for j in range(len(chain)):
+                    old = fingerprint(monolithic_trunk(chain[:j + 1], parents), memo)
+                    for piece in chains[s.trunk][:j + 1]:
+                        found.setdefault(piece.id, []).append(old)
+            out.update({k: tuple(v[:MAX_LEGACY_KEYS]) for k, v in found.items()})
+        elif any(p in out for p in s.spec.parent_ids):
+            out[s.id] = tuple(fingerprint(s.spec.model_copy(update={"parent_ids": parents}), memo)
+                              for parents in parent_options(s.spec))
+    return out
+
+
 class _Builder:
     """Accumulates segments, deduplicated by id, in the order they are added (parents are always added first)."""
 
@@ -187,21 +255,26 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     def trunk_and_decays(kind: str, m: ModelSpec, lr: float | None, parents: tuple[str, ...], budgets: Budgets,
                          f: int, kv: dict[str, AxisValue], obs: Observation, budget_fields: tuple[str, ...]
                          ) -> list[str]:
-        """A trunk to the last decay start, then one decay branch per budget (each observing `obs` with its budget
-        in `budget_fields`); returns the decay ids."""
-        trunk = SegmentSpec(kind=f"{kind}_trunk", model=m, optim=optim(lr), schedule=schedule,
-                            end_tokens=max(budgets.decay_start_steps) * tps,
-                            save_at_tokens=tuple(sorted({s * tps for s in budgets.decay_start_steps})),
-                            parent_ids=parents, **common)
-        trunk_id = b.add(trunk, f, None, axes(trunk.kind, **kv))
+        """A trunk as a chain of pieces cut at its branch points (`trunk_pieces`), then one decay branch per budget
+        from the piece that ends at its decay start (each observing `obs` with its budget in `budget_fields`);
+        returns the decay ids."""
+        pieces = trunk_pieces(SegmentSpec(kind=f"{kind}_trunk", model=m, optim=optim(lr), schedule=schedule,
+                                          end_tokens=max(budgets.decay_start_steps) * tps, parent_ids=parents,
+                                          **common),
+                              [s * tps for s in budgets.decay_start_steps])
+        at: dict[int, str] = {}  # branch point -> the piece ending there
+        root = None
+        for piece in pieces:
+            at[piece.end_tokens] = b.add(piece, f, root, axes(piece.kind, **kv))
+            root = root or at[piece.end_tokens]  # every piece and branch of the chain is on the first piece's trunk
         out = []
         for steps, start in zip(budgets.steps, budgets.decay_start_steps, strict=True):
             end = steps * tps
             decay = SegmentSpec(kind=f"{kind}_decay", model=m, optim=optim(lr), schedule=schedule,
                                 start_tokens=start * tps, end_tokens=end, decay_start_tokens=start * tps,
-                                parent_ids=(trunk_id,), **common)
+                                parent_ids=(at[start * tps],), **common)
             o = replace(obs, **dict.fromkeys(budget_fields, end))
-            out.append(b.add(decay, f, trunk_id, axes(decay.kind, **{**kv, "D1": o.D1, "D2": o.D2, "D": o.D}), o))
+            out.append(b.add(decay, f, root, axes(decay.kind, **{**kv, "D1": o.D1, "D2": o.D2, "D": o.D}), o))
         return out
 
     dense = model()

@@ -317,7 +317,9 @@ class SegmentSpec(Frozen):
     end_tokens: int = Field(0, ge=0, description="Tokens trained when it ends (a decay branch: the budget D).")
     decay_start_tokens: int | None = Field(None, description="Absolute token count where the LR decay starts; "
                                            "None for trunks, which never decay.")
-    save_at_tokens: tuple[int, ...] = Field((), description="Trunks: branch points where a checkpoint is kept.")
+    save_at_tokens: tuple[int, ...] = Field((), description="Trunks: points before the end where a checkpoint is kept "
+                                            "(the planner's trunk pieces keep only their end; monolithic trunks "
+                                            "planned before chains kept every branch point).")
     parent_ids: tuple[str, ...] = Field((), description="Ids of the segments whose outputs this one starts from.")
     semantics: int = Field(default_factory=lambda: TRAINING_SEMANTICS, ge=1,
                            description="The training-semantics version the segment is trained under (default: the "
@@ -356,6 +358,9 @@ class SegmentSpec(Frozen):
                                  f"[{self.start_tokens}, {self.end_tokens})")
         if self.kind in TRUNK_KINDS and self.decay_start_tokens is not None:
             raise ValueError(f"{self.kind}: trunks never decay; decay_start_tokens must be None")
+        if self.kind in TRUNK_KINDS and self.start_tokens > 0 and not self.parent_ids:
+            raise ValueError(f"{self.kind}: a trunk piece starting at {self.start_tokens} tokens continues the piece "
+                             "before it; parent_ids must name it")
         return self
 
     @property

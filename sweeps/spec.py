@@ -569,9 +569,10 @@ def check_resources(spec: SweepSpec, available: ClusterResources) -> None:
 
 def segment_bound(spec: SweepSpec) -> int:
     """At most how many segments `planner.plan` makes of ``spec``, counted from its axes without enumerating them (the
-    planner's DAG per size: a dense trunk and a decay per D1, or one dense_import; per (experts, topk) and upcycling
-    variant, an upcycle, an MoE trunk and a decay per D2 after each D1; a scratch trunk and its decays; the LR
-    searches). Shared segments make the plan smaller, never larger."""
+    planner's DAG per size: a dense trunk piece and a decay per D1, or one dense_import; per (experts, topk) and
+    upcycling variant, an upcycle, an MoE trunk piece and a decay per D2 after each D1; a scratch trunk piece and a
+    decay per budget; the LR searches). Shared segments and budgets with one decay start make the plan smaller, never
+    larger."""
     variants = sum(len(spec.upcycling.r) if m in R_METHODS else 1 for m in spec.upcycling.methods)
     configs = len(spec.moe.experts) * len(spec.moe.topk)
     total = 0
@@ -580,10 +581,10 @@ def segment_bound(spec: SweepSpec) -> int:
         given = override.tokens if override and override.tokens else TokensOverride()
         d1, d2 = given.d1 or spec.tokens.d1 or [], given.d2 or spec.tokens.d2
         scratch = given.scratch if given.scratch is not None else spec.tokens.scratch
-        dense_segments, dense_search = (1 + len(d1), 1) if spec.model.dense is None else (1, 0)
+        dense_segments, dense_search = (2 * len(d1), 1) if spec.model.dense is None else (1, 0)
         searches = dense_search + configs if spec.train.lr_search else 0
         d1_count = len(d1) if spec.model.dense is None else 1
-        per_config = variants * d1_count * (2 + len(d2)) + (1 + len(scratch) if scratch is not None else 0)
+        per_config = variants * d1_count * (1 + 2 * len(d2)) + (2 * len(scratch) if scratch is not None else 0)
         total += dense_segments + searches + configs * per_config
     return total
 

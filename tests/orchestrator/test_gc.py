@@ -43,6 +43,6 @@ def test_gc_keeps_what_pending_and_likely_branches_need(settings) -> None:
 
     everything = collect_garbage(orch.store, everything=True)
     assert {Path(u).parts[-2] for u in everything.kept} == needed  # only what a pending segment starts from
-    # trunks: final + one folder per branch point; upcycles and the unused dense decays: final only
-    assert owners(everything.deleted) == sorted(["dense_trunk"] * 3 + ["moe_trunk"] * 12 + ["scratch_trunk"] * 2
+    # trunk pieces (one per branch point: 2 dense, 4 MoE chains x 2, 1 scratch) and upcycles: their final checkpoint
+    assert owners(everything.deleted) == sorted(["dense_trunk"] * 2 + ["moe_trunk"] * 8 + ["scratch_trunk"] * 1
                                                 + ["upcycle"] * 4)

@@ -49,7 +49,7 @@ def problems(data: dict) -> dict[str, str]:
 def test_the_plan_upcycles_the_imported_model_and_trains_no_dense_model(tmp_path) -> None:
     spec = parse_spec(dense_spec(model_dir(tmp_path / "m"), name="mine"))
     p = plan(spec)
-    assert p.by_kind() == {"dense_import": 1, "upcycle": 2, "moe_trunk": 2, "moe_decay": 4, "scratch_trunk": 1,
+    assert p.by_kind() == {"dense_import": 1, "upcycle": 2, "moe_trunk": 4, "moe_decay": 4, "scratch_trunk": 1,
                            "scratch_decay": 1}
     assert len(p.segments) <= segment_bound(spec)
     (imported,) = [s for s in p.segments if s.spec.kind == "dense_import"]

@@ -5,6 +5,7 @@ Strategy: expected numbers come from arithmetic written in the test (step counts
 sweeps.sizes), never from running the planner and pasting its output.
 """
 
+import itertools
 import json
 from pathlib import Path
 
@@ -22,20 +23,27 @@ EXAMPLES = sorted((Path(__file__).parents[2] / "sweeps" / "examples").glob("*.ya
 def test_liew_data_grid_by_hand() -> None:
     p = plan(load_spec(EXAMPLES[0].parent / "liew-data-grid.yaml"))
     # One 0.1B dense size; experts {4, 8} x topK {1, 2} = 4 MoE configs; naive only; D1 = D2 = five budgets.
-    # dense_trunk 1 | dense_decay 5 | upcycle 5 D1 x 4 configs = 20 | moe_trunk 20 | moe_decay 20 x 5 D2 = 100.
-    assert p.by_kind() == {"dense_trunk": 1, "dense_decay": 5, "upcycle": 20, "moe_trunk": 20, "moe_decay": 100}
-    assert len(p.segments) == 146
+    # A trunk is a chain of 5 pieces, one per branch point: dense_trunk 5 | dense_decay 5 | upcycle 5 D1 x 4 configs
+    # = 20 | moe_trunk 20 x 5 = 100 | moe_decay 20 x 5 D2 = 100.
+    assert p.by_kind() == {"dense_trunk": 5, "dense_decay": 5, "upcycle": 20, "moe_trunk": 100, "moe_decay": 100}
+    assert len(p.segments) == 230
 
     # Budgets are S_i = 1100 * 2^i steps of 512 x 1024 tokens (i = 0..4); decay = round(0.1 S_i) = 110 * 2^i steps,
-    # so decay starts at 990 * 2^i. A trunk runs to the last start, 990 * 16 = 15,840 steps; its five branches add
-    # 110 * (1+2+4+8+16) = 3,410 steps: 19,250 steps per trunk+branches (dense, and each of the 20 MoE trunks).
+    # so decay starts at 990 * 2^i. A trunk's pieces run between consecutive starts, to 990 * 16 = 15,840 steps; its
+    # five branches add 110 * (1+2+4+8+16) = 3,410 steps: 19,250 steps per trunk+branches (dense, and each of the 20
+    # MoE trunks).
     tps = 512 * 1024
-    trunk = next(s for s in p.segments if s.spec.kind == "dense_trunk")
-    assert trunk.spec.save_at_tokens == tuple(990 * 2**i * tps for i in range(5))
-    assert trunk.tokens == 15_840 * tps
+    starts = [0] + [990 * 2**i * tps for i in range(5)]
+    pieces = [s for s in p.segments if s.spec.kind == "dense_trunk"]
+    assert [(t.spec.start_tokens, t.spec.end_tokens) for t in pieces] == list(itertools.pairwise(starts))
+    assert [t.spec.parent_ids for t in pieces[1:]] == [(t.id,) for t in pieces[:-1]]  # each from the one before
+    assert all(t.spec.save_at_tokens == () and t.trunk == pieces[0].id for t in pieces)
+    assert sum(t.tokens for t in pieces) == 15_840 * tps
     decays = [s for s in p.segments if s.spec.kind == "dense_decay"]
     assert [(d.spec.start_tokens, d.spec.end_tokens) for d in decays] == [
         (990 * 2**i * tps, 1100 * 2**i * tps) for i in range(5)]
+    assert [d.spec.parent_ids for d in decays] == [(t.id,) for t in pieces]  # the piece ending at its decay start
+    assert {d.trunk for d in decays} == {pieces[0].id}  # one trunk for the bootstrap
     assert sum(s.tokens for s in p.segments if s.spec.kind.startswith("dense")) == 19_250 * tps
     assert sum(s.tokens for s in p.segments if s.spec.kind.startswith("moe")) == 20 * 19_250 * tps
 
@@ -62,14 +70,17 @@ def test_every_example_plans_into_a_shared_trunk_dag(path: Path) -> None:
         assert s.id == s.spec.id and s.id not in seen
         assert all(q in seen for q in s.spec.parent_ids), f"{s.spec.kind} listed before a parent"
         seen[s.id] = s.spec.kind
-        if s.spec.kind in DECAY_KINDS:
-            assert s.observation is not None and s.spec.parent_ids == (s.trunk,) and seen[s.trunk] in TRUNK_KINDS
+        if s.spec.kind in DECAY_KINDS:  # from the piece of its trunk that ends at its decay start
+            (piece,) = (by_id[q] for q in s.spec.parent_ids)
+            assert s.observation is not None and piece.spec.kind in TRUNK_KINDS and piece.trunk == s.trunk
+            assert piece.spec.end_tokens == s.spec.start_tokens
         else:
             assert s.observation is None
         if s.spec.kind == "upcycle":  # the dense trunk it descends from, for bootstrapping by trunk
             assert s.trunk == by_id[s.spec.parent_ids[0]].trunk
         by_id[s.id] = s
-    assert p.by_kind()["dense_trunk"] == len(spec.model.sizes)  # one shared trunk per dense size
+    first_pieces = [s for s in p.segments if s.spec.kind == "dense_trunk" and s.trunk == s.id]
+    assert len(first_pieces) == len(spec.model.sizes)  # one shared trunk per dense size
     assert sum(p.by_kind().values()) == len(p.segments)
     assert 1 < p.saving < 10 and p.total_flops > 0
     assert critical_path_s(p, segment_seconds(p)) > 0
@@ -78,8 +89,9 @@ def test_every_example_plans_into_a_shared_trunk_dag(path: Path) -> None:
 def test_observation_axes_and_r_only_for_drop(spec_data: dict) -> None:
     spec_data["upcycling"] = {"methods": ["naive", "drop"], "r": [0.25, 0.5]}
     p = plan(parse_spec(spec_data))
-    # Per D1: naive once (it ignores r) + drop at two r = 3 upcycles; 2 D1 -> 6 upcycles, 6 MoE trunks, 12 branches.
-    assert p.by_kind() == {"dense_trunk": 1, "dense_decay": 2, "upcycle": 6, "moe_trunk": 6, "moe_decay": 12}
+    # Per D1: naive once (it ignores r) + drop at two r = 3 upcycles; 2 D1 -> 6 upcycles, 6 MoE trunks of 2 pieces
+    # (one per D2 branch point), 12 branches.
+    assert p.by_kind() == {"dense_trunk": 2, "dense_decay": 2, "upcycle": 6, "moe_trunk": 12, "moe_decay": 12}
     shape = NAMED_SIZES["nano"]
     obs = [s.observation for s in p.observations() if s.observation.kind == "upcycled"]
     assert {(o.method, o.r) for o in obs} == {("naive", None), ("drop", 0.25), ("drop", 0.5)}
@@ -151,7 +163,7 @@ def test_lr_search_segments_feed_the_trunks(spec_data: dict) -> None:
     by_id = {s.id: s for s in p.segments}
     searches = [s for s in p.segments if s.spec.kind == "lr_search"]
     assert sorted(s.axes["family"] for s in searches) == ["dense", "moe"]  # one per model: dense, and the 4x2 MoE
-    for trunk in (s for s in p.segments if s.spec.kind in TRUNK_KINDS):
+    for trunk in (s for s in p.segments if s.spec.kind in TRUNK_KINDS and s.trunk == s.id):  # a chain's first piece
         assert trunk.spec.optim.lr is None
         family = "dense" if trunk.spec.kind == "dense_trunk" else "moe"
         assert [by_id[q].axes["family"] for q in trunk.spec.parent_ids if by_id[q].spec.kind == "lr_search"] == [family]
@@ -166,10 +178,11 @@ def test_time_estimate_and_critical_path(spec_data: dict) -> None:
     seconds = segment_seconds(p, tokens_per_s=1000.0)
     trunk = next(s for s in p.segments if s.spec.kind == "dense_trunk")
     decay = next(s for s in p.segments if s.spec.kind == "dense_decay")
-    # The trunk runs to the last decay start: budget 20 steps - round(0.1 x 20) = 18 steps of 2048 tokens, at 1000
-    # tokens/s, + 1 s overhead. The first decay (10 steps, decay 1 step) also evaluates 65536 held-out tokens at a
-    # third of the training cost per token.
-    assert seconds[trunk.id] == pytest.approx(18 * 2048 / 1000 + 1.0)
+    # The trunk's first piece runs to the first decay start: budget 10 steps - round(0.1 x 10) = 9 steps of 2048
+    # tokens, at 1000 tokens/s, + 1 s overhead. The first decay (10 steps, decay 1 step) also evaluates 65536
+    # held-out tokens at a third of the training cost per token.
+    assert seconds[trunk.id] == pytest.approx(9 * 2048 / 1000 + 1.0)
     assert seconds[decay.id] == pytest.approx((2048 + 65536 / 3) / 1000 + 1.0)
-    # With one second per segment the longest chain is dense_trunk -> dense_decay -> upcycle -> moe_trunk -> moe_decay.
-    assert critical_path_s(p, dict.fromkeys(seconds, 1.0)) == 5.0
+    # With one second per segment the longest chain is the two dense pieces -> dense_decay(20) -> upcycle -> the two
+    # MoE pieces -> moe_decay: longer in segments than one monolithic trunk, the same in tokens.
+    assert critical_path_s(p, dict.fromkeys(seconds, 1.0)) == 7.0

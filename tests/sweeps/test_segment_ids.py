@@ -46,6 +46,7 @@ def test_round_trip_through_json_keeps_the_id() -> None:
         ({"save_at_tokens": (576, 320)}, "save_at_tokens must be strictly increasing"),
         ({"save_at_tokens": (704,)}, "must be multiples of 64 within"),
         ({"decay_start_tokens": 320}, "trunks never decay"),
+        ({"start_tokens": 320, "save_at_tokens": (576,)}, "continues the piece before it; parent_ids must name it"),
     ],
 )
 def test_bad_token_bookkeeping_is_refused(overrides: dict, message: str) -> None:

@@ -1,0 +1,156 @@
+"""Chained trunks: a grid grown in steps trains exactly the tokens of the whole grid trained once (new pieces and
+branches only); an inserted interior budget retrains the piece it splits and what follows it; a store trained by the
+planner before trunks were chains (monolithic trunks with a checkpoint per branch point) is found under its old keys
+and taken over, children training from its checkpoints. Real Ray, SQLite and MLflow; the counting segment function
+(tests/orchestrator/segment_fns.py) stands in for training, except in the last test, which trains for real."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.orchestrator.segment_fns import counting_segment
+from upscale.api.cli.run_commands import trained_report
+from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.service import Orchestrator
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.planner import Plan, PlannedSegment, legacy_ids, monolithic_trunk, plan
+from upscale.sweeps.segments import TRUNK_KINDS
+from upscale.sweeps.spec import parse_spec
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _spec(d1: list[int], d2: list[int], scratch: list[int] | None = None, name: str = "grow"):
+    tokens = {"d1": d1, "d2": d2} | ({"scratch": scratch} if scratch else {})
+    return parse_spec({"name": name, "model": {"sizes": ["nano"]}, "moe": {"experts": [4], "topk": [1]},
+                       "upcycling": {"methods": ["naive"]}, "tokens": tokens, "data": {"eval_tokens": 256},
+                       "train": {"context": 16, "batch_size": 4, "lr": {"dense": 3.0e-3, "moe": 2.0e-3},
+                                 "warmup_tokens": 64},
+                       "resources": {"cpus": 1}})
+
+
+def _scheduler(orch: Orchestrator, **kw) -> Scheduler:
+    return Scheduler(orch.store, orch.settings, poll_s=0.05, **kw)
+
+
+def _tokens_trained(orch: Orchestrator, out) -> int:
+    return trained_report(orch, out)["trained"]["tokens"]
+
+
+def old_planner(p: Plan) -> list[PlannedSegment]:
+    """``p`` as the planner keyed it before trunks were chains: one monolithic trunk per chain (to its last branch
+    point, a checkpoint at each) and every segment downstream re-keyed from it."""
+    chains: dict[str, list[PlannedSegment]] = {}
+    for s in p.segments:
+        if s.spec.kind in TRUNK_KINDS:
+            chains.setdefault(s.trunk, []).append(s)
+    old: dict[str, PlannedSegment] = {}  # new id -> the old segment standing for it
+    out: list[PlannedSegment] = []
+    for s in p.segments:
+        parents = tuple(old[q].id if q in old else q for q in s.spec.parent_ids)
+        if s.spec.kind in TRUNK_KINDS:
+            if s.id != s.trunk:
+                continue
+            chain = chains[s.id]
+            spec = monolithic_trunk([c.spec for c in chain], parents)
+            seg = replace(s, spec=spec, id=spec.id, trunk=spec.id, tokens=sum(c.tokens for c in chain),
+                          flops=sum(c.flops for c in chain))
+            old.update(dict.fromkeys((c.id for c in chain), seg))
+        else:
+            spec = s.spec.model_copy(update={"parent_ids": parents})
+            trunk = old[s.trunk].id if s.trunk in old else s.trunk
+            seg = old[s.id] = replace(s, spec=spec, id=spec.id, trunk=trunk)
+        out.append(seg)
+    return out
+
+
+def test_a_grid_grown_in_two_steps_trains_the_whole_grids_tokens(settings, tmp_path) -> None:
+    small, grown = _spec([512, 1024], [256], [512]), _spec([512, 1024, 1536], [256, 512], [512, 1024])
+    two = Orchestrator.open(settings)
+    first = two.run(small, _scheduler(two, segment_fn=counting_segment))
+    check = two.compare(plan(grown))
+    figures = check.figures()
+    second = two.run(grown, _scheduler(two, segment_fn=counting_segment))
+    # What the plan said the growth trains is what it trained: the new pieces and branches only.
+    assert sorted(second.trained) == sorted(s.id for s in check.to_train())
+    assert _tokens_trained(two, second) == figures["new_tokens"] < figures["tokens"]
+    dense = [s for s in check.to_train() if s.spec.kind == "dense_trunk"]
+    assert [(d.spec.start_tokens, d.spec.end_tokens) for d in dense] == [(896, 1408)]  # one piece appended
+
+    once = Orchestrator.open(Settings(home=tmp_path / "once", mlflow_tracking_uri=settings.mlflow_tracking_uri))
+    whole = once.run(grown, _scheduler(once, segment_fn=counting_segment))
+    assert _tokens_trained(two, first) + _tokens_trained(two, second) == _tokens_trained(once, whole)
+    assert _tokens_trained(once, whole) == sum(s.tokens for s in plan(grown).segments)
+    assert {o.segment_key: o.loss for o in two.store.observations(second.sweep_id)} == {
+        o.segment_key: o.loss for o in once.store.observations(whole.sweep_id)}
+
+
+def test_an_interior_budget_retrains_the_piece_it_splits_and_what_follows(settings) -> None:
+    orch = Orchestrator.open(settings)
+    outer, inner = _spec([512, 1536], [256]), _spec([512, 1024, 1536], [256])
+    orch.run(outer, _scheduler(orch, segment_fn=counting_segment))
+    before = {s.id for s in plan(outer).segments}
+    dense = [s for s in plan(inner).segments if s.spec.kind == "dense_trunk"]
+    assert [(d.spec.start_tokens, d.spec.end_tokens) for d in dense] == [(0, 448), (448, 896), (896, 1408)]
+    new = {s.id: s for s in orch.compare(plan(inner)).to_train()}
+    # Kept: the first piece [0, 448) and everything branching from it. Retrained: [448, 1408) as two pieces, and
+    # everything downstream of the piece at 1408, whose parent changed: its decay and that decay's MoE chain.
+    assert dense[0].id in before and dense[1].id in new and dense[2].id in new
+    assert {s.spec.kind for s in new.values()} == {"dense_trunk", "dense_decay", "upcycle", "moe_trunk", "moe_decay"}
+    assert sorted(s.axes["D1"] for s in new.values() if s.spec.kind == "dense_decay") == [1024, 1536]
+    assert not any(s.axes["D1"] == 512 for s in new.values() if s.axes["D1"] is not None)
+
+
+def test_a_store_trained_before_chains_is_found_and_taken_over(settings) -> None:
+    orch = Orchestrator.open(settings)
+    small, grown = _spec([512, 1024], [256, 512], [512]), _spec([512, 1024, 1536], [256, 512], [512])
+    legacy = old_planner(plan(small))
+    sweep = orch.store.create_sweep("old", small.model_dump(mode="json"), small.resources.model_dump(mode="json"),
+                                    legacy)
+    _scheduler(orch, segment_fn=counting_segment).run(sweep.id)
+    held = {s.id for s in legacy}
+    assert not held & {s.id for s in plan(small).segments}  # every key changed but the upcycle-free lr-free roots'
+    old_keys = legacy_ids(plan(small).segments)
+    assert all(any(k in held for k in old_keys[s.id]) for s in plan(small).segments)
+
+    check = orch.compare(plan(small))
+    assert check.figures()["new_segments"] == 0 and check.figures()["legacy_segments"] == len(plan(small).segments)
+    again = orch.run(small, _scheduler(orch, segment_fn=counting_segment))
+    assert again.trained == []  # the same computation under its old keys: nothing retrained, no flag needed
+    rows = orch.store.segments(list(check.legacy))
+    assert all(r.status == "done" and r.reused_from == check.legacy[r.key] for r in rows.values())
+    old_losses = sorted(o.loss for o in orch.store.observations(sweep.id))
+    assert sorted(o.loss for o in orch.store.observations(again.sweep_id)) == old_losses
+
+    # Grown on the old store: the new dense piece starts from the old trunk's last checkpoint; only new work trains.
+    check = orch.compare(plan(grown))
+    out = orch.run(grown, _scheduler(orch, segment_fn=counting_segment))
+    assert sorted(out.trained) == sorted(s.id for s in check.to_train())
+    assert _tokens_trained(orch, out) == check.figures()["new_tokens"]
+    assert check.figures()["new_tokens"] == (sum(s.tokens for s in plan(grown).segments)
+                                             - sum(s.tokens for s in legacy))
+
+
+def test_real_training_grown_from_an_old_store_trains_the_whole_grids_tokens_and_losses(settings, tmp_path) -> None:
+    """The real worker (torch, DeepSpeed-MoE): a store trained by the old planner, grown by a larger D1, trains only
+    the new dense piece (resuming from the old trunk's final checkpoint), its decay and that decay's MoE chain; the
+    tokens of the two steps are those of the grown grid trained once, and so are its losses."""
+    small, grown = _spec([512, 1024], [256]), _spec([512, 1024, 1536], [256])
+    two = Orchestrator.open(settings)
+    legacy = old_planner(plan(small))
+    sweep = two.store.create_sweep("old", small.model_dump(mode="json"), small.resources.model_dump(mode="json"),
+                                   legacy)
+    first = _scheduler(two).run(sweep.id)
+    assert first.status == "done"
+    second = two.run(grown, _scheduler(two))
+    assert second.status == "done"
+    once = Orchestrator.open(Settings(home=tmp_path / "once", mlflow_tracking_uri=settings.mlflow_tracking_uri))
+    whole = once.run(grown, _scheduler(once))
+    assert _tokens_trained(two, first) + _tokens_trained(two, second) == _tokens_trained(once, whole)
+    grown_losses = {o.segment_key: o.loss for o in two.store.observations(second.sweep_id)}
+    once_losses = {o.segment_key: o.loss for o in once.store.observations(whole.sweep_id)}
+    assert grown_losses.keys() == once_losses.keys() and len(once_losses) == 6
+    # One schedule cut in different places computes the same thing (fp32 on CPU, checkpoints keep optimiser state).
+    assert grown_losses == pytest.approx(once_losses, rel=1e-5)
