@@ -36,6 +36,8 @@ from upscale.orchestrator.records import (
 from upscale.sweeps.planner import PlannedSegment, unversioned_ids
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult
 
+KEYS_PER_QUERY = 10000  # bound parameters per IN (...) query: SQLite allows 32766, PostgreSQL 65535
+
 
 def make_engine(url: str) -> Engine:
     """An engine with SQLite set up for several processes: WAL, a busy timeout, foreign keys enforced."""
@@ -144,9 +146,11 @@ class Store:
         wanted = list({o for olds in old_keys.values() for o in olds})
         if not wanted:
             return {}
+        rows: dict[str, SegmentRecord] = {}
         with self.transaction() as s:
-            rows = {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(wanted),
-                                                                           SegmentRecord.status == "done"))}
+            for i in range(0, len(wanted), KEYS_PER_QUERY):  # a wide plan's other keys outnumber a query's parameters
+                rows.update((r.key, r) for r in s.scalars(select(SegmentRecord).where(
+                    SegmentRecord.key.in_(wanted[i:i + KEYS_PER_QUERY]), SegmentRecord.status == "done")))
         out = {}
         for key, olds in old_keys.items():
             end = piece_ends.get(key)

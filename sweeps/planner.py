@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
@@ -121,7 +121,7 @@ def unversioned_ids(segments: Sequence[PlannedSegment]) -> dict[str, str]:
     return out
 
 
-def trunk_pieces(whole: SegmentSpec, branch_points: Sequence[int]) -> list[SegmentSpec]:
+def trunk_pieces(whole: SegmentSpec, branch_points: Sequence[int], memo: dict | None = None) -> list[SegmentSpec]:
     """``whole`` (a trunk from its start to its last branch point, with the trunk's parents) cut into a chain of
     pieces at ``branch_points``: piece i covers [s_(i-1), s_i) of the same schedule, the first has the trunk's
     parents and every other the piece before it. So a piece's id is its parent's id plus its own span: a later,
@@ -132,7 +132,7 @@ def trunk_pieces(whole: SegmentSpec, branch_points: Sequence[int]) -> list[Segme
         piece = whole.model_copy(update={"start_tokens": start, "end_tokens": end, "save_at_tokens": (),
                                          "parent_ids": parents})
         pieces.append(piece)
-        start, parents = end, (piece.id,)
+        start, parents = end, (fingerprint(piece, memo),)
     return pieces
 
 
@@ -145,15 +145,27 @@ def monolithic_trunk(pieces: Sequence[SegmentSpec], parent_ids: tuple[str, ...])
                                         "parent_ids": parent_ids})
 
 
-MAX_LEGACY_KEYS = 64  # old keys tried per segment: every prefix of its chains, bounded for wide DAGs
+MAX_LEGACY_KEYS = 16  # other keys tried per segment (and cuts per chain): bounds the work of planning a wide DAG
+MAX_BUDGETS_ADDED = 2  # a chain is looked for as cut at all but this many of its branch points, at most
+
+
+def coarser_cuts(ends: Sequence[int]) -> Iterator[tuple[int, ...]]:
+    """The branch-point sets of the sweeps that ``ends`` (a chain's piece ends, increasing) may have grown from: the
+    whole set (the same cuts under parents with other keys) and the subsets missing up to MAX_BUDGETS_ADDED points,
+    the larger first (a grid grows a budget or two at a time), at most MAX_LEGACY_KEYS of them."""
+    sizes = range(len(ends), max(len(ends) - MAX_BUDGETS_ADDED, 1) - 1, -1)
+    subsets = (c for k in sizes for c in itertools.combinations(ends, k))
+    return itertools.islice(subsets, MAX_LEGACY_KEYS)
 
 
 def legacy_ids(segments: Sequence[PlannedSegment]) -> dict[str, tuple[str, ...]]:
-    """Segment id -> the keys the planner before chained trunks could have given the same job, for segments in
-    topological order: a trunk piece, every monolithic trunk over a prefix of its chain that contains it (the
-    store then holds its state as that trunk's checkpoint at the piece's end); any other segment, its spec with
-    each parent replaced by one of that parent's old keys. Prefixes find a store trained with fewer, smaller budgets
-    than the plan has (a grid that then grows). Segments whose key did not change are absent."""
+    """Segment id -> other keys the same job may be held under, for segments in topological order. A trunk piece
+    ending at e: the piece ending at e of a chain cut at fewer branch points (a grid that then grew; the store holds
+    the state at e as that piece's final checkpoint), and every monolithic trunk over a prefix of its chain that
+    contains it (the planner before trunks were chains; the store holds the state as that trunk's checkpoint at e).
+    Any other segment: its spec with each parent replaced by one of that parent's other keys. So an interior budget
+    added to a grown sweep retrains only the span it splits up to the new branch point. Segments without other keys
+    are absent."""
     memo: dict = {}
     chains: dict[str, list[PlannedSegment]] = {}
     for s in segments:
@@ -170,13 +182,18 @@ def legacy_ids(segments: Sequence[PlannedSegment]) -> dict[str, tuple[str, ...]]
             if s.id != s.trunk:
                 continue  # a later piece: found with its chain's first
             chain = [p.spec for p in chains[s.trunk]]
+            piece_at = {p.spec.end_tokens: p.id for p in chains[s.trunk]}
             found: dict[str, list[str]] = {}
             for parents in parent_options(s.spec):
+                whole = chain[0].model_copy(update={"parent_ids": parents})
+                for cuts in coarser_cuts([p.end_tokens for p in chain]):
+                    for old in trunk_pieces(whole, cuts, memo):
+                        found.setdefault(piece_at[old.end_tokens], []).append(fingerprint(old, memo))
                 for j in range(len(chain)):
                     old = fingerprint(monolithic_trunk(chain[:j + 1], parents), memo)
                     for piece in chains[s.trunk][:j + 1]:
                         found.setdefault(piece.id, []).append(old)
-            out.update({k: tuple(v[:MAX_LEGACY_KEYS]) for k, v in found.items()})
+            out.update({k: tuple(dict.fromkeys(v))[:MAX_LEGACY_KEYS] for k, v in found.items()})
         elif any(p in out for p in s.spec.parent_ids):
             out[s.id] = tuple(fingerprint(s.spec.model_copy(update={"parent_ids": parents}), memo)
                               for parents in parent_options(s.spec))

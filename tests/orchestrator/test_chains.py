@@ -1,7 +1,7 @@
 """Chained trunks: a grid grown in steps trains exactly the tokens of the whole grid trained once (new pieces and
-branches only); an inserted interior budget retrains the piece it splits and what follows it; a store trained by the
-planner before trunks were chains (monolithic trunks with a checkpoint per branch point) is found under its old keys
-and taken over, children training from its checkpoints. Real Ray, SQLite and MLflow; the counting segment function
+branches only); an inserted interior budget retrains only the span from the branch point before it; a store trained
+by the planner before trunks were chains (monolithic trunks with a checkpoint per branch point) is found under its old
+keys and taken over, children training from its checkpoints. Real Ray, SQLite and MLflow; the counting segment function
 (tests/orchestrator/segment_fns.py) stands in for training, except in the last test, which trains for real."""
 
 from __future__ import annotations
@@ -87,20 +87,26 @@ def test_a_grid_grown_in_two_steps_trains_the_whole_grids_tokens(settings, tmp_p
         o.segment_key: o.loss for o in once.store.observations(whole.sweep_id)}
 
 
-def test_an_interior_budget_retrains_the_piece_it_splits_and_what_follows(settings) -> None:
+def test_an_interior_budget_retrains_only_the_span_up_to_its_branch_point(settings) -> None:
     orch = Orchestrator.open(settings)
     outer, inner = _spec([512, 1536], [256]), _spec([512, 1024, 1536], [256])
     orch.run(outer, _scheduler(orch, segment_fn=counting_segment))
     before = {s.id for s in plan(outer).segments}
     dense = [s for s in plan(inner).segments if s.spec.kind == "dense_trunk"]
     assert [(d.spec.start_tokens, d.spec.end_tokens) for d in dense] == [(0, 448), (448, 896), (896, 1408)]
-    new = {s.id: s for s in orch.compare(plan(inner)).to_train()}
-    # Kept: the first piece [0, 448) and everything branching from it. Retrained: [448, 1408) as two pieces, and
-    # everything downstream of the piece at 1408, whose parent changed: its decay and that decay's MoE chain.
-    assert dense[0].id in before and dense[1].id in new and dense[2].id in new
-    assert {s.spec.kind for s in new.values()} == {"dense_trunk", "dense_decay", "upcycle", "moe_trunk", "moe_decay"}
-    assert sorted(s.axes["D1"] for s in new.values() if s.spec.kind == "dense_decay") == [1024, 1536]
-    assert not any(s.axes["D1"] == 512 for s in new.values() if s.axes["D1"] is not None)
+    check = orch.compare(plan(inner))
+    new = {s.id: s for s in check.to_train()}
+    # Kept: the piece [0, 448) and its branches. The piece [896, 1408) has a new key (its parent is the new piece
+    # [448, 896)) but the store holds its state: the old piece [448, 1408) ends there. So it, the D1=1536 decay and
+    # that decay's MoE chain are taken over; only [448, 896) and the new D1=1024 branch train.
+    assert dense[0].id in before and set(new) & {d.id for d in dense} == {dense[1].id}
+    assert check.legacy[dense[2].id] in before
+    assert {s.axes["D1"] for s in new.values() if s.spec.kind != "dense_trunk"} == {1024}
+    out = orch.run(inner, _scheduler(orch, segment_fn=counting_segment))
+    assert sorted(out.trained) == sorted(new)
+    assert _tokens_trained(orch, out) == check.figures()["new_tokens"]
+    assert {o.segment_key for o in orch.store.observations(out.sweep_id)} == {
+        s.id for s in plan(inner).observations()}  # every observation of the grown grid, old ones under new keys
 
 
 def test_a_store_trained_before_chains_is_found_and_taken_over(settings) -> None:
