@@ -139,6 +139,7 @@ def test_a_store_trained_before_chains_is_found_and_taken_over(settings) -> None
                                              - sum(s.tokens for s in legacy))
 
 
+@pytest.mark.slow  # four sweeps of real training: ~190 s on 2 cores
 def test_real_training_grown_from_an_old_store_trains_the_whole_grids_tokens_and_losses(settings, tmp_path) -> None:
     """The real worker (torch, DeepSpeed-MoE): a store trained by the old planner, grown by a larger D1, trains only
     the new dense piece (resuming from the old trunk's final checkpoint), its decay and that decay's MoE chain; the
