@@ -40,14 +40,21 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from upscale.fitting.design import Z80, DstarCriterion, Rows, dstar_gradient, greedy, log_loss_jacobian, \
-    noise_from_residuals
+from upscale.fitting.design import (
+    Z80,
+    DstarCriterion,
+    Rows,
+    dstar_gradient,
+    greedy,
+    log_loss_jacobian,
+    noise_from_residuals,
+)
 from upscale.fitting.dstar import TOKEN_RANGE, crossings
 from upscale.fitting.laws import get_law
 from upscale.fitting.summary import FittedLaw
@@ -55,13 +62,13 @@ from upscale.fitting.synthetic import TABLE2
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.spec import parse_spec
 
-BUDGETS = [1e9, 2e9, 4e9, 8e9]
+BUDGETS = [5e8, 2e9, 8e9, 3.2e10]
 GRID = {
     "name": "active-design-bench",
     "model": {"sizes": ["44M", "0.1B", "0.2B", "0.5B"]},
     "moe": {"experts": [8], "topk": [2]},
     "upcycling": {"methods": ["naive"]},
-    "tokens": {"d1": BUDGETS, "d2": BUDGETS, "scratch": [*BUDGETS, 1.6e10]},
+    "tokens": {"d1": BUDGETS, "d2": BUDGETS, "scratch": BUDGETS},
     "train": {"context": 1024, "batch_size": 512, "lr": {"dense": 3e-4, "moe": 2e-4}, "warmup_tokens": 1e8},
 }
 E = TABLE2["moe"]["E"]
@@ -215,12 +222,12 @@ class Sim:
 
     def _pilot(self) -> list[Point]:
         sizes = sorted({q.coords.get("N1", q.coords.get("N")) for q in self.pool})[:2]
-        d = sorted(BUDGETS)
+        d = sorted({q.coords["D2"] for q in self.pool if q.law == "up"})  # the budgets as rounded to whole steps
         out = []
         for q in self.pool:
             if q.law == "up" and q.coords["N1"] in sizes and q.coords["D1"] in d[:2] and q.coords["D2"] in d[:2]:
                 out.append(q)
-            if q.law == "moe" and q.coords["N"] in sizes and q.coords["D"] in d[:3]:
+            if q.law == "moe" and q.coords["N"] in sizes and q.coords["D"] in d[:3]:  # D1, D2, D share one rounding
                 out.append(q)
         return out
 
