@@ -302,8 +302,9 @@ class SuggestRequest(BaseModel):
                                 "(marginal: what the store holds is free).")
     n1: float | None = Field(None, gt=0, description="Dense size N1 whose D* interval to shrink; default: the "
                              "analysis's largest.")
-    tolerance: float | None = Field(None, gt=1, description="Stop once the expected 95% D* interval's hi/lo ratio "
-                                    "is at most this (2: within a factor of 2); default: spend the budget.")
+    tolerance: float | None = Field(None, gt=1, description="Stop once the expected 95% delta-method D* interval's "
+                                    "hi/lo ratio is at most this (4: within a factor of 2 either way); default: "
+                                    "spend the budget.")
     apply: bool = Field(False, description="Also submit the suggested extensions as a sweep (as POST "
                         "/sweeps/{id}/extend does).")
 
@@ -316,7 +317,8 @@ class SuggestedAction(BaseModel):
     additions: dict[str, Any] = Field(description="The partial spec this action adds (POST .../extend's).")
     marginal_flops: float = Field(description="FLOPs it trains given the store and the actions ranked before it.")
     new_observations: int = Field(description="Observations it adds that inform the D* at N1.")
-    expected_interval: list[float] = Field(description="The expected 95% D* interval after it (and those before).")
+    expected_interval: list[float] = Field(description="The expected 95% delta-method D* interval after it (and "
+                                           "those ranked before it).")
 
 
 class Suggestion(BaseModel):
@@ -327,7 +329,10 @@ class Suggestion(BaseModel):
     group: str = Field(description="The upcycling group whose D* it targets.")
     n1: float
     dstar: float
-    interval: list[float] = Field(description="The analysis's 95% bootstrap interval of D* at N1.")
+    interval: list[float | None] | None = Field(description="The analysis's 95% bootstrap interval of D* at N1 "
+                                                "(null: no bootstrap; an end null: some refits never cross).")
+    delta_interval: list[float] = Field(description="The 95% delta-method interval of D* at N1 now: what "
+                                        "`expected_interval` and `tolerance` are measured against.")
     noise: dict[str, float] = Field(description="Per-point and per-trunk noise sd of log loss, from the residuals.")
     budget_flops: float
     total_flops: float = Field(description="Marginal FLOPs of all the actions together.")

@@ -23,18 +23,20 @@ from upscale.api.services import Services
 from upscale.api.sweeps import extend, merge
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.design import (
+    Z95,
     DstarCriterion,
     Rows,
+    delta_interval,
     dstar_gradient,
     free_params,
     greedy,
-    interval_after,
     log_loss_jacobian,
     noise_from_residuals,
 )
 from upscale.fitting.dstar import crossings_and_samples, upcycled_loss
 from upscale.fitting.errors import FitError
 from upscale.fitting.groups import GROUP_COLUMNS, upcycled_groups
+from upscale.fitting.summary import finite_or_none
 from upscale.orchestrator.plan_in_store import compare
 from upscale.sweeps.planner import PlannedSegment, plan
 from upscale.sweeps.segments import MAX_TOKENS
@@ -132,11 +134,11 @@ class _Problem:
                      "up": free_params(self.up.law, best.fit.report.get("fixed") or {})}
         first, samples = crossings_and_samples(self.moe, self.up, self.n1)
         self.dstar = first.dstar
-        self.interval = percentile_interval(samples) if samples.size else (math.nan, math.nan)
-        if not all(math.isfinite(v) and v > 0 for v in (self.dstar, *self.interval)):
-            raise NotReady(f"analysis {record.id} has no finite D* interval at N1 = {self.n1:g} (D* = {self.dstar:g},"
-                           f" interval {self.interval}): the laws do not cross there, or the analysis has no "
-                           f"bootstrap; run `upscale analyze {sweep_id} --bootstrap 100` or choose another --n1")
+        self.interval = percentile_interval(samples) if samples.size else None
+        if not (math.isfinite(self.dstar) and self.dstar > 0):
+            raise NotReady(f"analysis {record.id} has no D* at N1 = {self.n1:g}: the fitted laws do not cross there "
+                           f"({'upcycling always wins' if self.dstar > 0 else 'from scratch always wins'}); choose "
+                           f"another --n1")
         up_rows = pd.concat([rows for g, rows in upcycled_groups(tables["upcycled"]) if g == self.group]
                             or [tables["upcycled"].iloc[:0]])
         current, residuals, trunks = {}, [], []
@@ -206,10 +208,8 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
     by_key = {c.key: c for c, _ in options}
     criterion = problem.criterion
     sd_now = criterion.sd()
-    lo, hi = problem.interval
-    target_sd = 0.0
-    if request.tolerance is not None:
-        target_sd = sd_now * math.log(request.tolerance) / math.log(hi / lo) if hi > lo else math.inf
+    # the tolerance bounds the delta-method interval's hi / lo = exp(2·Z95·sd)
+    target_sd = 0.0 if request.tolerance is None else math.log(request.tolerance) / (2 * Z95)
 
     def cost_of(chosen: list[str], key: str) -> float:
         before = [by_key[k] for k in chosen]
@@ -224,15 +224,17 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         rank=i + 1, kind=by_key[s.action].kind, description=by_key[s.action].description,
         additions=by_key[s.action].additions, marginal_flops=s.cost,
         new_observations=sum(len(r) for r in rows_of[s.action].values()),
-        expected_interval=list(interval_after(problem.dstar, problem.interval, sd_now, s.sd_after)))
+        expected_interval=list(delta_interval(problem.dstar, s.sd_after)))
         for i, s in enumerate(steps)]
     additions = problem.merged([by_key[s.action] for s in steps])
     applied = extend(services, sweep_id, additions, owner) if request.apply and steps else None
     final_sd = steps[-1].sd_after if steps else sd_now
     return Suggestion(
         sweep_id=sweep_id, analysis_id=problem.record.id, group=problem.label, n1=problem.n1, dstar=problem.dstar,
-        interval=list(problem.interval), noise=problem.noise.to_json(), budget_flops=request.budget_flops,
+        interval=[finite_or_none(v) for v in problem.interval] if problem.interval else None,
+        delta_interval=list(delta_interval(problem.dstar, sd_now)), noise=problem.noise.to_json(),
+        budget_flops=request.budget_flops,
         total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (
             request.tolerance is not None and final_sd <= target_sd) else stopped,
-        expected_interval=list(interval_after(problem.dstar, problem.interval, sd_now, final_sd)),
+        expected_interval=list(delta_interval(problem.dstar, final_sd)),
         actions=actions, additions=additions, applied=applied)

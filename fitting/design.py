@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from upscale.fitting.dstar import crossings
-from upscale.fitting.errors import FitError
 from upscale.fitting.laws import Law, Table
 from upscale.fitting.summary import FittedLaw
 
 Z80 = 1.2815515655446004  # the normal quantile of 0.9: an 80% interval is ±Z80 standard deviations
+Z95 = 1.959963984540054  # and of 0.975: a 95% interval
 PRIOR_SD = 0.005  # per-point and per-trunk noise of log loss assumed before the residuals say otherwise
 PRIOR_WEIGHT = 4.0  # how many residual degrees of freedom the prior noise counts as
 LAWS = ("moe", "up")  # the two fits the criterion reads: from scratch (D, N) and upcycled (D1, D2, N1)
@@ -215,9 +215,6 @@ def greedy(criterion: DstarCriterion, actions: Sequence[Hashable],
     return steps, "tolerance"
 
 
-def interval_after(dstar: float, interval: tuple[float, float], sd_now: float, sd_after: float) -> tuple[float, float]:
-    """The D* interval expected after an action: its log-distances from D* scaled by sd_after / sd_now."""
-    if not (sd_now > 0 and all(math.isfinite(v) and v > 0 for v in (dstar, *interval))):
-        raise FitError("the D* interval is not finite: no expected interval can be scaled from it")
-    k = sd_after / sd_now
-    return (dstar * (interval[0] / dstar) ** k, dstar * (interval[1] / dstar) ** k)
+def delta_interval(dstar: float, sd: float, z: float = Z95) -> tuple[float, float]:
+    """D*·exp(∓z·sd): the delta-method interval of D* for a standard deviation ``sd`` of log D*."""
+    return dstar * math.exp(-z * sd), dstar * math.exp(z * sd)
