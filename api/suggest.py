@@ -154,7 +154,9 @@ class _Problem:
         if gradient is None:
             raise NotReady(f"D* at N1 = {self.n1:g} has no slope to follow: the fitted laws only touch there")
         self.criterion = DstarCriterion(gradient, current, self.noise)
-        self.base_ids = {s.id for s in plan(self.spec).segments}
+        # observations by their coordinates, not their segment keys: a re-keyed decay (its trunk retrained because a
+        # new branch point changed its key) repeats an observation the fit already has
+        self.observed = {s.observation for s in plan(self.spec).observations()}
         self._new_flops: dict[frozenset[str], float] = {}
 
     def merged(self, chosen: list[Candidate]) -> dict[str, Any]:
@@ -175,7 +177,7 @@ class _Problem:
         """The observations the candidate adds that inform D* at N1: new from-scratch decays and new decays of the
         target group, with their Jacobians at the fitted laws and the planner's trunks."""
         p = plan(parse_spec(merge(self.spec_data, c.additions)))
-        new = [s for s in p.observations() if s.id not in self.base_ids]
+        new = [s for s in p.observations() if s.observation not in self.observed]
         out = {}
         for key, fit, kind, columns in (("moe", self.moe, "scratch", ("D", "N")),
                                         ("up", self.up, "upcycled", ("D1", "D2", "N1"))):
