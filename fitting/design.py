@@ -2,14 +2,15 @@
 
 The target is log D*, where the fitted from-scratch law L_MoE(N1, D) and the upcycled law L_up(D, D, N1) cross at
 one N1, not the losses themselves: the criterion is c-optimal. By the implicit function theorem on the gap
-g(D, θ) = L_MoE − L_up at the crossing, d log D*/dθ = −(∂g/∂θ) / (∂g/∂log D), a gradient over the free parameters of
-both laws (E is fixed in both fits, as the analysis fixes it). The delta method then gives
-Var(log D*) ≈ cᵀ M⁻¹ c, where M is the information of the observations about θ in log-loss space.
+g(D, θ) = L_MoE − L_up at the crossing, c = d log D*/dθ = −(∂g/∂θ) / (∂g/∂log D), a gradient over the free
+parameters of both laws (E is fixed in both fits, as the analysis fixes it). The delta method then gives
+Var(log D*) ≈ cᵀ Cov(θ̂) c, with Cov(θ̂) that of the least-squares fit in log loss.
 
 Observations are not independent: the branches decayed from one trunk share its noise. Each trunk's residuals are
-modelled as σ²·I + τ²·11ᵀ (a per-trunk random effect τ on top of per-point noise σ), whose inverse is closed form,
-so a trunk's information is (JᵀJ − c·(1ᵀJ)ᵀ(1ᵀJ)) / σ² with c = τ² / (σ² + n·τ²): a fifth branch on a trunk adds less
-than a first branch on a new one, which is what makes "a new N1 versus a new D2" a real trade-off.
+modelled as σ²·I + τ²·11ᵀ (a per-trunk random effect τ on top of per-point noise σ). The least-squares covariance is
+then the sandwich (JᵀJ)⁻¹(σ²JᵀJ + τ²·Σ_t (1ᵀJ_t)ᵀ(1ᵀJ_t))(JᵀJ)⁻¹: a trunk's shared draw does not average out over
+its branches, so a fifth branch on a trunk buys less than a first branch on a new one, which is what makes "a new
+N1 versus a new D2" a real trade-off. (``information`` is the weighted fit's counterpart, for comparison.)
 
 An action (a grid extension) adds several observations at once, with a marginal cost that depends on what is already
 bought (shared trunks). ``greedy`` picks actions one at a time by shrinkage of the D* interval per FLOP under one
@@ -71,19 +72,38 @@ class Rows:
         return len(self.trunks)
 
 
+def _trunk_sums(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """1ᵀJ_t for every trunk t, and each trunk's number of rows."""
+    codes: dict[Hashable, int] = {}
+    index = np.array([codes.setdefault(t, len(codes)) for t in rows.trunks])
+    sums = np.zeros((len(codes), rows.J.shape[1]))
+    np.add.at(sums, index, rows.J)
+    return sums, np.bincount(index, minlength=len(codes)).astype(float)
+
+
 def information(rows: Rows, point_sd: float, trunk_sd: float) -> np.ndarray:
-    """Σ over trunks of J_tᵀ (σ²I + τ²11ᵀ)⁻¹ J_t: the information of correlated branches about θ."""
+    """Σ over trunks of J_tᵀ (σ²I + τ²11ᵀ)⁻¹ J_t: the information of correlated branches about θ (what a fit
+    weighted by the trunk covariance attains)."""
     p = rows.J.shape[1]
     if not len(rows):
         return np.zeros((p, p))
     s2, t2 = point_sd ** 2, trunk_sd ** 2
-    codes: dict[Hashable, int] = {}
-    index = np.array([codes.setdefault(t, len(codes)) for t in rows.trunks])
-    sums = np.zeros((len(codes), p))
-    np.add.at(sums, index, rows.J)
-    counts = np.bincount(index, minlength=len(codes)).astype(float)
+    sums, counts = _trunk_sums(rows)
     c = t2 / (s2 + counts * t2)
     return (rows.J.T @ rows.J - (sums * c[:, None]).T @ sums) / s2
+
+
+def least_squares_covariance(rows: Rows, point_sd: float, trunk_sd: float) -> np.ndarray:
+    """Cov(θ̂) of an unweighted least-squares fit in log loss (what fitting/fit.py and the bench fit) when each
+    trunk's residuals are σ²I + τ²11ᵀ: the sandwich (JᵀJ)⁻¹ (Σ_t J_tᵀ Σ_t J_t) (JᵀJ)⁻¹. Wider than the inverse of
+    ``information``: the fit does not down-weight the branches of one trunk."""
+    p = rows.J.shape[1]
+    if not len(rows):
+        return np.full((p, p), np.inf)
+    sums, _ = _trunk_sums(rows)
+    bread = np.linalg.pinv(rows.J.T @ rows.J, rcond=1e-12, hermitian=True)
+    meat = point_sd ** 2 * rows.J.T @ rows.J + trunk_sd ** 2 * sums.T @ sums
+    return bread @ meat @ bread
 
 
 @dataclass(frozen=True)
@@ -142,7 +162,8 @@ def dstar_gradient(moe: FittedLaw, up: FittedLaw, n1: float, moe_free: Sequence[
 
 
 class DstarCriterion:
-    """Var(log D*) ≈ cᵀ M⁻¹ c for the current observations plus any extra ones (c-optimality on D*)."""
+    """Var(log D*) ≈ cᵀ Cov(θ̂) c for the current observations plus any extra ones (c-optimality on D*), with the
+    least-squares fit's covariance under the per-trunk noise model."""
 
     def __init__(self, gradient: np.ndarray, current: Mapping[str, Rows], noise: Noise) -> None:
         self.gradient = gradient
@@ -152,18 +173,16 @@ class DstarCriterion:
 
     def sd(self, extra: Sequence[Mapping[str, Rows]] = ()) -> float:
         """Standard deviation of log D* with the current rows and those of ``extra`` (several actions' rows)."""
-        blocks = []
-        for k in LAWS:
+        var, start = 0.0, 0
+        for k, size in zip(LAWS, self.sizes, strict=True):
             rows = self.current[k]
             for e in extra:
                 if k in e:
                     rows = rows + e[k]
-            blocks.append(information(rows, self.noise.point_sd, self.noise.trunk_sd))
-        p = sum(self.sizes)
-        M = np.zeros((p, p))
-        M[:self.sizes[0], :self.sizes[0]] = blocks[0]
-        M[self.sizes[0]:, self.sizes[0]:] = blocks[1]
-        var = float(self.gradient @ np.linalg.pinv(M, rcond=1e-12, hermitian=True) @ self.gradient)
+            c = self.gradient[start:start + size]
+            start += size
+            if np.any(c != 0):  # the two fits are independent: their variances add
+                var += float(c @ least_squares_covariance(rows, self.noise.point_sd, self.noise.trunk_sd) @ c)
         return math.sqrt(max(var, 0.0))
 
 

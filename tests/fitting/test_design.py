@@ -1,6 +1,6 @@
 """fitting/design.py: the per-trunk information equals the GLS information with the explicit covariance, the D*
-gradient equals finite differences of D*, the delta-method sd matches the spread of refits on simulated data, and
-greedy spends one budget by shrinkage per cost and stops at the tolerance."""
+gradient equals finite differences of D*, the delta-method sd (least-squares sandwich) matches the spread of refits
+on simulated data, and greedy spends one budget by shrinkage per cost and stops at the tolerance."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def _grid() -> tuple[dict, dict, tuple, tuple]:
 
 
 def test_delta_method_sd_matches_refits_with_trunk_noise() -> None:
-    """The criterion's sd of log D* is the spread of D* over fits to data with per-trunk and per-point noise."""
+    """The criterion's sd of log D* is the spread of D* over least-squares fits to data with per-trunk and per-point
+    noise (the sandwich: GLS's information would claim less)."""
     m, u, mt, ut = _grid()
     truth = {"moe": TABLE2["moe"], "up": TABLE2["upcycled"]}
     noise = Noise(0.001, 0.001)  # small enough for the linearisation to hold on this one-decade grid
@@ -99,10 +100,10 @@ def test_delta_method_sd_matches_refits_with_trunk_noise() -> None:
                           jac=lambda th: log_loss_jacobian(law, to(th), table, free)[1])
         return FittedLaw(law, to(r.x))
 
-    # GLS is what the information describes; with trunks this small OLS is close: check the order of magnitude
-    logs = [math.log(crossings(fit(CHIN, truth["moe"], FREE_M, m, draw(lm, mt)),
-                               fit(JOINT, truth["up"], FREE_U, u, draw(lu, ut)), N1).dstar) for _ in range(40)]
-    assert 0.6 < np.std(logs) / sd < 1.6
+    logs = np.array([math.log(crossings(fit(CHIN, truth["moe"], FREE_M, m, draw(lm, mt)),
+                               fit(JOINT, truth["up"], FREE_U, u, draw(lu, ut)), N1).dstar) for _ in range(60)])
+    robust_sd = 1.4826 * np.median(np.abs(logs - np.median(logs)))  # D* is nonlinear in θ: its tails are heavy
+    assert 0.75 < robust_sd / sd < 1.3
     lo, hi = delta_interval(1e9, sd)
     assert hi / lo == pytest.approx(math.exp(2 * Z95 * sd))
 
