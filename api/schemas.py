@@ -329,3 +329,53 @@ class CalibrationPublic(CalibrationCounts):
     by_law: dict[str, CalibrationCounts] = Field(description="The same figures per fit.")
     analyses: list[str] = Field(description="The analyses the predictions came from.")
     predictions: list[PredictionPublic]
+
+
+class SuggestRequest(BaseModel):
+    """What `POST /sweeps/{id}/suggest` weighs: one FLOP budget, the N1 whose D* matters, when to stop."""
+
+    budget_flops: float = Field(gt=0, description="Training FLOPs the suggested extensions may cost in all "
+                                "(marginal: what the store holds is free).")
+    n1: float | None = Field(None, gt=0, description="Dense size N1 whose D* interval to shrink; default: the "
+                             "analysis's largest.")
+    tolerance: float | None = Field(None, gt=1, description="Stop once the expected 95% delta-method D* interval's "
+                                    "hi/lo ratio is at most this (4: within a factor of 2 either way); default: "
+                                    "spend the budget.")
+    apply: bool = Field(False, description="Also submit the suggested extensions as a sweep (as POST "
+                        "/sweeps/{id}/extend does).")
+
+
+class SuggestedAction(BaseModel):
+    rank: int = Field(description="1 = chosen first: the most D* certainty per FLOP.")
+    kind: Literal["d1", "d2", "scratch", "size"] = Field(description="A new dense budget D1, a new upcycled budget "
+                                                        "D2, a new from-scratch budget, a new dense size.")
+    description: str
+    additions: dict[str, Any] = Field(description="The partial spec this action adds (POST .../extend's).")
+    marginal_flops: float = Field(description="FLOPs it trains given the store and the actions ranked before it.")
+    new_observations: int = Field(description="Observations it adds that inform the D* at N1.")
+    expected_interval: list[float] = Field(description="The expected 95% delta-method D* interval after it (and "
+                                           "those ranked before it).")
+
+
+class Suggestion(BaseModel):
+    """Ranked grid extensions by expected shrinkage of the D* interval per FLOP (docs/laws.md, "Active design")."""
+
+    sweep_id: str
+    analysis_id: str = Field(description="The analysis whose fits the criterion reads.")
+    group: str = Field(description="The upcycling group whose D* it targets.")
+    n1: float
+    dstar: float
+    interval: list[float | None] | None = Field(description="The analysis's 95% bootstrap interval of D* at N1 "
+                                                "(null: no bootstrap; an end null: some refits never cross).")
+    delta_interval: list[float] = Field(description="The 95% delta-method interval of D* at N1 now: what "
+                                        "`expected_interval` and `tolerance` are measured against.")
+    noise: dict[str, float] = Field(description="Per-point and per-trunk noise sd of log loss, from the residuals.")
+    budget_flops: float
+    total_flops: float = Field(description="Marginal FLOPs of all the actions together.")
+    expected_interval: list[float] = Field(description="The expected 95% D* interval after all the actions.")
+    stopped: Literal["tolerance", "budget", "no_gain"] = Field(
+        description="Why no more actions: the interval reached the tolerance, nothing else fits the budget, or no "
+                    "candidate shrinks the interval.")
+    actions: list[SuggestedAction]
+    additions: dict[str, Any] = Field(description="All the actions' additions merged: the extension to apply.")
+    applied: SweepCreated | None = Field(None, description="The extension sweep, with `apply`.")

@@ -10,6 +10,7 @@ from upscale.api.cli import (  # noqa: F401  (imported for their @app.command si
     run_commands,
     segment_commands,
     serve_commands,
+    suggest_commands,
     token_commands,
     train_commands,
 )

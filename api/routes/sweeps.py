@@ -1,16 +1,16 @@
-"""/sweeps: submit (JSON or YAML), list, inspect, cancel, extend, and export observations."""
+"""/sweeps: submit (JSON or YAML), list, inspect, cancel, extend, suggest extensions, and export observations."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from upscale.api import sweeps
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from upscale.api.schemas import SweepCreated, SweepDetail, SweepExtend, SweepSummary
+from upscale.api.schemas import Suggestion, SuggestRequest, SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from upscale.orchestrator.observations import as_row, table
 from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
 
@@ -139,3 +139,25 @@ def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _
     if format == "csv" or (format is None and "text/csv" in request.headers.get("accept", "")):
         return Response(table(records).to_csv(index=False), media_type="text/csv")
     return [as_row(o) for o in records]
+
+
+@router.post("/{sweep_id}/suggest", summary="Suggest grid extensions that shrink the D* interval",
+             response_model=Suggestion,
+             responses={**NOT_FOUND, 409: {"description": "The sweep was cancelled, or no analysis can answer yet "
+                                                         "(the detail says what to run)."},
+                        422: {"description": "A budget too small for any extension (at `budget_flops`)."}})
+def suggest_extensions(sweep_id: str, body: SuggestRequest, services: ServicesDep, caller: Reader) -> Suggestion:
+    """Candidate extensions of the sweep (new D1, D2 or from-scratch budgets on its trunks, a larger dense size),
+    ranked by the expected shrinkage of the D* interval at `n1` per FLOP (c-optimal on D*, branches of one trunk
+    correlated) and chosen greedily within `budget_flops`, until the expected interval is within `tolerance`. Each
+    action's FLOPs are marginal (what the store holds is free). With `apply`, the chosen extensions are submitted
+    as a new sweep, as POST /sweeps/{id}/extend would (`applied`): that needs a write token, suggesting a read
+    one."""
+    from upscale.api.suggest import SuggestError, suggest
+
+    if body.apply and not caller.has("write"):
+        raise HTTPException(403, f"token {caller.name!r} has scope {caller.scope!r}; apply needs 'write'")
+    try:
+        return suggest(services, sweep_id, body, caller.name)
+    except SuggestError as e:
+        raise HTTPException(422, [{"loc": ["body", e.field], "msg": str(e), "type": "value_error"}]) from None

@@ -1,0 +1,84 @@
+"""`upscale suggest SWEEP_ID --budget-flops F`: which grid extensions shrink the D* interval most per FLOP.
+
+In-process it reads this machine's store (api/suggest.py); with `--api` the server answers (POST
+/sweeps/{id}/suggest). `--apply` submits the suggested extensions as a sweep, as `POST /sweeps/{id}/extend` does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from upscale.api.cli.app import CommandError, app, console
+from upscale.api.cli.fit_commands import JsonOpt, fmt, print_json
+from upscale.api.cli.serve_commands import ApiOpt, TokenOpt
+
+
+def _local(sweep: str, body: dict[str, Any]) -> dict[str, Any]:
+    from upscale.api.analyses import NotReady
+    from upscale.api.auth import LOCAL_OWNER
+    from upscale.api.schemas import SuggestRequest
+    from upscale.api.services import Services
+    from upscale.api.suggest import SuggestError, suggest
+    from upscale.orchestrator.settings import get_settings
+
+    services = Services.open(get_settings(), auth=False)
+    try:
+        return suggest(services, sweep, SuggestRequest(**body), LOCAL_OWNER).model_dump(mode="json")
+    except NotReady as e:  # cancelled, or no analysis yet: what to run is in the message
+        raise CommandError(str(e)) from None
+    except SuggestError as e:
+        raise CommandError(str(e).replace("budget_flops", "--budget-flops", 1)) from None
+
+
+def _remote(api: str, token: str | None, sweep: str, body: dict[str, Any]) -> dict[str, Any]:
+    from upscale.client import Client
+
+    with Client(api, token) as c:
+        return c.request("POST", f"/sweeps/{sweep}/suggest", json=body)
+
+
+@app.command("suggest")
+def suggest_command(
+    sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale status` lists them).")],
+    budget_flops: Annotated[float, typer.Option("--budget-flops",
+                                                help="Training FLOPs the extensions may cost in all (marginal: what "
+                                                     "the store holds is free).")],
+    n1: Annotated[float | None, typer.Option("--n1",
+                                             help="Dense size N1 whose D* to pin down; default: the analysis's "
+                                                  "largest.")] = None,
+    tolerance: Annotated[float | None, typer.Option("--tolerance",
+                                                    help="Stop once the expected 95% D* interval's hi/lo ratio is at "
+                                                         "most this (4: within a factor of 2 either way).")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="Submit the suggested extensions as a sweep.")] = False,
+    as_json: JsonOpt = False,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """Grid extensions (new D1, D2 or from-scratch budgets, a larger dense size) ranked by the expected shrinkage of
+    the D* interval at N1 per FLOP, chosen within --budget-flops from the sweep's newest analysis (`upscale analyze`
+    makes one); --apply submits them."""
+    for name, value, low in (("--budget-flops", budget_flops, 0.0), ("--n1", n1, 0.0), ("--tolerance", tolerance, 1.0)):
+        if value is not None and not value > low:
+            raise CommandError(f"{name} must be greater than {low:g}, got {value:g}")
+    body = {"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply}
+    out = _remote(api, token, sweep, body) if api else _local(sweep, body)
+    if as_json:
+        print_json(out)
+        return
+    from rich.table import Table
+
+    lo, hi = out["delta_interval"]
+    boot = f"; bootstrap {fmt(out['interval'][0])} – {fmt(out['interval'][1])}" if out["interval"] else ""
+    console.print(f"D* at N1 = {fmt(out['n1'])} ({out['group']}, analysis {out['analysis_id']}): "
+                  f"{fmt(out['dstar'])} tokens, 95% interval {fmt(lo)} – {fmt(hi)} (delta method{boot})")
+    table = Table("#", "action", "marginal FLOPs", "new obs.", "expected interval after")
+    for a in out["actions"]:
+        table.add_row(str(a["rank"]), a["description"], fmt(a["marginal_flops"]), str(a["new_observations"]),
+                      f"{fmt(a['expected_interval'][0])} – {fmt(a['expected_interval'][1])}")
+    console.print(table)
+    why = {"tolerance": "the interval reaches the tolerance", "budget": "nothing else fits the budget",
+           "no_gain": "no other candidate shrinks the interval"}[out["stopped"]]
+    console.print(f"{fmt(out['total_flops'])} of {fmt(out['budget_flops'])} FLOPs; stopped: {why}")
+    if out["applied"]:
+        console.print(f"applied: sweep {out['applied']['id']} ({out['applied']['plan']['new_segments']} new segments)")

@@ -1,0 +1,242 @@
+"""Which grid extensions to add to a sweep next: `upscale suggest` and POST /sweeps/{id}/suggest.
+
+Candidates are extensions of the sweep's spec, each the `additions` that POST /sweeps/{id}/extend merges: a larger or
+smaller D2, D1 or from-scratch budget (every trunk gets the new branch) and the next larger dense size. What an
+action adds is read from the planner (the merged spec's new observation segments, with the trunk each hangs from);
+what it costs is `compare(store, plan(merged)).figures()["new_flops"]`, so what the store holds is free and an
+action's FLOPs are marginal to the actions ranked before it. fitting/design.py weighs them against the newest
+analysis's fits: shrinkage of the D* interval at N1 per FLOP, greedily under the budget, until the tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from upscale.api.analyses import NotReady, latest_analysis, sweep_tables, why_no_analysis
+from upscale.api.schemas import SuggestedAction, Suggestion, SuggestRequest
+from upscale.api.services import Services
+from upscale.api.sweeps import extend, merge
+from upscale.fitting.bootstrap import percentile_interval
+from upscale.fitting.design import (
+    Z95,
+    DstarCriterion,
+    Rows,
+    delta_interval,
+    dstar_gradient,
+    free_params,
+    greedy,
+    log_loss_jacobian,
+    noise_from_residuals,
+)
+from upscale.fitting.dstar import crossings_and_samples, upcycled_loss
+from upscale.fitting.errors import FitError
+from upscale.fitting.groups import GROUP_COLUMNS, upcycled_groups
+from upscale.fitting.summary import finite_or_none
+from upscale.orchestrator.plan_in_store import compare
+from upscale.sweeps.planner import PlannedSegment, plan
+from upscale.sweeps.segments import MAX_TOKENS
+from upscale.sweeps.sizes import NAMED_SIZES, dense_params
+from upscale.sweeps.spec import SpecError, SweepSpec, parse_spec
+
+NEW_SIZES = 1  # larger named sizes offered as candidates
+
+
+class SuggestError(ValueError):
+    """A request the criterion cannot answer as asked (a budget too small): 422 at ``field``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str
+    description: str
+    additions: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.description}"
+
+
+def candidates(spec: SweepSpec) -> list[Candidate]:
+    """The extensions weighed: each budget list's max x2, x4 and min / 2, and the next larger named size."""
+    out = []
+    for kind, values in (("d2", spec.tokens.d2), ("d1", spec.tokens.d1), ("scratch", spec.tokens.scratch)):
+        if not values:
+            continue
+        for v in sorted({max(values) * 2, max(values) * 4, min(values) / 2}):
+            if v <= MAX_TOKENS and v not in values:
+                what = {"d2": "upcycled budget D2", "d1": "dense budget D1", "scratch": "from-scratch budget"}[kind]
+                out.append(Candidate(kind, f"{what} {v:.4g} tokens", {"tokens": {kind: [float(v)]}}))
+    named = [s for s in (spec.model.sizes or []) if isinstance(s, str)]
+    if named and spec.model.dense is None:
+        biggest = max(dense_params(NAMED_SIZES[s]) for s in named)
+        larger = sorted((dense_params(shape), name) for name, shape in NAMED_SIZES.items()
+                        if dense_params(shape) > biggest)
+        for n, name in larger[:NEW_SIZES]:
+            out.append(Candidate("size", f"dense size {name} (N1 = {n:,})", {"model": {"sizes": [name]}}))
+    return out
+
+
+def _in_group(seg: PlannedSegment, group: dict[str, Any]) -> bool:
+    o = seg.observation
+    for c in GROUP_COLUMNS:
+        want = group.get(c)
+        if want is None or (isinstance(want, float) and math.isnan(want)):
+            continue
+        have = getattr(o, c)
+        if have is None or (float(have) != float(want) if c != "method" else have != want):
+            return False
+    return True
+
+
+class _Problem:
+    """The sweep, its analysis and the criterion, with the planner and store answering for candidates."""
+
+    def __init__(self, services: Services, sweep_id: str, n1: float | None) -> None:
+        from upscale.fitting.analysis import Analysis
+
+        self.services = services
+        sweep = services.store.sweep(sweep_id)  # NotFoundError: 404
+        if sweep.status == "cancelled":
+            raise NotReady(f"sweep {sweep_id} was cancelled: submit it again (POST /sweeps or `upscale run`) before "
+                           f"extending it")
+        record = latest_analysis(services.store, sweep_id)
+        if record is None:
+            raise NotReady(f"{why_no_analysis(services, sweep_id)}; suggestions need one: run `upscale analyze "
+                           f"{sweep_id}` (POST /sweeps/{sweep_id}/analysis)")
+        self.record = record
+        analysis = Analysis.from_json(record.record)
+        if analysis.scratch is None:
+            raise NotReady(f"analysis {record.id} has no from-scratch MoE law, so no D*: "
+                           f"{analysis.missing('chinchilla')}")
+        fitted = [u for u in analysis.upcycled if u.fit is not None]
+        if not fitted:
+            raise NotReady(f"analysis {record.id} has no upcycled law, so no D*: {analysis.missing('joint')}")
+        self.spec_data = sweep.spec
+        self.spec = parse_spec(sweep.spec)
+        self.n1 = float(n1 if n1 is not None else max(analysis.n1s))
+        tables = sweep_tables(services, [sweep_id])
+        d_max = float(tables["upcycled"]["D2"].max()) if len(tables["upcycled"]) else 1e9
+        d1_max = float(tables["upcycled"]["D1"].max()) if len(tables["upcycled"]) else 1e9
+        best = min(fitted, key=lambda u: float(upcycled_loss(u.fit.fitted, self.n1, np.array([d1_max]),
+                                                             np.array([d_max]))[0]))
+        self.group, self.label = best.group, best.label
+        self.moe, self.up = analysis.scratch.fitted, best.fit.fitted
+        self.free = {"moe": free_params(self.moe.law, analysis.scratch.report.get("fixed") or {}),
+                     "up": free_params(self.up.law, best.fit.report.get("fixed") or {})}
+        first, samples = crossings_and_samples(self.moe, self.up, self.n1)
+        self.dstar = first.dstar
+        self.interval = percentile_interval(samples) if samples.size else None
+        if not (math.isfinite(self.dstar) and self.dstar > 0):
+            raise NotReady(f"analysis {record.id} has no D* at N1 = {self.n1:g}: the fitted laws do not cross there "
+                           f"({'upcycling always wins' if self.dstar > 0 else 'from scratch always wins'}); choose "
+                           f"another --n1")
+        up_rows = pd.concat([rows for g, rows in upcycled_groups(tables["upcycled"]) if g == self.group]
+                            or [tables["upcycled"].iloc[:0]])
+        current, residuals, trunks = {}, [], []
+        for key, fit, rows, columns in (("moe", self.moe, tables["scratch"], ("D", "N")),
+                                        ("up", self.up, up_rows, ("D1", "D2", "N1"))):
+            tab = {c: rows[c].to_numpy(dtype=float) for c in columns}
+            pred, J = log_loss_jacobian(fit.law, fit.params, tab, self.free[key])
+            current[key] = Rows(J, tuple(rows["trunk"].astype(str)))
+            residuals.append(np.log(rows["loss"].to_numpy(dtype=float)) - np.log(pred))
+            trunks += list(current[key].trunks)
+        self.noise = noise_from_residuals(np.concatenate(residuals), trunks, sum(len(f) for f in self.free.values()))
+        _, gradient = dstar_gradient(self.moe, self.up, self.n1, self.free["moe"], self.free["up"])
+        if gradient is None:
+            raise NotReady(f"D* at N1 = {self.n1:g} has no slope to follow: the fitted laws only touch there")
+        self.criterion = DstarCriterion(gradient, current, self.noise)
+        # observations by their coordinates, not their segment keys: a re-keyed decay (its trunk retrained because a
+        # new branch point changed its key) repeats an observation the fit already has
+        self.observed = {s.observation for s in plan(self.spec).observations()}
+        self._new_flops: dict[frozenset[str], float] = {}
+
+    def merged(self, chosen: list[Candidate]) -> dict[str, Any]:
+        additions: dict[str, Any] = {}
+        for c in chosen:
+            additions = merge(additions, c.additions)
+        return additions
+
+    def new_flops(self, chosen: list[Candidate]) -> float:
+        """What the store does not hold of the spec plus ``chosen``: compare(store, plan(merged))'s new FLOPs."""
+        key = frozenset(c.key for c in chosen)
+        if key not in self._new_flops:
+            p = plan(parse_spec(merge(self.spec_data, self.merged(chosen))))
+            self._new_flops[key] = compare(self.services.store, p).figures()["new_flops"]
+        return self._new_flops[key]
+
+    def rows(self, c: Candidate) -> dict[str, Rows]:
+        """The observations the candidate adds that inform D* at N1: new from-scratch decays and new decays of the
+        target group, with their Jacobians at the fitted laws and the planner's trunks."""
+        p = plan(parse_spec(merge(self.spec_data, c.additions)))
+        new = [s for s in p.observations() if s.observation not in self.observed]
+        out = {}
+        for key, fit, kind, columns in (("moe", self.moe, "scratch", ("D", "N")),
+                                        ("up", self.up, "upcycled", ("D1", "D2", "N1"))):
+            segs = [s for s in new if s.observation.kind == kind and (kind == "scratch" or _in_group(s, self.group))]
+            if not segs:
+                out[key] = Rows.empty(len(self.free[key]))
+                continue
+            values = {"D": lambda o: o.D, "N": lambda o: o.N1, "D1": lambda o: o.D1, "D2": lambda o: o.D2,
+                      "N1": lambda o: o.N1}
+            tab = {col: np.array([float(values[col](s.observation)) for s in segs]) for col in columns}
+            out[key] = Rows(log_loss_jacobian(fit.law, fit.params, tab, self.free[key])[1],
+                            tuple(s.trunk for s in segs))
+        return out
+
+
+def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: str) -> Suggestion:
+    """Ranked extensions of ``sweep_id`` (see the module); with ``request.apply`` the extension sweep too.
+    NotFoundError for an unknown sweep, NotReady when it was cancelled or no analysis can answer, SuggestError when
+    the budget buys no action."""
+    problem = _Problem(services, sweep_id, request.n1)
+    options = []
+    for c in candidates(problem.spec):
+        try:
+            rows = problem.rows(c)
+        except (SpecError, FitError):  # a budget the spec's schedule cannot hold: not an action
+            continue
+        if sum(len(r) for r in rows.values()):
+            options.append((c, rows))
+    rows_of = {c.key: rows for c, rows in options}
+    by_key = {c.key: c for c, _ in options}
+    criterion = problem.criterion
+    sd_now = criterion.sd()
+    # the tolerance bounds the delta-method interval's hi / lo = exp(2·Z95·sd)
+    target_sd = 0.0 if request.tolerance is None else math.log(request.tolerance) / (2 * Z95)
+
+    def cost_of(chosen: list[str], key: str) -> float:
+        before = [by_key[k] for k in chosen]
+        return problem.new_flops([*before, by_key[key]]) - problem.new_flops(before)
+
+    steps, stopped = greedy(criterion, list(by_key), rows_of.__getitem__, cost_of, request.budget_flops, target_sd)
+    if not steps and stopped == "budget":
+        cheapest = min(cost_of([], k) for k in by_key)
+        raise SuggestError("budget_flops", f"budget_flops {request.budget_flops:.3g} buys no extension that shrinks "
+                                           f"the D* interval: the cheapest costs {cheapest:.3g} FLOPs; raise it")
+    actions = [SuggestedAction(
+        rank=i + 1, kind=by_key[s.action].kind, description=by_key[s.action].description,
+        additions=by_key[s.action].additions, marginal_flops=s.cost,
+        new_observations=sum(len(r) for r in rows_of[s.action].values()),
+        expected_interval=list(delta_interval(problem.dstar, s.sd_after)))
+        for i, s in enumerate(steps)]
+    additions = problem.merged([by_key[s.action] for s in steps])
+    applied = extend(services, sweep_id, additions, owner) if request.apply and steps else None
+    final_sd = steps[-1].sd_after if steps else sd_now
+    return Suggestion(
+        sweep_id=sweep_id, analysis_id=problem.record.id, group=problem.label, n1=problem.n1, dstar=problem.dstar,
+        interval=[finite_or_none(v) for v in problem.interval] if problem.interval else None,
+        delta_interval=list(delta_interval(problem.dstar, sd_now)), noise=problem.noise.to_json(),
+        budget_flops=request.budget_flops,
+        total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (
+            request.tolerance is not None and final_sd <= target_sd) else stopped,
+        expected_interval=list(delta_interval(problem.dstar, final_sd)),
+        actions=actions, additions=additions, applied=applied)

@@ -1,0 +1,484 @@
+"""Active design against the anchor: how much of a full grid's FLOPs each way of choosing runs needs to pin D* down
+as tightly as the full grid does. A simulation: nothing trains.
+
+Ground truths: the upcycling paper's Table 2 laws (from-scratch MoE on (D, N1), upcycled `joint` on (D1, D2, N1),
+E = 0.165) with their scales and exponents perturbed, kept so that D* at the target N1 falls inside the grid's
+D1 = D2 range (7), near its edge (within 2x outside, 7) and outside it (2x to 8x, 6). Observations: the law's loss
+times exp(trunk effect + point noise), both N(0, 0.005), the trunk being the planner's (every branch of one MoE or
+from-scratch trunk shares its draw). The pool is the full grid of `GRID` as the planner plans it; an observation's
+cost is the planner's FLOPs over the DAG: its decay plus the part of every ancestor it needs (a trunk up to its branch
+point), and what is already bought is free, so all methods are charged the marginal FLOPs a store with reuse charges.
+
+Every method starts from the same pilot (the cheapest corner: two sizes, two D1, two D2, three from-scratch budgets),
+uses the same fitter (least squares on log loss, E fixed at the truth, warm-started) and the same interval (the delta
+method on log D* with the per-trunk covariance of fitting/design.py, noise estimated from the residuals), and adds
+observations until its design's 80% interval is as narrow as the full grid's (within SLACK). A design's width is the
+delta-method width at the true laws and noise: what the observations bought can tell, not how lucky one draw's fit
+was (a fitted width dips below the full grid's by chance on a poor fit, which the coverage then shows):
+
+- random: a uniformly random remaining point; cost-random: with probability proportional to 1 / marginal cost;
+  cheapest: the point of least marginal cost.
+- anchor: Li et al., "Spend Less, Fit Better" (arXiv 2604.22753), as its paper describes it: one run at a time from
+  the fixed pool, the expected reduction of the mean predictive variance over a target region (V-optimality: both
+  laws' log losses at the target N1 over the grid's token range) under a mixture of Laplace approximations (fits
+  from several starts, weighted by their likelihood), divided by (cost share)^0.4 with each run's own cost (a run
+  from scratch: no shared prefixes); anchor-marginal: the same with marginal DAG costs.
+- upscale: fitting/design.py's c-optimal criterion on log D* with the per-trunk covariance, over DAG actions (one
+  branch, or all remaining branches of one trunk), by shrinkage per marginal FLOP.
+
+Figures: ``fraction_of_full_flops``: the median over ground truths of the FLOPs at which a method's design's 80% D*
+interval first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it never does before the pool is
+spent); ``coverage_80``: the share of ground truths whose true D* lies in the method's fitted 80% interval (fitted
+laws, estimated noise) at that point;
+``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending 10% and 20% of the full grid's FLOPs (an
+estimate with no crossing counts as ERROR_CAP decades).
+
+    nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from upscale.fitting.design import (
+    Z80,
+    DstarCriterion,
+    Noise,
+    Rows,
+    dstar_gradient,
+    greedy,
+    log_loss_jacobian,
+    noise_from_residuals,
+)
+from upscale.fitting.dstar import TOKEN_RANGE, crossings
+from upscale.fitting.laws import get_law
+from upscale.fitting.summary import FittedLaw
+from upscale.fitting.synthetic import TABLE2
+from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.spec import parse_spec
+
+BUDGETS = [5e8, 2e9, 8e9, 3.2e10]
+GRID = {
+    "name": "active-design-bench",
+    "model": {"sizes": ["44M", "0.1B", "0.2B", "0.5B"]},
+    "moe": {"experts": [8], "topk": [2]},
+    "upcycling": {"methods": ["naive"]},
+    "tokens": {"d1": BUDGETS, "d2": BUDGETS, "scratch": BUDGETS},
+    "train": {"context": 1024, "batch_size": 512, "lr": {"dense": 3e-4, "moe": 2e-4}, "warmup_tokens": 1e8},
+}
+E = TABLE2["moe"]["E"]
+NOISE = 0.005  # per trunk and per point, of log loss
+SLACK = 1.10  # "as narrow as the full grid's": within 10% of its width (a subset's information is never all of it)
+ERROR_CAP = 3.0  # decades: the error of an estimate without a crossing
+LAW = {"moe": get_law("chinchilla"), "up": get_law("joint")}
+FREE = {k: tuple(n for n in law.param_names if n != "E") for k, law in LAW.items()}
+METHODS = ("upscale", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One observation of the pool: the law it informs, its coordinates, its trunk and its decay segment."""
+
+    law: str  # "moe" (from scratch) or "up" (upcycled)
+    coords: dict[str, float] = field(hash=False)
+    trunk: str
+    segment: str
+
+
+class Dag:
+    """The planned DAG's FLOPs: what a set of observations costs, each ancestor charged up to where it is needed."""
+
+    def __init__(self, p: Plan) -> None:
+        self.segments = {s.id: s for s in p.segments}
+        self.full = p.total_flops
+
+    def cost(self, segments: set[str]) -> float:
+        needed: dict[str, int] = {}
+        stack = [(s, None) for s in segments]
+        while stack:
+            sid, child = stack.pop()
+            seg = self.segments[sid]
+            span = seg.spec.end_tokens - seg.spec.start_tokens
+            need = span
+            if child is not None and seg.spec.start_tokens < child.spec.start_tokens < seg.spec.end_tokens:
+                need = child.spec.start_tokens - seg.spec.start_tokens  # a branch needs its trunk only to there
+            if needed.get(sid, -1) >= need:
+                continue
+            needed[sid] = need
+            stack.extend((parent, seg) for parent in seg.spec.parent_ids)
+        return sum(self.segments[s].flops * n / max(self.segments[s].tokens, 1) for s, n in needed.items()
+                   if self.segments[s].tokens)
+
+
+def pool_of(p: Plan) -> list[Point]:
+    out = []
+    for s in p.observations():
+        o = s.observation
+        if o.kind == "scratch":
+            out.append(Point("moe", {"D": float(o.D), "N": float(o.N1)}, s.trunk, s.id))
+        elif o.kind == "upcycled":
+            out.append(Point("up", {"D1": float(o.D1), "D2": float(o.D2), "N1": float(o.N1)}, s.trunk, s.id))
+    return out
+
+
+def table(points: list[Point], law: str) -> dict[str, np.ndarray]:
+    rows = [p.coords for p in points if p.law == law]
+    return {c: np.array([r[c] for r in rows]) for c in LAW[law].columns}
+
+
+def draw_truths(n: int, target: float, rng: np.random.Generator) -> list[tuple[dict, dict, float, str]]:
+    """Perturbed Table 2 laws, ~a third each with D* inside, near the edge of and outside the grid."""
+    lo, hi = min(BUDGETS), max(BUDGETS)
+    wanted = {"inside": n - 2 * (n // 3), "edge": n // 3, "outside": n // 3}
+    out = []
+    while any(wanted.values()):
+        moe = dict(TABLE2["moe"])
+        up = dict(TABLE2["upcycled"])
+        moe["A"] *= math.exp(rng.normal(0, 0.3))
+        moe["alpha"] *= 1 + rng.normal(0, 0.06)
+        moe["B"] *= math.exp(rng.normal(0, 0.1))
+        up["A"] *= math.exp(rng.normal(0, 0.3))
+        up["alpha2"] *= 1 + rng.normal(0, 0.06)
+        up["B"] *= math.exp(rng.normal(0, 0.1))
+        d = crossings(FittedLaw(LAW["moe"], moe), FittedLaw(LAW["up"], up), target).dstar
+        if not (math.isfinite(d) and d > TOKEN_RANGE[0]):
+            continue
+        where = ("inside" if lo <= d <= hi else "edge" if lo / 2 <= d <= hi * 2
+                 else "outside" if lo / 8 <= d <= hi * 8 else None)
+        if where and wanted[where]:
+            wanted[where] -= 1
+            out.append((moe, up, d, where))
+    return out
+
+
+class Fitter:
+    """The one fitter every method uses: least squares on log loss with E fixed, warm-started per law."""
+
+    def __init__(self) -> None:
+        nominal = {"moe": TABLE2["moe"], "up": TABLE2["upcycled"]}
+        self.theta = {k: np.array([LAW[k].param(n).to_fitted(nominal[k][n]) for n in FREE[k]]) for k in LAW}
+        self.params: dict[str, dict[str, float]] = {}
+        self.residuals: dict[str, np.ndarray] = {}
+
+    def to_params(self, law: str, theta: np.ndarray) -> dict[str, float]:
+        return {"E": E, **{n: LAW[law].param(n).to_user(v) for n, v in zip(FREE[law], theta, strict=True)}}
+
+    def fit(self, law: str, tab: dict[str, np.ndarray], y: np.ndarray, start: np.ndarray | None = None) -> float:
+        """Fit ``law``; returns the sum of squared log residuals."""
+        logy = np.log(y)
+
+        def resid(theta: np.ndarray) -> np.ndarray:
+            return np.log(LAW[law].predict(self.to_params(law, theta), tab)) - logy
+
+        def jac(theta: np.ndarray) -> np.ndarray:
+            return log_loss_jacobian(LAW[law], self.to_params(law, theta), tab, FREE[law])[1]
+
+        x0 = self.theta[law] if start is None else start
+        with np.errstate(all="ignore"):
+            if not np.all(np.isfinite(resid(x0))):  # a diverged start: back to the nominal law
+                x0 = Fitter().theta[law]
+            r = least_squares(resid, x0, jac=jac, x_scale="jac", max_nfev=200)
+            if np.all(np.isfinite(r.x)) and np.all(np.isfinite(resid(r.x))):
+                self.theta[law] = r.x
+        self.params[law] = self.to_params(law, self.theta[law])
+        with np.errstate(all="ignore"):
+            self.residuals[law] = resid(self.theta[law])
+        return float((self.residuals[law] ** 2).sum())
+
+
+@dataclass
+class State:
+    """What a method has bought and what its fit says."""
+
+    bought: list[Point]
+    fitter: Fitter
+    spent: float = 0.0
+    dstar: float = float("nan")
+    sd: float = float("inf")
+    criterion: DstarCriterion | None = None
+    noise: tuple[float, float] = (NOISE, NOISE)
+
+
+class Sim:
+    """One ground truth: its noisy pool, the DAG costs and the shared fit/interval machinery."""
+
+    def __init__(self, p: Plan, truth: tuple[dict, dict, float, str], target: float, seed: int) -> None:
+        self.dag, self.pool, self.target = Dag(p), pool_of(p), target
+        self.true = {"moe": truth[0], "up": truth[1]}
+        self.true_dstar = truth[2]
+        rng = np.random.default_rng(seed)
+        trunks = sorted({q.trunk for q in self.pool})
+        effect = dict(zip(trunks, rng.normal(0, NOISE, len(trunks)), strict=True))
+        self.y = {}
+        for q in self.pool:
+            mean = LAW[q.law].predict(self.true[q.law], {c: np.array([v]) for c, v in q.coords.items()})[0]
+            self.y[q.segment] = mean * math.exp(effect[q.trunk] + rng.normal(0, NOISE))
+        self.pilot = self._pilot()
+        self.oracle = Fitter()
+        self.oracle.params = {k: dict(v) for k, v in self.true.items()}
+        _, grad = dstar_gradient(FittedLaw(LAW["moe"], self.true["moe"]), FittedLaw(LAW["up"], self.true["up"]),
+                                 target, FREE["moe"], FREE["up"])
+        self.oracle_criterion = DstarCriterion(grad, self.rows(self.oracle, []), Noise(NOISE, NOISE))
+        self.run_cost = {q.segment: self.dag.cost({q.segment}) for q in self.pool}
+
+    def _pilot(self) -> list[Point]:
+        sizes = sorted({q.coords.get("N1", q.coords.get("N")) for q in self.pool})[:2]
+        d = sorted({q.coords["D2"] for q in self.pool if q.law == "up"})  # the budgets as rounded to whole steps
+        out = []
+        for q in self.pool:
+            if q.law == "up" and q.coords["N1"] in sizes and q.coords["D1"] in d[:2] and q.coords["D2"] in d[:2]:
+                out.append(q)
+            if q.law == "moe" and q.coords["N"] in sizes and q.coords["D"] in d[:3]:  # D1, D2, D share one rounding
+                out.append(q)
+        return out
+
+    def cost(self, bought: list[Point], extra: list[Point]) -> float:
+        have = {q.segment for q in bought}
+        return self.dag.cost(have | {q.segment for q in extra}) - self.dag.cost(have)
+
+    def rows(self, fitter: Fitter, points: list[Point]) -> dict[str, Rows]:
+        out = {}
+        for k in LAW:
+            mine = [q for q in points if q.law == k]
+            if not mine:
+                out[k] = Rows.empty(len(FREE[k]))
+                continue
+            _, J = log_loss_jacobian(LAW[k], fitter.params[k], table(mine, k), FREE[k])
+            out[k] = Rows(J, tuple(q.trunk for q in mine))
+        return out
+
+    def refit(self, state: State, laws: set[str], start: dict[str, np.ndarray] | None = None) -> None:
+        for k in laws:
+            mine = [q for q in state.bought if q.law == k]
+            state.fitter.fit(k, table(mine, k), np.array([self.y[q.segment] for q in mine]),
+                             None if start is None else start.get(k))
+        self.assess(state)
+
+    def assess(self, state: State) -> None:
+        f = state.fitter
+        moe, up = FittedLaw(LAW["moe"], f.params["moe"]), FittedLaw(LAW["up"], f.params["up"])
+        resid = np.concatenate([f.residuals["moe"], f.residuals["up"]])
+        trunks = [q.trunk for k in LAW for q in state.bought if q.law == k]
+        noise = noise_from_residuals(resid, trunks, sum(len(v) for v in FREE.values()))
+        state.noise = (noise.point_sd, noise.trunk_sd)
+        state.dstar, grad = dstar_gradient(moe, up, self.target, FREE["moe"], FREE["up"])
+        if grad is None:  # no crossing: aim at the gap where the grid ends, the closest the data come to one
+            grad = self.gap_gradient(f)
+            state.sd = float("inf")
+            state.criterion = DstarCriterion(grad, self.rows(f, state.bought), noise)
+            return
+        state.criterion = DstarCriterion(grad, self.rows(f, state.bought), noise)
+        state.sd = state.criterion.sd()
+
+    def gap_gradient(self, f: Fitter) -> np.ndarray:
+        d = np.array([max(BUDGETS)])
+        lm, jm = log_loss_jacobian(LAW["moe"], f.params["moe"], {"D": d, "N": np.full(1, self.target)}, FREE["moe"])
+        lu, ju = log_loss_jacobian(LAW["up"], f.params["up"], {"D1": d, "D2": d, "N1": np.full(1, self.target)},
+                                   FREE["up"])
+        return np.concatenate([lm[0] * jm[0], -lu[0] * ju[0]])
+
+    def width(self, bought: list[Point]) -> float:
+        """The 80% width of log D* that a design gives at the true laws and noise: what it buys, free of how lucky
+        one draw's fit and noise estimate were."""
+        return 2 * Z80 * self.oracle_criterion.sd([self.rows(self.oracle, bought)])
+
+    def covers(self, state: State) -> bool:
+        if not (math.isfinite(state.dstar) and math.isfinite(state.sd)):
+            return False
+        return abs(math.log(self.true_dstar) - math.log(state.dstar)) <= Z80 * state.sd
+
+    def error(self, state: State) -> float:
+        if not (math.isfinite(state.dstar) and state.dstar > 0):
+            return ERROR_CAP
+        return min(abs(math.log10(state.dstar) - math.log10(self.true_dstar)), ERROR_CAP)
+
+
+Chooser = Callable[[Sim, State, list[Point], np.random.Generator], list[Point]]
+
+
+def choose_random(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+    return [left[rng.integers(len(left))]]
+
+
+def choose_cost_random(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+    w = np.array([1.0 / max(sim.cost(state.bought, [q]), 1.0) for q in left])
+    return [left[rng.choice(len(left), p=w / w.sum())]]
+
+
+def choose_cheapest(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+    return [min(left, key=lambda q: (sim.cost(state.bought, [q]), q.segment))]
+
+
+def upscale_actions(left: list[Point]) -> list[tuple[Point, ...]]:
+    """One branch, or every remaining branch of one trunk: the DAG extensions the criterion weighs."""
+    by_trunk: dict[str, list[Point]] = {}
+    for q in left:
+        by_trunk.setdefault(q.trunk, []).append(q)
+    actions: list[tuple[Point, ...]] = [(q,) for q in left]
+    actions += [tuple(qs) for qs in by_trunk.values() if len(qs) > 1]
+    return actions
+
+
+def choose_upscale(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+    actions = upscale_actions(left)
+    rows = {a: sim.rows(state.fitter, list(a)) for a in actions}
+    steps, _ = greedy(state.criterion, actions, rows.__getitem__,
+                      lambda chosen, a: sim.cost(state.bought, list(a)), math.inf, limit=1)
+    if not steps:  # nothing the criterion can tell apart: the cheapest branch
+        return choose_cheapest(sim, state, left, rng)
+    return list(steps[0].action)
+
+
+def _laplace_components(sim: Sim, state: State) -> list[tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """The anchor's mixture: fits of each law from the current optimum, the nominal start and a perturbed one, each
+    with its Laplace covariance s²(JᵀJ)⁻¹ and a weight from its likelihood; duplicates merged."""
+    comps = []
+    base = {k: state.fitter.theta[k].copy() for k in LAW}
+    starts = [base, {k: Fitter().theta[k] for k in LAW}, {k: base[k] * 1.05 for k in LAW}]
+    s2 = max(state.noise[0] ** 2 + state.noise[1] ** 2, 1e-12)
+    for start in starts:
+        f = Fitter()
+        sse = 0.0
+        covs, thetas = {}, {}
+        for k in LAW:
+            mine = [q for q in state.bought if q.law == k]
+            sse += f.fit(k, table(mine, k), np.array([sim.y[q.segment] for q in mine]), start[k])
+            _, J = log_loss_jacobian(LAW[k], f.params[k], table(mine, k), FREE[k])
+            covs[k] = s2 * np.linalg.pinv(J.T @ J, rcond=1e-12, hermitian=True)
+            thetas[k] = f.theta[k]
+        if any(all(np.allclose(thetas[k], c[3][k], rtol=1e-4, atol=1e-6) for k in LAW) for c in comps):
+            continue
+        comps.append((-sse / (2 * s2), covs, f.params, thetas))
+    top = max(c[0] for c in comps)
+    w = np.array([math.exp(c[0] - top) for c in comps])
+    w /= w.sum()
+    return [(wi, c[1], c[2]) for wi, c in zip(w, comps, strict=True)]
+
+
+def _target_rows(sim: Sim, params: dict[str, dict[str, float]]) -> dict[str, np.ndarray]:
+    d = np.geomspace(min(BUDGETS) / 2, max(BUDGETS) * 2, 8)
+    n = np.full(d.shape, sim.target)
+    return {"moe": log_loss_jacobian(LAW["moe"], params["moe"], {"D": d, "N": n}, FREE["moe"])[1],
+            "up": log_loss_jacobian(LAW["up"], params["up"], {"D1": d, "D2": d, "N1": n}, FREE["up"])[1]}
+
+
+def anchor_chooser(marginal: bool) -> Chooser:
+    def choose(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+        comps = _laplace_components(sim, state)
+        s2 = max(state.noise[0] ** 2 + state.noise[1] ** 2, 1e-12)
+        total = sum(sim.run_cost.values())
+        score = np.zeros(len(left))
+        for w, covs, params in comps:
+            targets = _target_rows(sim, params)
+            for k in LAW:
+                idx = [i for i, q in enumerate(left) if q.law == k]
+                if not idx:
+                    continue
+                x = log_loss_jacobian(LAW[k], params[k], table([left[i] for i in idx], k), FREE[k])[1]
+                cx = x @ covs[k]  # (cand, p)
+                reduction = ((targets[k] @ cx.T) ** 2).mean(axis=0) / (s2 + (cx * x).sum(axis=1))
+                score[idx] += w * reduction
+        costs = np.array([sim.cost(state.bought, [q]) if marginal else sim.run_cost[q.segment] for q in left])
+        share = np.maximum(costs, 1.0) / total
+        return [left[int(np.argmax(score / share ** 0.4))]]
+    return choose
+
+
+CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, "anchor": anchor_chooser(False),
+                                "anchor_marginal": anchor_chooser(True), "random": choose_random,
+                                "cost_random": choose_cost_random, "cheapest": choose_cheapest}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    fraction: float  # FLOPs to reach the full grid's width / full grid FLOPs (1.0: never before the pool ran out)
+    covered: bool  # true D* inside the 80% interval where it got there (or at the end)
+    error_at: dict[str, float]  # log10 error of D̂* after 10% and 20% of the full FLOPs
+
+
+def run_method(sim: Sim, name: str, width_full: float, seed: int) -> Outcome:
+    rng = np.random.default_rng(seed)
+    state = State(list(sim.pilot), Fitter())
+    state.spent = sim.cost([], state.bought)
+    sim.refit(state, set(LAW), None)
+    left = [q for q in sim.pool if q not in set(state.bought)]
+    full = sim.dag.full
+    errors = {f: sim.error(state) for f in ("0.1", "0.2")}
+    reached: tuple[float, bool] | None = None
+    while True:
+        if reached is None and sim.width(state.bought) <= width_full * SLACK:
+            reached = (state.spent / full, sim.covers(state))
+        if (reached is not None and state.spent >= 0.2 * full) or not left:
+            break
+        picked = CHOOSERS[name](sim, state, left, rng)
+        state.spent += sim.cost(state.bought, picked)
+        state.bought += picked
+        picked_set = set(picked)
+        left = [q for q in left if q not in picked_set]
+        sim.refit(state, {q.law for q in picked})
+        for f in ("0.1", "0.2"):
+            if state.spent <= float(f) * full:
+                errors[f] = sim.error(state)
+    if reached is None:
+        reached = (1.0, sim.covers(state))
+    return Outcome(reached[0], reached[1], errors)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0, help="seed of the ground-truth draws and the noise")
+    ap.add_argument("--quick", action="store_true", help="3 ground truths (one per place of D*): a smoke run")
+    ap.add_argument("--truths", type=int, default=None, help="ground truths (default 20, 3 with --quick)")
+    ap.add_argument("--json", type=str, default=None, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    n = args.truths or (3 if args.quick else 20)
+    t0 = time.perf_counter()
+    p = plan(parse_spec(GRID))
+    target = float(max(s.observation.N1 for s in p.observations()))
+    rng = np.random.default_rng(args.seed)
+    truths = draw_truths(n, target, rng)
+    per: dict[str, list[Outcome]] = {m: [] for m in METHODS}
+    full_cover = []
+    for i, truth in enumerate(truths):
+        sim = Sim(p, truth, target, seed=args.seed * 1000 + i)
+        ref = State(list(sim.pool), Fitter())
+        sim.refit(ref, set(LAW))
+        full_cover.append(sim.covers(ref))
+        width_full = sim.width(sim.pool)
+        line = [f"truth {i + 1:2d} ({truth[3]:7s} D*={truth[2]:.3g}): full width {width_full:.3f}"]
+        for m in METHODS:
+            out = run_method(sim, m, width_full, seed=args.seed * 1000 + i)
+            per[m].append(out)
+            line.append(f"{m} {out.fraction:.3f}{'' if out.covered else '!'}")
+        print("  ".join(line), file=sys.stderr, flush=True)
+    figures = {
+        "fraction_of_full_flops": {m: float(np.median([o.fraction for o in per[m]])) for m in METHODS},
+        "coverage_80": {**{m: float(np.mean([o.covered for o in per[m]])) for m in METHODS},
+                        "full_grid": float(np.mean(full_cover))},
+        "log10_dstar_error_at": {f: {m: float(np.median([o.error_at[f] for o in per[m]])) for m in METHODS}
+                                 for f in ("0.1", "0.2")},
+        "truths": len(truths), "seed": args.seed, "full_flops": p.total_flops, "pool": len(pool_of(p)),
+        "target_n1": target, "seconds": round(time.perf_counter() - t0, 1),
+    }
+    best_anchor = min(figures["fraction_of_full_flops"][a] for a in ("anchor", "anchor_marginal"))
+    up = figures["fraction_of_full_flops"]["upscale"]
+    figures["goals"] = {"upscale_le_0.30": up <= 0.30, "upscale_le_0.6x_anchor": up <= 0.6 * best_anchor,
+                        "coverage_ge_0.75": figures["coverage_80"]["upscale"] >= 0.75}
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(figures, fh, indent=2)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Active design: which grid extension buys the most certainty about D* per FLOP (docs/laws.md, "Active design").
+
+The target is log D*, where the fitted from-scratch law L_MoE(N1, D) and the upcycled law L_up(D, D, N1) cross at
+one N1, not the losses themselves: the criterion is c-optimal. By the implicit function theorem on the gap
+g(D, θ) = L_MoE − L_up at the crossing, c = d log D*/dθ = −(∂g/∂θ) / (∂g/∂log D), a gradient over the free
+parameters of both laws (E is fixed in both fits, as the analysis fixes it). The delta method then gives
+Var(log D*) ≈ cᵀ Cov(θ̂) c, with Cov(θ̂) that of the least-squares fit in log loss.
+
+Observations are not independent: the branches decayed from one trunk share its noise. Each trunk's residuals are
+modelled as σ²·I + τ²·11ᵀ (a per-trunk random effect τ on top of per-point noise σ). The least-squares covariance is
+then the sandwich (JᵀJ)⁻¹(σ²JᵀJ + τ²·Σ_t (1ᵀJ_t)ᵀ(1ᵀJ_t))(JᵀJ)⁻¹: a trunk's shared draw does not average out over
+its branches, so a fifth branch on a trunk buys less than a first branch on a new one, which is what makes "a new
+N1 versus a new D2" a real trade-off. (``information`` is the weighted fit's counterpart, for comparison.)
+
+An action (a grid extension) adds several observations at once, with a marginal cost that depends on what is already
+bought (shared trunks). ``greedy`` picks actions one at a time by shrinkage of the D* interval per FLOP under one
+budget and stops when the interval is narrower than a tolerance. Pure numerics: costs and the rows an action adds are
+the caller's (api/suggest.py asks the planner and the store; bench/active_design.py a simulated DAG).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from upscale.fitting.dstar import crossings
+from upscale.fitting.laws import Law, Table
+from upscale.fitting.summary import FittedLaw
+
+Z80 = 1.2815515655446004  # the normal quantile of 0.9: an 80% interval is ±Z80 standard deviations
+Z95 = 1.959963984540054  # and of 0.975: a 95% interval
+PRIOR_SD = 0.005  # per-point and per-trunk noise of log loss assumed before the residuals say otherwise
+PRIOR_WEIGHT = 4.0  # how many residual degrees of freedom the prior noise counts as
+LAWS = ("moe", "up")  # the two fits the criterion reads: from scratch (D, N) and upcycled (D1, D2, N1)
+
+
+def free_params(law: Law, fixed: Mapping[str, float]) -> tuple[str, ...]:
+    return tuple(n for n in law.param_names if n not in fixed)
+
+
+def log_loss_jacobian(law: Law, params: Mapping[str, float], table: Table,
+                      free: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """L̂ at the rows of ``table`` and d log L̂ / dθ (rows x ``free``), θ in fitted coordinates (log of a scale, an
+    exponent as is): the law is a sum of exp(X·θ) terms, so the derivative is exact."""
+    theta = np.array([law.param(n).to_fitted(params[n]) for n in law.param_names])
+    X = law.design(table)
+    terms = np.exp(X @ theta)  # (term, row)
+    loss = terms.sum(axis=0)
+    J = np.einsum("kn,knp->np", terms, X) / loss[:, None]
+    columns = [law.param_names.index(n) for n in free]
+    return loss, J[:, columns]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Observations of one law as the criterion sees them: their log-loss Jacobian and the trunk of each."""
+
+    J: np.ndarray  # (n, p)
+    trunks: tuple[Hashable, ...]
+
+    @classmethod
+    def empty(cls, p: int) -> Rows:
+        return cls(np.zeros((0, p)), ())
+
+    def __add__(self, other: Rows) -> Rows:
+        return Rows(np.vstack([self.J, other.J]), self.trunks + other.trunks)
+
+    def __len__(self) -> int:
+        return len(self.trunks)
+
+
+def _trunk_sums(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """1ᵀJ_t for every trunk t, and each trunk's number of rows."""
+    codes: dict[Hashable, int] = {}
+    index = np.array([codes.setdefault(t, len(codes)) for t in rows.trunks])
+    sums = np.zeros((len(codes), rows.J.shape[1]))
+    np.add.at(sums, index, rows.J)
+    return sums, np.bincount(index, minlength=len(codes)).astype(float)
+
+
+def information(rows: Rows, point_sd: float, trunk_sd: float) -> np.ndarray:
+    """Σ over trunks of J_tᵀ (σ²I + τ²11ᵀ)⁻¹ J_t: the information of correlated branches about θ (what a fit
+    weighted by the trunk covariance attains)."""
+    p = rows.J.shape[1]
+    if not len(rows):
+        return np.zeros((p, p))
+    s2, t2 = point_sd ** 2, trunk_sd ** 2
+    sums, counts = _trunk_sums(rows)
+    c = t2 / (s2 + counts * t2)
+    return (rows.J.T @ rows.J - (sums * c[:, None]).T @ sums) / s2
+
+
+def least_squares_covariance(rows: Rows, point_sd: float, trunk_sd: float) -> np.ndarray:
+    """Cov(θ̂) of an unweighted least-squares fit in log loss (what fitting/fit.py and the bench fit) when each
+    trunk's residuals are σ²I + τ²11ᵀ: the sandwich (JᵀJ)⁻¹ (Σ_t J_tᵀ Σ_t J_t) (JᵀJ)⁻¹. Wider than the inverse of
+    ``information``: the fit does not down-weight the branches of one trunk."""
+    p = rows.J.shape[1]
+    if not len(rows):
+        return np.full((p, p), np.inf)
+    sums, _ = _trunk_sums(rows)
+    bread = np.linalg.pinv(rows.J.T @ rows.J, rcond=1e-12, hermitian=True)
+    meat = point_sd ** 2 * rows.J.T @ rows.J + trunk_sd ** 2 * sums.T @ sums
+    return bread @ meat @ bread
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Per-point (σ) and per-trunk (τ) standard deviations of log loss."""
+
+    point_sd: float
+    trunk_sd: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"point_sd": self.point_sd, "trunk_sd": self.trunk_sd}
+
+
+def noise_from_residuals(residuals: np.ndarray, trunks: Sequence[Hashable], n_params: int,
+                         prior_sd: float = PRIOR_SD, prior_weight: float = PRIOR_WEIGHT) -> Noise:
+    """σ and τ by moments of log-loss residuals: σ² from the spread within trunks, σ² + τ² from the total (on
+    ``len − n_params`` degrees of freedom), each shrunk towards ``prior_sd`` with ``prior_weight`` pseudo degrees of
+    freedom, so that a small pilot grid neither claims zero noise nor explodes."""
+    r = np.asarray(residuals, float)
+    codes: dict[Hashable, int] = {}
+    index = np.array([codes.setdefault(t, len(codes)) for t in trunks], dtype=int)
+    means = np.zeros(len(codes))
+    counts = np.bincount(index, minlength=len(codes)).astype(float) if r.size else np.zeros(0)
+    if r.size:
+        np.add.at(means, index, r)
+        means /= np.maximum(counts, 1)
+    within_dof = float(max(r.size - len(codes), 0))
+    within = float(((r - means[index]) ** 2).sum()) if r.size else 0.0
+    total_dof = float(max(r.size - n_params, 0))
+    total = float((r ** 2).sum())
+    p2 = prior_sd ** 2
+    point = (within + prior_weight * p2) / (within_dof + prior_weight)
+    both = (total + prior_weight * 2 * p2) / (total_dof + prior_weight)
+    return Noise(math.sqrt(point), math.sqrt(max(both - point, 0.0) + 1e-12))
+
+
+def dstar_gradient(moe: FittedLaw, up: FittedLaw, n1: float, moe_free: Sequence[str],
+                   up_free: Sequence[str]) -> tuple[float, np.ndarray | None]:
+    """D* at ``n1`` and d log D*/dθ over (moe_free, up_free); None when the laws do not cross (D* is 0 or inf)."""
+    dstar = crossings(moe, up, n1).dstar
+    if not (math.isfinite(dstar) and dstar > 0):
+        return dstar, None
+
+    def gap(log_d: float) -> tuple[float, np.ndarray, np.ndarray]:
+        d = np.array([math.exp(log_d)])
+        lm, jm = log_loss_jacobian(moe.law, moe.params, {"D": d, "N": np.full(1, n1)}, moe_free)
+        lu, ju = log_loss_jacobian(up.law, up.params, {"D1": d, "D2": d, "N1": np.full(1, n1)}, up_free)
+        return float(lm[0] - lu[0]), lm[0] * jm[0], lu[0] * ju[0]
+
+    h = 1e-4
+    slope = (gap(math.log(dstar) + h)[0] - gap(math.log(dstar) - h)[0]) / (2 * h)
+    _, dmoe, dup = gap(math.log(dstar))
+    if slope == 0 or not math.isfinite(slope):
+        return dstar, None
+    return dstar, -np.concatenate([dmoe, -dup]) / slope
+
+
+class DstarCriterion:
+    """Var(log D*) ≈ cᵀ Cov(θ̂) c for the current observations plus any extra ones (c-optimality on D*), with the
+    least-squares fit's covariance under the per-trunk noise model."""
+
+    def __init__(self, gradient: np.ndarray, current: Mapping[str, Rows], noise: Noise) -> None:
+        self.gradient = gradient
+        self.current = dict(current)
+        self.noise = noise
+        self.sizes = [current[k].J.shape[1] for k in LAWS]
+
+    def sd(self, extra: Sequence[Mapping[str, Rows]] = ()) -> float:
+        """Standard deviation of log D* with the current rows and those of ``extra`` (several actions' rows)."""
+        var, start = 0.0, 0
+        for k, size in zip(LAWS, self.sizes, strict=True):
+            rows = self.current[k]
+            for e in extra:
+                if k in e:
+                    rows = rows + e[k]
+            c = self.gradient[start:start + size]
+            start += size
+            if np.any(c != 0):  # the two fits are independent: their variances add
+                var += float(c @ least_squares_covariance(rows, self.noise.point_sd, self.noise.trunk_sd) @ c)
+        return math.sqrt(max(var, 0.0))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action chosen by ``greedy``: its marginal cost given the earlier ones and log D*'s sd after it."""
+
+    action: Hashable
+    cost: float
+    sd_after: float
+
+
+def greedy(criterion: DstarCriterion, actions: Sequence[Hashable],
+           rows_of: Callable[[Hashable], Mapping[str, Rows]],
+           cost_of: Callable[[list[Hashable], Hashable], float], budget: float,
+           target_sd: float = 0.0, limit: int | None = None) -> tuple[list[Step], str]:
+    """Actions chosen one at a time by (sd now − sd after) / marginal cost, each affordable in what is left of
+    ``budget``, until the sd is at most ``target_sd`` (``"tolerance"``), nothing affordable helps (``"budget"``),
+    nothing helps at all (``"no_gain"``) or ``limit`` actions are chosen (``"limit"``: a sequential design refits
+    between actions). ``cost_of(chosen, action)``: the action's cost given those chosen."""
+    chosen: list[Hashable] = []
+    steps: list[Step] = []
+    rows: list[Mapping[str, Rows]] = []
+    sd_now, left = criterion.sd(), budget
+    remaining = list(actions)
+    while sd_now > target_sd:
+        if limit is not None and len(steps) >= limit:
+            return steps, "limit"
+        best, best_score, best_cost, best_sd = None, 0.0, 0.0, sd_now
+        helpful = False
+        for a in remaining:
+            cost = cost_of(chosen, a)
+            sd = criterion.sd([*rows, rows_of(a)])
+            gain = sd_now - sd
+            if gain <= 1e-12 * max(sd_now, 1e-300) or cost <= 0:
+                continue
+            helpful = True
+            if cost > left:
+                continue
+            if gain / cost > best_score:
+                best, best_score, best_cost, best_sd = a, gain / cost, cost, sd
+        if best is None:
+            return steps, "budget" if helpful else "no_gain"
+        chosen.append(best)
+        rows.append(rows_of(best))
+        remaining.remove(best)
+        steps.append(Step(best, best_cost, best_sd))
+        sd_now, left = best_sd, left - best_cost
+    return steps, "tolerance"
+
+
+def delta_interval(dstar: float, sd: float, z: float = Z95) -> tuple[float, float]:
+    """D*·exp(∓z·sd): the delta-method interval of D* for a standard deviation ``sd`` of log D*."""
+    return dstar * math.exp(-z * sd), dstar * math.exp(z * sd)

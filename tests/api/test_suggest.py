@@ -1,0 +1,155 @@
+"""Active design on a real SQLite store: `suggest` ranks extensions of a sweep whose observations follow a known law
+(the from-scratch law shifted so that D* falls near the grid), each action's marginal FLOPs add up to what the
+planner says the applied extension trains, the route's errors (404, 409, 422 at budget_flops) and the console
+script's `error:` lines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from sqlalchemy import update
+
+from tests.api.conftest import serve
+from upscale.api.analyses import NotReady, run_analysis
+from upscale.api.schemas import SuggestRequest
+from upscale.api.services import Services
+from upscale.api.suggest import SuggestError, suggest
+from upscale.api.sweeps import merge, submit
+from upscale.fitting.laws import get_law
+from upscale.fitting.synthetic import TABLE2
+from upscale.orchestrator.plan_in_store import compare
+from upscale.orchestrator.records import ObservationRecord, SegmentRecord
+from upscale.orchestrator.settings import Settings
+from upscale.sweeps.planner import plan
+from upscale.sweeps.spec import parse_spec
+
+UPSCALE = Path(sys.executable).parent / "upscale"
+# Planned, never trained: budgets of millions of tokens put D* (searched from 1e6 tokens on) near the grid.
+GRID = {
+    "name": "suggest-test",
+    "model": {"sizes": [{"n_layer": 1, "d_model": 16, "n_head": 2}, {"n_layer": 1, "d_model": 24, "n_head": 2},
+                        {"n_layer": 1, "d_model": 32, "n_head": 2}]},
+    "moe": {"experts": [4], "topk": [2]},
+    "upcycling": {"methods": ["naive"]},
+    "tokens": {"d1": [1e6, 2e6], "d2": [1e6, 2e6, 4e6], "scratch": [1e6, 2e6, 4e6, 8e6]},
+    "train": {"context": 16, "batch_size": 8, "lr": {"dense": 3.0e-3, "moe": 2.0e-3}, "warmup_tokens": 256},
+    "data": {"corpus": "builtin:python-stdlib", "tokenizer": "bytes", "eval_tokens": 2048},
+    "resources": {"cpus": 1},
+}
+# Table 2's from-scratch law with A lowered 12.5%: D* at the largest size is ~4e6 tokens, inside the grid.
+LAWS = {"dense": TABLE2["dense"], "scratch": {**TABLE2["moe"], "A": TABLE2["moe"]["A"] * 0.875},
+        "upcycled": TABLE2["upcycled"]}
+
+
+def _loss(o: dict, rng: np.random.Generator) -> float:
+    if o["kind"] == "upcycled":
+        law, row = get_law("joint"), {"N1": o["N1"], "D1": o["D1"], "D2": o["D2"]}
+    else:
+        law, row = get_law("chinchilla"), {"N": o["N1"], "D": o["D"]}
+    return float(law.predict(LAWS[o["kind"]], pd.DataFrame([row]))[0] * np.exp(rng.normal(0, 0.002)))
+
+
+def fill(services: Services, status: str = "done") -> str:
+    """A submitted sweep with every segment done, an observation per decay, as a scheduler leaves it."""
+    sweep_id = submit(services, parse_spec(GRID), "alice", new=True).id
+    rng = np.random.default_rng(0)
+    members = [seg for seg, _ in services.store.members(sweep_id)]
+    with services.store.transaction() as s:
+        for seg in members:
+            if seg.observation is not None:
+                o = seg.observation
+                s.add(ObservationRecord(segment_key=seg.key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"),
+                                        D2=o.get("D2"), D=o.get("D"), N2=o.get("N2"), N_total=o.get("N_total"),
+                                        n_expert=o.get("n_expert"), topk=o.get("topk"), method=o.get("method"),
+                                        r=o.get("r"), loss=_loss(o, rng), trunk=seg.trunk or seg.key))
+        s.execute(update(SegmentRecord).where(SegmentRecord.key.in_([m.key for m in members])).values(status="done"))
+    services.store.set_sweep(sweep_id, status=status)
+    return sweep_id
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory, mlflow_uri) -> tuple[Settings, str]:
+    settings = Settings(home=tmp_path_factory.mktemp("home"), mlflow_tracking_uri=mlflow_uri)
+    services = Services.open(settings, auth=False)
+    sid = fill(services)
+    run_analysis(services, [sid], bootstrap=30, owner="alice", trigger="request")
+    return settings, sid
+
+
+def test_marginal_flops_are_what_the_applied_extension_trains(analysed) -> None:
+    settings, sid = analysed
+    services = Services.open(settings, auth=False)
+    ranked = suggest(services, sid, SuggestRequest(budget_flops=1e15), "alice")
+    assert ranked.actions and ranked.stopped in ("budget", "no_gain")
+    assert ranked.delta_interval[0] < ranked.dstar < ranked.delta_interval[1] and len(ranked.interval) == 2
+    widths = [a.expected_interval[1] / a.expected_interval[0] for a in ranked.actions]
+    assert widths == sorted(widths, reverse=True) and widths[0] < ranked.delta_interval[1] / ranked.delta_interval[0]
+    assert all(a.marginal_flops > 0 and a.new_observations > 0 for a in ranked.actions)
+    assert ranked.total_flops == pytest.approx(sum(a.marginal_flops for a in ranked.actions))
+    merged = merge(services.store.sweep(sid).spec, ranked.additions)
+    planned = compare(services.store, plan(parse_spec(merged))).figures()["new_flops"]
+    assert ranked.total_flops == pytest.approx(planned, rel=1e-12)
+
+    applied = suggest(services, sid, SuggestRequest(budget_flops=1e15, apply=True), "alice")
+    assert [a.additions for a in applied.actions] == [a.additions for a in ranked.actions]
+    assert applied.applied is not None and not applied.applied.existing
+    assert applied.applied.plan.new_flops == pytest.approx(ranked.total_flops, rel=1e-12)
+
+    cheap = suggest(services, sid, SuggestRequest(budget_flops=ranked.actions[0].marginal_flops), "alice")
+    assert [a.additions for a in cheap.actions] == [ranked.actions[0].additions] or cheap.total_flops <= \
+        ranked.actions[0].marginal_flops
+    with pytest.raises(SuggestError, match="cheapest costs") as e:
+        suggest(services, sid, SuggestRequest(budget_flops=1.0), "alice")
+    assert e.value.field == "budget_flops"
+    now = ranked.delta_interval[1] / ranked.delta_interval[0]
+    loose = suggest(services, sid, SuggestRequest(budget_flops=1e15, tolerance=now * 1.01), "alice")
+    assert loose.stopped == "tolerance" and loose.actions == []  # already within it
+    target = ranked.expected_interval[1] / ranked.expected_interval[0] * 1.0001
+    if len(ranked.actions) > 1:  # a tolerance the full budget's actions reach stops there, not before
+        tight = suggest(services, sid, SuggestRequest(budget_flops=1e15, tolerance=target), "alice")
+        assert tight.stopped == "tolerance" and len(tight.actions) <= len(ranked.actions)
+
+
+def test_route_errors_and_the_cli(analysed, mlflow_uri) -> None:
+    settings, sid = analysed
+    with serve(settings, scheduler=False) as live, live.client() as c:
+        ok = c.post(f"/sweeps/{sid}/suggest", json={"budget_flops": 1e15})
+        assert ok.status_code == 200 and ok.json()["actions"] and ok.json()["applied"] is None
+        small = c.post(f"/sweeps/{sid}/suggest", json={"budget_flops": 1.0})
+        assert small.status_code == 422 and small.json()["detail"][0]["loc"] == ["body", "budget_flops"]
+        assert c.post("/sweeps/nosuch/suggest", json={"budget_flops": 1e15}).status_code == 404
+        assert c.post(f"/sweeps/{sid}/suggest", json={"budget_flops": -1}).status_code == 422
+        read = c.post(f"/sweeps/{sid}/suggest", json={"budget_flops": 1e15, "apply": True}, headers=live.read)
+        assert read.status_code == 403
+        services = live.app.state.services
+        bare = submit(services, parse_spec({**GRID, "name": "bare", "train": {**GRID["train"], "seed": 1}}),
+                      "alice", new=True).id
+        none = c.post(f"/sweeps/{bare}/suggest", json={"budget_flops": 1e15})
+        assert none.status_code == 409 and "upscale analyze" in none.json()["detail"]
+        services.store.request_cancel(bare)
+        cancelled = c.post(f"/sweeps/{bare}/suggest", json={"budget_flops": 1e15})
+        assert cancelled.status_code == 409 and "cancelled" in cancelled.json()["detail"]
+    with pytest.raises(NotReady, match="cancelled"):
+        suggest(Services.open(settings, auth=False), bare, SuggestRequest(budget_flops=1e15), "alice")
+
+    env = {**os.environ, "UPSCALE_HOME": str(settings.home), "MLFLOW_TRACKING_URI": mlflow_uri,
+           "COLUMNS": "200"}
+    env.pop("RAY_ADDRESS", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(UPSCALE), "suggest", *args], capture_output=True, text=True, env=env, timeout=300)
+
+    shown = cli(sid, "--budget-flops", "1e15")
+    assert shown.returncode == 0, shown.stderr
+    assert "D* at N1" in shown.stdout and "marginal FLOPs" in shown.stdout and "stopped:" in shown.stdout
+    for args, says in (((sid, "--budget-flops", "1"), "--budget-flops"), ((sid, "--budget-flops", "-5"), "greater"),
+                       (("nosuch", "--budget-flops", "1e15"), "nosuch")):
+        bad = cli(*args)
+        assert bad.returncode == 2 and bad.stderr.startswith("error:") and says in bad.stderr, bad.stderr
