@@ -74,14 +74,15 @@ def test_yaml_submit_records_owner_and_plan(live) -> None:
         assert r.status_code == 201, r.text
         body = r.json()
         assert body["owner"] == "alice" and body["status"] == "pending"
-        assert body["plan"]["segments"] == 6 == body["plan"]["new_segments"]  # trunk, decay, upcycle, trunk, 2 decays
+        # dense trunk and decay, upcycle, the MoE trunk as two pieces (cut at each D2's decay start), 2 decays
+        assert body["plan"]["segments"] == 7 == body["plan"]["new_segments"]
         assert body["plan"]["by_kind"]["moe_decay"] == 2 and body["plan"]["observations"] == 3
         detail = c.get(f"/sweeps/{body['id']}").json()
-        assert detail["owner"] == "alice" and detail["segments_total"] == 6 and detail["flops_done"] == 0
+        assert detail["owner"] == "alice" and detail["segments_total"] == 7 and detail["flops_done"] == 0
         assert detail["flops_planned"] == sum(s["flops"] for s in detail["segments"]) > 0
         ext = c.post(f"/sweeps/{body['id']}/extend", json={"additions": {"tokens": {"d2": [384]}}}).json()
-        assert ext["plan"]["segments"] == 7 and ext["plan"]["new_segments"] == 7  # nothing trained yet
+        assert ext["plan"]["segments"] == 9 and ext["plan"]["new_segments"] == 9  # nothing trained yet
         assert c.post(f"/sweeps/{body['id']}/cancel").json()["status"] == "cancelled"
         metrics = c.get("/metrics", headers={}).text
-        # the extension's MoE trunk runs longer (to D2=384), so it and its decays are new: 6 + 4 segments
-        assert 'upscale_segments{state="pending"} 10.0' in metrics and "upscale_queue_length 1.0" in metrics
+        # the extension appends a piece to the MoE trunk and its decay (D2=384): 7 + 2 segments
+        assert 'upscale_segments{state="pending"} 9.0' in metrics and "upscale_queue_length 1.0" in metrics

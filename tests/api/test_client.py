@@ -24,9 +24,9 @@ def test_submit_read_observe_cancel(live, tmp_path: Path) -> None:
     with Client(live.url, _token(live.write)) as api:
         assert api.health() == {"status": "ok", "scheduler": False}
         created = api.submit(spec)
-        assert created["owner"] == "alice" and created["plan"]["segments"] == 13
+        assert created["owner"] == "alice" and created["plan"]["segments"] == 18
         detail = api.sweep(created["id"])
-        assert detail["name"] == "api-flow" and len(detail["segments"]) == 13
+        assert detail["name"] == "api-flow" and len(detail["segments"]) == 18
         assert created["id"] in [s["id"] for s in api.sweeps()]
         observations = api.observations(created["id"], kind="upcycled")
         assert observations.empty and {"kind", "N1", "D1", "D2", "loss"} <= set(observations.columns)

@@ -60,7 +60,7 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     created = c.post("/sweeps", content=FLOW_SPEC, headers={"content-type": "application/yaml"}).json()
     sid = created["id"]
     planned = plan(load_spec(FLOW_SPEC))
-    assert created["plan"]["segments"] == len(planned.segments) == 13
+    assert created["plan"]["segments"] == len(planned.segments) == 18
     schedule = c.post("/refit-schedules", json={
         "name": "analysis on arrival", "trigger": "on_new_observations", "request": {"sweep_ids": [sid]}}).json()
 
@@ -73,7 +73,7 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
 
     detail = wait_for(finished, 240, "the sweep to finish")
     assert detail["status"] == "done", detail
-    assert detail["by_status"] == {"done": 13} and detail["segments_done"] == 13
+    assert detail["by_status"] == {"done": 18} and detail["segments_done"] == 18
     assert detail["flops_done"] == detail["flops_planned"] == pytest.approx(planned.total_flops)
     assert "running" in seen or "pending" in seen  # progress was visible before the end
 
@@ -116,9 +116,9 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {r.info.run_id for r in children} >= {s["mlflow_run_id"] for s in rows}
-    assert len(children) == 13 and all(r.info.status == "FINISHED" for r in children)
+    assert len(children) == 18 and all(r.info.status == "FINISHED" for r in children)
     metrics = c.get("/metrics").text
-    assert 'upscale_segments{state="done"} 13.0' in metrics and "upscale_refit_age_seconds NaN" not in metrics
+    assert 'upscale_segments{state="done"} 18.0' in metrics and "upscale_refit_age_seconds NaN" not in metrics
 
 
 def test_decision_matches_fitting(flow) -> None:

@@ -69,15 +69,15 @@ def test_a_million_point_grid_is_refused_before_planning(server) -> None:
     assert r.status_code == 422, r.text
     (problem,) = r.json()["detail"]
     assert problem["loc"] == ["body"]
-    assert "1,040,051 segments" in problem["msg"] and f"{MAX_SEGMENTS:,}" in problem["msg"]
+    assert "2,020,100 segments" in problem["msg"] and f"{MAX_SEGMENTS:,}" in problem["msg"]
     assert "UPSCALE_MAX_SEGMENTS" in problem["msg"] and "moe.experts" in problem["msg"]
     assert answers >= 1 and _sweep_count(server) == before
 
 
 def test_a_large_grid_plans_off_the_event_loop(server) -> None:
-    """~2,700 segments plan and are stored while /healthz keeps answering within 1 s."""
+    """~2,200 segments plan and are stored while /healthz keeps answering within 1 s."""
     with server.client() as c:
-        r, answers = _healthz_while(server, lambda: c.post("/sweeps", json=_grid(4, 12, "large")))
+        r, answers = _healthz_while(server, lambda: c.post("/sweeps", json=_grid(4, 8, "large")))
     assert r.status_code == 201, r.text
     assert 2000 < r.json()["plan"]["segments"] <= MAX_SEGMENTS and answers >= 1
 

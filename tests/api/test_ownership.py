@@ -67,6 +67,7 @@ class Cell:
     rule: str  # own: the owner and admin tokens; create: any write token; admin: admin tokens only
     call: Callable[[World], tuple[str, dict[str, Any] | None]]  # -> (url, json body)
     after: Callable[[World, str, httpx.Response], None] | None = None  # what an allowed call did (caller, answer)
+    through: int | None = None  # a status past the scope check that an allowed call may get here (not 2xx)
 
 
 def _owned_by_caller(world: World, who: str, r: httpx.Response) -> None:
@@ -86,6 +87,11 @@ CELLS: dict[tuple[str, str], Cell] = {
     ("POST", "/sweeps/{sweep_id}/extend"): Cell(
         "create", lambda w: (f"/sweeps/{w.sweep}/extend", {"additions": {"tokens": {"d2": [4096]}}}),
         _owned_by_caller),
+    # applying a suggestion creates the caller's sweep, as extend; alice's tiny sweep may have no analysis or no D*
+    # crossing, so an allowed caller may get past the scope check to the 409 saying so (tests/api/test_suggest.py
+    # applies one)
+    ("POST", "/sweeps/{sweep_id}/suggest"): Cell(
+        "create", lambda w: (f"/sweeps/{w.sweep}/suggest", {"budget_flops": 1e15, "apply": True}), through=409),
     ("POST", "/sweeps/{sweep_id}/analysis"): Cell(
         "own", lambda w: (f"/sweeps/{w.sweep}/analysis", {"bootstrap": 0}),
         lambda w, who, r: (r.json()["status"] == "done") or pytest.fail(r.text)),
@@ -141,8 +147,8 @@ def test_cross_user_matrix(world, route, who) -> None:
         if route == ("POST", "/sweeps/{sweep_id}/cancel"):
             _still_pending(world, url)
         return
-    assert 200 <= r.status_code < 300, r.text
-    if cell.after is not None:
+    assert 200 <= r.status_code < 300 or r.status_code == cell.through, r.text
+    if cell.after is not None and r.status_code < 300:
         cell.after(world, who, r)
 
 

@@ -75,7 +75,7 @@ def test_observations_csv_has_the_columns_fit_reads(settings, cli, tmp_path) -> 
     up = pd.read_csv(tmp_path / "up.csv")
     assert len(up) == 8 and set(up["kind"]) == {"upcycled"} and up["D2"].notna().all()
     listing = cli("sweeps")
-    assert out.sweep_id in listing and "21/21" in listing  # every segment of the tiny sweep done
+    assert out.sweep_id in listing and "26/26" in listing  # every segment of the tiny sweep done
     assert "would delete 9 checkpoint(s)" in cli("gc", "--dry-run")
 
 

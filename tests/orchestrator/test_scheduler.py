@@ -66,7 +66,7 @@ def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(set
     assert parent.info.run_name.startswith("tiny (") and parent.data.params["model.sizes"] == "['nano']"
     children = client.search_runs([client.get_experiment_by_name("upscale").experiment_id],
                                   f"tags.mlflow.parentRunId = '{sweep.mlflow_run_id}'", max_results=100)
-    assert len(children) == 21 and all(r.info.status == "FINISHED" for r in children)
+    assert len(children) == len(p.segments) == 26 and all(r.info.status == "FINISHED" for r in children)
     o = next(o for o in obs if o.kind == "upcycled" and o.method == "drop" and o.D1 == 512 and o.D2 == 256)
     run = client.get_run(o.mlflow_run_id)
     assert run.info.run_name == "moe_decay nano drop r=0.5 4x1 D1=512 D2=256"
@@ -90,7 +90,7 @@ def test_an_injected_failure_is_retried_and_resumes_from_its_checkpoint(settings
     out = orch.run(spec, scheduler(orch, checkpoint_every_tokens=64))
     assert out.status == "done" and out.retried == 1
     starts = [e["tokens"] for e in events(settings) if e["event"] == "start" and e["segment"] == trunk.id]
-    assert starts == [0, 256]  # fails at 256 of 448 tokens (half-way), resumes from the 256-token checkpoint
+    assert starts == [0, 128]  # fails at 128 of the first piece's 192 tokens, resumes from the 128-token checkpoint
     assert ends(settings)[trunk.id] == 1
     assert [a.status for a in orch.store.attempts(trunk.id)] == ["failed", "done"]
 
@@ -124,7 +124,7 @@ def test_a_worker_error_is_not_retried(settings) -> None:
     assert out.status == "failed" and out.retried == 0
     assert [a.status for a in orch.store.attempts(scratch.id)] == ["failed"]
     assert "WorkerError: segment" in orch.store.segment(scratch.id).error
-    assert len(ends(settings)) == 19  # everything but the scratch trunk and its decay
+    assert len(ends(settings)) == 24  # everything but the scratch trunk and its decay
 
 
 def test_an_overlapping_sweep_trains_only_its_new_segments(settings) -> None:
@@ -134,7 +134,7 @@ def test_an_overlapping_sweep_trains_only_its_new_segments(settings) -> None:
     orch.run(first, scheduler(orch))
     out = orch.run(second, scheduler(orch))
     new = {s.id for s in plan(second).segments} - {s.id for s in plan(first).segments}
-    assert len(new) == 8  # for the noise method only, per D1 (2): an upcycle, a MoE trunk, one decay per D2 (2)
+    assert len(new) == 10  # for the noise method only, per D1 (2): an upcycle, a MoE trunk's 2 pieces, 2 decays
     assert sorted(out.trained) == sorted(new)
     assert max(ends(settings).values()) == 1
     assert len(orch.store.observations(out.sweep_id)) == 11 + 4
@@ -151,7 +151,7 @@ def test_two_schedulers_on_one_sweep_train_each_segment_once(settings) -> None:
     for t in threads:
         t.join()
     assert [o.status for o in outs] == ["done", "done"]
-    assert len(outs[0].trained) + len(outs[1].trained) == 21 and not set(outs[0].trained) & set(outs[1].trained)
+    assert len(outs[0].trained) + len(outs[1].trained) == 26 and not set(outs[0].trained) & set(outs[1].trained)
     assert ends(settings) == Counter({k: 1 for k in outs[0].trained + outs[1].trained})
 
 
@@ -170,7 +170,7 @@ def test_cancelling_stops_the_sweep_and_a_rerun_resumes_it(settings) -> None:
     assert not any(s.status == "running" for s, _ in orch.store.members(sweep.id))
     knobs(settings)
     out = scheduler(orch, checkpoint_every_tokens=64).run(sweep.id)
-    assert out.status == "done" and max(ends(settings).values()) == 1 and len(ends(settings)) == 21
+    assert out.status == "done" and max(ends(settings).values()) == 1 and len(ends(settings)) == 26
 
 
 def _ancestors(spec: SegmentSpec, p) -> set[str]:

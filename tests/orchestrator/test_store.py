@@ -82,8 +82,8 @@ def _table(diff: tuple | list) -> str:
 def test_a_second_sweep_shares_segments_it_has_in_common(store: Store, tiny) -> None:
     a = store.create_sweep("a", {}, {"cpus": 1}, tiny.segments)
     b = store.create_sweep("b", {}, {"cpus": 1}, tiny.segments[:5])
-    assert len(store.members(a.id)) == 21 and len(store.members(b.id)) == 5
-    assert len(store.segments([s.id for s in tiny.segments])) == 21
+    assert len(store.members(a.id)) == 26 and len(store.members(b.id)) == 5
+    assert len(store.segments([s.id for s in tiny.segments])) == 26
     assert [seg.key for seg, _ in store.members(a.id)] == [s.id for s in tiny.segments]  # topological order kept
     with pytest.raises(OrchestratorError, match="no sweep 'nope'"):
         store.sweep("nope")
@@ -131,7 +131,8 @@ def test_claim_is_exclusive_and_failures_retry_up_to_the_maximum(store: Store, t
 
 def test_complete_records_result_checkpoints_and_observation_once(store: Store, tiny) -> None:
     sweep = store.create_sweep("a", {}, {"cpus": 1}, tiny.segments)
-    trunk, decay = tiny.segments[0], tiny.segments[1]
+    trunk = tiny.segments[0]  # the dense trunk's first piece, and the decay branching from its end
+    decay = next(s for s in tiny.segments if s.spec.kind == "dense_decay" and s.spec.parent_ids == (trunk.id,))
     attempt = store.claim(trunk.id, "h:1:a")
     assert store.complete(trunk.id, attempt, _result(trunk, branches={448: "/ck/t/448", 896: "/ck/t/896"}))
     assert not store.complete(trunk.id, attempt, _result(trunk))  # not running any more: nothing written
