@@ -23,7 +23,6 @@ from upscale.api.services import Services
 from upscale.api.sweeps import extend, merge
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.design import (
-    Z95,
     DstarCriterion,
     Rows,
     delta_interval,
@@ -209,9 +208,9 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
     rows_of = {c.key: rows for c, rows in options}
     by_key = {c.key: c for c, _ in options}
     criterion = problem.criterion
-    sd_now = criterion.sd()
-    # the tolerance bounds the delta-method interval's hi / lo = exp(2·Z95·sd)
-    target_sd = 0.0 if request.tolerance is None else math.log(request.tolerance) / (2 * Z95)
+    sd_now, z = criterion.sd(), criterion.quantile(0.95)
+    # the tolerance bounds the delta-method interval's hi / lo = exp(2·z·sd)
+    target_sd = 0.0 if request.tolerance is None else math.log(request.tolerance) / (2 * z)
 
     def cost_of(chosen: list[str], key: str) -> float:
         before = [by_key[k] for k in chosen]
@@ -226,7 +225,7 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         rank=i + 1, kind=by_key[s.action].kind, description=by_key[s.action].description,
         additions=by_key[s.action].additions, marginal_flops=s.cost,
         new_observations=sum(len(r) for r in rows_of[s.action].values()),
-        expected_interval=list(delta_interval(problem.dstar, s.sd_after)))
+        expected_interval=list(delta_interval(problem.dstar, s.sd_after, z)))
         for i, s in enumerate(steps)]
     additions = problem.merged([by_key[s.action] for s in steps])
     applied = extend(services, sweep_id, additions, owner) if request.apply and steps else None
@@ -234,9 +233,9 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
     return Suggestion(
         sweep_id=sweep_id, analysis_id=problem.record.id, group=problem.label, n1=problem.n1, dstar=problem.dstar,
         interval=[finite_or_none(v) for v in problem.interval] if problem.interval else None,
-        delta_interval=list(delta_interval(problem.dstar, sd_now)), noise=problem.noise.to_json(),
+        delta_interval=list(delta_interval(problem.dstar, sd_now, z)), noise=problem.noise.to_json(),
         budget_flops=request.budget_flops,
         total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (
             request.tolerance is not None and final_sd <= target_sd) else stopped,
-        expected_interval=list(delta_interval(problem.dstar, final_sd)),
+        expected_interval=list(delta_interval(problem.dstar, final_sd, z)),
         actions=actions, additions=additions, applied=applied)

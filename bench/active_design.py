@@ -294,7 +294,7 @@ class Sim:
     def covers(self, state: State) -> bool:
         if not (math.isfinite(state.dstar) and math.isfinite(state.sd)):
             return False
-        return abs(math.log(self.true_dstar) - math.log(state.dstar)) <= Z80 * state.sd
+        return abs(math.log(self.true_dstar) - math.log(state.dstar)) <= state.criterion.quantile(0.8) * state.sd
 
     def error(self, state: State) -> float:
         if not (math.isfinite(state.dstar) and state.dstar > 0):

@@ -31,7 +31,7 @@ from upscale.fitting.laws import Law, Table
 from upscale.fitting.summary import FittedLaw
 
 Z80 = 1.2815515655446004  # the normal quantile of 0.9: an 80% interval is ±Z80 standard deviations
-Z95 = 1.959963984540054  # and of 0.975: a 95% interval
+Z95 = 1.959963984540054  # and of 0.975: a 95% interval (DstarCriterion.quantile: the t quantiles used for D*)
 PRIOR_SD = 0.005  # per-point and per-trunk noise of log loss assumed before the residuals say otherwise
 PRIOR_WEIGHT = 4.0  # how many residual degrees of freedom the prior noise counts as
 LAWS = ("moe", "up")  # the two fits the criterion reads: from scratch (D, N) and upcycled (D1, D2, N1)
@@ -170,6 +170,19 @@ class DstarCriterion:
         self.current = dict(current)
         self.noise = noise
         self.sizes = [current[k].J.shape[1] for k in LAWS]
+
+    def dof(self) -> int:
+        """Degrees of freedom of the D* interval: the trunks behind the current rows, less one. The noise is
+        estimated, and branches of one trunk share its draw, so the trunks, not the points, are what the estimate
+        averages over (cluster-robust inference's G − 1)."""
+        return max(len({t for k in LAWS for t in self.current[k].trunks}) - 1, 1)
+
+    def quantile(self, level: float) -> float:
+        """The Student-t quantile of a central ``level`` interval on `dof` degrees of freedom: wider than the normal
+        one (Z80, Z95) on a small grid, where a plug-in variance makes the delta method cover less than nominal."""
+        from scipy.stats import t
+
+        return float(t.ppf(0.5 + level / 2, self.dof()))
 
     def sd(self, extra: Sequence[Mapping[str, Rows]] = ()) -> float:
         """Standard deviation of log D* with the current rows and those of ``extra`` (several actions' rows)."""

@@ -27,9 +27,6 @@ import pandas as pd
 from upscale.fitting.groups import GROUP_COLUMNS, group_label
 from upscale.fitting.summary import FittedLaw, fitted_law
 
-Z80 = 1.2815515655446004  # two-sided standard normal quantiles
-Z95 = 1.959963984540054
-
 
 @dataclass(frozen=True)
 class Prediction:

@@ -55,7 +55,8 @@ def record_prediction(store: Store, sweep_id: str, seg: SegmentRecord) -> Predic
     cannot predict must not stop training (the failure is logged)."""
     if seg.observation is None:
         return None
-    from upscale.fitting.prediction import Z80, Z95, predict_observation
+    from upscale.fitting.design import Z80, Z95
+    from upscale.fitting.prediction import predict_observation
 
     try:
         with store.transaction() as s:

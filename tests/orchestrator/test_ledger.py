@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 from tests.orchestrator.segment_fns import counting_segment
 from upscale.api.records import AnalysisRecord, SweepOwnerRecord
 from upscale.fitting.analysis import analyze
+from upscale.fitting.design import Z80
 from upscale.fitting.laws import get_law
-from upscale.fitting.prediction import Z80
 from upscale.fitting.synthetic import TABLE2
 from upscale.orchestrator import ledger
 from upscale.orchestrator.observations import table
