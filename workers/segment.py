@@ -41,6 +41,7 @@ from upscale.workers.data import TokenData, load_tokens
 from upscale.workers.engine import NonFiniteLoss, build_engine, train_step
 from upscale.workers.errors import WorkerError
 from upscale.workers.evaluate import expert_load, reduce_expert_counts, val_loss
+from upscale.workers.hf_models import SOURCE_FILE
 from upscale.workers.model import ModelConfig, UpscaleLM, build_model
 from upscale.workers.parallel import Ranks, current_ranks, ep_size_for, expert_parallel_rank, expert_slice
 from upscale.workers.schedule import check_schedule, lr_multiplier
@@ -49,7 +50,6 @@ from upscale.workers.weights import CONFIG_FILE, load_model, save_model
 
 IMPORT_EVAL_BATCH = 8  # windows per forward pass when an imported model's validation loss is measured (a mean over
 # tokens: the batching changes only the summation order)
-SOURCE_FILE = "source.json"  # `upscale model import`'s record of where a model came from
 CALIBRATION_TOKENS = 8192  # windows handed to data-driven upcycling methods (llama-moe sharing, router-upcycling)
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "vocab_size", "context")
 
