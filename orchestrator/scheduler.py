@@ -186,8 +186,6 @@ class Scheduler:
         out.wall_s = time.perf_counter() - t0
         segs = {s.key: s for s, _ in self.store.members(sweep_id)}
         failed = [s.key for s in segs.values() if s.status == "failed"]
-        self.store.set_sweep(sweep_id, status=out.status,
-                             error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
         self._show_reused(sweep)  # segments another sweep finished while this one waited for them
         mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
         done = sum(s.status == "done" for s in segs.values())
@@ -196,6 +194,9 @@ class Scheduler:
         self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status,
                                {"wall_s": out.wall_s, "compute_s": out.compute_s, "segments_trained": len(out.trained)},
                                table(self.store.observations(sweep_id)), segments_done=done)
+        # the status last: whoever sees the sweep ended finds its MLflow run ended too
+        self.store.set_sweep(sweep_id, status=out.status,
+                             error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
         self._progress(segs, out)
         return out
 
@@ -210,13 +211,13 @@ class Scheduler:
         for key in self._recover(segs, out):
             if segs[key].mlflow_run_id:
                 self.tracker.end_segment(segs[key].mlflow_run_id, "KILLED")
-        self.store.set_sweep(sweep_id, status="cancelled", error=None, runner=None)
         out.wall_s = time.perf_counter() - t0
         if sweep.mlflow_run_id:
             self.tracker.end_sweep(sweep.mlflow_run_id, "KILLED",
                                    {"wall_s": out.wall_s, "compute_s": out.compute_s, "segments_trained": 0},
                                    table(self.store.observations(sweep_id)),
                                    segments_done=sum(s.status == "done" for s in segs.values()))
+        self.store.set_sweep(sweep_id, status="cancelled", error=None, runner=None)  # last, as in `_run`
         return out
 
     def _loop(self, sweep: SweepRecord, out: SweepOutcome,

@@ -89,7 +89,10 @@ def test_demo_trains_a_grid_for_real_and_fits_it(tmp_path: Path) -> None:
     assert "upcycling method: naive" in out and out.count("verdict:") == 2
     plots = tmp_path / "home" / "demo"
     drawn = {p.relative_to(plots).as_posix() for p in plots.rglob("*") if p.is_file()}
-    assert drawn == {name.replace("all/", "naive_4x2/") for name in PLOTS}  # the group's plots in its folder
+    expected = {name.replace("all/", "naive_4x2/") for name in PLOTS}  # the group's plots in its folder
+    if "warning: plot dstar skipped: D* is not finite" in out:  # a tiny real grid may have one side win everywhere:
+        expected -= {"dstar.png", "dstar.pdf"}  # then the demo says so instead of drawing an empty band
+    assert drawn == expected
     assert "upscale ui --launch" in out
     # A second run reuses every segment: nothing is trained again.
     assert "0 segment(s) trained this run" in _demo(tmp_path / "home", "--spec", str(spec), "--bootstrap", "0",
