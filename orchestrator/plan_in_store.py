@@ -2,8 +2,8 @@
 
 `upscale plan`, `upscale run` and POST /sweeps report the same figures from here: the whole plan's segments, tokens
 and FLOPs, and the `new_*` ones of the segments not yet done in the store (whatever the DAG looks like: the store is
-matched by segment key, and by the keys the planner gave the same jobs before trunks were chains). Light on purpose
-(no Ray): `upscale plan` reads it.
+matched by segment key, and by the other keys of the same jobs: coarser cuts of their chains, and the monolithic
+trunks from before chains). Light on purpose (no Ray): `upscale plan` reads it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from upscale.sweeps.segments import TRUNK_KINDS
 class PlanInStore:
     """A plan compared with what the store holds: its segments done there, and those the store holds only trained
     under another training-semantics version (stale: planned key -> the stale segment's key), and those it holds under
-    the key the planner gave them before trunks were chains (legacy: planned key -> that key; the same computation,
-    so always taken over, `Store.create_sweep`)."""
+    another key of the same job (legacy: planned key -> that key, `planner.legacy_ids`; the same computation, so
+    always taken over, `Store.create_sweep`)."""
 
     plan: Plan
     done: frozenset[str] = frozenset()

@@ -54,15 +54,18 @@ class Orchestrator:
         return self.store.sweeps_with_spec(spec_hash(spec, p))
 
     def run(self, spec: SweepSpec, scheduler: Scheduler | None = None, sweep_id: str | None = None,
-            reuse_stale: bool = False) -> SweepOutcome:
+            reuse_stale: bool = False, check: PlanInStore | None = None) -> SweepOutcome:
         """Submit ``spec`` (or resume ``sweep_id``, recorded from it) and train it to completion on Ray (embedded
         unless RAY_ADDRESS is set); with ``reuse_stale``, segments held only under an older training-semantics
-        version are taken over instead of trained (a resumed sweep's too)."""
+        version are taken over instead of trained (a resumed sweep's too). ``check``: the spec's plan compared with
+        the store, when the caller has it (compared here otherwise)."""
         check_resources(spec, cluster_resources(self.settings))
+        if sweep_id is None or reuse_stale:
+            check = check or self.compare(plan(spec))
         if sweep_id is None:
-            sweep_id = self.submit(spec, reuse_stale=reuse_stale).id
-        elif reuse_stale and (stale := self.compare(plan(spec)).stale):
-            self.store.adopt_stale(sweep_id, stale)
+            sweep_id = self.submit(spec, check.plan, reuse_stale, check.stale, check.legacy).id
+        elif reuse_stale and check.stale:
+            self.store.adopt_stale(sweep_id, check.stale)
         return (scheduler or Scheduler(self.store, self.settings)).run(sweep_id)
 
 

@@ -96,8 +96,9 @@ class Store:
         ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
         version; it is recorded on the sweep, and with ``reuse_stale`` their results are taken over (`adopt_stale`)
         in the same transaction, so no scheduler can start training them in between. ``legacy`` (`legacy_holdings`)
-        maps planned segments to done ones the planner keyed differently before trunks were chains: the same
-        computation, always taken over the same way, each recording the old key in `reused_from`."""
+        maps planned segments to done ones of the same job under another key (a coarser cut of a chain, a trunk from
+        before chains): the same computation, always taken over the same way, each recording the old key in
+        `reused_from`."""
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
                             status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale)
         unversioned = unversioned_ids(segments)
@@ -140,9 +141,10 @@ class Store:
 
     def legacy_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
                         ) -> dict[str, str]:
-        """Planned key -> a done segment the store holds under one of its old keys (``old_keys``:
-        `planner.legacy_ids`), trained before trunks were chains: the same job, or for a trunk piece (``piece_ends``:
-        its end tokens) a monolithic trunk that kept a checkpoint there; one transaction."""
+        """Planned key -> a done segment the store holds under one of its other keys (``old_keys``:
+        `planner.legacy_ids`: a coarser cut of its chain, or a monolithic trunk from before chains): the same job,
+        or for a trunk piece (``piece_ends``: its end tokens) a segment that kept a checkpoint there; one
+        transaction."""
         wanted = list({o for olds in old_keys.values() for o in olds})
         if not wanted:
             return {}

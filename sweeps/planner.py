@@ -12,8 +12,9 @@ A trunk (dense, MoE, from scratch) is a chain of pieces cut at its branch points
 decay branch of a budget resumes from the piece that ends at its decay start and ends at exactly its budget. A piece's
 id is its parent's id plus its own span and schedule, never the later branch points, so a sweep grown by larger
 budgets appends pieces and keeps every key it had. Segments are keyed by content id, so anything two grid points share
-(a trunk piece, an upcycle that ignores r) is planned once, and two overlapping sweeps produce the same ids. Stores
-trained before trunks were chains hold one monolithic trunk per chain: `legacy_ids` gives the keys to find them by.
+(a trunk piece, an upcycle that ignores r) is planned once, and two overlapping sweeps produce the same ids. A sweep
+grown by an interior budget, and stores trained before trunks were chains (one monolithic trunk per chain), hold the
+same jobs under other keys: `legacy_ids` gives the keys to find them by.
 
 Costs: training FLOPs = `sizes.train_flops_per_token` (active params, attention, LM head) x tokens; an upcycle is a
 weight copy (0 FLOPs). `independent_flops` is the same grid trained the usual way, every point from scratch on its

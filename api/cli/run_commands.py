@@ -60,14 +60,16 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
                           f"{'returning' if existing.status == 'done' else 'resuming'} it; --new records another")
         if existing.status == "done":  # nothing to train: no Ray, no scheduler
             return orch, SweepOutcome(existing.id, "done")
-    for line in stale_lines(orch.compare(planned, reuse_stale)):
+    check = orch.compare(planned, reuse_stale)
+    for line in stale_lines(check):
         err_console.print(line)
     start_ray(orch.settings)
     prepare_training(sweep_spec, orch.settings)
     with sweep_bar(sweep_spec, f"sweep {sweep_spec.name}", transient=transient) as bar:
         scheduler = Scheduler(orch.store, orch.settings, max_concurrent=max_concurrent, max_attempts=max_attempts,
                               on_progress=bar.show)
-        out = orch.run(sweep_spec, scheduler, sweep_id=existing.id if existing else None, reuse_stale=reuse_stale)
+        out = orch.run(sweep_spec, scheduler, sweep_id=existing.id if existing else None, reuse_stale=reuse_stale,
+                       check=check)
     if out.status != "done":
         sweep = orch.store.sweep(out.sweep_id)
         raise OrchestratorError(f"sweep {out.sweep_id} {out.status}: {sweep.error or 'stopped'}; "
