@@ -30,11 +30,12 @@ from upscale.fitting.design import (
     free_params,
     greedy,
     log_loss_jacobian,
-    noise_from_residuals,
+    noise_from_fits,
 )
 from upscale.fitting.dstar import crossings_and_samples, upcycled_loss
 from upscale.fitting.errors import FitError
 from upscale.fitting.groups import GROUP_COLUMNS, upcycled_groups
+from upscale.fitting.profile import Observed, ProfileInterval, profile_interval
 from upscale.fitting.summary import finite_or_none
 from upscale.orchestrator.plan_in_store import compare
 from upscale.sweeps.planner import PlannedSegment, plan
@@ -140,15 +141,16 @@ class _Problem:
                            f"another --n1")
         up_rows = pd.concat([rows for g, rows in upcycled_groups(tables["upcycled"]) if g == self.group]
                             or [tables["upcycled"].iloc[:0]])
-        current, residuals, trunks = {}, [], []
+        current, residuals, self.observed_rows = {}, {}, {}
         for key, fit, rows, columns in (("moe", self.moe, tables["scratch"], ("D", "N")),
                                         ("up", self.up, up_rows, ("D1", "D2", "N1"))):
             tab = {c: rows[c].to_numpy(dtype=float) for c in columns}
+            loss = rows["loss"].to_numpy(dtype=float)
             pred, J = log_loss_jacobian(fit.law, fit.params, tab, self.free[key])
             current[key] = Rows(J, tuple(rows["trunk"].astype(str)))
-            residuals.append(np.log(rows["loss"].to_numpy(dtype=float)) - np.log(pred))
-            trunks += list(current[key].trunks)
-        self.noise = noise_from_residuals(np.concatenate(residuals), trunks, sum(len(f) for f in self.free.values()))
+            residuals[key] = np.log(loss) - np.log(pred)
+            self.observed_rows[key] = Observed(fit.law, fit.params, self.free[key], tab, loss, current[key].trunks)
+        self.noise = noise_from_fits([(residuals[k], current[k]) for k in current])
         _, gradient = dstar_gradient(self.moe, self.up, self.n1, self.free["moe"], self.free["up"])
         if gradient is None:
             raise NotReady(f"D* at N1 = {self.n1:g} has no slope to follow: the fitted laws only touch there")
@@ -157,6 +159,11 @@ class _Problem:
         # new branch point changed its key) repeats an observation the fit already has
         self.observed = {s.observation for s in plan(self.spec).observations()}
         self._new_flops: dict[frozenset[str], float] = {}
+
+    def profile(self, level: float) -> ProfileInterval:
+        """D*'s profile-likelihood interval at N1 from the same rows, noise and t quantile as the criterion."""
+        return profile_interval(self.observed_rows["moe"], self.observed_rows["up"], self.n1, self.noise,
+                                self.criterion.quantile(level), level)
 
     def merged(self, chosen: list[Candidate]) -> dict[str, Any]:
         additions: dict[str, Any] = {}
@@ -228,12 +235,15 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         expected_interval=list(delta_interval(problem.dstar, s.sd_after, z)))
         for i, s in enumerate(steps)]
     additions = problem.merged([by_key[s.action] for s in steps])
+    profile = problem.profile(0.95)
     applied = extend(services, sweep_id, additions, owner) if request.apply and steps else None
     final_sd = steps[-1].sd_after if steps else sd_now
     return Suggestion(
         sweep_id=sweep_id, analysis_id=problem.record.id, group=problem.label, n1=problem.n1, dstar=problem.dstar,
         interval=[finite_or_none(v) for v in problem.interval] if problem.interval else None,
-        delta_interval=list(delta_interval(problem.dstar, sd_now, z)), noise=problem.noise.to_json(),
+        delta_interval=list(delta_interval(problem.dstar, sd_now, z)),
+        profile_interval=[finite_or_none(v) if v > 0 else None for v in (profile.lo, profile.hi)],
+        noise=problem.noise.to_json(),
         budget_flops=request.budget_flops,
         total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (
             request.tolerance is not None and final_sd <= target_sd) else stopped,

@@ -10,9 +10,10 @@ cost is the planner's FLOPs over the DAG: its decay plus the part of every ances
 point), and what is already bought is free, so all methods are charged the marginal FLOPs a store with reuse charges.
 
 Every method starts from the same pilot (the cheapest corner: two sizes, two D1, two D2, three from-scratch budgets),
-uses the same fitter (least squares on log loss, E fixed at the truth, warm-started) and the same interval (the delta
-method on log D* with the per-trunk covariance of fitting/design.py, noise estimated from the residuals), and adds
-observations until its design's 80% interval is as narrow as the full grid's (within SLACK). A design's width is the
+uses the same fitter (least squares on log loss, E fixed at the truth, warm-started), the same noise estimate
+(fitting/design.py's moments of the residuals) and the same intervals (the delta method on log D* with the per-trunk
+covariance, and the profile-likelihood interval of fitting/profile.py), and adds observations until its design's 80%
+interval is as narrow as the full grid's (within SLACK). A design's width is the
 delta-method width at the true laws and noise: what the observations bought can tell, not how lucky one draw's fit
 was (a fitted width dips below the full grid's by chance on a poor fit, which the coverage then shows):
 
@@ -28,8 +29,9 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
 
 Figures: ``fraction_of_full_flops``: the median over ground truths of the FLOPs at which a method's design's 80% D*
 interval first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it never does before the pool is
-spent); ``coverage_80``: the share of ground truths whose true D* lies in the method's fitted 80% interval (fitted
-laws, estimated noise) at that point;
+spent); ``coverage_80``: the share of ground truths whose true D* lies in the method's 80% profile-likelihood interval
+(the data and the estimated noise) at that point, ``coverage_80_delta`` the same for the delta-method interval around
+the fit's D*;
 ``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending 10% and 20% of the full grid's FLOPs (an
 estimate with no crossing counts as ERROR_CAP decades).
 
@@ -57,10 +59,11 @@ from upscale.fitting.design import (
     dstar_gradient,
     greedy,
     log_loss_jacobian,
-    noise_from_residuals,
+    noise_from_fits,
 )
 from upscale.fitting.dstar import TOKEN_RANGE, crossings
 from upscale.fitting.laws import get_law
+from upscale.fitting.profile import Observed, profile_interval
 from upscale.fitting.summary import FittedLaw
 from upscale.fitting.synthetic import TABLE2
 from upscale.sweeps.planner import Plan, plan
@@ -266,17 +269,16 @@ class Sim:
     def assess(self, state: State) -> None:
         f = state.fitter
         moe, up = FittedLaw(LAW["moe"], f.params["moe"]), FittedLaw(LAW["up"], f.params["up"])
-        resid = np.concatenate([f.residuals["moe"], f.residuals["up"]])
-        trunks = [q.trunk for k in LAW for q in state.bought if q.law == k]
-        noise = noise_from_residuals(resid, trunks, sum(len(v) for v in FREE.values()))
+        rows = self.rows(f, state.bought)
+        noise = noise_from_fits([(f.residuals[k], rows[k]) for k in LAW])
         state.noise = (noise.point_sd, noise.trunk_sd)
         state.dstar, grad = dstar_gradient(moe, up, self.target, FREE["moe"], FREE["up"])
         if grad is None:  # no crossing: aim at the gap where the grid ends, the closest the data come to one
             grad = self.gap_gradient(f)
             state.sd = float("inf")
-            state.criterion = DstarCriterion(grad, self.rows(f, state.bought), noise)
+            state.criterion = DstarCriterion(grad, rows, noise)
             return
-        state.criterion = DstarCriterion(grad, self.rows(f, state.bought), noise)
+        state.criterion = DstarCriterion(grad, rows, noise)
         state.sd = state.criterion.sd()
 
     def gap_gradient(self, f: Fitter) -> np.ndarray:
@@ -291,10 +293,20 @@ class Sim:
         one draw's fit and noise estimate were."""
         return 2 * Z80 * self.oracle_criterion.sd([self.rows(self.oracle, bought)])
 
-    def covers(self, state: State) -> bool:
+    def covers_delta(self, state: State) -> bool:
+        """Whether the delta-method 80% interval around the fit's D* holds the true D* (none without a crossing)."""
         if not (math.isfinite(state.dstar) and math.isfinite(state.sd)):
             return False
         return abs(math.log(self.true_dstar) - math.log(state.dstar)) <= state.criterion.quantile(0.8) * state.sd
+
+    def covers(self, state: State) -> bool:
+        """Whether upscale's 80% interval, the profile-likelihood one of fitting/profile.py, holds the true D*."""
+        observed = {k: Observed(LAW[k], state.fitter.params[k], FREE[k], table(mine, k),
+                                np.array([self.y[q.segment] for q in mine]), tuple(q.trunk for q in mine))
+                    for k in LAW for mine in [[q for q in state.bought if q.law == k]]}
+        interval = profile_interval(observed["moe"], observed["up"], self.target, state.criterion.noise,
+                                    state.criterion.quantile(0.8), 0.8)
+        return interval.covers(self.true_dstar)
 
     def error(self, state: State) -> float:
         if not (math.isfinite(state.dstar) and state.dstar > 0):
@@ -401,7 +413,8 @@ CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, "anchor": anchor_choo
 @dataclass(frozen=True)
 class Outcome:
     fraction: float  # FLOPs to reach the full grid's width / full grid FLOPs (1.0: never before the pool ran out)
-    covered: bool  # true D* inside the 80% interval where it got there (or at the end)
+    covered: bool  # true D* inside the profile 80% interval where it got there (or at the end)
+    covered_delta: bool  # and inside the delta-method one
     error_at: dict[str, float]  # log10 error of D̂* after 10% and 20% of the full FLOPs
 
 
@@ -413,10 +426,10 @@ def run_method(sim: Sim, name: str, width_full: float, seed: int) -> Outcome:
     left = [q for q in sim.pool if q not in set(state.bought)]
     full = sim.dag.full
     errors = {f: sim.error(state) for f in ("0.1", "0.2")}
-    reached: tuple[float, bool] | None = None
+    reached: tuple[float, bool, bool] | None = None
     while True:
         if reached is None and sim.width(state.bought) <= width_full * SLACK:
-            reached = (state.spent / full, sim.covers(state))
+            reached = (state.spent / full, sim.covers(state), sim.covers_delta(state))
         if (reached is not None and state.spent >= 0.2 * full) or not left:
             break
         picked = CHOOSERS[name](sim, state, left, rng)
@@ -429,8 +442,8 @@ def run_method(sim: Sim, name: str, width_full: float, seed: int) -> Outcome:
             if state.spent <= float(f) * full:
                 errors[f] = sim.error(state)
     if reached is None:
-        reached = (1.0, sim.covers(state))
-    return Outcome(reached[0], reached[1], errors)
+        reached = (1.0, sim.covers(state), sim.covers_delta(state))
+    return Outcome(*reached, errors)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -447,12 +460,13 @@ def main(argv: list[str] | None = None) -> dict:
     rng = np.random.default_rng(args.seed)
     truths = draw_truths(n, target, rng)
     per: dict[str, list[Outcome]] = {m: [] for m in METHODS}
-    full_cover = []
+    full_cover, full_cover_delta = [], []
     for i, truth in enumerate(truths):
         sim = Sim(p, truth, target, seed=args.seed * 1000 + i)
         ref = State(list(sim.pool), Fitter())
         sim.refit(ref, set(LAW))
         full_cover.append(sim.covers(ref))
+        full_cover_delta.append(sim.covers_delta(ref))
         width_full = sim.width(sim.pool)
         line = [f"truth {i + 1:2d} ({truth[3]:7s} D*={truth[2]:.3g}): full width {width_full:.3f}"]
         for m in METHODS:
@@ -464,6 +478,8 @@ def main(argv: list[str] | None = None) -> dict:
         "fraction_of_full_flops": {m: float(np.median([o.fraction for o in per[m]])) for m in METHODS},
         "coverage_80": {**{m: float(np.mean([o.covered for o in per[m]])) for m in METHODS},
                         "full_grid": float(np.mean(full_cover))},
+        "coverage_80_delta": {**{m: float(np.mean([o.covered_delta for o in per[m]])) for m in METHODS},
+                              "full_grid": float(np.mean(full_cover_delta))},
         "log10_dstar_error_at": {f: {m: float(np.median([o.error_at[f] for o in per[m]])) for m in METHODS}
                                  for f in ("0.1", "0.2")},
         "truths": len(truths), "seed": args.seed, "full_flops": p.total_flops, "pool": len(pool_of(p)),

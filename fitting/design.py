@@ -117,27 +117,40 @@ class Noise:
         return {"point_sd": self.point_sd, "trunk_sd": self.trunk_sd}
 
 
-def noise_from_residuals(residuals: np.ndarray, trunks: Sequence[Hashable], n_params: int,
-                         prior_sd: float = PRIOR_SD, prior_weight: float = PRIOR_WEIGHT) -> Noise:
-    """σ and τ by moments of log-loss residuals: σ² from the spread within trunks, σ² + τ² from the total (on
-    ``len − n_params`` degrees of freedom), each shrunk towards ``prior_sd`` with ``prior_weight`` pseudo degrees of
-    freedom, so that a small pilot grid neither claims zero noise nor explodes."""
-    r = np.asarray(residuals, float)
-    codes: dict[Hashable, int] = {}
-    index = np.array([codes.setdefault(t, len(codes)) for t in trunks], dtype=int)
-    means = np.zeros(len(codes))
-    counts = np.bincount(index, minlength=len(codes)).astype(float) if r.size else np.zeros(0)
-    if r.size:
-        np.add.at(means, index, r)
-        means /= np.maximum(counts, 1)
-    within_dof = float(max(r.size - len(codes), 0))
-    within = float(((r - means[index]) ** 2).sum()) if r.size else 0.0
-    total_dof = float(max(r.size - n_params, 0))
-    total = float((r ** 2).sum())
-    p2 = prior_sd ** 2
-    point = (within + prior_weight * p2) / (within_dof + prior_weight)
-    both = (total + prior_weight * 2 * p2) / (total_dof + prior_weight)
-    return Noise(math.sqrt(point), math.sqrt(max(both - point, 0.0) + 1e-12))
+def noise_from_fits(fits: Sequence[tuple[np.ndarray, Rows]], prior_sd: float = PRIOR_SD,
+                    prior_weight: float = PRIOR_WEIGHT) -> Noise:
+    """σ and τ from the log-loss residuals of least-squares fits (each law's residuals with its Rows at the fit) by
+    moments that count what the fit absorbed: with M = I − J(JᵀJ)⁺Jᵀ the fit's residual maker, Z the trunk
+    indicator and P the within-trunk projector, E[rᵀr] = σ²·tr(M) + τ²·tr(ZᵀMZ) and E[rᵀPr] = σ²·tr(PM) +
+    τ²·‖PMZ‖². A fit with few trunks per size soaks up much of the trunk effects (a size's only trunk shifts its
+    law), so dividing by the plain degrees of freedom would understate τ. Each equation is shrunk towards
+    ``prior_sd`` with ``prior_weight`` pseudo degrees of freedom, so that a small pilot grid neither claims zero
+    noise nor explodes."""
+    a = np.zeros((2, 2))
+    b = np.zeros(2)
+    for r, rows in fits:
+        r = np.asarray(r, float)
+        if not r.size:
+            continue
+        J = rows.J
+        sums, counts = _trunk_sums(rows)
+        codes: dict[Hashable, int] = {}
+        index = np.array([codes.setdefault(t, len(codes)) for t in rows.trunks])
+        bread = np.linalg.pinv(J.T @ J, rcond=1e-12, hermitian=True)
+        within_J = J - (sums / counts[:, None])[index]  # PJ
+        r_means = np.bincount(index, weights=r) / counts
+        within_r = r - r_means[index]  # Pr
+        pmz = within_J @ bread @ sums.T  # −PMZ: (n, trunks)
+        a += [[len(r) - np.trace(J.T @ J @ bread), float(counts.sum() - np.trace(sums @ bread @ sums.T))],
+              [len(r) - len(counts) - np.trace(within_J.T @ within_J @ bread), float((pmz ** 2).sum())]]
+        b += [r @ r, within_r @ within_r]
+    p2, w = prior_sd ** 2, prior_weight
+    a += [[w, w], [w, 0.0]]
+    b += [2 * w * p2, w * p2]
+    point2, trunk2 = np.linalg.solve(a, b)
+    if trunk2 < 0:  # no trunk effect beyond what the within-trunk spread explains
+        point2, trunk2 = b[1] / a[1, 0], 0.0
+    return Noise(math.sqrt(max(point2, 1e-24)), math.sqrt(trunk2 + 1e-24))
 
 
 def dstar_gradient(moe: FittedLaw, up: FittedLaw, n1: float, moe_free: Sequence[str],

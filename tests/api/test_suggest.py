@@ -89,6 +89,8 @@ def test_marginal_flops_are_what_the_applied_extension_trains(analysed) -> None:
     ranked = suggest(services, sid, SuggestRequest(budget_flops=1e15), "alice")
     assert ranked.actions and ranked.stopped in ("budget", "no_gain")
     assert ranked.delta_interval[0] < ranked.dstar < ranked.delta_interval[1] and len(ranked.interval) == 2
+    lo, hi = ranked.profile_interval  # the weighted refit's D* is near the analysis's, inside its own interval
+    assert (lo is None or lo < ranked.dstar) and (hi is None or ranked.dstar < hi) and (lo, hi) != (None, None)
     widths = [a.expected_interval[1] / a.expected_interval[0] for a in ranked.actions]
     assert widths == sorted(widths, reverse=True) and widths[0] < ranked.delta_interval[1] / ranked.delta_interval[0]
     assert all(a.marginal_flops > 0 and a.new_observations > 0 for a in ranked.actions)
@@ -149,6 +151,7 @@ def test_route_errors_and_the_cli(analysed, mlflow_uri) -> None:
     shown = cli(sid, "--budget-flops", "1e15")
     assert shown.returncode == 0, shown.stderr
     assert "D* at N1" in shown.stdout and "marginal FLOPs" in shown.stdout and "stopped:" in shown.stdout
+    assert "profile likelihood" in shown.stdout
     for args, says in (((sid, "--budget-flops", "1"), "--budget-flops"), ((sid, "--budget-flops", "-5"), "greater"),
                        (("nosuch", "--budget-flops", "1e15"), "nosuch")):
         bad = cli(*args)

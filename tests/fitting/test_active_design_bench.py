@@ -24,5 +24,6 @@ def test_quick_bench_writes_the_figures(tmp_path) -> None:
     assert methods <= set(figures["log10_dstar_error_at"]["0.1"]) and figures["truths"] == 3
     assert all(0 < v <= 1 for v in figures["fraction_of_full_flops"].values())
     assert all(0 <= v <= 1 for v in figures["coverage_80"].values())
+    assert set(figures["coverage_80_delta"]) == set(figures["coverage_80"])  # the delta method's, for comparison
     assert figures["fraction_of_full_flops"]["upscale"] < figures["fraction_of_full_flops"]["random"]
     assert set(figures["goals"]) == {"upscale_le_0.30", "upscale_le_0.6x_anchor", "coverage_ge_0.75"}

@@ -20,7 +20,7 @@ from upscale.fitting.design import (
     greedy,
     information,
     log_loss_jacobian,
-    noise_from_residuals,
+    noise_from_fits,
 )
 from upscale.fitting.dstar import crossings
 from upscale.fitting.laws import get_law
@@ -108,14 +108,36 @@ def test_delta_method_sd_matches_refits_with_trunk_noise() -> None:
     assert hi / lo == pytest.approx(math.exp(2 * Z95 * sd))
 
 
-def test_noise_from_residuals_separates_trunk_and_point_noise() -> None:
+def test_noise_from_fits_separates_trunk_and_point_noise() -> None:
     rng = np.random.default_rng(2)
-    trunks = [f"t{i}" for i in range(200) for _ in range(5)]
+    trunks = tuple(f"t{i}" for i in range(200) for _ in range(5))
     r = np.repeat(rng.normal(0, 0.02, 200), 5) + rng.normal(0, 0.01, 1000)
-    est = noise_from_residuals(r, trunks, 4)
+    est = noise_from_fits([(r - r.mean(), Rows(np.ones((1000, 1)), trunks))])
     assert est.point_sd == pytest.approx(0.01, rel=0.1) and est.trunk_sd == pytest.approx(0.02, rel=0.15)
-    few = noise_from_residuals(np.array([0.0, 0.0]), ["a", "b"], 2)  # no dof: the prior
+    few = noise_from_fits([(np.zeros(2), Rows(np.eye(2), ("a", "b")))])  # the fit absorbs everything: the prior
     assert few.point_sd == pytest.approx(0.005) and few.trunk_sd == pytest.approx(0.005, rel=1e-3)
+
+
+def test_noise_from_fits_is_unbiased_where_the_fit_absorbs_trunk_effects() -> None:
+    """Eight trunks (sizes), four decays each, a law with a size slope: the fit takes up a share of every trunk's
+    draw. Over many draws the estimates average to the truth; the plain degrees-of-freedom moments fall short."""
+    rng = np.random.default_rng(5)
+    trunks = tuple(f"t{i}" for i in range(8) for _ in range(4))
+    size = np.repeat(np.linspace(-1, 1, 8), 4)
+    tokens = np.tile(np.linspace(-1, 1, 4), 8)
+    J = np.column_stack([np.ones(32), size, size ** 2, tokens])
+    residual_maker = np.eye(32) - J @ np.linalg.pinv(J)
+    point, trunk, plain = [], [], []
+    for _ in range(400):
+        r = residual_maker @ (np.repeat(rng.normal(0, 0.02, 8), 4) + rng.normal(0, 0.01, 32))
+        est = noise_from_fits([(r, Rows(J, trunks))], prior_weight=0.0)
+        point.append(est.point_sd ** 2)
+        trunk.append(est.trunk_sd ** 2)
+        within = ((r - np.repeat(r.reshape(8, 4).mean(axis=1), 4)) ** 2).sum() / (32 - 8)
+        plain.append(max((r @ r) / (32 - 4) - within, 0.0))
+    assert np.mean(point) == pytest.approx(0.01 ** 2, rel=0.05)
+    assert np.mean(trunk) == pytest.approx(0.02 ** 2, rel=0.1)
+    assert np.mean(plain) < 0.8 * 0.02 ** 2  # about 0.7 of it
 
 
 def test_greedy_spends_one_budget_by_shrinkage_per_cost_and_stops_at_the_tolerance() -> None:
