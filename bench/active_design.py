@@ -27,15 +27,20 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
 - upscale: fitting/design.py's c-optimal criterion on log D* with the per-trunk covariance, over DAG actions (one
   branch, or all remaining branches of one trunk), by shrinkage per marginal FLOP.
 
-Figures: ``fraction_of_full_flops``: the median over ground truths of the FLOPs at which a method's design's 80% D*
-interval first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it never does before the pool is
-spent); ``coverage_80``: the share of ground truths whose true D* lies in the method's 80% profile-likelihood interval
-(the data and the estimated noise) at that point, ``coverage_80_delta`` the same for the delta-method interval around
-the fit's D*;
-``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending 10% and 20% of the full grid's FLOPs (an
-estimate with no crossing counts as ERROR_CAP decades).
+Each ground truth is observed under several independent noise draws (``--draws``, 5 by default), and every method
+runs on each (truth, draw) case; the figures are over all cases. Coverage is a probability over the noise: from one
+draw per truth, 20 truths estimate an 80% coverage to within about ±0.09 (one standard error), too coarse to tell a
+calibrated interval from one that covers 75%.
 
-    nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--json OUT]
+Figures: ``fraction_of_full_flops``: the median over cases of the FLOPs at which a method's design's 80% D* interval
+first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it never does before the pool is spent);
+``coverage_80``: the share of cases whose true D* lies in the method's 80% profile-likelihood interval (the data and
+the estimated noise) at that point, with ``coverage_80_se`` (its standard error, each truth's draws one cluster) and
+``coverage_80_by_draw`` (the share over the truths in each draw alone), and ``coverage_80_delta`` the same for the
+delta-method interval around the fit's D*; ``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending
+10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades).
+
+    nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--draws K] [--workers W] [--json OUT]
 """
 
 from __future__ import annotations
@@ -43,10 +48,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -85,6 +93,7 @@ ERROR_CAP = 3.0  # decades: the error of an estimate without a crossing
 LAW = {"moe": get_law("chinchilla"), "up": get_law("joint")}
 FREE = {k: tuple(n for n in law.param_names if n != "E") for k, law in LAW.items()}
 METHODS = ("upscale", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
+Seed = int | list[int]  # of one ground truth's noise draw: numpy takes a list as one seed
 
 
 @dataclass(frozen=True)
@@ -214,7 +223,7 @@ class State:
 class Sim:
     """One ground truth: its noisy pool, the DAG costs and the shared fit/interval machinery."""
 
-    def __init__(self, p: Plan, truth: tuple[dict, dict, float, str], target: float, seed: int) -> None:
+    def __init__(self, p: Plan, truth: tuple[dict, dict, float, str], target: float, seed: Seed) -> None:
         self.dag, self.pool, self.target = Dag(p), pool_of(p), target
         self.true = {"moe": truth[0], "up": truth[1]}
         self.true_dstar = truth[2]
@@ -418,7 +427,7 @@ class Outcome:
     error_at: dict[str, float]  # log10 error of D̂* after 10% and 20% of the full FLOPs
 
 
-def run_method(sim: Sim, name: str, width_full: float, seed: int) -> Outcome:
+def run_method(sim: Sim, name: str, width_full: float, seed: Seed) -> Outcome:
     rng = np.random.default_rng(seed)
     state = State(list(sim.pilot), Fitter())
     state.spent = sim.cost([], state.bought)
@@ -446,43 +455,95 @@ def run_method(sim: Sim, name: str, width_full: float, seed: int) -> Outcome:
     return Outcome(*reached, errors)
 
 
+def noise_seed(seed: int, truth: int, draw: int) -> Seed:
+    """The seed of one ground truth's noise (and of its random choosers) in one draw; draw 0 keeps the seeds of the
+    single-draw bench, so its figures stay comparable."""
+    return seed * 1000 + truth if draw == 0 else [seed, truth, draw]
+
+
+@cache
+def grid_plan() -> Plan:
+    return plan(parse_spec(GRID))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One ground truth observed under one noise draw: what every method is run on."""
+
+    truth: tuple[dict, dict, float, str]
+    index: int
+    draw: int
+    seed: Seed
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    outcomes: dict[str, Outcome]
+    full_covered: bool
+    full_covered_delta: bool
+    line: str
+
+
+def run_case(case: Case) -> CaseResult:
+    p = grid_plan()
+    target = float(max(s.observation.N1 for s in p.observations()))
+    sim = Sim(p, case.truth, target, seed=case.seed)
+    ref = State(list(sim.pool), Fitter())
+    sim.refit(ref, set(LAW))
+    width_full = sim.width(sim.pool)
+    outcomes = {m: run_method(sim, m, width_full, seed=case.seed) for m in METHODS}
+    line = "  ".join([f"truth {case.index + 1:2d} draw {case.draw} ({case.truth[3]:7s} D*={case.truth[2]:.3g}): "
+                      f"full width {width_full:.3f}"]
+                     + [f"{m} {o.fraction:.3f}{'' if o.covered else '!'}" for m, o in outcomes.items()])
+    return CaseResult(outcomes, sim.covers(ref), sim.covers_delta(ref), line)
+
+
+def coverage(covered: list[bool], truths: int) -> tuple[float, float]:
+    """The share covered over truths x draws, and its standard error with each truth's draws as one cluster (a
+    truth's draws share its laws, so they are not independent trials)."""
+    per_truth = np.array(covered, float).reshape(-1, truths).mean(axis=0)  # cases are ordered draw-major
+    se = float(per_truth.std(ddof=1) / math.sqrt(truths)) if truths > 1 else float("nan")
+    return float(np.mean(covered)), se
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0, help="seed of the ground-truth draws and the noise")
-    ap.add_argument("--quick", action="store_true", help="3 ground truths (one per place of D*): a smoke run")
+    ap.add_argument("--quick", action="store_true", help="3 ground truths (one per place of D*), one draw: a smoke run")
     ap.add_argument("--truths", type=int, default=None, help="ground truths (default 20, 3 with --quick)")
+    ap.add_argument("--draws", type=int, default=None,
+                    help="noise draws per ground truth (default 5, 1 with --quick): every figure is over truths x "
+                         "draws; with one draw, coverage over 20 truths is only good to about +-0.09")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes running cases side by side")
     ap.add_argument("--json", type=str, default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
     n = args.truths or (3 if args.quick else 20)
+    draws = args.draws or (1 if args.quick else 5)
     t0 = time.perf_counter()
-    p = plan(parse_spec(GRID))
+    p = grid_plan()
     target = float(max(s.observation.N1 for s in p.observations()))
-    rng = np.random.default_rng(args.seed)
-    truths = draw_truths(n, target, rng)
-    per: dict[str, list[Outcome]] = {m: [] for m in METHODS}
-    full_cover, full_cover_delta = [], []
-    for i, truth in enumerate(truths):
-        sim = Sim(p, truth, target, seed=args.seed * 1000 + i)
-        ref = State(list(sim.pool), Fitter())
-        sim.refit(ref, set(LAW))
-        full_cover.append(sim.covers(ref))
-        full_cover_delta.append(sim.covers_delta(ref))
-        width_full = sim.width(sim.pool)
-        line = [f"truth {i + 1:2d} ({truth[3]:7s} D*={truth[2]:.3g}): full width {width_full:.3f}"]
-        for m in METHODS:
-            out = run_method(sim, m, width_full, seed=args.seed * 1000 + i)
-            per[m].append(out)
-            line.append(f"{m} {out.fraction:.3f}{'' if out.covered else '!'}")
-        print("  ".join(line), file=sys.stderr, flush=True)
+    truths = draw_truths(n, target, np.random.default_rng(args.seed))
+    cases = [Case(truth, i, r, noise_seed(args.seed, i, r)) for r in range(draws) for i, truth in enumerate(truths)]
+    with ProcessPoolExecutor(max_workers=max(1, min(args.workers, len(cases)))) as pool:
+        results = []
+        for result in pool.map(run_case, cases):
+            print(result.line, file=sys.stderr, flush=True)
+            results.append(result)
+    per = {m: [r.outcomes[m] for r in results] for m in METHODS}
+    covered = {**{m: [o.covered for o in per[m]] for m in METHODS}, "full_grid": [r.full_covered for r in results]}
+    covered_delta = {**{m: [o.covered_delta for o in per[m]] for m in METHODS},
+                     "full_grid": [r.full_covered_delta for r in results]}
+    shares = {m: coverage(c, n) for m, c in covered.items()}
     figures = {
         "fraction_of_full_flops": {m: float(np.median([o.fraction for o in per[m]])) for m in METHODS},
-        "coverage_80": {**{m: float(np.mean([o.covered for o in per[m]])) for m in METHODS},
-                        "full_grid": float(np.mean(full_cover))},
-        "coverage_80_delta": {**{m: float(np.mean([o.covered_delta for o in per[m]])) for m in METHODS},
-                              "full_grid": float(np.mean(full_cover_delta))},
+        "coverage_80": {m: share for m, (share, _) in shares.items()},
+        "coverage_80_se": {m: se for m, (_, se) in shares.items()},
+        "coverage_80_by_draw": {m: [float(np.mean(c[r * n:(r + 1) * n])) for r in range(draws)]
+                                for m, c in covered.items()},
+        "coverage_80_delta": {m: coverage(c, n)[0] for m, c in covered_delta.items()},
         "log10_dstar_error_at": {f: {m: float(np.median([o.error_at[f] for o in per[m]])) for m in METHODS}
                                  for f in ("0.1", "0.2")},
-        "truths": len(truths), "seed": args.seed, "full_flops": p.total_flops, "pool": len(pool_of(p)),
+        "truths": n, "draws": draws, "seed": args.seed, "full_flops": p.total_flops, "pool": len(pool_of(p)),
         "target_n1": target, "seconds": round(time.perf_counter() - t0, 1),
     }
     best_anchor = min(figures["fraction_of_full_flops"][a] for a in ("anchor", "anchor_marginal"))
