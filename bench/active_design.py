@@ -282,13 +282,11 @@ class Sim:
         noise = noise_from_fits([(f.residuals[k], rows[k]) for k in LAW])
         state.noise = (noise.point_sd, noise.trunk_sd)
         state.dstar, grad = dstar_gradient(moe, up, self.target, FREE["moe"], FREE["up"])
-        if grad is None:  # no crossing: aim at the gap where the grid ends, the closest the data come to one
+        crossing = grad is not None
+        if not crossing:  # aim at the gap where the grid ends, the closest the data come to one
             grad = self.gap_gradient(f)
-            state.sd = float("inf")
-            state.criterion = DstarCriterion(grad, rows, noise)
-            return
         state.criterion = DstarCriterion(grad, rows, noise)
-        state.sd = state.criterion.sd()
+        state.sd = state.criterion.sd() if crossing else float("inf")
 
     def gap_gradient(self, f: Fitter) -> np.ndarray:
         d = np.array([max(BUDGETS)])

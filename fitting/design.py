@@ -72,13 +72,18 @@ class Rows:
         return len(self.trunks)
 
 
-def _trunk_sums(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
-    """1ᵀJ_t for every trunk t, and each trunk's number of rows."""
+def _trunk_index(trunks: Sequence[Hashable]) -> tuple[np.ndarray, int]:
+    """Each row's trunk as a number 0..k-1 (in order of first appearance), and k."""
     codes: dict[Hashable, int] = {}
-    index = np.array([codes.setdefault(t, len(codes)) for t in rows.trunks])
-    sums = np.zeros((len(codes), rows.J.shape[1]))
+    return np.array([codes.setdefault(t, len(codes)) for t in trunks], dtype=int), len(codes)
+
+
+def _trunk_sums(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """1ᵀJ_t for every trunk t, and each trunk's number of rows (trunks numbered as `_trunk_index` numbers them)."""
+    index, k = _trunk_index(rows.trunks)
+    sums = np.zeros((k, rows.J.shape[1]))
     np.add.at(sums, index, rows.J)
-    return sums, np.bincount(index, minlength=len(codes)).astype(float)
+    return sums, np.bincount(index, minlength=k).astype(float)
 
 
 def information(rows: Rows, point_sd: float, trunk_sd: float) -> np.ndarray:
@@ -134,8 +139,7 @@ def noise_from_fits(fits: Sequence[tuple[np.ndarray, Rows]], prior_sd: float = P
             continue
         J = rows.J
         sums, counts = _trunk_sums(rows)
-        codes: dict[Hashable, int] = {}
-        index = np.array([codes.setdefault(t, len(codes)) for t in rows.trunks])
+        index, _ = _trunk_index(rows.trunks)
         bread = np.linalg.pinv(J.T @ J, rcond=1e-12, hermitian=True)
         within_J = J - (sums / counts[:, None])[index]  # PJ
         r_means = np.bincount(index, weights=r) / counts
