@@ -369,10 +369,11 @@ class Suggestion(BaseModel):
                                                 "(null: no bootstrap; an end null: some refits never cross).")
     delta_interval: list[float] = Field(description="The 95% delta-method interval of D* at N1 now: what "
                                         "`expected_interval` and `tolerance` are measured against.")
-    profile_interval: list[float | None] = Field(
+    profile_interval: list[float | None] | None = Field(
         description="The 95% profile-likelihood interval of D* at N1 now (every D* where both laws refitted to cross "
                     "there are not rejected): follows D*'s skew and the data's real reach; an end null where the data "
-                    "do not bound that side, both null when no crossing is consistent with the data.")
+                    "do not bound that side (both null: no D* searched is rejected), the whole field null when no "
+                    "crossing is consistent with the data.")
     noise: dict[str, float] = Field(description="Per-point and per-trunk noise sd of log loss, from the residuals.")
     budget_flops: float
     total_flops: float = Field(description="Marginal FLOPs of all the actions together.")

@@ -242,7 +242,7 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         sweep_id=sweep_id, analysis_id=problem.record.id, group=problem.label, n1=problem.n1, dstar=problem.dstar,
         interval=[finite_or_none(v) for v in problem.interval] if problem.interval else None,
         delta_interval=list(delta_interval(problem.dstar, sd_now, z)),
-        profile_interval=[finite_or_none(v) if v > 0 else None for v in (profile.lo, profile.hi)],
+        profile_interval=profile.ends(),
         noise=problem.noise.to_json(),
         budget_flops=request.budget_flops,
         total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (

@@ -65,12 +65,12 @@ class ProfileInterval:
     def covers(self, dstar: float) -> bool:
         return bool(self.lo <= dstar <= self.hi)
 
-    def to_json(self) -> dict[str, float | int | None]:
-        def number(v: float) -> float | None:
-            return v if math.isfinite(v) else None
-
-        return {"lo": number(self.lo), "hi": number(self.hi), "dstar": number(self.dstar), "level": self.level,
-                "fits": self.fits}
+    def ends(self) -> list[float | None] | None:
+        """[lo, hi] as the API reports them: an open end (0 or inf) is None; None when no crossing is consistent with
+        the data (an interval open at both ends is [None, None]: every D* searched is)."""
+        if math.isnan(self.lo):
+            return None
+        return [self.lo if self.lo > 0 else None, self.hi if math.isfinite(self.hi) else None]
 
 
 def _whitener(trunks: tuple[Hashable, ...], noise: Noise) -> np.ndarray:

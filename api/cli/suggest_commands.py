@@ -70,9 +70,9 @@ def suggest_command(
 
     lo, hi = out["delta_interval"]
     boot = f"; bootstrap {fmt(out['interval'][0])} – {fmt(out['interval'][1])}" if out["interval"] else ""
-    plo, phi = out["profile_interval"]
-    profile = ("no crossing consistent with the data" if plo is None and phi is None else
-               f"{fmt(plo) if plo is not None else '0'} – {fmt(phi) if phi is not None else 'inf'}")
+    ends = out["profile_interval"]
+    profile = ("no crossing consistent with the data" if ends is None else
+               f"{fmt(ends[0]) if ends[0] is not None else '0'} – {fmt(ends[1]) if ends[1] is not None else 'inf'}")
     console.print(f"D* at N1 = {fmt(out['n1'])} ({out['group']}, analysis {out['analysis_id']}): "
                   f"{fmt(out['dstar'])} tokens, 95% interval {fmt(lo)} – {fmt(hi)} (delta method{boot}; "
                   f"profile likelihood {profile})")

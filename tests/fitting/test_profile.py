@@ -21,7 +21,7 @@ from upscale.fitting.design import (
 )
 from upscale.fitting.dstar import TOKEN_RANGE, crossings
 from upscale.fitting.laws import get_law
-from upscale.fitting.profile import Observed, _Problem, profile_interval
+from upscale.fitting.profile import Observed, ProfileInterval, _Problem, profile_interval
 from upscale.fitting.summary import FittedLaw
 from upscale.fitting.synthetic import TABLE2, design, generate
 
@@ -91,7 +91,13 @@ def test_a_side_the_data_cannot_bound_stays_open() -> None:
     assert crossings(FittedLaw(LAWS["moe"], truth["moe"]), FittedLaw(LAWS["up"], truth["up"]), N1).dstar == math.inf
     obs = observed(truth, 0.006, seed=3)
     interval = profile_interval(obs["moe"], obs["up"], N1, Noise(0.006, 0.006), float(t.ppf(0.9, 20)), 0.8)
-    assert interval.hi == math.inf and interval.covers(math.inf) and interval.to_json()["hi"] is None
+    assert interval.hi == math.inf and interval.covers(math.inf) and interval.ends()[1] is None
+
+
+def test_ends_tell_an_interval_open_at_both_ends_from_no_interval() -> None:
+    assert ProfileInterval(1e8, math.inf, 2e8, 0.8, 5).ends() == [1e8, None]
+    assert ProfileInterval(0.0, math.inf, math.inf, 0.8, 5).ends() == [None, None]  # nothing searched is rejected
+    assert ProfileInterval(math.nan, math.nan, math.nan, 0.8, 5).ends() is None  # no crossing is consistent
 
 
 def test_upcycling_that_always_wins_by_far_puts_dstar_beyond_the_tokens_searched() -> None:
