@@ -28,11 +28,11 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from upscale.api.analyses import AnalysisLoop, NotReady
-from upscale.api.background import SweepLoop
-from upscale.api.refits import RefitLoop
 from upscale.api.routes import analyses, calibration, fits, ops, refits, sweeps, tokens
-from upscale.api.services import Services
+from upscale.control.analyses import AnalysisLoop, NotReady
+from upscale.control.refits import RefitLoop
+from upscale.control.services import Services
+from upscale.control.sweep_loop import SweepLoop
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import SpecError, excerpt

@@ -21,13 +21,13 @@ from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import bindparam, select, update
 
-from upscale.api.records import TokenRecord
+from upscale.control.records import TokenRecord
+from upscale.control.services import LOCAL_OWNER
 from upscale.orchestrator.records import as_utc, utcnow
 from upscale.orchestrator.store import Store
 
 Scope = Literal["read", "write", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "write", "admin")  # each implies the ones before it
-LOCAL_OWNER = "local"  # the owner of what in-process CLI calls create (they hold the database itself)
 _bearer = HTTPBearer(auto_error=False, description="`upscale token create --scope read|write|admin NAME` prints one.")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import func, select
 
-from upscale.api.records import RefitRecord
-from upscale.api.services import Services
+from upscale.control.records import RefitRecord
+from upscale.control.services import Services
 from upscale.orchestrator.records import SegmentRecord, SweepRecord, as_utc, utcnow
 
 STATES = ("pending", "running", "done", "failed")

@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 
 from upscale.api.auth import create_token
-from upscale.api.services import Services
+from upscale.control.services import Services
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import parse_spec

@@ -15,7 +15,7 @@ N1 versus a new D2" a real trade-off. (``information`` is the weighted fit's cou
 An action (a grid extension) adds several observations at once, with a marginal cost that depends on what is already
 bought (shared trunks). ``greedy`` picks actions one at a time by shrinkage of the D* interval per FLOP under one
 budget and stops when the interval is narrower than a tolerance. Pure numerics: costs and the rows an action adds are
-the caller's (api/suggest.py asks the planner and the store; bench/active_design.py a simulated DAG).
+the caller's (control/suggest.py asks the planner and the store; bench/active_design.py a simulated DAG).
 """
 
 from __future__ import annotations

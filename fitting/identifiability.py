@@ -1,5 +1,5 @@
 """Which laws a grid of observations can identify, and why not: what `upscale plan` warns about before anything
-trains (on the planned grid, sweeps/identifiability.py) and what the analysis reports on the measured one.
+trains (on the planned grid, control/identifiability.py) and what the analysis reports on the measured one.
 
 A law is identifiable on a grid when no change of its parameters leaves the predicted loss unchanged at every planned
 point, i.e. when the Jacobian of the prediction with respect to the fitted parameters (log scales, exponents) has full

@@ -1,5 +1,5 @@
 """Predictive intervals for one observation from an analysis record: what the prediction ledger writes down before a
-segment trains (orchestrator/ledger.py), so that the observation can later say whether the analysis deserves trust.
+segment trains (control/ledger.py), so that the observation can later say whether the analysis deserves trust.
 
 An interval for a *new observation* must hold two things: how unsure the fit is of the law (the spread of the
 prediction over the fit's cluster-bootstrap refits) and how far one observation lands from the law (noise). The

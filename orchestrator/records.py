@@ -158,28 +158,3 @@ class CheckpointRecord(Base):
     uri: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column()
-
-
-class PredictionRecord(Base):
-    """The prediction ledger (orchestrator/ledger.py): what the newest analysis predicted for an observation before
-    its segment trained, with nominal 80% and 95% intervals, and the loss it then had (`observed`, once scored)."""
-
-    __tablename__ = "predictions"
-    __table_args__ = (UniqueConstraint("sweep_id", "segment_key"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True,
-                                          doc="The sweep whose scheduler trained the segment.")
-    segment_key: Mapped[str] = mapped_column(ForeignKey("segments.key"), index=True)
-    analysis_id: Mapped[str] = mapped_column(String(16), doc="The analysis the prediction came from.")
-    law: Mapped[str] = mapped_column(String(200), doc="The fit that predicted it: from-scratch, upcycled <group>.")
-    predicted: Mapped[float] = mapped_column(Float, doc="The fitted law's loss at the observation's coordinates.")
-    sigma_fit: Mapped[float] = mapped_column(Float, doc="Spread of log loss over the fit's bootstrap refits.")
-    sigma_noise: Mapped[float] = mapped_column(Float, doc="Observation noise in log loss the fit estimates.")
-    lo80: Mapped[float] = mapped_column(Float)
-    hi80: Mapped[float] = mapped_column(Float)
-    lo95: Mapped[float] = mapped_column(Float)
-    hi95: Mapped[float] = mapped_column(Float)
-    observed: Mapped[float | None] = mapped_column(Float, doc="The segment's validation loss, once it finished.")
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    scored_at: Mapped[datetime | None] = mapped_column()

@@ -30,7 +30,7 @@ from datetime import datetime
 import ray
 
 from upscale import storage
-from upscale.orchestrator import ledger, verbosity
+from upscale.orchestrator import verbosity
 from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_running
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
@@ -189,8 +189,7 @@ class Scheduler:
         self._show_reused(sweep)  # segments another sweep finished while this one waited for them
         mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
         done = sum(s.status == "done" for s in segs.values())
-        self.tracker.log_metrics(sweep.mlflow_run_id, ledger.mlflow_metrics(ledger.calibration(self.store, sweep_id)),
-                                 done)
+        self.tracker.log_metrics(sweep.mlflow_run_id, self.store.hooks.sweep_metrics(self.store, sweep_id), done)
         self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status,
                                {"wall_s": out.wall_s, "compute_s": out.compute_s, "segments_trained": len(out.trained)},
                                table(self.store.observations(sweep_id)), segments_done=done)
@@ -307,7 +306,7 @@ class Scheduler:
             device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
             data_cache_dir=str(self.settings.data_cache_dir),
         )
-        ledger.record_prediction(self.store, sweep.id, seg)  # what the newest analysis expects, scored when done
+        self.store.hooks.before_launch(self.store, sweep.id, seg)  # e.g. the ledger's prediction, scored when done
         self._report_msg(f"start {seg.kind} {seg.key}")
         # A multi-worker task only drives its Ray Train group, whose workers hold the CPUs and GPUs.
         options = ({"num_cpus": 0} if workers > 1 else

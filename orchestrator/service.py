@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.plan_in_store import PlanInStore, compare
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, cluster_resources
@@ -26,8 +27,8 @@ class Orchestrator:
     settings: Settings
 
     @classmethod
-    def open(cls, settings: Settings) -> Orchestrator:
-        return cls(Store(settings.db_url), settings)
+    def open(cls, settings: Settings, hooks: Hooks | None = None) -> Orchestrator:
+        return cls(Store(settings.db_url, hooks), settings)
 
     def compare(self, p: Plan, reuse_stale: bool = False) -> PlanInStore:
         """What the store holds of plan ``p``: done segments and stale ones (`Store.holdings`)."""

@@ -22,8 +22,8 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from upscale.orchestrator import ledger
 from upscale.orchestrator.errors import NotFoundError
+from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.records import (
     AttemptRecord,
     CheckpointRecord,
@@ -73,8 +73,9 @@ def migrate(engine: Engine) -> None:
 class Store:
     """Typed operations on the state database; every method is one transaction."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, hooks: Hooks | None = None) -> None:
         self.url = url
+        self.hooks = hooks or Hooks()
         self.engine = make_engine(url)
         migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -342,8 +343,7 @@ class Store:
             self._observe(s, seg, result.val_loss)
         return True
 
-    @staticmethod
-    def _observe(s: Session, seg: SegmentRecord, loss: float | None) -> None:
+    def _observe(self, s: Session, seg: SegmentRecord, loss: float | None) -> None:
         """Record the observation a done segment makes, if it plans one and has a loss."""
         if seg.observation is None or loss is None:
             return
@@ -354,7 +354,7 @@ class Store:
             method=o.get("method"), r=o.get("r"), loss=loss, trunk=seg.trunk or seg.key,
             mlflow_run_id=seg.mlflow_run_id,
         ))
-        ledger.score(s, seg.key, loss)
+        self.hooks.on_observation(s, seg.key, loss)
 
     def fail(self, key: str, attempt: AttemptRecord, error: str, max_attempts: int, retry: bool = True) -> str:
         """Close a failed attempt; the segment goes back to pending while failed attempts < ``max_attempts``.

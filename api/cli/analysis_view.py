@@ -12,7 +12,7 @@ from upscale.api.cli.fit_commands import decision_text, dstar_table, fit_table, 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from upscale.api.records import AnalysisRecord
+    from upscale.control.records import AnalysisRecord
     from upscale.fitting.analysis import Analysis, UpcycledAnalysis
     from upscale.fitting.plots import DrawnPlots
 
@@ -63,7 +63,7 @@ def copy_plots(record: AnalysisRecord, home: Path, dest: Path) -> DrawnPlots:
     group folders kept), with the lines of the plots it skipped."""
     import shutil
 
-    from upscale.api.analyses import analysis_dir
+    from upscale.control.analyses import analysis_dir
     from upscale.fitting.plots import DrawnPlots
 
     folder = analysis_dir(home, record.id)

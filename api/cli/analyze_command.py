@@ -1,6 +1,6 @@
 """`upscale analyze SWEEP_ID`: the paper's analysis of a sweep's observations, as the service keeps it.
 
-In-process it runs api/analyses.py `run_analysis` on this machine's store (a bar per stage; identical inputs give
+In-process it runs control/analyses.py `run_analysis` on this machine's store (a bar per stage; identical inputs give
 the analysis already made); with `--api` the server runs it (POST /sweeps/{id}/analysis). Either way it prints
 what `upscale demo` prints (api/cli/analysis_view.py) or, with --json, the stored record.
 """
@@ -15,15 +15,14 @@ import typer
 from upscale.api.cli.app import CommandError, app, console, err_console
 from upscale.api.cli.fit_commands import JsonOpt, print_json, workers_for
 from upscale.api.cli.serve_commands import ApiOpt, TokenOpt
-from upscale.api.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, MAX_BOOTSTRAP
+from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, MAX_BOOTSTRAP
 
 
 def _local(sweep: str, n1s: list[float] | None, bootstrap: int, seed: int, plot: Path | None) -> dict[str, Any]:
-    from upscale.api.analyses import NotReady, public_json, run_analysis
-    from upscale.api.auth import LOCAL_OWNER
     from upscale.api.cli.analysis_view import copy_plots
     from upscale.api.cli.progress import stage_bars
-    from upscale.api.services import Services
+    from upscale.control.analyses import NotReady, public_json, run_analysis
+    from upscale.control.services import LOCAL_OWNER, Services
     from upscale.orchestrator.settings import get_settings
 
     services = Services.open(get_settings(), auth=False)

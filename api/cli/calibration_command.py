@@ -1,4 +1,4 @@
-"""`upscale calibration SWEEP_ID`: the sweep's prediction ledger (orchestrator/ledger.py): how the newest analysis's
+"""`upscale calibration SWEEP_ID`: the sweep's prediction ledger (control/ledger.py): how the newest analysis's
 predictions for its observations scored, so a user knows whether to trust the D* interval."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def calibration_command(
     analysis predicted its loss with 80% and 95% intervals; coverage near 80% and 95% means its intervals (D*'s
     too) can be trusted, far below means they are too narrow."""
     from upscale.api.cli.run_commands import _orchestrator
-    from upscale.orchestrator import ledger
+    from upscale.control import ledger
 
     cal = ledger.calibration(_orchestrator().store, sweep)  # an unknown id: NotFoundError, one `error:` line
     if as_json:

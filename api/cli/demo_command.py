@@ -8,7 +8,7 @@ writes the plots and says how to open the MLflow UI on the runs. A second run re
 
 `--synthetic` skips training and fits the bundled SYNTHETIC tables instead (generated from the paper's Table 2
 parameters with noise, fitting/data/README.md), at the paper's scale, in seconds. Both run the service's analysis
-(api/analyses.py `run_analysis`, fitting/analysis.py's ``analyze``) and record it in the store, where `upscale
+(control/analyses.py `run_analysis`, fitting/analysis.py's ``analyze``) and record it in the store, where `upscale
 decide` and `upscale dstar` find it; `upscale analyze SWEEP_ID` prints the same for any sweep.
 """
 
@@ -29,7 +29,7 @@ from upscale.sweeps.spec import DEMO_SPEC
 if TYPE_CHECKING:
     import pandas as pd
 
-    from upscale.api.services import Services
+    from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis
 
 # The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
@@ -40,11 +40,11 @@ PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
 def analyse(services: Services, sweep_ids: list[str], n_boot: int, out_dir: Path,
             tables: dict[str, pd.DataFrame] | None = None, n1s: list[float] | None = None,
             decisions: list[tuple[float, float, float]] | None = None) -> Analysis:
-    """The shared analysis (api/analyses.py `run_analysis`, trigger demo) with a bar per stage, recorded in the
+    """The shared analysis (control/analyses.py `run_analysis`, trigger demo) with a bar per stage, recorded in the
     store where `upscale decide` and `upscale dstar` find it (identical inputs reuse the analysis already made),
     and its plots copied into ``out_dir``."""
-    from upscale.api.analyses import run_analysis
-    from upscale.api.auth import LOCAL_OWNER
+    from upscale.control.analyses import run_analysis
+    from upscale.control.services import LOCAL_OWNER
     from upscale.fitting.analysis import Analysis
 
     with stage_bars() as progress:
@@ -57,7 +57,7 @@ def analyse(services: Services, sweep_ids: list[str], n_boot: int, out_dir: Path
 
 
 def _synthetic(out_dir: Path, n_boot: int) -> None:
-    from upscale.api.services import Services
+    from upscale.control.services import Services
     from upscale.fitting.data import read_table
     from upscale.fitting.synthetic import E_TABLE2, TABLE2, bundled_path
     from upscale.orchestrator.settings import get_settings
@@ -76,7 +76,7 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     from upscale.api.cli.run_commands import run_sweep
-    from upscale.api.services import Services
+    from upscale.control.services import Services
     from upscale.sweeps.spec import load_spec
 
     spec = load_spec(spec_path)

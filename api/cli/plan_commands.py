@@ -116,8 +116,8 @@ def plan_command(
     """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, what is
     not yet done in the state store (and what is stale there), an estimated wall time, and a warning for each law of
     the analysis the grid cannot identify (why, what to add)."""
+    from upscale.control.identifiability import planned_grid
     from upscale.fitting.identifiability import identifiability  # numpy and pandas: not for --help
-    from upscale.sweeps.identifiability import planned_grid
 
     sweep = load_spec(spec)
     p = plan(sweep)

@@ -45,10 +45,9 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
     identical spec is resumed (or, when done, returned as it is) instead of recording another. Segments the store
     holds only under an older training-semantics version are retrained, or with ``reuse_stale`` reused (said on
     stderr either way). Shared by `run` and `demo`."""
-    from upscale.api.auth import LOCAL_OWNER
     from upscale.api.cli.plan_commands import stale_lines
-    from upscale.api.services import Services
-    from upscale.api.sweeps import identical
+    from upscale.control.services import LOCAL_OWNER, Services
+    from upscale.control.sweeps import identical
     from upscale.orchestrator.scheduler import Scheduler, SweepOutcome
     from upscale.sweeps.planner import plan
 
@@ -160,8 +159,8 @@ def observations_command(
 @app.command("sweeps")
 def sweeps_command() -> None:
     """Every sweep in the store with its status and how many of its segments are done."""
-    from upscale.api.services import Services
-    from upscale.api.sweeps import segment_counts
+    from upscale.control.services import Services
+    from upscale.control.sweeps import segment_counts
 
     orch = _orchestrator()
     counts = segment_counts(Services(orch, auth=False))  # one grouped query for every sweep

@@ -74,11 +74,11 @@ def scheduler_command(
 ) -> None:
     """Only the background work of `upscale serve`: train pending sweeps, analyse sweeps that settle with new
     observations (UPSCALE_ANALYSIS_POLICY) and fire refit schedules, until Ctrl-C."""
-    from upscale.api.analyses import AnalysisLoop
-    from upscale.api.background import SweepLoop
     from upscale.api.cli.progress import start_ray
-    from upscale.api.refits import RefitLoop
-    from upscale.api.services import Services
+    from upscale.control.analyses import AnalysisLoop
+    from upscale.control.refits import RefitLoop
+    from upscale.control.services import Services
+    from upscale.control.sweep_loop import SweepLoop
     from upscale.orchestrator.settings import get_settings
 
     services = Services.open(get_settings())

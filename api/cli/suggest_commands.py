@@ -1,6 +1,6 @@
 """`upscale suggest SWEEP_ID --budget-flops F`: which grid extensions shrink the D* interval most per FLOP.
 
-In-process it reads this machine's store (api/suggest.py); with `--api` the server answers (POST
+In-process it reads this machine's store (control/suggest.py); with `--api` the server answers (POST
 /sweeps/{id}/suggest). `--apply` submits the suggested extensions as a sweep, as `POST /sweeps/{id}/extend` does.
 """
 
@@ -16,11 +16,10 @@ from upscale.api.cli.serve_commands import ApiOpt, TokenOpt
 
 
 def _local(sweep: str, body: dict[str, Any]) -> dict[str, Any]:
-    from upscale.api.analyses import NotReady
-    from upscale.api.auth import LOCAL_OWNER
-    from upscale.api.schemas import SuggestRequest
-    from upscale.api.services import Services
-    from upscale.api.suggest import SuggestError, suggest
+    from upscale.control.analyses import NotReady
+    from upscale.control.schemas import SuggestRequest
+    from upscale.control.services import LOCAL_OWNER, Services
+    from upscale.control.suggest import SuggestError, suggest
     from upscale.orchestrator.settings import get_settings
 
     services = Services.open(get_settings(), auth=False)

@@ -17,7 +17,7 @@ SCOPE_HELP = "read (sees everything), write (also creates, and changes what NAME
 
 
 def _store():
-    from upscale.api.services import Services
+    from upscale.control.services import Services
     from upscale.orchestrator.settings import get_settings
 
     return Services.open(get_settings()).store

@@ -1,15 +1,15 @@
 """/sweeps/{id}/analysis and /analyses: run the paper's analysis on a sweep, read the latest one, its history and
-its plots (api/analyses.py)."""
+its plots (control/analyses.py)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from upscale.api import analyses, sweeps
-from upscale.api.records import AnalysisRecord
 from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer
-from upscale.api.schemas import AnalysisCreate, AnalysisPublic
+from upscale.control import analyses, sweeps
+from upscale.control.records import AnalysisRecord
+from upscale.control.schemas import AnalysisCreate, AnalysisPublic
 
 router = APIRouter(tags=["analyses"], responses=AUTH_ERRORS)
 UNKNOWN_SWEEP = {404: {"description": "No such sweep."}}

@@ -1,4 +1,4 @@
-"""GET /sweeps/{id}/calibration: the sweep's prediction ledger (orchestrator/ledger.py), how far to trust its
+"""GET /sweeps/{id}/calibration: the sweep's prediction ledger (control/ledger.py), how far to trust its
 analysis's intervals."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep
-from upscale.api.schemas import CalibrationPublic
-from upscale.orchestrator import ledger
+from upscale.control import ledger
+from upscale.control.schemas import CalibrationPublic
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 

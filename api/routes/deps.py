@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from upscale.api.auth import Principal, require
-from upscale.api.services import Services
+from upscale.control.services import Services
 
 
 def get_services(request: Request) -> Services:

@@ -7,10 +7,10 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 
-from upscale.api import analyses, fits
-from upscale.api.records import FitRecord
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from upscale.api.schemas import DecisionPublic, FitCreate, FitPublic
+from upscale.control import analyses, fits
+from upscale.control.records import FitRecord
+from upscale.control.schemas import DecisionPublic, FitCreate, FitPublic
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
 from upscale.orchestrator.errors import OrchestratorError

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query
 
-from upscale.api import refits
 from upscale.api.auth import Principal
-from upscale.api.records import RefitRecord, RefitScheduleRecord
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from upscale.api.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
+from upscale.control import refits
+from upscale.control.records import RefitRecord, RefitScheduleRecord
+from upscale.control.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
 
 router = APIRouter(tags=["refits"], responses=AUTH_ERRORS)
 

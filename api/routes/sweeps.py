@@ -8,9 +8,9 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from upscale.api import sweeps
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
-from upscale.api.schemas import Suggestion, SuggestRequest, SweepCreated, SweepDetail, SweepExtend, SweepSummary
+from upscale.control import sweeps
+from upscale.control.schemas import Suggestion, SuggestRequest, SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from upscale.orchestrator.observations import as_row, table
 from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
 
@@ -153,7 +153,7 @@ def suggest_extensions(sweep_id: str, body: SuggestRequest, services: ServicesDe
     action's FLOPs are marginal (what the store holds is free). With `apply`, the chosen extensions are submitted
     as a new sweep, as POST /sweeps/{id}/extend would (`applied`): that needs a write token, suggesting a read
     one."""
-    from upscale.api.suggest import SuggestError, suggest
+    from upscale.control.suggest import SuggestError, suggest
 
     if body.apply and not caller.has("write"):
         raise HTTPException(403, f"token {caller.name!r} has scope {caller.scope!r}; apply needs 'write'")

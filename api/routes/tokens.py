@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from upscale.api import auth
-from upscale.api.records import TokenRecord
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Admin, ServicesDep
 from upscale.api.schemas import TokenPublic
+from upscale.control.records import TokenRecord
 
 router = APIRouter(tags=["tokens"], responses=AUTH_ERRORS)
 

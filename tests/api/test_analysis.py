@@ -22,11 +22,11 @@ import pytest
 from sqlalchemy import select, update
 
 from tests.api.conftest import serve
-from upscale.api import analyses
-from upscale.api.analyses import AnalysisLoop, NotReady, run_analysis
-from upscale.api.records import AnalysisRecord
-from upscale.api.services import Services
-from upscale.api.sweeps import submit
+from upscale.control import analyses
+from upscale.control.analyses import AnalysisLoop, NotReady, run_analysis
+from upscale.control.records import AnalysisRecord
+from upscale.control.services import Services
+from upscale.control.sweeps import submit
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord

@@ -6,8 +6,8 @@ from __future__ import annotations
 import yaml
 
 from upscale.api.auth import digest
-from upscale.api.records import TokenRecord
-from upscale.api.services import Services
+from upscale.control.records import TokenRecord
+from upscale.control.services import Services
 
 SPEC = {"name": "auth-check", "model": {"sizes": ["nano"]}, "moe": {"experts": [2], "topk": [1]},
         "upcycling": {"methods": ["naive"]}, "tokens": {"d1": [256], "d2": [128, 256]},

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from tests.orchestrator.conftest import TINY_SPEC
 from upscale.api.cli import app
 from upscale.api.cli.app import USER_ERRORS
+from upscale.control.records import PredictionRecord
 from upscale.orchestrator.errors import NotFoundError
-from upscale.orchestrator.records import PredictionRecord
 from upscale.orchestrator.settings import get_settings
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentResult

@@ -16,7 +16,7 @@ import pytest
 
 from tests.api.conftest import free_port
 from tests.api.test_flow import FLOW_SPEC
-from upscale.api.services import Services
+from upscale.control.services import Services
 from upscale.orchestrator.settings import Settings
 
 UPSCALE = str(Path(sys.executable).parent / "upscale")

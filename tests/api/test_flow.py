@@ -16,9 +16,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.api.conftest import serve
-from upscale.api.fits import fitted
-from upscale.api.refits import RefitLoop
-from upscale.api.services import Services
+from upscale.control.fits import fitted
+from upscale.control.refits import RefitLoop
+from upscale.control.services import Services
 from upscale.fitting.data import read_table
 from upscale.fitting.dstar import decide
 from upscale.fitting.synthetic import bundled_path

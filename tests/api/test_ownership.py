@@ -21,8 +21,8 @@ import pytest
 from tests.api.conftest import Live, serve
 from tests.api.test_analysis import GRID, fill
 from upscale.api.auth import create_token, tokens
-from upscale.api.services import Services
-from upscale.api.sweeps import submit
+from upscale.control.services import Services
+from upscale.control.sweeps import submit
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import parse_spec
 

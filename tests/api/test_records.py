@@ -1,5 +1,5 @@
-"""The API's tables come from migrations 0002-0005 exactly as api/records.py declares them, and a cron schedule fires
-on the minutes it names."""
+"""The control layer's tables come from migrations 0002-0005 exactly as control/records.py declares them, and a cron
+schedule fires on the minutes it names."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from upscale.api.cron import check_cron, fires_at
-from upscale.api.records import RefitRecord, TokenRecord
+from upscale.control.cron import check_cron, fires_at
+from upscale.control.records import RefitRecord, TokenRecord
 from upscale.orchestrator.records import Base
 from upscale.orchestrator.store import Store, alembic_config
 
@@ -52,9 +52,9 @@ def test_racing_refit_loops_claim_a_cron_minute_once(tmp_path, mlflow_uri) -> No
     the next minute can be claimed again, an earlier one never."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from upscale.api.records import RefitScheduleRecord
-    from upscale.api.refits import claim_minute
-    from upscale.api.services import Services
+    from upscale.control.records import RefitScheduleRecord
+    from upscale.control.refits import claim_minute
+    from upscale.control.services import Services
     from upscale.orchestrator.settings import Settings
 
     services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
@@ -75,10 +75,10 @@ def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, 
     from collections import Counter
 
     from tests.api.test_auth_validation import SPEC
-    from upscale.api import sweeps
-    from upscale.api.refits import RefitLoop, create_schedule, schedules
-    from upscale.api.schemas import RefitScheduleCreate
-    from upscale.api.services import Services
+    from upscale.control import sweeps
+    from upscale.control.refits import RefitLoop, create_schedule, schedules
+    from upscale.control.schemas import RefitScheduleCreate
+    from upscale.control.services import Services
     from upscale.orchestrator.settings import Settings
     from upscale.sweeps.spec import parse_spec
 

@@ -8,7 +8,7 @@ import yaml
 
 from tests.api.test_auth_validation import SPEC
 from upscale.api.auth import create_token
-from upscale.api.services import Services
+from upscale.control.services import Services
 from upscale.orchestrator.service import spec_hash
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import parse_spec

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, TypeAdapter
 
-from upscale.api import schemas
+from upscale.control import schemas
 from upscale.fitting.laws import get_law
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import SweepSpec, parse_spec

@@ -17,11 +17,11 @@ import pytest
 from sqlalchemy import update
 
 from tests.api.conftest import serve
-from upscale.api.analyses import NotReady, run_analysis
-from upscale.api.schemas import SuggestRequest
-from upscale.api.services import Services
-from upscale.api.suggest import SuggestError, suggest
-from upscale.api.sweeps import merge, submit
+from upscale.control.analyses import NotReady, run_analysis
+from upscale.control.schemas import SuggestRequest
+from upscale.control.services import Services
+from upscale.control.suggest import SuggestError, suggest
+from upscale.control.sweeps import merge, submit
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2
 from upscale.orchestrator.plan_in_store import compare

@@ -28,6 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.deploy.conftest import MICRO_SPEC, libpq
 from tests.orchestrator.segment_fns import counting_segment
+from upscale.control.analysis_run import log_analysis
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
@@ -176,8 +177,8 @@ def test_the_mlflow_ui_shows_each_sweep_its_params_curves_analysis_and_reused_se
     png = draw_png(plots / "naive_4x1" / "catch_up.png")
     tree = RunTree.for_settings(settings)
     observations = table(orch.store.observations(second.sweep_id))
-    tree.log_analysis(parents[1].info.run_id, record, observations, plots)
-    tree.log_analysis(parents[1].info.run_id, record, observations, plots)  # a refit: metrics move to step 2
+    log_analysis(tree, parents[1].info.run_id, record, observations, plots)
+    log_analysis(tree, parents[1].info.run_id, record, observations, plots)  # a refit: metrics move to step 2
     files = {a.path for a in client.list_artifacts(parents[1].info.run_id, "analysis")}
     assert {"analysis/analysis.json", "analysis/dstar.csv", "analysis/observations.csv", "analysis/verdicts.csv",
             "analysis/plots"} <= files

@@ -22,7 +22,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
-import upscale.api.records  # noqa: F401  (registers the API's tables on the one Base: the comparison covers the whole schema)
+import upscale.control.records  # noqa: F401  (registers the API's tables on the one Base: the comparison covers the whole schema)
 from tests.deploy.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment, loss_of
 from upscale.orchestrator.records import Base

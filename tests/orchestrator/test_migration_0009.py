@@ -7,7 +7,7 @@ from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
 from tests.orchestrator.conftest import TINY_SPEC
-from upscale.orchestrator.records import PredictionRecord
+from upscale.control.records import PredictionRecord
 from upscale.orchestrator.store import Store, alembic_config
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import load_spec

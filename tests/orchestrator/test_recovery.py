@@ -3,7 +3,7 @@ worker killed mid-segment is one failed attempt in the store (Ray retries nothin
 is claimed by exactly one scheduler, a sweep left cancelling by a dead runner finishes cancelling, and a sweep the
 cluster cannot run waits without blocking the ones behind it.
 
-The sweep loop here is the one `upscale serve` runs (api/background.py), driven one step at a time (`run_next`)
+The sweep loop here is the one `upscale serve` runs (control/sweep_loop.py), driven one step at a time (`run_next`)
 with the test segment function (segment_fns.py); tests/api/test_recovery.py kills a real `upscale serve`."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from mlflow.tracking import MlflowClient
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from tests.orchestrator.test_scheduler import ends, knobs, scheduler
-from upscale.api.background import SweepLoop
-from upscale.api.services import Services
+from upscale.control.services import Services
+from upscale.control.sweep_loop import SweepLoop
 from upscale.orchestrator.records import utcnow
 from upscale.orchestrator.scheduler import owner_id, runner_gone
 from upscale.orchestrator.service import Orchestrator

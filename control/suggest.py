@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from upscale.api.analyses import NotReady, latest_analysis, sweep_tables, why_no_analysis
-from upscale.api.schemas import SuggestedAction, Suggestion, SuggestRequest
-from upscale.api.services import Services
-from upscale.api.sweeps import extend, merge
+from upscale.control.analyses import NotReady, latest_analysis, sweep_tables, why_no_analysis
+from upscale.control.schemas import SuggestedAction, Suggestion, SuggestRequest
+from upscale.control.services import Services
+from upscale.control.sweeps import extend, merge
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.design import (
     DstarCriterion,

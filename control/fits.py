@@ -1,6 +1,6 @@
 """Fits behind the routes: fit a law on stored observations (or inline rows), keep the report, its plots and
 `report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits when a caller names them
-(the default decision comes from the newest analysis, api/analyses.py). The observation tables read here are what
+(the default decision comes from the newest analysis, control/analyses.py). The observation tables read here are what
 the analyses read too.
 
 The numerics are fitting/'s (`report`, `decide`, `dstar_at`), and so are the plots (`fit_plots`, as
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from sqlalchemy import select
 
-from upscale.api.records import FitRecord
-from upscale.api.schemas import DecisionPublic, FitCreate
+from upscale.control.records import FitRecord
+from upscale.control.schemas import DecisionPublic, FitCreate
 from upscale.fitting.dstar import decide, dstar_at
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
@@ -30,7 +30,7 @@ from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import ObservationRecord
 
 if TYPE_CHECKING:  # at run time only its attributes are used: the CLI's reads of stored fits need no Ray or MLflow
-    from upscale.api.services import Services
+    from upscale.control.services import Services
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
 

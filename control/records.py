@@ -1,10 +1,11 @@
-"""The API's tables (tokens, sweep owners, fits, analyses, refit schedules, refit records) on the orchestrator's
-declarative Base, so there is one schema and one Alembic history (migration 0002 creates them, 0005 the analyses).
+"""The control layer's tables (sweep owners, fits, analyses, refit schedules, refit records, the prediction ledger) and
+the API's bearer tokens, on the orchestrator's declarative Base, so there is one schema and one Alembic history
+(orchestrator/migrations: 0002 creates most of them, 0005 the analyses, 0009 the predictions).
 
 Fits and refit records are immutable once written: a refit is a new row with the next `version`, its inputs' hash
 and its diff from the previous version, never an update. An analysis row is written once its claim is made
 (status running) and completed once (done or failed); one row per (sweeps, inputs), so two triggers for the same
-inputs make one analysis (api/analyses.py).
+inputs make one analysis (control/analyses.py).
 """
 
 from __future__ import annotations
@@ -122,3 +123,28 @@ class RefitRecord(Base):
                                                     "refits ran the analysis: those versions list `fits`).")
     dstar_group: Mapped[str | None] = mapped_column(String(200), doc="The upcycling group `dstar` is of.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PredictionRecord(Base):
+    """The prediction ledger (control/ledger.py): what the newest analysis predicted for an observation before
+    its segment trained, with nominal 80% and 95% intervals, and the loss it then had (`observed`, once scored)."""
+
+    __tablename__ = "predictions"
+    __table_args__ = (UniqueConstraint("sweep_id", "segment_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True,
+                                          doc="The sweep whose scheduler trained the segment.")
+    segment_key: Mapped[str] = mapped_column(ForeignKey("segments.key"), index=True)
+    analysis_id: Mapped[str] = mapped_column(String(16), doc="The analysis the prediction came from.")
+    law: Mapped[str] = mapped_column(String(200), doc="The fit that predicted it: from-scratch, upcycled <group>.")
+    predicted: Mapped[float] = mapped_column(Float, doc="The fitted law's loss at the observation's coordinates.")
+    sigma_fit: Mapped[float] = mapped_column(Float, doc="Spread of log loss over the fit's bootstrap refits.")
+    sigma_noise: Mapped[float] = mapped_column(Float, doc="Observation noise in log loss the fit estimates.")
+    lo80: Mapped[float] = mapped_column(Float)
+    hi80: Mapped[float] = mapped_column(Float)
+    lo95: Mapped[float] = mapped_column(Float)
+    hi95: Mapped[float] = mapped_column(Float)
+    observed: Mapped[float | None] = mapped_column(Float, doc="The segment's validation loss, once it finished.")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    scored_at: Mapped[datetime | None] = mapped_column()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import traceback
 
-from upscale.api.services import Services
+from upscale.control.services import Services
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, cluster_resources, ensure_ray, runner_gone
 from upscale.orchestrator.task import SegmentFn, train_segment

@@ -3,11 +3,12 @@ nominal 80% and 95% intervals are written down (fitting/prediction.py); when the
 them. Per sweep, coverage of the two intervals and the mean absolute error say whether the analysis's intervals,
 and so its D* interval, deserve trust: an 80% interval that holds 50% of the observations is too narrow.
 
-The scheduler records a prediction when it launches a segment it has claimed (the first attempt's; a retry keeps
-it) and the store scores it in the transaction that records the observation (`Store._observe`). "The newest
-analysis" is the newest done analysis that includes the sweep or a sweep it extends (`POST /sweeps/{id}/extend`):
-an extension is predicted from what its parent sweep taught. The analyses and the extension links are the API's
-tables (api/records.py) in the same database. docs/laws.md "The prediction ledger".
+The orchestrator hears of the ledger only through the hooks `hooks()` gives (orchestrator/hooks.py), which
+`Services.open` passes to the store: the scheduler records a prediction when it launches a segment it has claimed
+(the first attempt's; a retry keeps it), the store scores it in the transaction that records the observation, and
+a sweep's MLflow run gets the coverage as it ends. "The newest analysis" is the newest done analysis that includes
+the sweep or a sweep it extends (`POST /sweeps/{id}/extend`): an extension is predicted from what its parent sweep
+taught. docs/laws.md "The prediction ledger".
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from upscale.orchestrator.records import PredictionRecord, SegmentRecord, as_utc, utcnow
+from upscale.control.analyses import latest_analysis
+from upscale.control.records import AnalysisRecord, PredictionRecord, SweepOwnerRecord
+from upscale.fitting.design import Z80, Z95
+from upscale.fitting.prediction import predict_observation
+from upscale.orchestrator.hooks import Hooks
+from upscale.orchestrator.records import SegmentRecord, as_utc, utcnow
 
 if TYPE_CHECKING:
-    from upscale.api.records import AnalysisRecord
     from upscale.orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -30,8 +35,6 @@ log = logging.getLogger(__name__)
 
 def lineage(store: Store, sweep_id: str) -> list[str]:
     """``sweep_id`` and the sweeps it extends, nearest first."""
-    from upscale.api.records import SweepOwnerRecord
-
     chain: list[str] = []
     current: str | None = sweep_id
     with store.transaction() as s:
@@ -43,8 +46,6 @@ def lineage(store: Store, sweep_id: str) -> list[str]:
 
 def newest_analysis(store: Store, sweep_id: str) -> AnalysisRecord | None:
     """The newest done analysis of ``sweep_id`` or of a sweep it extends, or None."""
-    from upscale.api.analyses import latest_analysis
-
     found = [a for a in (latest_analysis(store, s) for s in lineage(store, sweep_id)) if a is not None]
     return max(found, key=lambda a: as_utc(a.finished_at or a.created_at)) if found else None
 
@@ -55,9 +56,6 @@ def record_prediction(store: Store, sweep_id: str, seg: SegmentRecord) -> Predic
     cannot predict must not stop training (the failure is logged)."""
     if seg.observation is None:
         return None
-    from upscale.fitting.design import Z80, Z95
-    from upscale.fitting.prediction import predict_observation
-
     try:
         with store.transaction() as s:
             known = s.scalar(select(PredictionRecord).where(PredictionRecord.sweep_id == sweep_id,
@@ -133,3 +131,10 @@ def mlflow_metrics(summary: dict[str, Any]) -> dict[str, float]:
     if not summary["scored"]:
         return {}
     return {f"calibration/{k}": float(summary[k]) for k in ("coverage_80", "coverage_95", "mae", "scored")}
+
+
+def hooks() -> Hooks:
+    """The ledger's hooks into the orchestrator: predict before a launch, score with the observation, log the
+    coverage on the sweep's MLflow run as it ends."""
+    return Hooks(before_launch=record_prediction, on_observation=score,
+                 sweep_metrics=lambda store, sweep_id: mlflow_metrics(calibration(store, sweep_id)))

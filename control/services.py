@@ -1,6 +1,8 @@
-"""What the routes and the CLI share: the settings, the orchestrator's store, and whether auth is enforced.
+"""What the routes, the CLI and the background loops share: the settings, the orchestrator's store (opened with the
+prediction ledger's hooks), and whether auth is enforced.
 
-`Services.open(settings)` migrates the database (the orchestrator's and the API's tables, one Alembic history).
+`Services.open(settings)` migrates the database (the orchestrator's and the control layer's tables, one Alembic
+history).
 """
 
 from __future__ import annotations
@@ -8,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import upscale.api.records  # noqa: F401  (registers the API's tables on the shared metadata)
+from upscale.control import ledger
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
+
+LOCAL_OWNER = "local"  # the owner of what in-process CLI calls create (they hold the database itself)
 
 
 @dataclass
@@ -22,7 +26,7 @@ class Services:
 
     @classmethod
     def open(cls, settings: Settings, auth: bool = True) -> Services:
-        return cls(Orchestrator.open(settings), auth)
+        return cls(Orchestrator.open(settings, ledger.hooks()), auth)
 
     @property
     def store(self) -> Store:

@@ -16,10 +16,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from upscale.api.auth import LOCAL_OWNER
-from upscale.api.records import SweepOwnerRecord
-from upscale.api.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
-from upscale.api.services import Services
+from upscale.control.records import SweepOwnerRecord
+from upscale.control.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
+from upscale.control.services import LOCAL_OWNER, Services
 from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord

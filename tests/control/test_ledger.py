@@ -17,12 +17,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.orchestrator.segment_fns import counting_segment
-from upscale.api.records import AnalysisRecord, SweepOwnerRecord
+from upscale.control import ledger
+from upscale.control.records import AnalysisRecord, SweepOwnerRecord
 from upscale.fitting.analysis import analyze
 from upscale.fitting.design import Z80
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2
-from upscale.orchestrator import ledger
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import ObservationRecord, utcnow
 from upscale.orchestrator.scheduler import Scheduler
@@ -64,7 +64,7 @@ def replicate_tables(planned, replicates: int, rng: np.random.Generator) -> dict
 
 
 def test_a_sweep_on_a_known_law_is_scored_at_nominal_coverage(settings) -> None:
-    orch = Orchestrator.open(settings)
+    orch = Orchestrator.open(settings, ledger.hooks())
     spec = load_spec(GRID_SPEC)
     p = plan(spec)
     rng = np.random.default_rng(15)
@@ -118,7 +118,7 @@ def test_a_sweep_on_a_known_law_is_scored_at_nominal_coverage(settings) -> None:
 def test_a_segment_is_predicted_once_and_not_without_an_analysis(settings) -> None:
     """No analysis: nothing is recorded and training is not held up; a prediction is kept across retries (the
     first attempt's), and a planned observation the analysis has no fit for gets none."""
-    orch = Orchestrator.open(settings)
+    orch = Orchestrator.open(settings, ledger.hooks())
     spec = load_spec(GRID_SPEC)
     sweep = orch.submit(spec)
     decay = next(seg for seg, _ in orch.store.members(sweep.id) if (seg.observation or {}).get("kind") == "scratch")

@@ -1,6 +1,6 @@
 """Refit schedules and their immutable, versioned refit records, plus the thread that fires them.
 
-A refit runs the analysis on the schedule's sweeps (api/analyses.py `run_analysis`, D* at the schedule's N1: the
+A refit runs the analysis on the schedule's sweeps (control/analyses.py `run_analysis`, D* at the schedule's N1: the
 one procedure, no second copy) and records version n+1 with the analysis's id and inputs hash, D* of the upcycling
 group from-scratch takes longest to catch, the diff from version n per law and parameter, and `left_interval` when
 D* falls outside version n's interval. Identical inputs reuse the analysis already made. `on_new_observations`
@@ -16,12 +16,19 @@ from datetime import datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from upscale.api.analyses import NotReady, analysis_params, inputs_hash, observations_hash, run_analysis, sweep_tables
-from upscale.api.cron import fires_at
-from upscale.api.fits import ObservationCache
-from upscale.api.records import AnalysisRecord, RefitRecord, RefitScheduleRecord
-from upscale.api.schemas import RefitRequest, RefitScheduleCreate
-from upscale.api.services import Services
+from upscale.control.analyses import (
+    NotReady,
+    analysis_params,
+    inputs_hash,
+    observations_hash,
+    run_analysis,
+    sweep_tables,
+)
+from upscale.control.cron import fires_at
+from upscale.control.fits import ObservationCache
+from upscale.control.records import AnalysisRecord, RefitRecord, RefitScheduleRecord
+from upscale.control.schemas import RefitRequest, RefitScheduleCreate
+from upscale.control.services import Services
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.records import utcnow
@@ -98,7 +105,7 @@ def _diff(s: Session, old: RefitRecord | None, params: dict[str, dict[str, float
 
 def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = False,
               cache: ObservationCache | None = None) -> RefitRecord | None:
-    """Run the analysis on the schedule's sweeps (api/analyses.py; D* at its n1) and record the next version; None
+    """Run the analysis on the schedule's sweeps (control/analyses.py; D* at its n1) and record the next version; None
     when the inputs are those last tried and not ``force``. FitError if the analysis fails, NotReady when the
     sweeps have no observations.
 

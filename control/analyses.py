@@ -9,7 +9,7 @@ A `running` row whose process died (a crash, a kill) is taken over by the next t
 STALE_RUNNING_S, so a crash never blocks an analysis for longer than that.
 
 Everything that answers from an analysis reads the newest *done* one: GET /decisions/upcycle, `upscale decide`
-and `upscale dstar` without fit files, GET /sweeps/{id}/analysis. Refits run `run_analysis` too (api/refits.py).
+and `upscale dstar` without fit files, GET /sweeps/{id}/analysis. Refits run `run_analysis` too (control/refits.py).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ import pandas as pd
 from sqlalchemy import ColumnElement, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 
-from upscale.api.fits import PLOT_LOCK, ObservationCache, observations_table
-from upscale.api.records import AnalysisRecord
-from upscale.api.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
+from upscale.control.fits import PLOT_LOCK, ObservationCache, observations_table
+from upscale.control.records import AnalysisRecord
+from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.records import as_utc, utcnow
 
 if TYPE_CHECKING:
-    from upscale.api.services import Services
+    from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
@@ -67,7 +67,7 @@ def sweep_key(sweep_ids: Sequence[str]) -> str:
 
 def sweep_tables(services: Services, sweep_ids: Sequence[str],
                  cache: ObservationCache | None = None) -> dict[str, pd.DataFrame]:
-    """The sweeps' observation tables, one per kind `analyze` reads (api/fits.py reads them)."""
+    """The sweeps' observation tables, one per kind `analyze` reads (control/fits.py reads them)."""
     return {kind: observations_table(services, sorted(set(sweep_ids)), kind, cache) for kind in KINDS}
 
 
@@ -201,6 +201,7 @@ def _draw(analysis: Analysis, tables: dict[str, pd.DataFrame], folder: Path) -> 
 def _log_to_mlflow(services: Services, record: AnalysisRecord, folder: Path) -> None:
     """The analysis on each analysed sweep's MLflow parent run (params with intervals, D* table, verdicts, plots,
     the sweep's observations); MLflow being down never fails the analysis."""
+    from upscale.control.analysis_run import log_analysis
     from upscale.orchestrator.observations import table
     from upscale.orchestrator.tracking import RunTree
 
@@ -209,9 +210,8 @@ def _log_to_mlflow(services: Services, record: AnalysisRecord, folder: Path) -> 
         if parent_run_id is None:
             continue
         try:
-            RunTree.for_settings(services.settings).log_analysis(
-                parent_run_id, record.record, table(services.store.observations(sweep_id)),
-                folder if record.plots else None)
+            log_analysis(RunTree.for_settings(services.settings), parent_run_id, record.record,
+                         table(services.store.observations(sweep_id)), folder if record.plots else None)
         except Exception as e:  # MLflow down, a bad artifact: the analysis stands
             log.warning("analysis %s not logged to MLflow run %s: %s", record.id, parent_run_id, _one_line(e))
 
@@ -305,7 +305,7 @@ def analysis_ref(record: AnalysisRecord) -> dict[str, Any]:
 
 
 def sweep_owner(services: Services, sweep_id: str) -> str:
-    from upscale.api.sweeps import owners
+    from upscale.control.sweeps import owners
 
     return owners(services).get(sweep_id, "upscale")
 

@@ -10,8 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from upscale.api.cli import app
+from upscale.control.identifiability import planned_grid
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
-from upscale.sweeps.identifiability import planned_grid
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import load_spec, parse_spec
 

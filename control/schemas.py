@@ -1,0 +1,370 @@
+"""The requests the control layer takes and the results it returns, one model per direction (docs/conventions.md,
+"Names"): the REST API's bodies and what the CLI prints as JSON, so their field descriptions are the OpenAPI page's
+documentation. Bodies only HTTP has (health, tokens) are the face's own (api/schemas.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from upscale.orchestrator.records import as_utc
+
+Kind = Literal["dense", "upcycled", "scratch"]
+# Every timestamp the API returns: timezone-aware UTC, so every route writes one ISO form ("2026-01-31T12:00:00.5Z");
+# SQLite gives stored timestamps back naive, PostgreSQL aware.
+Timestamp = Annotated[datetime, AfterValidator(as_utc)]
+DEFAULT_ANALYSIS_BOOTSTRAP = 100  # an analysis's refits per fit unless asked: intervals and a probability
+MAX_BOOTSTRAP = 500  # what a request may ask for: each refit is a full fit of every law
+
+
+class PlanSummary(BaseModel):
+    segments: int = Field(description="Segments the sweep needs (shared ones included).")
+    new_segments: int = Field(description="Segments not yet done in the store: only these will train.")
+    by_kind: dict[str, int] = Field(description="Segment count per kind (dense_trunk, moe_decay, ...).")
+    observations: int = Field(description="Observations the sweep will produce.")
+    total_flops: float = Field(description="Training FLOPs of the plan (with WSD reuse).")
+    independent_flops: float = Field(description="FLOPs of the same grid as independent runs.")
+    saving: float = Field(description="independent_flops / total_flops.")
+    notes: list[str] = Field(description="How budgets were rounded to whole steps.")
+    tokens: int = Field(description="Tokens of the whole plan.")
+    new_tokens: int = Field(description="Tokens of the segments that will train (`new_segments`).")
+    new_flops: float = Field(description="FLOPs of the segments that will train.")
+    stale_segments: dict[str, str] = Field(description="Planned segment key -> a done segment of the same job trained "
+                                           "under an older training-semantics version: retrained, unless the sweep "
+                                           "reuses them (`reuse_stale`).")
+
+
+class SweepCreated(BaseModel):
+    id: str = Field(description="Sweep id: GET /sweeps/{id}.")
+    name: str
+    status: str
+    owner: str
+    plan: PlanSummary
+    existing: bool = Field(False, description="True: the caller already had a sweep of this identical spec, and this "
+                           "is it (HTTP 200; queued again if it had failed or been cancelled); `new=true` forces a new "
+                           "one.")
+    reuse_stale: bool = Field(False, description="The sweep takes over the results of `plan.stale_segments` instead of "
+                              "retraining them (`reuse_stale=true`).")
+
+
+class SweepSummary(BaseModel):
+    id: str
+    name: str
+    status: str = Field(description="pending | running | done | failed | cancelling | cancelled")
+    owner: str | None = Field(description="Name of the token that submitted it.")
+    segments_done: int
+    segments_total: int
+    created_at: Timestamp
+
+
+class SegmentProgress(BaseModel):
+    key: str = Field(description="Content id of the segment (shared across sweeps).")
+    kind: str
+    status: str = Field(description="pending | running | done | failed")
+    attempts: int
+    tokens: int
+    flops: float
+    axes: dict[str, Any] = Field(description="This sweep's grid coordinates of the segment.")
+    val_loss: float | None = Field(description="Final validation loss, once done (decays).")
+    error: str | None
+    reused_from: str | None = Field(None, description="The stale segment (older training-semantics version) whose "
+                                    "result it was recorded done with.")
+
+
+class SweepDetail(SweepSummary):
+    error: str | None
+    mlflow_run_id: str | None = Field(description="The sweep's parent run in MLflow.")
+    by_status: dict[str, int] = Field(description="Segment count per status.")
+    flops_done: float = Field(description="FLOPs of the segments done so far.")
+    flops_planned: float = Field(description="FLOPs of all the sweep's segments.")
+    stale_segments: dict[str, str] = Field(description="Its segment key -> a done segment of the same job trained "
+                                           "under an older training-semantics version, found when it was recorded.")
+    reuse_stale: bool = Field(description="True: it took over those stale results instead of retraining them.")
+    segments: list[SegmentProgress]
+
+
+class SweepExtend(BaseModel):
+    """Grid points to add: spec sections whose lists are unioned with the sweep's."""
+
+    additions: dict[str, Any] = Field(description="Partial spec; lists are unioned, scalars replaced.",
+                                      examples=[{"tokens": {"d2": [1024]}}])
+    reuse_stale: bool = Field(False, description="Take over segments trained under an older training-semantics "
+                              "version instead of retraining them.")
+
+
+class FitCreate(BaseModel):
+    """Fit one law on observations: of sweeps (filtered by kind) or given inline as rows."""
+
+    # A whole body: the one Swagger UI would build from the fields gives both sources, which the validator refuses.
+    # No infinite or NaN numbers: no observation or fixed parameter is, and the fitter's arithmetic fails on them.
+    model_config = ConfigDict(allow_inf_nan=False, json_schema_extra={"examples": [
+        {"law": "data-mul", "kind": "upcycled", "sweep_ids": ["3f9c2a1b7d04"], "bootstrap": 100}]})
+
+    law: str = Field(description="A law of `upscale laws` (GET /laws is not needed: errors list them).",
+                     examples=["data-mul"])
+    kind: Kind = Field(description="Which observations: dense, upcycled or scratch (also labels inline rows).")
+    sweep_ids: list[str] = Field(default_factory=list, description="Sweeps whose observations of `kind` to fit.")
+    rows: list[dict[str, float | str | None]] | None = Field(
+        None, description="Inline table instead of sweeps: the law's columns, `loss`, optional `trunk`.")
+    fixed: dict[str, float] = Field(default_factory=dict, description="Parameters held fixed, e.g. {\"E\": 1.7}.")
+    bootstrap: int = Field(0, ge=0, le=500, description="Bootstrap refits over trunks (0: no intervals).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FitCreate:
+        if bool(self.sweep_ids) == (self.rows is not None):
+            raise ValueError("give either sweep_ids or rows")
+        return self
+
+
+class FitPublic(BaseModel):
+    id: str
+    law: str
+    kind: str
+    owner: str
+    created_at: Timestamp
+    data_hash: str = Field(description="sha256 of the fitted columns: identifies the data.")
+    request: dict[str, Any]
+    report: dict[str, Any] = Field(description="The `upscale fit --json` report: params, ci, loo_rms, record...")
+    plots: dict[str, str] = Field(description="Plot name -> URL of its PNG.")
+
+
+class AnalysisRef(BaseModel):
+    """Which analysis an answer came from."""
+
+    id: str = Field(description="Analysis id: GET /analyses lists them.")
+    sweep_ids: list[str] = Field(description="The sweeps it analysed.")
+    created_at: Timestamp = Field(description="When it started.")
+    finished_at: Timestamp | None = Field(description="When it finished.")
+    age_s: float = Field(description="Seconds since it finished: how old the answer is.")
+
+
+class DecisionPublic(BaseModel):
+    verdict: Literal["upcycle", "scratch"]
+    n1: float
+    d1: float
+    d2: float
+    loss_upcycled: float
+    catch_up_tokens: float | None = Field(description="Tokens from scratch needs to match the upcycled loss.")
+    tokens_saved: float | None
+    probability_upcycle: float | None = Field(description="Share of bootstrap pairs voting upcycle (null when the "
+                                              "analysis ran without bootstrap).")
+    catch_up_ci: list[float | None] | None
+    dstar: float | None = Field(description="D*: upcycled tokens from which from-scratch wins (at this N1).")
+    dstar_ci: list[float | None] | None
+    group: str | None = Field(None, description="The upcycling group (method, r, n_expert x topk) whose law answered: "
+                              "`group=` if given, else the one predicting the lowest loss at (N1, D1, D2).")
+    analysis: AnalysisRef | None = Field(None, description="The analysis that answered (null when two stored fits "
+                                         "were named).")
+    fits: dict[str, str] | None = Field(None, description="The stored fits used when `moe_fit`/`upcycled_fit` named "
+                                        "them: {moe, upcycled} -> fit id.")
+
+
+MAX_N1S = 32  # D* sizes one analysis request may ask for
+
+
+class AnalysisCreate(BaseModel):
+    """What to analyse a sweep's observations with; every field has a default."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size
+
+    n1s: list[float] | None = Field(None, max_length=MAX_N1S, examples=[[1e8, 1e9]],
+                                    description=f"Dense sizes N1 to find D* at (default: the sweep's sizes; at most "
+                                    f"{MAX_N1S}: each costs a D* search per bootstrap sample).")
+    bootstrap: int = Field(DEFAULT_ANALYSIS_BOOTSTRAP, ge=0, le=MAX_BOOTSTRAP,
+                           description="Cluster-bootstrap refits per fit (0: no intervals and no probability; each "
+                           "refit costs a full fit).")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the bootstrap's resampling.")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> AnalysisCreate:
+        if self.n1s is not None and not all(0 < n <= 1e18 for n in self.n1s):
+            raise ValueError("n1s: every N1 must be a parameter count in (0, 1e18]")
+        return self
+
+
+class AnalysisPublic(BaseModel):
+    id: str
+    sweep_ids: list[str]
+    status: Literal["running", "done", "failed"]
+    trigger: str = Field(description="What ran it: completed (the sweep finished), observations (they changed), "
+                         "request, refit or demo.")
+    owner: str
+    params: dict[str, Any] = Field(description="n1s, bootstrap, seed.")
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    error: str | None = Field(description="Why it failed.")
+    analysis: dict[str, Any] | None = Field(description="The analysis record (fitting/analysis.py `Analysis.to_json`): "
+                                            "version, E, the from-scratch fit, per upcycling group its fit, D* per N1 "
+                                            "and verdicts, and `problems`: laws the data cannot identify, why, and "
+                                            "what to add to the grid.")
+    plots: dict[str, str] = Field(description="Plot name -> URL of its PNG (the PDF: the same URL ending .pdf).")
+
+
+# The laws the analysis fits, per kind: a schedule may name them (as older schedules did), never others.
+ANALYSIS_LAWS = {"dense": "chinchilla", "scratch": "chinchilla", "upcycled": "joint"}
+
+
+class RefitRequest(BaseModel):
+    """What each refit runs: the analysis of the sweeps' observations (control/analyses.py), D* reported at `n1`.
+
+    `laws` and `fixed` are what schedules stored before refits ran the analysis: such schedules still load (their
+    refits run the analysis), and a new schedule may only name the analysis's own laws and fix nothing
+    (RefitScheduleCreate checks)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size nor fixed parameter
+
+    sweep_ids: list[str] = Field(min_length=1)
+    laws: dict[Kind, str] = Field(default_factory=dict, description="Optional: the analysis fits chinchilla on dense "
+                                  "and scratch and joint on upcycled; no other law is accepted.")
+    fixed: dict[str, float] = Field(default_factory=dict, description="Must be empty: the analysis fixes E itself "
+                                    "(shared by the dense and from-scratch laws).")
+    bootstrap: int = Field(0, ge=0, le=500, description="Bootstrap refits per fit (0: no intervals).")
+    n1: float = Field(1e9, gt=0, description="Dense size at which D* is reported.")
+
+
+class RefitScheduleCreate(BaseModel):
+    name: str = Field(max_length=200)
+    trigger: Literal["cron", "on_new_observations"]
+    cron: str | None = Field(None, description="5-field cron (minute hour day month weekday) for trigger=cron.",
+                             examples=["*/15 * * * *"])
+    request: RefitRequest
+
+    @model_validator(mode="after")
+    def _cron(self) -> RefitScheduleCreate:
+        from upscale.control.cron import check_cron
+
+        if (self.trigger == "cron") != (self.cron is not None):
+            raise ValueError("give cron exactly when trigger is 'cron'")
+        if self.cron is not None:
+            check_cron(self.cron)
+        other = {k: v for k, v in self.request.laws.items() if ANALYSIS_LAWS[k] != v}
+        if other:
+            raise ValueError(f"request.laws: a refit runs the analysis, which fits "
+                             f"{', '.join(f'{k}={v}' for k, v in ANALYSIS_LAWS.items())}; it cannot fit "
+                             f"{', '.join(f'{k}={v}' for k, v in other.items())} (POST /fits fits any law once); "
+                             f"leave `laws` out")
+        if self.request.fixed:
+            raise ValueError("request.fixed: a refit runs the analysis, which fixes E itself (shared by the dense and "
+                             "from-scratch laws); leave `fixed` out")
+        return self
+
+
+class RefitSchedulePublic(BaseModel):
+    id: str
+    name: str
+    trigger: str
+    cron: str | None
+    request: dict[str, Any]
+    owner: str
+    active: bool
+    last_error: str | None
+    created_at: Timestamp
+
+
+class RefitPublic(BaseModel):
+    schedule_id: str
+    version: int = Field(description="1, 2, ...: a refit never overwrites an earlier one.")
+    inputs_hash: str = Field(description="sha256 of the analysis's inputs: the observation tables and parameters.")
+    analysis_id: str | None = Field(description="The analysis this version ran: GET /analyses lists them.")
+    fits: dict[str, str] = Field(description="kind -> fit id, of versions from before refits ran the analysis.")
+    dstar: float | None = Field(description="D* at the schedule's n1 of the upcycling group from-scratch takes "
+                                "longest to catch (the best way to upcycle there); null without both laws.")
+    dstar_ci: list[float | None] | None
+    dstar_group: str | None = Field(description="The upcycling group `dstar` is of.")
+    diff: dict[str, Any] = Field(description="Changes from the previous version: per law (scratch, upcycled <group>) "
+                                 "per parameter, and D*.")
+    left_interval: bool = Field(description="D* left the previous version's interval.")
+    created_at: Timestamp
+
+
+class CalibrationCounts(BaseModel):
+    """How a set of predictions scored: coverage of the nominal intervals and mean absolute error (loss units);
+    null until one is scored."""
+
+    predicted: int = Field(description="Predictions recorded before their segments trained.")
+    scored: int = Field(description="Of those, the ones whose segment has finished.")
+    coverage_80: float | None = Field(description="Share of scored observations inside their nominal 80% interval.")
+    coverage_95: float | None = Field(description="Share inside their nominal 95% interval.")
+    mae: float | None = Field(description="Mean |observed - predicted| loss.")
+
+
+class PredictionPublic(BaseModel):
+    """One entry of the ledger: what an analysis predicted for an observation, and what it then was."""
+
+    segment: str
+    law: str = Field(description="The analysis's fit that predicted it: from-scratch, or upcycled <group>.")
+    analysis_id: str
+    predicted: float
+    interval_80: list[float]
+    interval_95: list[float]
+    sigma_fit: float = Field(description="sd of log loss over the fit's bootstrap refits.")
+    sigma_noise: float = Field(description="The fit's observation noise in log loss (its LOO RMS, relative).")
+    observed: float | None
+    inside_80: bool | None
+    inside_95: bool | None
+
+
+class CalibrationPublic(CalibrationCounts):
+    """A sweep's prediction ledger (GET /sweeps/{id}/calibration, `upscale calibration`)."""
+
+    sweep_id: str
+    by_law: dict[str, CalibrationCounts] = Field(description="The same figures per fit.")
+    analyses: list[str] = Field(description="The analyses the predictions came from.")
+    predictions: list[PredictionPublic]
+
+
+class SuggestRequest(BaseModel):
+    """What `POST /sweeps/{id}/suggest` weighs: one FLOP budget, the N1 whose D* matters, when to stop."""
+
+    budget_flops: float = Field(gt=0, description="Training FLOPs the suggested extensions may cost in all "
+                                "(marginal: what the store holds is free).")
+    n1: float | None = Field(None, gt=0, description="Dense size N1 whose D* interval to shrink; default: the "
+                             "analysis's largest.")
+    tolerance: float | None = Field(None, gt=1, description="Stop once the expected 95% delta-method D* interval's "
+                                    "hi/lo ratio is at most this (4: within a factor of 2 either way); default: "
+                                    "spend the budget.")
+    apply: bool = Field(False, description="Also submit the suggested extensions as a sweep (as POST "
+                        "/sweeps/{id}/extend does).")
+
+
+class SuggestedAction(BaseModel):
+    rank: int = Field(description="1 = chosen first: the most D* certainty per FLOP.")
+    kind: Literal["d1", "d2", "scratch", "size"] = Field(description="A new dense budget D1, a new upcycled budget "
+                                                        "D2, a new from-scratch budget, a new dense size.")
+    description: str
+    additions: dict[str, Any] = Field(description="The partial spec this action adds (POST .../extend's).")
+    marginal_flops: float = Field(description="FLOPs it trains given the store and the actions ranked before it.")
+    new_observations: int = Field(description="Observations it adds that inform the D* at N1.")
+    expected_interval: list[float] = Field(description="The expected 95% delta-method D* interval after it (and "
+                                           "those ranked before it).")
+
+
+class Suggestion(BaseModel):
+    """Ranked grid extensions by expected shrinkage of the D* interval per FLOP (docs/laws.md, "Active design")."""
+
+    sweep_id: str
+    analysis_id: str = Field(description="The analysis whose fits the criterion reads.")
+    group: str = Field(description="The upcycling group whose D* it targets.")
+    n1: float
+    dstar: float
+    interval: list[float | None] | None = Field(description="The analysis's 95% bootstrap interval of D* at N1 "
+                                                "(null: no bootstrap; an end null: some refits never cross).")
+    delta_interval: list[float] = Field(description="The 95% delta-method interval of D* at N1 now: what "
+                                        "`expected_interval` and `tolerance` are measured against.")
+    profile_interval: list[float | None] | None = Field(
+        description="The 95% profile-likelihood interval of D* at N1 now (every D* where both laws refitted to cross "
+                    "there are not rejected): follows D*'s skew and the data's real reach; an end null where the data "
+                    "do not bound that side (both null: no D* searched is rejected), the whole field null when no "
+                    "crossing is consistent with the data.")
+    noise: dict[str, float] = Field(description="Per-point and per-trunk noise sd of log loss, from the residuals.")
+    budget_flops: float
+    total_flops: float = Field(description="Marginal FLOPs of all the actions together.")
+    expected_interval: list[float] = Field(description="The expected 95% D* interval after all the actions.")
+    stopped: Literal["tolerance", "budget", "no_gain"] = Field(
+        description="Why no more actions: the interval reached the tolerance, nothing else fits the budget, or no "
+                    "candidate shrinks the interval.")
+    actions: list[SuggestedAction]
+    additions: dict[str, Any] = Field(description="All the actions' additions merged: the extension to apply.")
+    applied: SweepCreated | None = Field(None, description="The extension sweep, with `apply`.")
