@@ -1,10 +1,8 @@
 """Fits behind the routes: fit a law on stored observations (or inline rows), keep the report, its plots and
-`report.json` under <home>/fits/<id>/, and decide upcycle-or-scratch from two stored fits when a caller names them
-(the default decision comes from the newest analysis, control/analyses.py). The observation tables read here are what
-the analyses read too.
+`report.json` under <home>/fits/<id>/. Decisions come from analyses only (control/analyses.py). The observation tables
+read here are what the analyses read too.
 
-The numerics are fitting/'s (`report`, `decide`, `dstar_at`), and so are the plots (`fit_plots`, as
-`upscale fit --plot`).
+The numerics are fitting/'s (`report`), and so are the plots (`fit_plots`, as `upscale fit --plot`).
 """
 
 from __future__ import annotations
@@ -20,11 +18,10 @@ import pandas as pd
 from sqlalchemy import select
 
 from upscale.control.records import FitRecord
-from upscale.control.schemas import DecisionPublic, FitCreate
-from upscale.fitting.dstar import decide, dstar_at
+from upscale.control.schemas import FitCreate
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
-from upscale.fitting.summary import FittedLaw, clean, load_fit, report
+from upscale.fitting.summary import clean, report
 from upscale.orchestrator.errors import NotFoundError, OrchestratorError
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import ObservationRecord
@@ -124,31 +121,3 @@ def get_fit(services: Services, fit_id: str) -> FitRecord | None:
 def list_fits(services: Services) -> list[FitRecord]:
     with services.store.transaction() as s:
         return list(s.scalars(select(FitRecord).order_by(FitRecord.created_at)))
-
-
-def latest_fit(store: Store, kind: str) -> FitRecord | None:
-    """The newest fit of ``kind`` (scratch, upcycled, dense), or None."""
-    with store.transaction() as s:
-        return s.scalar(select(FitRecord).where(FitRecord.kind == kind).order_by(FitRecord.created_at.desc())
-                        .limit(1))
-
-
-def fitted(services: Services, fit_id: str) -> FittedLaw:
-    """A stored fit as the law, its parameters and its bootstrap samples."""
-    return load_fit(fit_path(services.settings.home, fit_id) / "report.json")
-
-
-def decision(services: Services, n1: float, d1: float, d2: float, moe_fit: str | None,
-             upcycled_fit: str | None) -> DecisionPublic:
-    """The verdict for (N1, D1, D2) from a from-scratch MoE fit and an upcycled fit (default: the latest ones)."""
-    ids = {}
-    for role, given, kind in (("moe", moe_fit, "scratch"), ("upcycled", upcycled_fit, "upcycled")):
-        record = get_fit(services, given) if given else latest_fit(services.store, kind)
-        if record is None:
-            raise FitError(f"{role}_fit: no {kind} fit {given or 'stored'}; GET /fits lists the stored fits")
-        ids[role] = record.id
-    moe, up = fitted(services, ids["moe"]), fitted(services, ids["upcycled"])
-    d = decide(moe, up, n1, d1, d2).to_json()
-    star = dstar_at(moe, up, n1)
-    return DecisionPublic(**clean({**d, "dstar": star["dstar"], "dstar_ci": star["ci"], "fits": ids}))
-

@@ -19,21 +19,59 @@ DEFAULT_ANALYSIS_BOOTSTRAP = 100  # an analysis's refits per fit unless asked: i
 MAX_BOOTSTRAP = 500  # what a request may ask for: each refit is a full fit of every law
 
 
+class KindTotals(BaseModel):
+    count: int = Field(description="Segments of this kind.")
+    tokens: int = Field(description="Tokens they train.")
+    flops: float = Field(description="Training FLOPs they cost.")
+    seconds: float = Field(description="Their estimated wall time, one at a time (`estimate.basis`).")
+
+
+class PlanEstimate(BaseModel):
+    """How long what the plan would train takes: a planning aid, not a promise (docs/architecture.md, "Measured
+    facts"); segments already done in the store take no time."""
+
+    basis: str = Field(description="The throughput the estimate assumes.")
+    serial_s: float = Field(description="Seconds with one segment at a time.")
+    critical_path_s: float = Field(description="Seconds along the longest chain of dependent segments: every ready "
+                                   "segment at once.")
+    gpu_hours_at_400_tflops: float = Field(description="GPU-hours of what would train at 400 TFLOP/s per GPU (the "
+                                           "paper's assumption).")
+
+
+class LawCheckPublic(BaseModel):
+    """One law of the analysis on the planned grid (fitting/identifiability.py)."""
+
+    law: str = Field(description="A law of the registry, or D*.")
+    fit: str = Field(description="The observations it is fitted on.")
+    identifiable: bool
+    reason: str = Field(description="Why it is, or is not, identifiable on this grid.")
+    add: str = Field(description="What to add to the spec; empty when identifiable.")
+    unidentified: list[str] = Field(description="Parameters the grid leaves free.")
+
+
 class PlanSummary(BaseModel):
+    """The one summary of a plan: `upscale plan`, `upscale submit` and POST /sweeps show it (control/plans.py)."""
+
+    name: str = Field(description="The sweep's name.")
     segments: int = Field(description="Segments the sweep needs (shared ones included).")
     new_segments: int = Field(description="Segments not yet done in the store: only these will train.")
-    by_kind: dict[str, int] = Field(description="Segment count per kind (dense_trunk, moe_decay, ...).")
+    by_kind: dict[str, KindTotals] = Field(description="Per segment kind (dense_trunk, moe_decay, ...): count, "
+                                           "tokens, FLOPs, estimated seconds.")
     observations: int = Field(description="Observations the sweep will produce.")
-    total_flops: float = Field(description="Training FLOPs of the plan (with WSD reuse).")
-    independent_flops: float = Field(description="FLOPs of the same grid as independent runs.")
-    saving: float = Field(description="independent_flops / total_flops.")
-    notes: list[str] = Field(description="How budgets were rounded to whole steps.")
     tokens: int = Field(description="Tokens of the whole plan.")
     new_tokens: int = Field(description="Tokens of the segments that will train (`new_segments`).")
+    total_flops: float = Field(description="Training FLOPs of the plan (with WSD reuse).")
     new_flops: float = Field(description="FLOPs of the segments that will train.")
+    independent_flops: float = Field(description="FLOPs of the same grid as independent runs.")
+    saving: float = Field(description="independent_flops / total_flops.")
+    estimate: PlanEstimate
+    identifiability: list[LawCheckPublic] = Field(description="Each law of the analysis on the planned grid: a law "
+                                                  "that is not identifiable says why and what to add.")
+    notes: list[str] = Field(description="How budgets were rounded to whole steps.")
     stale_segments: dict[str, str] = Field(description="Planned segment key -> a done segment of the same job trained "
                                            "under an older training-semantics version: retrained, unless the sweep "
                                            "reuses them (`reuse_stale`).")
+    reuse_stale: bool = Field(description="Stale segments count as done (taken over, not retrained).")
 
 
 class SweepCreated(BaseModel):
@@ -155,10 +193,7 @@ class DecisionPublic(BaseModel):
     dstar_ci: list[float | None] | None
     group: str | None = Field(None, description="The upcycling group (method, r, n_expert x topk) whose law answered: "
                               "`group=` if given, else the one predicting the lowest loss at (N1, D1, D2).")
-    analysis: AnalysisRef | None = Field(None, description="The analysis that answered (null when two stored fits "
-                                         "were named).")
-    fits: dict[str, str] | None = Field(None, description="The stored fits used when `moe_fit`/`upcycled_fit` named "
-                                        "them: {moe, upcycled} -> fit id.")
+    analysis: AnalysisRef = Field(description="The analysis that answered.")
 
 
 MAX_N1S = 32  # D* sizes one analysis request may ask for
@@ -202,24 +237,15 @@ class AnalysisPublic(BaseModel):
     plots: dict[str, str] = Field(description="Plot name -> URL of its PNG (the PDF: the same URL ending .pdf).")
 
 
-# The laws the analysis fits, per kind: a schedule may name them (as older schedules did), never others.
-ANALYSIS_LAWS = {"dense": "chinchilla", "scratch": "chinchilla", "upcycled": "joint"}
-
-
 class RefitRequest(BaseModel):
     """What each refit runs: the analysis of the sweeps' observations (control/analyses.py), D* reported at `n1`.
+    The analysis chooses its laws (chinchilla on dense and scratch, joint on upcycled) and fixes E itself; POST /fits
+    fits any one law with any fixed parameter once."""
 
-    `laws` and `fixed` are what schedules stored before refits ran the analysis: such schedules still load (their
-    refits run the analysis), and a new schedule may only name the analysis's own laws and fix nothing
-    (RefitScheduleCreate checks)."""
-
-    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size nor fixed parameter
+    # JSON's Infinity is no model size; an unknown field (a law to fit, a parameter to fix) is refused, not ignored
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     sweep_ids: list[str] = Field(min_length=1)
-    laws: dict[Kind, str] = Field(default_factory=dict, description="Optional: the analysis fits chinchilla on dense "
-                                  "and scratch and joint on upcycled; no other law is accepted.")
-    fixed: dict[str, float] = Field(default_factory=dict, description="Must be empty: the analysis fixes E itself "
-                                    "(shared by the dense and from-scratch laws).")
     bootstrap: int = Field(0, ge=0, le=500, description="Bootstrap refits per fit (0: no intervals).")
     n1: float = Field(1e9, gt=0, description="Dense size at which D* is reported.")
 
@@ -239,15 +265,6 @@ class RefitScheduleCreate(BaseModel):
             raise ValueError("give cron exactly when trigger is 'cron'")
         if self.cron is not None:
             check_cron(self.cron)
-        other = {k: v for k, v in self.request.laws.items() if ANALYSIS_LAWS[k] != v}
-        if other:
-            raise ValueError(f"request.laws: a refit runs the analysis, which fits "
-                             f"{', '.join(f'{k}={v}' for k, v in ANALYSIS_LAWS.items())}; it cannot fit "
-                             f"{', '.join(f'{k}={v}' for k, v in other.items())} (POST /fits fits any law once); "
-                             f"leave `laws` out")
-        if self.request.fixed:
-            raise ValueError("request.fixed: a refit runs the analysis, which fixes E itself (shared by the dense and "
-                             "from-scratch laws); leave `fixed` out")
         return self
 
 

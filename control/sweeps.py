@@ -16,8 +16,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from upscale.control.plans import plan_summary
 from upscale.control.records import SweepOwnerRecord
-from upscale.control.schemas import PlanSummary, SegmentProgress, SweepCreated, SweepDetail, SweepSummary
+from upscale.control.schemas import SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from upscale.control.services import LOCAL_OWNER, Services
 from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
@@ -105,12 +106,7 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
         sweep = services.orch.submit(spec, p, reuse_stale=reuse_stale, stale=check.stale, legacy=check.legacy)
         with services.store.transaction() as s:
             s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
-    f = check.figures()
-    summary = PlanSummary(
-        segments=f["segments"], new_segments=f["new_segments"], by_kind=p.by_kind(), observations=len(p.observations()),
-        total_flops=f["flops"], independent_flops=f["independent_flops"], saving=f["saving"], notes=list(p.notes),
-        tokens=f["tokens"], new_tokens=f["new_tokens"], new_flops=f["new_flops"], stale_segments=f["stale"])
-    return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=summary,
+    return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=plan_summary(check, spec),
                         existing=existing, reuse_stale=sweep.reuse_stale)
 
 

@@ -214,13 +214,12 @@ class Client:
                 "bootstrap": bootstrap}
         return self.request("POST", "/fits", json=body)
 
-    def decide(self, n1: float, d1: float, d2: float, sweep_id: str | None = None, group: str | None = None,
-               moe_fit: str | None = None, upcycled_fit: str | None = None) -> dict[str, Any]:
+    def decide(self, n1: float, d1: float, d2: float, sweep_id: str | None = None,
+               group: str | None = None) -> dict[str, Any]:
         """Upcycle or train from scratch: from the newest analysis (of ``sweep_id``, if given; of ``group``'s law,
-        default the best one there), named in the answer with its age; or from two stored fits with ``moe_fit`` /
-        ``upcycled_fit``. ApiError with status 409 when nothing can answer yet, saying what is missing."""
-        params = {"n1": n1, "d1": d1, "d2": d2, "sweep_id": sweep_id, "group": group, "moe_fit": moe_fit,
-                  "upcycled_fit": upcycled_fit}
+        default the best one there), named in the answer with its age. ApiError with status 409 when nothing can
+        answer yet, saying what is missing."""
+        params = {"n1": n1, "d1": d1, "d2": d2, "sweep_id": sweep_id, "group": group}
         return self.request("GET", "/decisions/upcycle", params={k: v for k, v in params.items() if v is not None})
 
     # -- analyses ----------------------------------------------------------------------------------------------

@@ -5,11 +5,12 @@ The wall-time estimate is a planning aid, not a promise: by default a CPU sweep 
 that per active FLOP; docs/architecture.md, "Measured facts") and a GPU sweep the paper's assumed 400 TFLOP/s per
 GPU (Appendix A.10) times the GPUs of a segment (`sweeps.planner.gpu_flops_per_s`); `--tokens-per-s` or
 `--flops-per-s` replace them with your own measured throughput. It prints the serial time (one segment at a time)
-and the critical path (every ready segment at once), and GPU-hours at 400 TFLOP/s.
+and the critical path (every ready segment at once), and GPU-hours at 400 TFLOP/s, of what would train.
 
-It also compares the plan with the local state store (UPSCALE_HOME's, or UPSCALE_DB_URL; none is created): how many
-segments, tokens and FLOPs are not yet done there (`new_*`: what `upscale run` would train), and which segments the
-store holds only trained under an older training-semantics version (stale: retrained, unless `--reuse-stale`).
+The summary is control/plans.py's, the one `upscale submit` and POST /sweeps return. It compares the plan with the
+local state store (UPSCALE_HOME's, or UPSCALE_DB_URL; none is created): how many segments, tokens and FLOPs are not
+yet done there (`new_*`: what `upscale run` would train), and which segments the store holds only trained under an
+older training-semantics version (stale: retrained, unless `--reuse-stale`).
 """
 
 from __future__ import annotations
@@ -23,50 +24,20 @@ from rich.table import Table
 from rich.text import Text
 
 from upscale.api.cli.app import app, console, register_user_error
-from upscale.sweeps.planner import GPU_FLOPS_PER_S, Plan, critical_path_s, gpu_flops_per_s, plan, segment_seconds
-from upscale.sweeps.spec import SpecError, SweepSpec, load_spec
+from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.spec import SpecError, load_spec
 
 if TYPE_CHECKING:
     from upscale.orchestrator.plan_in_store import PlanInStore
 
 register_user_error(SpecError)
 
-KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
-              "scratch_trunk", "scratch_decay")
 
-
-def summary(p: Plan, spec: SweepSpec, tokens_per_s: float | None, flops_per_s: float | None) -> dict:
-    """The plan as JSON-ready data: per-kind totals, costs, saving, estimates and every segment (`segment_list`).
-
-    Without a throughput, a GPU sweep (resources.gpus > 0) is estimated at 400 TFLOP/s per GPU of a segment, a CPU
-    sweep from the figures measured on a 2-core CPU (docs/architecture.md, "Measured facts").
-    """
-    if not tokens_per_s and not flops_per_s and (gpu := gpu_flops_per_s(spec)):
-        flops_per_s = gpu
-    seconds = segment_seconds(p, tokens_per_s=tokens_per_s, flops_per_s=flops_per_s)
-    kinds: dict[str, dict[str, float]] = {}
-    for s in p.segments:
-        k = kinds.setdefault(s.spec.kind, {"count": 0, "tokens": 0, "flops": 0.0, "seconds": 0.0})
-        k["count"] += 1
-        k["tokens"] += s.tokens
-        k["flops"] += s.flops
-        k["seconds"] += seconds[s.id]
-    basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
-             else "throughput measured on a 2-core CPU (give --tokens-per-s for your machine)")
-    return {
-        "name": p.name,
-        "by_kind": {k: kinds[k] for k in KIND_ORDER if k in kinds},
-        "segments_total": len(p.segments),
-        "total_flops": p.total_flops,
-        "independent_flops": p.independent_flops,
-        "saving": p.saving,
-        "estimate": {"basis": basis, "serial_s": sum(seconds.values()), "critical_path_s": critical_path_s(p, seconds),
-                     "gpu_hours_at_400_tflops": p.total_flops / GPU_FLOPS_PER_S / 3600},
-        "notes": list(p.notes),
-        "segment_list": [{"id": s.id, "kind": s.spec.kind, "parents": list(s.spec.parent_ids), "tokens": s.tokens,
-                      "flops": s.flops, "trunk": s.trunk, "axes": s.axes,
-                      "observation": s.observation.__dict__ if s.observation else None} for s in p.segments],
-    }
+def segment_list(p: Plan) -> list[dict]:
+    """Every segment of the plan, for `upscale plan --json`."""
+    return [{"id": s.id, "kind": s.spec.kind, "parents": list(s.spec.parent_ids), "tokens": s.tokens, "flops": s.flops,
+             "trunk": s.trunk, "axes": s.axes, "observation": s.observation.__dict__ if s.observation else None}
+            for s in p.segments]
 
 
 def in_store(p: Plan, reuse_stale: bool) -> PlanInStore:
@@ -85,13 +56,13 @@ def in_store(p: Plan, reuse_stale: bool) -> PlanInStore:
         store.engine.dispose()
 
 
-def stale_lines(check: PlanInStore) -> list[str]:
+def stale_lines(stale: dict[str, str], reuse_stale: bool) -> list[str]:
     """What to tell the user about stale segments, or nothing when there are none and none were to be reused."""
-    n = len(check.stale)
+    n = len(stale)
     if not n:
-        return ["--reuse-stale: no segment of this plan is stale"] if check.reuse_stale else []
-    keys = ", ".join(list(check.stale)[:5]) + (f" and {n - 5} more" if n > 5 else "")
-    what = ("reused (--reuse-stale)" if check.reuse_stale
+        return ["--reuse-stale: no segment of this plan is stale"] if reuse_stale else []
+    keys = ", ".join(list(stale)[:5]) + (f" and {n - 5} more" if n > 5 else "")
+    what = ("reused (--reuse-stale)" if reuse_stale
             else "retrained under the current version (--reuse-stale reuses them)")
     return [f"{n} segment(s) trained under an older training-semantics version are stale: {what}: {keys}"]
 
@@ -115,40 +86,42 @@ def plan_command(
 ) -> None:
     """Compile SPEC into the segment DAG: segments by kind, tokens, FLOPs, the saving over independent runs, what is
     not yet done in the state store (and what is stale there), an estimated wall time, and a warning for each law of
-    the analysis the grid cannot identify (why, what to add)."""
-    from upscale.control.identifiability import planned_grid
-    from upscale.fitting.identifiability import identifiability  # numpy and pandas: not for --help
+    the analysis the grid cannot identify (why, what to add); `upscale submit` and POST /sweeps show the same."""
+    from upscale.control.plans import plan_summary  # numpy and pandas: not for --help
 
     sweep = load_spec(spec)
     p = plan(sweep)
-    data = summary(p, sweep, tokens_per_s, flops_per_s)
-    check = in_store(p, reuse_stale)
-    data.update(check.figures())
-    checks = identifiability(planned_grid(p))
-    data["identifiability"] = [c.as_dict() for c in checks]
+    summary = plan_summary(in_store(p, reuse_stale), sweep, tokens_per_s, flops_per_s)
     if as_json:
-        print(json.dumps(data))
+        print(json.dumps(summary.model_dump(mode="json") | {"segment_list": segment_list(p)}))
         return
-    table = Table(title=f"plan {p.name}: {len(p.segments)} segments")
+    print_plan(summary.model_dump(mode="json"))
+
+
+def print_plan(summary: dict) -> None:
+    """A plan summary (control/schemas.py `PlanSummary`, as JSON) as `upscale plan` and `upscale submit` print it."""
+    table = Table(title=f"plan {summary['name']}: {summary['segments']} segments")
     for col in ("kind", "count", "tokens", "FLOPs", "est. time"):
         table.add_column(col, justify="left" if col == "kind" else "right")
-    for kind, k in data["by_kind"].items():
+    for kind, k in summary["by_kind"].items():
         table.add_row(kind, str(k["count"]), f"{k['tokens']:.3g}", f"{k['flops']:.3g}", _duration(k["seconds"]))
     console.print(table)
-    est = data["estimate"]
-    console.print(f"total {p.total_flops:.3g} FLOPs; as independent runs {p.independent_flops:.3g} FLOPs: "
-                  f"saving x{p.saving:.2f}")
+    est = summary["estimate"]
+    console.print(f"total {summary['total_flops']:.3g} FLOPs; as independent runs {summary['independent_flops']:.3g} "
+                  f"FLOPs: saving x{summary['saving']:.2f}")
+    console.print(f"not yet in the store: {summary['new_segments']} of {summary['segments']} segments, "
+                  f"{summary['new_tokens']:.3g} of {summary['tokens']:.3g} tokens, {summary['new_flops']:.3g} FLOPs")
     console.print(f"estimate at {est['basis']}: {_duration(est['serial_s'])} one segment at a time, "
-                  f"{_duration(est['critical_path_s'])} along the critical path")
-    console.print(f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s per GPU (paper, A.10)")
-    console.print(f"not yet in the store: {data['new_segments']} of {data['segments']} segments, "
-                  f"{data['new_tokens']:.3g} of {data['tokens']:.3g} tokens, {data['new_flops']:.3g} FLOPs")
-    for line in stale_lines(check):
-        console.print(Text.assemble(("warning: ", "bold yellow") if check.stale else "", line))
-    for note in p.notes[:5]:
+                  f"{_duration(est['critical_path_s'])} along the critical path; "
+                  f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s per GPU (paper, A.10)")
+    for line in stale_lines(summary["stale_segments"], summary["reuse_stale"]):
+        console.print(Text.assemble(("warning: ", "bold yellow") if summary["stale_segments"] else "", line))
+    notes = summary["notes"]
+    for note in notes[:5]:
         console.print(f"[dim]rounded {note}[/]")
-    if len(p.notes) > 5:
-        console.print(f"[dim]... and {len(p.notes) - 5} more budgets rounded to whole steps[/]")
-    for c in checks:
-        if not c.identifiable:  # Text: the reasons hold brackets-free user data, but no markup is intended
-            console.print(Text.assemble(("warning: ", "bold yellow"), f"{c.law} on {c.fit}: {c.reason}; {c.add}"))
+    if len(notes) > 5:
+        console.print(f"[dim]... and {len(notes) - 5} more budgets rounded to whole steps[/]")
+    for c in summary["identifiability"]:
+        if not c["identifiable"]:  # Text: the reasons hold brackets-free user data, but no markup is intended
+            console.print(Text.assemble(("warning: ", "bold yellow"), f"{c['law']} on {c['fit']}: {c['reason']}; "
+                                        f"{c['add']}"))

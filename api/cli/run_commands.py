@@ -60,7 +60,7 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
         if existing.status == "done":  # nothing to train: no Ray, no scheduler
             return orch, SweepOutcome(existing.id, "done")
     check = orch.compare(planned, reuse_stale)
-    for line in stale_lines(check):
+    for line in stale_lines(check.stale, check.reuse_stale):
         err_console.print(line)
     start_ray(orch.settings)
     prepare_training(sweep_spec, orch.settings)

@@ -81,10 +81,10 @@ def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileRe
 
 
 @decisions.get("/decisions/upcycle", summary="Upcycle or train from scratch?", response_model=DecisionPublic,
-               responses={404: {"description": "No such sweep or fit."},
+               responses={404: {"description": "No such sweep."},
                           409: {"description": "Nothing can answer yet, and what is missing: no sweep has finished "
                                 "segments, the analysis is running or failed, or it has no law to answer with."},
-                          422: {"description": "Bad values, an unknown group, or fits of the wrong kind."}})
+                          422: {"description": "Bad values or an unknown group."}})
 def decide_upcycle(services: ServicesDep, _: Reader,
                    n1: float = Query(gt=0, le=MAX_COUNT, description="Dense model size (parameters)."),
                    d1: float = Query(gt=0, le=MAX_COUNT, description="Tokens the dense model was trained on."),
@@ -92,16 +92,10 @@ def decide_upcycle(services: ServicesDep, _: Reader,
                    sweep_id: str | None = Query(None, description="Answer from this sweep's newest analysis (default: "
                                                 "the newest analysis of any sweep)."),
                    group: str | None = Query(None, description="Upcycling group as the analysis labels it, e.g. "
-                                             "`naive 8x2` (default: the one predicting the lowest loss here)."),
-                   moe_fit: str | None = Query(None, description="Instead of an analysis, two stored fits: the fit id "
-                                               "of the from-scratch MoE law (default: the latest scratch fit)."),
-                   upcycled_fit: str | None = Query(None, description="Instead of an analysis, two stored fits: the "
-                                                    "fit id of the upcycled law (default: the latest upcycled fit).")
+                                             "`naive 8x2` (default: the one predicting the lowest loss here).")
                    ) -> DecisionPublic:
     """The catch-up budget from scratch needs to match upcycling, the verdict (upcycle when it exceeds D1), its
     bootstrap probability, and D* at this N1. It answers from the newest finished analysis (which runs by itself
-    when a sweep finishes) and names it with its age; `moe_fit`/`upcycled_fit` answer from two stored fits
-    instead."""
-    if moe_fit is not None or upcycled_fit is not None:
-        return fits.decision(services, n1, d1, d2, moe_fit, upcycled_fit)
+    when a sweep finishes) and names it with its age: one answer, one provenance (a fit stored by POST /fits is
+    read at GET /fits/{id})."""
     return DecisionPublic(**analyses.decision(services, n1, d1, d2, sweep_id, group))

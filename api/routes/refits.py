@@ -38,8 +38,9 @@ def _owned_schedule(services: ServicesDep, schedule_id: str, caller: Principal) 
 @router.post("/refit-schedules", status_code=201, summary="Create a refit schedule",
              response_model=RefitSchedulePublic, responses=NOT_FOUND)
 def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Writer) -> RefitSchedulePublic:
-    """Refit the given laws on the sweeps' observations on a 5-field cron, or whenever they change. The schedule is
-    the caller's; its sweeps may be anyone's (it only reads their observations)."""
+    """Run the analysis on the sweeps' observations on a 5-field cron, or whenever they change, each run a new
+    versioned refit with D* at `request.n1`. The schedule is the caller's; its sweeps may be anyone's (it only reads
+    their observations)."""
     return _schedule(refits.create_schedule(services, body, owner.name))
 
 

@@ -10,8 +10,11 @@ from starlette.concurrency import run_in_threadpool
 
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.control import sweeps
+from upscale.control.plans import plan_summary
 from upscale.control.schemas import Suggestion, SuggestRequest, SweepCreated, SweepDetail, SweepExtend, SweepSummary
 from upscale.orchestrator.observations import as_row, table
+from upscale.orchestrator.plan_in_store import PlanInStore
+from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
@@ -48,6 +51,14 @@ SPEC_BODY = {"requestBody": {
     "content": {"application/json": _SPEC_MEDIA, "application/yaml": _SPEC_MEDIA}}}
 
 
+def _created_example() -> dict[str, Any]:
+    """What submitting the tiny example to an empty store answers: its plan summary computed here, not written out."""
+    spec = SweepSpec.model_validate(_TINY)
+    summary = plan_summary(PlanInStore(plan(spec)), spec)
+    return SweepCreated(id="3f9c2a1b7d04", name=spec.name, status="pending", owner="alice",
+                        plan=summary).model_dump(mode="json")
+
+
 def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool,
             reuse_stale: bool) -> SweepCreated:
     """Parse, admit, plan and record: seconds for a large grid, so it runs in a worker thread, never on the event
@@ -57,7 +68,8 @@ def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], own
 
 
 @router.post("", status_code=201, summary="Submit a sweep", response_model=SweepCreated, openapi_extra=SPEC_BODY,
-             responses={200: {"model": SweepCreated,
+             responses={201: {"content": {"application/json": {"example": _created_example()}}},
+                        200: {"model": SweepCreated,
                               "description": "The caller's existing sweep of this identical spec (`existing`)."},
                         413: {"description": "The body is larger than UPSCALE_MAX_BODY_BYTES."},
                         422: {"description": "Invalid spec: every problem with its field path (also: a grid over "
@@ -72,6 +84,8 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
                        ) -> SweepCreated:
     """Validate and plan a sweep spec, record it under the caller's token name, and queue it for the scheduler.
     Segments any earlier sweep already trained are shared, not retrained (`plan.new_segments`, `plan.new_tokens`).
+    `plan` is the summary `upscale plan` prints: segments, tokens and FLOPs, the saving, the time estimate of what
+    will train, and each law of the analysis the grid cannot identify with what to add to the spec.
     Segments trained under an older training-semantics version (the code has changed what they compute) are stale
     (`plan.stale_segments`): retrained unless `reuse_stale=true`. Re-submitting a spec identical to one of the
     caller's sweeps returns that sweep with 200 and `existing: true` (queued again if it failed or was cancelled),

@@ -3,6 +3,7 @@ a `detail` that names what to fix. No background loops run here, so nothing subm
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from upscale.api.auth import digest
@@ -52,7 +53,7 @@ def test_an_unknown_sweep_is_404_on_every_route_and_422_in_a_fit_body(live) -> N
     request body is a bad value (422), not a missing URL."""
     gone = {"detail": "no sweep 'nope'; `upscale sweeps` lists them"}
     schedule = {"name": "x", "trigger": "on_new_observations",
-                "request": {"sweep_ids": ["nope"], "laws": {"upcycled": "joint"}}}
+                "request": {"sweep_ids": ["nope"]}}
     with live.client() as c:
         assert c.get("/sweeps/nope").json() == {"detail": "no sweep 'nope'; GET /sweeps lists them"}
         for method, url, body in (("POST", "/sweeps/nope/cancel", None),
@@ -76,7 +77,13 @@ def test_yaml_submit_records_owner_and_plan(live) -> None:
         assert body["owner"] == "alice" and body["status"] == "pending"
         # dense trunk and decay, upcycle, the MoE trunk as two pieces (cut at each D2's decay start), 2 decays
         assert body["plan"]["segments"] == 7 == body["plan"]["new_segments"]
-        assert body["plan"]["by_kind"]["moe_decay"] == 2 and body["plan"]["observations"] == 3
+        assert body["plan"]["by_kind"]["moe_decay"]["count"] == 2 and body["plan"]["observations"] == 3
+        # the summary `upscale plan` prints: a time estimate, and what the one-size, one-D1 grid cannot identify
+        estimate = body["plan"]["estimate"]
+        assert 0 < estimate["critical_path_s"] <= estimate["serial_s"] == pytest.approx(
+            sum(k["seconds"] for k in body["plan"]["by_kind"].values()))
+        unidentified = {c["law"]: c["add"] for c in body["plan"]["identifiability"] if not c["identifiable"]}
+        assert "more dense size" in unidentified["joint"] and "tokens.d1" in unidentified["data-mul"]
         detail = c.get(f"/sweeps/{body['id']}").json()
         assert detail["owner"] == "alice" and detail["segments_total"] == 7 and detail["flops_done"] == 0
         assert detail["flops_planned"] == sum(s["flops"] for s in detail["segments"]) > 0

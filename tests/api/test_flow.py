@@ -16,11 +16,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.api.conftest import serve
-from upscale.control.fits import fitted
 from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
 from upscale.fitting.data import read_table
-from upscale.fitting.dstar import decide
 from upscale.fitting.synthetic import bundled_path
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.planner import plan
@@ -121,30 +119,25 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     assert 'upscale_segments{state="done"} 18.0' in metrics and "upscale_refit_age_seconds NaN" not in metrics
 
 
-def test_decision_matches_fitting(flow) -> None:
+def test_decisions_answer_from_the_analysis_only(flow) -> None:
+    """Stored fits are kept and served, but a decision has one road: the newest analysis. The flow's one-size sweep
+    has no from-scratch law, so the answer is a 409 saying so, with or without naming fits (no such parameter)."""
     c = flow.client()
-    ids = {}
-    for kind, law, table in (("scratch", "chinchilla", "moe"), ("upcycled", "joint", "upcycled")):
-        rows = read_table(bundled_path(table)).to_dict(orient="records")
-        r = c.post("/fits", json={"law": law, "kind": kind, "rows": rows})
-        assert r.status_code == 201, r.text
-        ids[kind] = r.json()["id"]
-    d = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, "moe_fit": ids["scratch"],
-                                            "upcycled_fit": ids["upcycled"]}).json()
-    assert d["fits"] == {"moe": ids["scratch"], "upcycled": ids["upcycled"]} and d["analysis"] is None
-    services = Services.open(flow.settings)
-    direct = decide(fitted(services, ids["scratch"]), fitted(services, ids["upcycled"]), 1e9, 1e9, 1e9).to_json()
-    assert d["verdict"] == direct["verdict"] and d["catch_up_tokens"] == pytest.approx(direct["catch_up_tokens"])
-    assert d["dstar"] > 0
-    # `upscale decide --api` is this endpoint from the command line (a read token is enough); without fit ids it
-    # answers from the newest analysis, and the flow's one-size sweep has no from-scratch law: one error line.
+    rows = read_table(bundled_path("moe")).to_dict(orient="records")
+    r = c.post("/fits", json={"law": "chinchilla", "kind": "scratch", "rows": rows})
+    assert r.status_code == 201, r.text
+    assert c.get(f"/fits/{r.json()['id']}").json()["law"] == "chinchilla"
+    params = c.get("/openapi.json").json()["paths"]["/decisions/upcycle"]["get"]["parameters"]
+    assert {p["name"] for p in params} == {"n1", "d1", "d2", "sweep_id", "group"}
+    for extra in ({}, {"moe_fit": r.json()["id"]}):
+        d = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, **extra})
+        assert d.status_code == 409 and "from-scratch" in d.json()["detail"], d.text
+    # `upscale decide --api` is this endpoint from the command line (a read token is enough): one error line.
     token = flow.read["Authorization"].split()[1]
     cli = subprocess.run([str(Path(sys.executable).parent / "upscale"), "decide", "--n1", "1e9", "--d1", "1e9",
                           "--d2", "1e9", "--api", flow.url, "--token", token, "--json"],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and cli.stderr.startswith("error:") and "409" in cli.stderr, cli.stderr
-    r = c.get("/decisions/upcycle", params={"n1": 1e9, "d1": 1e9, "d2": 1e9, "moe_fit": ids["upcycled"]})
-    assert r.status_code == 422 and "detail" in r.json()  # an upcycled law is not a from-scratch MoE law
 
 
 def test_cron_schedule_fires_once_per_matching_minute(flow) -> None:
@@ -164,5 +157,5 @@ def test_cron_schedule_fires_once_per_matching_minute(flow) -> None:
     assert schedule["id"] not in {s["id"] for s in c.get("/refit-schedules").json()}
     assert c.get("/refits", params={"schedule_id": schedule["id"]}).json() == versions  # history kept
     bad = c.post("/refit-schedules", json={"name": "x", "trigger": "cron", "cron": "61 * * * *",
-                                           "request": {"sweep_ids": [sid], "laws": {"upcycled": "joint"}}})
+                                           "request": {"sweep_ids": [sid]}})
     assert bad.status_code == 422 and "minute" in bad.text

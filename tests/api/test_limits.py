@@ -287,7 +287,7 @@ def test_a_dense_model_under_a_data_root_is_planned(server) -> None:
     model = _model_dir(server.settings.data_root_paths[0] / "models" / "mine")
     r = _post_raw(server, json.dumps(_dense_spec("imported", str(model))))
     assert r.status_code == 201, r.text
-    assert r.json()["plan"]["by_kind"]["dense_import"] == 1
+    assert r.json()["plan"]["by_kind"]["dense_import"]["count"] == 1
 
 
 def test_the_tokenizer_of_an_imported_model_is_confined_before_its_vocabulary_is_read(server, outside) -> None:

@@ -1,0 +1,49 @@
+"""One summary of a plan, for every face that shows one: `upscale plan`, `upscale submit` and POST /sweeps (and so
+`upscale.Client.submit`). Segments, tokens and FLOPs of the whole plan and of what it would train given the store,
+the saving over independent runs, a wall-time estimate, and the laws of the analysis the grid cannot identify with
+what to add (fitting/identifiability.py on the planned coordinates)."""
+
+from __future__ import annotations
+
+from upscale.control.identifiability import planned_grid
+from upscale.control.schemas import KindTotals, LawCheckPublic, PlanEstimate, PlanSummary
+from upscale.fitting.identifiability import identifiability
+from upscale.orchestrator.plan_in_store import PlanInStore
+from upscale.sweeps.planner import GPU_FLOPS_PER_S, critical_path_s, gpu_flops_per_s, segment_seconds
+from upscale.sweeps.spec import SweepSpec
+
+KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
+              "scratch_trunk", "scratch_decay")
+
+
+def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None = None,
+                 flops_per_s: float | None = None) -> PlanSummary:
+    """``check``'s plan (of ``spec``) summarised. Without a throughput, a GPU sweep (resources.gpus > 0) is estimated
+    at 400 TFLOP/s per GPU of a segment, a CPU sweep from the figures measured on a 2-core CPU (docs/architecture.md,
+    "Measured facts"); the estimate counts only what would train (done segments take no time)."""
+    p = check.plan
+    if not tokens_per_s and not flops_per_s and (gpu := gpu_flops_per_s(spec)):
+        flops_per_s = gpu
+    seconds = segment_seconds(p, tokens_per_s=tokens_per_s, flops_per_s=flops_per_s)
+    new = check.to_train()
+    new_ids = {s.id for s in new}
+    to_wait = {k: (v if k in new_ids else 0.0) for k, v in seconds.items()}
+    kinds: dict[str, KindTotals] = {}
+    for s in p.segments:
+        k = kinds.setdefault(s.spec.kind, KindTotals(count=0, tokens=0, flops=0.0, seconds=0.0))
+        k.count += 1
+        k.tokens += s.tokens
+        k.flops += s.flops
+        k.seconds += seconds[s.id]
+    basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
+             else "throughput measured on a 2-core CPU (give --tokens-per-s for your machine)")
+    estimate = PlanEstimate(basis=basis, serial_s=sum(to_wait.values()), critical_path_s=critical_path_s(p, to_wait),
+                            gpu_hours_at_400_tflops=sum(s.flops for s in new) / GPU_FLOPS_PER_S / 3600)
+    checks = [LawCheckPublic(**c.as_dict()) for c in identifiability(planned_grid(p))]
+    return PlanSummary(
+        name=p.name, segments=len(p.segments), new_segments=len(new),
+        by_kind={k: kinds[k] for k in KIND_ORDER if k in kinds}, observations=len(p.observations()),
+        tokens=sum(s.tokens for s in p.segments), new_tokens=sum(s.tokens for s in new),
+        total_flops=p.total_flops, new_flops=sum(s.flops for s in new), independent_flops=p.independent_flops,
+        saving=p.saving, estimate=estimate, identifiability=checks, notes=list(p.notes),
+        stale_segments=dict(check.stale), reuse_stale=check.reuse_stale)
