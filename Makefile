@@ -26,7 +26,7 @@ demo: venv
 # ruff, then the import contracts of pyproject.toml (layers; fitting pure): an upward import fails the build.
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/python scripts/lint_imports.py
+	$(BIN)/python tools/lint_imports.py
 
 test: venv lint
 	$(BIN)/pytest -m "not slow and not gpu" $(PYTEST_ARGS)

@@ -1,4 +1,4 @@
-"""The API's tables: tokens, sweep owners, fits, refit schedules, refit records (api/records.py).
+"""The API's tables: tokens, sweep owners, fits, refit schedules, refit records (control/records.py).
 
 Revision ID: 0002
 Revises: 0001

@@ -1,5 +1,5 @@
 """refit_schedules.last_fired_minute: the cron minute a refit loop claimed, so that loops racing on one schedule
-(serve + `upscale scheduler`, or two replicas) fire it once per matching minute (api/refits.py).
+(serve + `upscale scheduler`, or two replicas) fire it once per matching minute (control/refits.py).
 
 Revision ID: 0003
 Revises: 0002

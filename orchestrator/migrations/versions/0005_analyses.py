@@ -1,4 +1,4 @@
-"""The analyses table (api/records.py AnalysisRecord): one row per run of the paper's analysis on a set of sweeps,
+"""The analyses table (control/records.py AnalysisRecord): one row per run of the paper's analysis on a set of sweeps,
 unique per (sweeps, inputs) so that two triggers for the same inputs make one analysis; and refits.analysis_id and
 refits.dstar_group: the analysis a refit version ran and the upcycling group its D* is of.
 

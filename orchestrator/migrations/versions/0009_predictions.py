@@ -1,6 +1,6 @@
 """The prediction ledger: one row per (sweep, observation segment) with the loss the newest analysis predicted for
 it before it trained and its nominal 80% and 95% intervals, scored (observed loss, absolute error, inside or not)
-once it finishes (orchestrator/ledger.py).
+once it finishes (control/ledger.py).
 
 Revision ID: 0009
 Revises: 0008
