@@ -75,7 +75,7 @@ class RunTree:
         """Say on a sweep's run that it took over ``segments`` results trained under an older training version."""
         self.client.set_tag(run_id, run_tags.REUSE_STALE, str(segments))
 
-    def logmetrics_at(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int) -> None:
         """Log ``metrics`` (already named, e.g. `calibration/coverage_80`) on a run at ``step``; nothing if empty."""
         if metrics:
             self.client.log_batch(run_id, metrics=metrics_at(metrics, step))
