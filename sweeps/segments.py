@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
@@ -61,8 +61,22 @@ class Frozen(BaseModel):
         return frozenset()
 
 
-Routing = Literal["softmax_topk", "deepspeed"]  # docs/methods.md, "Routing"
-Dispatch = Literal["grouped", "deepspeed"]  # docs/methods.md, "Dispatch"
+# The MoE options a sweep spec (sweeps/spec.py `MoeSection`) and a segment's `ModelSpec` share, each described once
+# here; the workers' ModelConfig is a ModelSpec, so it shares them too.
+Routing = Annotated[Literal["softmax_topk", "deepspeed"], Field(
+    description="softmax_topk: softmax over all experts, top-k, renormalised over the chosen k (weight 1 for top-1, "
+    "so naive top-1 upcycling preserves the dense function; the paper's Eq. 15, Mixtral's router); deepspeed: "
+    "DeepSpeed's gate (top-1 weighted by its probability). The same computation for k >= 2 (docs/methods.md, "
+    "\"Routing\").")]
+Dispatch = Annotated[Literal["grouped", "deepspeed"], Field(
+    description="How tokens reach the experts: grouped (dropless, sorted; workers/dispatch.py) or DeepSpeed's "
+    "capacity buffer (slower). Equal results (fp32 <= 1e-5): not part of the identity (docs/methods.md, "
+    "\"Dispatch\").")]
+AuxLossCoef = Annotated[float, Field(ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")]
+RouterInit = Annotated[Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"], Field(
+    description="Router init: N(0, 2/(5·d_model)) (the paper's A.6), N(0, 0.02^2), zero-mean uniform with std 0.02 "
+    "(Drop-Upcycling's torch_rand_002), or torch's kaiming-uniform (DeepSpeed's untouched default).")]
+MIN_EXPERTS = 2  # an MoE layer has at least two experts; n_expert = 0 is the dense FFN, and 1 is neither
 FFN_MULT = 4  # the dense FFN is FFN_MULT·d_model wide, as the paper's 4·d_model
 # Bounds far above any real model or run (the largest public ones train ~1e13 tokens, ~100 layers, d_model ~16k) that
 # keep every count derived from them inside the store's 64-bit integers: tokens x lr_search trials, and an MoE's
@@ -134,36 +148,39 @@ class Shape(Frozen):
 
 
 class ModelSpec(Shape):
-    """The architecture: a Llama-style decoder whose FFN is dense (n_expert = 0) or a top-k MoE."""
+    """The architecture: a Llama-style decoder whose FFN is dense (n_expert = 0) or a top-k MoE (n_expert >= 2).
+
+    The one model schema: a segment hashes it, and the workers' `ModelConfig` (workers/model.py) is a ModelSpec
+    plus what an upcycling method reshapes and where the model runs."""
 
     vocab_size: int = Field(ge=2, description="Tokeniser vocabulary size (256 for bytes).")
-    context: int = Field(ge=1, description="Tokens per training sequence.")
-    n_expert: int = Field(0, ge=0, le=MAX_EXPERTS, description="Experts per MoE layer; 0 = dense FFN.")
-    topk: int = Field(0, ge=0, description="Experts each token is routed to; 0 for dense.")
-    aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
-    router_init: str = Field("normal_2_5d", description="Router init; normal_2_5d = N(0, 2/(5·d_model)) (A.6).")
+    context: int = Field(ge=1, description="Tokens per training sequence (the RoPE table's length).")
+    n_expert: int = Field(0, ge=0, le=MAX_EXPERTS, description=f"Experts per MoE layer: 0 = dense FFN, else >= "
+                          f"{MIN_EXPERTS}.")
+    topk: int = Field(0, ge=0, description="Experts each token is routed to (token choice), 1..n_expert; 0 for dense.")
+    aux_loss_coef: AuxLossCoef = 1e-3
+    router_init: RouterInit = "normal_2_5d"
     init_std: float = Field(0.02, gt=0, description="Std of the normal init of the other weights.")
-    routing: Routing = Field(
-        "softmax_topk", description="softmax_topk: softmax over all experts, top-k, renormalised over the k (weight 1 "
-        "for top-1; the paper's Eq. 15); deepspeed: DeepSpeed's gate (top-1 weighted by its probability).")
-    dispatch: Dispatch = Field(
-        "grouped", description="How tokens reach the experts: grouped (dropless, sorted) or DeepSpeed's capacity "
-        "buffer. Equal results (fp32 <= 1e-5): not part of the identity.")
+    routing: Routing = "softmax_topk"
+    dispatch: Dispatch = "grouped"
     tie_embeddings: bool = Field(False, description="The LM head shares the input embedding's weights.")
     norm_eps: float = Field(1e-5, gt=0, le=1, description="RMSNorm epsilon.")
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
+        if 0 < self.n_expert < MIN_EXPERTS:
+            raise ValueError(f"n_expert={self.n_expert}: an MoE has at least {MIN_EXPERTS} experts; use n_expert=0 "
+                             "for a dense model")
         if self.n_expert == 0 and self.topk != 0:
             raise ValueError(f"topk={self.topk} given for a dense model (n_expert=0); use topk=0")
         if self.n_expert > 0 and not 1 <= self.topk <= self.n_expert:
-            raise ValueError(f"topk={self.topk} must be between 1 and n_expert={self.n_expert}")
+            raise ValueError(f"topk={self.topk} is not valid for n_expert={self.n_expert}; valid: 1..{self.n_expert}")
         return self
 
     @property
     def is_moe(self) -> bool:
-        return self.n_expert > 0
+        return self.n_expert >= MIN_EXPERTS
 
     def identity_omits(self) -> frozenset[str]:
         """`dispatch` never changes the result. The two routings differ only at top-1 (for k >= 2 both are DeepSpeed's

@@ -35,6 +35,8 @@ from upscale.sweeps.model_dirs import DenseModelDir, read_dense_model
 from upscale.sweeps.segments import (
     MAX_EXPERTS,
     MAX_TOKENS,
+    MIN_EXPERTS,
+    AuxLossCoef,
     DataSpec,
     DecayShape,
     Dispatch,
@@ -190,13 +192,9 @@ class MoeSection(Frozen):
     experts: list[ExpertCount] = Field(max_length=MAX_AXIS,
                                        description="n_expert values; every one is paired with every topk.")
     topk: list[ExpertCount] = Field(max_length=MAX_AXIS, description="Experts each token is routed to.")
-    aux_loss_coef: float = Field(1e-3, ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")
-    routing: Routing = Field(
-        "softmax_topk", description="softmax_topk: softmax over all experts, top-k, renormalised over the k (the "
-        "paper's Eq. 15; naive top-1 upcycling preserves the dense function); deepspeed: DeepSpeed's gate.")
-    dispatch: Dispatch = Field(
-        "grouped", description="grouped: dropless sorted dispatch; deepspeed: DeepSpeed's capacity buffer (same "
-        "results, slower; docs/methods.md, \"Dispatch\").")
+    aux_loss_coef: AuxLossCoef = 1e-3
+    routing: Routing = "softmax_topk"
+    dispatch: Dispatch = "grouped"
 
     def identity_omits(self) -> frozenset[str]:
         """The dispatch never changes a result, and the routing only at top-1 (ModelSpec's rule), so neither makes
@@ -206,10 +204,11 @@ class MoeSection(Frozen):
     @model_validator(mode="after")
     def _check(self) -> MoeSection:
         problems: list[SpecProblem] = []
-        for name, values in (("experts", self.experts), ("topk", self.topk)):
+        least = f" (an MoE has at least {MIN_EXPERTS} experts)"
+        for name, values, low, why in (("experts", self.experts, MIN_EXPERTS, least), ("topk", self.topk, 1, "")):
             if not values:
                 problems.append((name, "empty list"))
-            problems += [(f"{name}[{i}]", f"must be >= 1, got {v}") for i, v in enumerate(values) if v < 1]
+            problems += [(f"{name}[{i}]", f"must be >= {low}, got {v}{why}") for i, v in enumerate(values) if v < low]
             problems += [(f"{name}[{i}]", f"duplicate value {v}") for i, v in enumerate(values) if v in values[:i]]
         for j, k in enumerate(self.topk):
             for i, e in enumerate(self.experts):

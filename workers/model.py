@@ -10,17 +10,17 @@ n_kv_head), as transformers' `repeat_kv`), tied embeddings (`tie_embeddings`: `l
 The FFN of every block is either dense or a
 `deepspeed.moe.layer.MoE` whose experts are SwiGLU FFNs: token-choice top-k, no token dropping
 (`drop_tokens=False`), deterministic top-2 (`top2_2nd_expert_sampling=False`), DeepSpeed's load-balancing loss
-returned to the caller. `routing="softmax_topk"` (default): softmax over all experts, top-k, renormalised over the
-chosen k (DeepSpeed's gate does this for k >= 2; for k = 1 the chosen weight is set to 1, so naive top-1 upcycling
-preserves the dense function); `routing="deepspeed"`: DeepSpeed's Switch-style top-1, weighted by p_max.
-`dispatch="grouped"` (default) swaps DeepSpeed's capacity-buffer dispatch for workers/dispatch.py's dropless grouped
-one inside the same `MoE` (same gate, experts and parameter names); `dispatch="deepspeed"` keeps DeepSpeed's.
+returned to the caller. `routing` picks the gate's weighting (ModelSpec's field description says how):
+"softmax_topk" renormalises DeepSpeed's top-1 weight to 1, "deepspeed" keeps DeepSpeed's own gate. `dispatch="grouped"`
+swaps DeepSpeed's capacity-buffer dispatch for workers/dispatch.py's dropless grouped one inside the same `MoE` (same
+gate, experts and parameter names); `dispatch="deepspeed"` keeps DeepSpeed's.
 
 Public interface (kept small and stable for the trainer; everything else here is private):
 
-* `ModelConfig` — frozen pydantic model: n_layer, d_model, n_head, vocab_size, context, n_expert (0 or 1 = dense),
-  topk, aux_loss_coef, router_init, router_type, init_std, ... ; `ModelConfig.from_size(size, **overrides)`;
-  `ModelConfig.from_spec(segment_model_spec)`; `cfg.dense()` is the dense model of the same trunk.
+* `ModelConfig` — the segment's `ModelSpec` (sweeps/segments.py: shape, vocab_size, context, n_expert (0 = dense,
+  else >= 2), topk, routing, ...) plus the fields an upcycling method sets (expert_d_ff, shared_d_ff, router_type,
+  n_routers) and ep_size; `ModelConfig.from_size(size, **overrides)`; `ModelConfig.from_spec(segment_model_spec)`;
+  `cfg.dense()` is the dense model of the same trunk.
 * `build_model(cfg, seed, device=None) -> UpscaleLM`. Same (cfg, seed) -> bit-identical weights; the global torch
   RNG is left untouched. `device="meta"` builds without allocating (parameter counting of the Table 3 sizes).
 * `UpscaleLM.forward(tokens[B, T]) -> (logits[B, T, V], aux_loss)`: aux_loss is the sum over MoE layers of
@@ -61,51 +61,30 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from upscale.sweeps import sizes
-from upscale.sweeps.segments import FFN_MULT, Dispatch, ModelSpec, Routing, Shape
+from upscale.sweeps.segments import FFN_MULT, ModelSpec, Routing
 from upscale.workers.errors import WorkerError, validated
 
-RouterInit = Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"]
 RouterType = Literal["linear", "mixture", "mlp"]
 
 # Table 5 of the upcycling-scaling-laws paper: std of the normal init per model size. CPU sizes use 0.02.
 _PAPER_INIT_STD = {"15M": 0.035, "44M": 0.029, "0.1B": 0.025, "0.2B": 0.022, "0.5B": 0.019, "1B": 0.016}
 
 
-class ModelConfig(Shape):
-    """Shape (the sweeps' `Shape`, checked there) and routing of one model. Frozen: part of a checkpoint's identity."""
+class ModelConfig(ModelSpec):
+    """The model a worker builds: a segment's `ModelSpec` (every field of it, described and checked there) plus the
+    few fields a segment does not hash. An upcycling method's `configure` sets expert_d_ff, shared_d_ff,
+    router_type and n_routers (the method, part of the segment's identity, decides them); ep_size is placement.
+    Frozen; a checkpoint records it whole (config.json, the sidecar's model_config)."""
 
-    vocab_size: int = Field(default=4096, ge=2, description="tokenizer vocabulary size")
-    context: int = Field(default=1024, ge=1, description="maximum sequence length (RoPE table size)")
-    n_expert: int = Field(default=0, ge=0, description="experts per MoE layer; 0 or 1 = dense FFN")
-    topk: int = Field(default=0, ge=0, description="experts per token (token choice); 0 for a dense model")
     expert_d_ff: int | None = Field(
         default=None, ge=1, description="intermediate size of one expert; None = d_ff (copy-based upcycling)"
     )
     shared_d_ff: int = Field(
         default=0, ge=0, description="intermediate size of an always-on shared expert beside the MoE (0 = none)"
     )
-    aux_loss_coef: float = Field(default=1e-3, ge=0, description="load-balancing loss coefficient (paper: 1e-3)")
-    router_init: RouterInit = Field(
-        default="normal_2_5d",
-        description="router init: N(0, 2/(5 d_model)) (paper A.6), N(0, 0.02^2), zero-mean uniform with std 0.02 "
-        "(Drop-Upcycling's torch_rand_002), or torch's kaiming-uniform (DeepSpeed's untouched default)",
-    )
     router_type: RouterType = Field(default="linear", description="linear | mixture (Router Upcycling) | mlp")
     n_routers: int = Field(default=0, ge=0, description="routers of a 'mixture' router; 0 = n_expert (paper's m=n)")
-    init_std: float = Field(default=0.02, gt=0, description="std of the normal init of every weight matrix")
-    rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base")
-    norm_eps: float = Field(default=1e-5, gt=0, le=1, description="RMSNorm epsilon")
-    tie_embeddings: bool = Field(default=False, description="the LM head shares the input embedding's weights")
     ep_size: int = Field(default=1, ge=1, description="expert-parallel group size (1 = all experts local)")
-    routing: Routing = Field(
-        default="softmax_topk",
-        description="softmax_topk: softmax over all experts, top-k, renormalised over the chosen k (weight 1 for "
-        "k = 1; Mixtral's router); deepspeed: DeepSpeed's gate (top-1 weighted by its probability)",
-    )
-    dispatch: Dispatch = Field(
-        default="grouped",
-        description="grouped: dropless sorted dispatch (workers/dispatch.py); deepspeed: DeepSpeed's capacity buffer",
-    )
 
     @model_validator(mode="before")
     @classmethod
@@ -116,13 +95,11 @@ class ModelConfig(Shape):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> ModelConfig:
+    def _check_buildable(self) -> ModelConfig:
+        """What this implementation needs beyond ModelSpec's rules (checked first, by ModelSpec's `_check`)."""
         if (self.d_model // self.n_head) % 2:
             raise WorkerError(f"head size d_model/n_head={self.d_model // self.n_head} must be even for RoPE")
         if self.is_moe:
-            if not 1 <= self.topk <= self.n_expert:
-                raise WorkerError(f"topk={self.topk} is not valid for n_expert={self.n_expert}; "
-                                  f"valid: 1..{self.n_expert}")
             if self.n_expert % self.ep_size:
                 raise WorkerError(f"n_expert={self.n_expert} is not divisible by ep_size={self.ep_size}")
             if self.router_type == "mixture":
@@ -136,37 +113,19 @@ class ModelConfig(Shape):
 
     @classmethod
     def from_size(cls, size: str, **overrides: object) -> ModelConfig:
-        """A named size from sweeps/sizes.py (paper Table 3 sizes get Table 5's init std)."""
+        """A named size from sweeps/sizes.py (paper Table 3 sizes get Table 5's init std); the vocabulary and context
+        default to `upscale model init`'s (4096, 1024)."""
         try:
             shape = sizes.shape_of(size)
         except ValueError as e:
             raise WorkerError(str(e)) from None
-        base = {**shape.model_dump(), "init_std": _PAPER_INIT_STD.get(size, 0.02)}
+        base = {**shape.model_dump(), "vocab_size": 4096, "context": 1024, "init_std": _PAPER_INIT_STD.get(size, 0.02)}
         return validated(cls, **{**base, **overrides})
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> ModelConfig:
-        """The model of a segment's hashed architecture (n_expert=0, topk=0 = dense)."""
-        return validated(
-            cls,
-            **spec.shape.model_dump(),
-            vocab_size=spec.vocab_size,
-            context=spec.context,
-            n_expert=spec.n_expert,
-            topk=spec.topk,
-            aux_loss_coef=spec.aux_loss_coef,
-            router_init=spec.router_init,
-            init_std=spec.init_std,
-            routing=spec.routing,
-            dispatch=spec.dispatch,
-            tie_embeddings=spec.tie_embeddings,
-            norm_eps=spec.norm_eps,
-            rope_theta=spec.rope_theta,
-        )
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_expert > 1
+        """The model of a segment's hashed architecture: its fields as they are, the others at their defaults."""
+        return validated(cls, **spec.model_dump())
 
     @property
     def d_expert(self) -> int:

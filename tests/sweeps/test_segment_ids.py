@@ -62,8 +62,15 @@ def test_decay_branch_needs_a_decay_start_inside_it() -> None:
 
 
 def test_topk_above_experts_is_refused() -> None:
-    with pytest.raises(ValidationError, match="topk=3 must be between 1 and n_expert=2"):
+    with pytest.raises(ValidationError, match=r"topk=3 is not valid for n_expert=2; valid: 1\.\.2"):
         ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=16, n_expert=2, topk=3)
+
+
+def test_one_expert_is_neither_dense_nor_moe() -> None:
+    base = {"n_layer": 2, "d_model": 32, "n_head": 2, "vocab_size": 256, "context": 16}
+    with pytest.raises(ValidationError, match="n_expert=1: an MoE has at least 2 experts"):
+        ModelSpec(**base, n_expert=1, topk=1)
+    assert ModelSpec(**base, n_expert=2, topk=1).is_moe and not ModelSpec(**base).is_moe
 
 
 def test_dispatch_is_never_hashed_and_routing_only_where_it_changes_the_computation() -> None:
@@ -97,3 +104,16 @@ def test_imported_shape_fields_are_hashed_only_away_from_their_defaults() -> Non
         assert _trunk(model=ModelSpec(**base, **kw)).id != key
     with pytest.raises(ValidationError, match="n_kv_head=3 does not divide n_head=4"):
         ModelSpec(**base, n_kv_head=3)
+
+
+@pytest.mark.parametrize(("kind", "model", "key"), [
+    ("dense_trunk", {}, "43e27eae4cbd4648"),
+    ("scratch_trunk", {"n_expert": 4, "topk": 1}, "144d17d9f309db54"),
+    ("scratch_trunk", {"n_expert": 4, "topk": 2, "routing": "deepspeed"}, "de1b6225c9dae16f"),
+    ("scratch_trunk", {"n_expert": 8, "topk": 1, "routing": "deepspeed", "aux_loss_coef": 0.01}, "48588a680857b6cd"),
+])
+def test_keys_are_pinned(kind: str, model: dict, key: str) -> None:
+    """Stored segments are found by these keys: a schema refactoring must leave them as they are (a change in what a
+    segment computes bumps TRAINING_SEMANTICS instead)."""
+    spec = _trunk(kind=kind, model=ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=16, **model))
+    assert spec.id == key

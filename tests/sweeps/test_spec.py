@@ -33,6 +33,8 @@ def _lr_search_and_size_lr(d: dict) -> None:
 
 CASES = [
     (_set("moe.topk", [2, 8]), "moe.topk[1]", "topk=8 exceeds experts=4"),
+    # one expert is no MoE: the worker would build it dense, so a "from-scratch MoE" would train a dense model
+    (_set("moe", {"experts": [4, 1], "topk": [1]}), "moe.experts[1]", "must be >= 2, got 1 (an MoE has at least 2"),
     (_set("tokens.d1", []), "tokens.d1", "empty budget list"),
     (_set("tokens.d2", [40960, 20480]), "tokens.d2[1]", "sorted ascending"),
     (_set("tokens.d2", [20480, 20480]), "tokens.d2[1]", "duplicate budget"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
 from torch.utils.flop_counter import FlopCounterMode
 
 from tests.sweeps.test_sizes import TABLE_3  # the paper's N_dense and N_total (8 experts)
@@ -89,9 +90,22 @@ def test_from_spec_maps_segment_architecture() -> None:
     )
     assert moe.is_moe and (moe.n_expert, moe.topk, moe.init_std) == (8, 2, 0.03)
     assert moe.dense().n_expert == 0 and build_model(moe, 0, "meta").n1() == build_model(dense, 0, "meta").n_total()
-    bad = ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=64, router_init="xavier")
-    with pytest.raises(WorkerError, match="router_init"):
-        ModelConfig.from_spec(bad)
+    with pytest.raises(ValidationError, match="router_init"):  # one schema: the segment's spec refuses it already
+        ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256, context=64, router_init="xavier")
+
+
+def test_the_config_is_the_segments_spec_plus_unhashed_fields() -> None:
+    spec = ModelSpec(n_layer=2, d_model=32, n_head=4, n_kv_head=2, vocab_size=256, context=64, n_expert=8, topk=1,
+                     routing="deepspeed", dispatch="deepspeed", norm_eps=1e-6)
+    cfg = ModelConfig.from_spec(spec)
+    assert isinstance(cfg, ModelSpec) and ModelSpec(**{k: getattr(cfg, k) for k in ModelSpec.model_fields}) == spec
+    assert set(ModelConfig.model_fields) - set(ModelSpec.model_fields) == {
+        "expert_d_ff", "shared_d_ff", "router_type", "n_routers", "ep_size"}
+
+
+def test_one_expert_is_refused_not_built_dense() -> None:
+    with pytest.raises(WorkerError, match="n_expert=1: an MoE has at least 2 experts"):
+        ModelConfig.from_size("nano", n_expert=1, topk=1)
 
 
 @pytest.mark.parametrize(

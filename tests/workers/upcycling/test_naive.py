@@ -33,7 +33,8 @@ def test_experts_are_copies_and_the_rest_is_inherited(dense_cfg: ModelConfig, de
 @pytest.mark.parametrize(("init", "std"), [("normal_0.02", 0.02), ("uniform_0.02", 0.02), ("normal_2_5d", None)])
 def test_router_statistics(init: str, std: float | None) -> None:
     # 4096 x 64 router: the std estimate has relative error ~1/sqrt(2·262144) = 0.14%; 5% is far outside noise
-    cfg = ModelConfig(n_layer=1, d_model=64, n_head=2, n_expert=4096, topk=2, router_init=init)
+    cfg = ModelConfig(n_layer=1, d_model=64, n_head=2, vocab_size=64, context=16, n_expert=4096, topk=2,
+                      router_init=init)
     w = init_router(cfg, seeded_generator(0, 1, 0))["weight"]
     target = std if std is not None else math.sqrt(2 / (5 * 64))
     assert w.shape == (4096, 64)
