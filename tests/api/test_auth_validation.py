@@ -40,6 +40,11 @@ def test_bad_spec_is_422_naming_each_field(live) -> None:
         assert r.status_code == 422
         locs = [d["loc"] for d in r.json()["detail"]]
         assert ["body", "tokens", "d1", 0] in locs
+        # one expert is no MoE: refused at the field, not planned as MoE segments a worker would build dense
+        r = c.post("/sweeps", json={**SPEC, "moe": {"experts": [2, 1], "topk": [1]}})
+        (problem,) = r.json()["detail"]
+        assert r.status_code == 422 and problem["loc"] == ["body", "moe", "experts", 1], r.text
+        assert "at least 2 experts" in problem["msg"]
         r = c.post("/sweeps", content="name: [unclosed", headers={"content-type": "application/yaml"})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]
         assert c.get("/sweeps/nope").status_code == 404
