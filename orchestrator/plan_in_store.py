@@ -2,8 +2,8 @@
 
 `upscale plan`, `upscale run` and POST /sweeps report the same figures from here: the whole plan's segments, tokens
 and FLOPs, and the `new_*` ones of the segments not yet done in the store (whatever the DAG looks like: the store is
-matched by segment key, and by the other keys of the same jobs: coarser cuts of their chains, and the monolithic
-trunks from before chains). Light on purpose (no Ray): `upscale plan` reads it.
+matched by segment key, and by the other keys of the same jobs: sweeps/reuse.py). Light on purpose (no Ray): `upscale
+plan` reads it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from upscale.orchestrator.store import Store
-from upscale.sweeps.planner import Plan, PlannedSegment, legacy_ids, unversioned_ids
+from upscale.sweeps.planner import Plan, PlannedSegment
+from upscale.sweeps.reuse import other_keys, unversioned_ids
 from upscale.sweeps.segments import TRUNK_KINDS
 
 
@@ -20,8 +21,8 @@ from upscale.sweeps.segments import TRUNK_KINDS
 class PlanInStore:
     """A plan compared with what the store holds: its segments done there, and those the store holds only trained
     under another training-semantics version (stale: planned key -> the stale segment's key), and those it holds under
-    another key of the same job (legacy: planned key -> that key, `planner.legacy_ids`; the same computation, so
-    always taken over, `Store.create_sweep`)."""
+    another key of the same job (legacy: planned key -> that key, `reuse.other_keys`: another cut of its chain; the same
+    computation, so always taken over, `Store.create_sweep`)."""
 
     plan: Plan
     done: frozenset[str] = frozenset()
@@ -50,7 +51,7 @@ def compare(store: Store, p: Plan, reuse_stale: bool = False) -> PlanInStore:
     """What ``store`` holds of plan ``p``: done segments, stale ones (`Store.holdings`) and legacy ones
     (`Store.legacy_holdings`)."""
     done, stale = store.holdings(unversioned_ids(p.segments))
-    old = legacy_ids(p.segments)
+    old = other_keys(p.segments)
     ends = {s.id: s.spec.end_tokens for s in p.segments if s.spec.kind in TRUNK_KINDS}
     legacy = store.legacy_holdings({k: v for k, v in old.items() if k not in done}, ends)
     return PlanInStore(p, frozenset(done), {k: v for k, v in stale.items() if k not in legacy}, reuse_stale, legacy)

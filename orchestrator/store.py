@@ -33,7 +33,8 @@ from upscale.orchestrator.records import (
     SweepSegmentRecord,
     utcnow,
 )
-from upscale.sweeps.planner import PlannedSegment, unversioned_ids
+from upscale.sweeps.planner import PlannedSegment
+from upscale.sweeps.reuse import unversioned_ids
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult
 
 KEYS_PER_QUERY = 10000  # bound parameters per IN (...) query: SQLite allows 32766, PostgreSQL 65535
@@ -96,8 +97,8 @@ class Store:
         ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
         version; it is recorded on the sweep, and with ``reuse_stale`` their results are taken over (`adopt_stale`)
         in the same transaction, so no scheduler can start training them in between. ``legacy`` (`legacy_holdings`)
-        maps planned segments to done ones of the same job under another key (a coarser cut of a chain, a trunk from
-        before chains): the same computation, always taken over the same way, each recording the old key in
+        maps planned segments to done ones of the same job under another key (another cut of its chain): the same
+        computation, always taken over the same way, each recording the old key in
         `reused_from`."""
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
                             status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale)
@@ -124,7 +125,7 @@ class Store:
         return sweep
 
     def holdings(self, unversioned: Mapping[str, str]) -> tuple[set[str], dict[str, str]]:
-        """What the store holds of planned segments (``unversioned``: planned key -> `SegmentSpec.unversioned_id`):
+        """What the store holds of planned segments (``unversioned``: planned key -> `reuse.unversioned_id`):
         the keys done, and for each one not done the key of a done segment of the same job trained under another
         training-semantics version (stale), the newest version's first; one transaction."""
         keys = list(unversioned)
@@ -142,7 +143,7 @@ class Store:
     def legacy_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
                         ) -> dict[str, str]:
         """Planned key -> a done segment the store holds under one of its other keys (``old_keys``:
-        `planner.legacy_ids`: a coarser cut of its chain, or a monolithic trunk from before chains): the same job,
+        `reuse.other_keys`: another cut of its chain): the same job,
         or for a trunk piece (``piece_ends``: its end tokens) a segment that kept a checkpoint there; one
         transaction."""
         wanted = list({o for olds in old_keys.values() for o in olds})
@@ -175,7 +176,7 @@ class Store:
     def _adopt_stale(self, s: Session, stale: Mapping[str, str]) -> list[str]:
         """Each pending (or failed) segment in ``stale`` becomes done with its old segment's result, checkpoints and
         observation: its children start from the old checkpoints, as from any done parent's. A trunk piece taking
-        over a longer monolithic trunk (legacy) gets the trunk's checkpoint at the piece's end as its final one."""
+        over a piece of another cut (legacy) gets that piece's checkpoint at its end as its final one."""
         olds = {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(list(stale.values()))))}
         ckpts = s.scalars(select(CheckpointRecord).where(CheckpointRecord.segment_key.in_(list(olds)),
                                                          CheckpointRecord.deleted_at.is_(None)))
