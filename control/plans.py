@@ -25,9 +25,9 @@ def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None
     if not tokens_per_s and not flops_per_s and (gpu := gpu_flops_per_s(spec)):
         flops_per_s = gpu
     seconds = segment_seconds(p, tokens_per_s=tokens_per_s, flops_per_s=flops_per_s)
-    new = check.to_train()
-    new_ids = {s.id for s in new}
+    new_ids = {s.id for s in check.to_train()}
     to_wait = {k: (v if k in new_ids else 0.0) for k, v in seconds.items()}
+    f = check.figures()
     kinds: dict[str, KindTotals] = {}
     for s in p.segments:
         k = kinds.setdefault(s.spec.kind, KindTotals(count=0, tokens=0, flops=0.0, seconds=0.0))
@@ -38,12 +38,11 @@ def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None
     basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
              else "throughput measured on a 2-core CPU (give --tokens-per-s for your machine)")
     estimate = PlanEstimate(basis=basis, serial_s=sum(to_wait.values()), critical_path_s=critical_path_s(p, to_wait),
-                            gpu_hours_at_400_tflops=sum(s.flops for s in new) / GPU_FLOPS_PER_S / 3600)
+                            gpu_hours_at_400_tflops=f["new_flops"] / GPU_FLOPS_PER_S / 3600)
     checks = [LawCheckPublic(**c.as_dict()) for c in identifiability(planned_grid(p))]
     return PlanSummary(
-        name=p.name, segments=len(p.segments), new_segments=len(new),
+        name=p.name, segments=f["segments"], new_segments=f["new_segments"],
         by_kind={k: kinds[k] for k in KIND_ORDER if k in kinds}, observations=len(p.observations()),
-        tokens=sum(s.tokens for s in p.segments), new_tokens=sum(s.tokens for s in new),
-        total_flops=p.total_flops, new_flops=sum(s.flops for s in new), independent_flops=p.independent_flops,
-        saving=p.saving, estimate=estimate, identifiability=checks, notes=list(p.notes),
-        stale_segments=dict(check.stale), reuse_stale=check.reuse_stale)
+        tokens=f["tokens"], new_tokens=f["new_tokens"], total_flops=f["flops"], new_flops=f["new_flops"],
+        independent_flops=f["independent_flops"], saving=f["saving"], estimate=estimate, identifiability=checks,
+        notes=list(p.notes), stale_segments=f["stale"], reuse_stale=f["reuse_stale"])

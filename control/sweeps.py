@@ -103,7 +103,7 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
         sweep = services.store.sweep(sweep.id)
     existing = sweep is not None
     if sweep is None:
-        sweep = services.orch.submit(spec, p, reuse_stale=reuse_stale, stale=check.stale, legacy=check.legacy)
+        sweep = services.orch.submit(spec, p, reuse_stale=reuse_stale, stale=check.stale, other_cuts=check.other_cuts)
         with services.store.transaction() as s:
             s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
     return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=plan_summary(check, spec),

@@ -402,7 +402,7 @@ class Scheduler:
 
 def parent_checkpoint(parent: SegmentRecord, start_tokens: int, parent_dir: str) -> str:
     """Where a child starting at ``start_tokens`` begins from: a trunk's checkpoint at that branch point (a piece's
-    end, or a branch point a monolithic trunk from before chains saved), an lr_search's directory (its result.json
+    end, or a branch point it saved: `checkpoint_at`), an lr_search's directory (its result.json
     holds best_lr), otherwise the parent's final checkpoint."""
     result = parent.result or {}
     if parent.kind == "lr_search":

@@ -35,20 +35,20 @@ class Orchestrator:
         return compare(self.store, p, reuse_stale)
 
     def submit(self, spec: SweepSpec, planned: Plan | None = None, reuse_stale: bool = False,
-               stale: dict[str, str] | None = None, legacy: dict[str, str] | None = None) -> SweepRecord:
+               stale: dict[str, str] | None = None, other_cuts: dict[str, str] | None = None) -> SweepRecord:
         """Record ``spec`` with its plan (planned here unless the caller has it); segments already known (from any
         sweep) are shared, not re-planned. Segments the store holds trained under an older training-semantics
         version (``stale``, found here unless the caller has them) are recorded on the sweep and retrained, or with
-        ``reuse_stale`` taken over from the old ones. Segments held under the keys the planner gave before trunks
-        were chains (``legacy``, found here unless the caller has them) are taken over always."""
+        ``reuse_stale`` taken over from the old ones. Segments held under another cut of their chain
+        (``other_cuts``, found here unless the caller has them) are the same computation and taken over always."""
         p = planned or plan(spec)
-        if stale is None or legacy is None:
+        if stale is None or other_cuts is None:
             check = self.compare(p)
             stale = check.stale if stale is None else stale
-            legacy = check.legacy if legacy is None else legacy
+            other_cuts = check.other_cuts if other_cuts is None else other_cuts
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
                                        spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec, p),
-                                       stale=stale, reuse_stale=reuse_stale, legacy=legacy)
+                                       stale=stale, reuse_stale=reuse_stale, other_cuts=other_cuts)
 
     def identical(self, spec: SweepSpec, p: Plan) -> list[SweepRecord]:
         """The sweeps recorded from a spec identical to ``spec`` that planned the segments ``p`` plans, newest first."""
@@ -64,7 +64,7 @@ class Orchestrator:
         if sweep_id is None or reuse_stale:
             check = check or self.compare(plan(spec))
         if sweep_id is None:
-            sweep_id = self.submit(spec, check.plan, reuse_stale, check.stale, check.legacy).id
+            sweep_id = self.submit(spec, check.plan, reuse_stale, check.stale, check.other_cuts).id
         elif reuse_stale and check.stale:
             self.store.adopt_stale(sweep_id, check.stale)
         return (scheduler or Scheduler(self.store, self.settings)).run(sweep_id)

@@ -33,7 +33,8 @@ from upscale.orchestrator.records import (
     SweepSegmentRecord,
     utcnow,
 )
-from upscale.sweeps.planner import PlannedSegment, unversioned_ids
+from upscale.sweeps.planner import PlannedSegment
+from upscale.sweeps.reuse import unversioned_ids
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult
 
 KEYS_PER_QUERY = 10000  # bound parameters per IN (...) query: SQLite allows 32766, PostgreSQL 65535
@@ -91,14 +92,14 @@ class Store:
     def create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
                      segments: Sequence[PlannedSegment], spec_hash: str | None = None,
                      stale: Mapping[str, str] | None = None, reuse_stale: bool = False,
-                     legacy: Mapping[str, str] | None = None) -> SweepRecord:
+                     other_cuts: Mapping[str, str] | None = None) -> SweepRecord:
         """Record a sweep and its segments; segments another sweep already created are shared, not duplicated.
 
         ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
         version; it is recorded on the sweep, and with ``reuse_stale`` their results are taken over (`adopt_stale`)
-        in the same transaction, so no scheduler can start training them in between. ``legacy`` (`legacy_holdings`)
-        maps planned segments to done ones of the same job under another key (a coarser cut of a chain, a trunk from
-        before chains): the same computation, always taken over the same way, each recording the old key in
+        in the same transaction, so no scheduler can start training them in between. ``other_cuts`` (`other_cut_holdings`)
+        maps planned segments to done ones of the same job under another key (another cut of its chain): the same
+        computation, always taken over the same way, each recording the old key in
         `reused_from`."""
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
                             status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale)
@@ -118,14 +119,14 @@ class Store:
                     known.add(p.id)
                 s.add(SweepSegmentRecord(sweep_id=sweep.id, segment_key=p.id, position=position,
                                          axes={k: v for k, v in p.axes.items()}))
-            taken = {**(stale if reuse_stale and stale else {}), **(legacy or {})}
+            taken = {**(stale if reuse_stale and stale else {}), **(other_cuts or {})}
             if taken:
                 s.flush()
                 self._adopt_stale(s, taken)
         return sweep
 
     def holdings(self, unversioned: Mapping[str, str]) -> tuple[set[str], dict[str, str]]:
-        """What the store holds of planned segments (``unversioned``: planned key -> `SegmentSpec.unversioned_id`):
+        """What the store holds of planned segments (``unversioned``: planned key -> `reuse.unversioned_id`):
         the keys done, and for each one not done the key of a done segment of the same job trained under another
         training-semantics version (stale), the newest version's first; one transaction."""
         keys = list(unversioned)
@@ -140,10 +141,10 @@ class Store:
             stale = {wanted[u]: old for old, u in rows}  # ascending: the newest version's row is written last
         return done, {k: stale[k] for k in keys if k in stale}
 
-    def legacy_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
+    def other_cut_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
                         ) -> dict[str, str]:
         """Planned key -> a done segment the store holds under one of its other keys (``old_keys``:
-        `planner.legacy_ids`: a coarser cut of its chain, or a monolithic trunk from before chains): the same job,
+        `reuse.other_keys`: another cut of its chain): the same job,
         or for a trunk piece (``piece_ends``: its end tokens) a segment that kept a checkpoint there; one
         transaction."""
         wanted = list({o for olds in old_keys.values() for o in olds})
@@ -176,7 +177,7 @@ class Store:
     def _adopt_stale(self, s: Session, stale: Mapping[str, str]) -> list[str]:
         """Each pending (or failed) segment in ``stale`` becomes done with its old segment's result, checkpoints and
         observation: its children start from the old checkpoints, as from any done parent's. A trunk piece taking
-        over a longer monolithic trunk (legacy) gets the trunk's checkpoint at the piece's end as its final one."""
+        over a piece of another cut of its chain gets that piece's checkpoint at its end as its final one."""
         olds = {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(list(stale.values()))))}
         ckpts = s.scalars(select(CheckpointRecord).where(CheckpointRecord.segment_key.in_(list(olds)),
                                                          CheckpointRecord.deleted_at.is_(None)))

@@ -13,8 +13,7 @@ decay branch of a budget resumes from the piece that ends at its decay start and
 id is its parent's id plus its own span and schedule, never the later branch points, so a sweep grown by larger
 budgets appends pieces and keeps every key it had. Segments are keyed by content id, so anything two grid points share
 (a trunk piece, an upcycle that ignores r) is planned once, and two overlapping sweeps produce the same ids. A sweep
-grown by an interior budget, and stores trained before trunks were chains (one monolithic trunk per chain), hold the
-same jobs under other keys: `legacy_ids` gives the keys to find them by.
+grown by an interior budget holds the same jobs under other keys (sweeps/reuse.py finds them).
 
 Costs: training FLOPs = `sizes.train_flops_per_token` (active params, attention, LM head) x tokens; an upcycle is a
 weight copy (0 FLOPs). `independent_flops` is the same grid trained the usual way, every point from scratch on its
@@ -25,15 +24,13 @@ own schedule: D1 dense tokens per dense point, D1 dense + D2 MoE tokens per upcy
 from __future__ import annotations
 
 import functools
-import itertools
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
 from upscale.sweeps.model_dirs import weights_fingerprint
 from upscale.sweeps.segments import (
-    TRUNK_KINDS,
     DenseImportSpec,
     LrSearchSpec,
     ModelSpec,
@@ -108,20 +105,6 @@ class Plan:
         return [s for s in self.segments if s.observation is not None]
 
 
-
-def unversioned_ids(segments: Sequence[PlannedSegment]) -> dict[str, str]:
-    """Segment id -> `SegmentSpec.unversioned_id` (the same job's key under any training-semantics version) of
-    segments in topological order: what a store matches to find segments trained under another version. A parent
-    not among ``segments`` counts as trained under version 1."""
-    out: dict[str, str] = {}
-    memo: dict = {}
-    for s in segments:
-        parents = tuple(out.get(p, p) for p in s.spec.parent_ids)
-        same = s.spec.semantics == 1 and parents == s.spec.parent_ids
-        out[s.id] = s.id if same else s.spec.unversioned_id(parents, memo)
-    return out
-
-
 def trunk_pieces(whole: SegmentSpec, branch_points: Sequence[int], memo: dict | None = None) -> list[SegmentSpec]:
     """``whole`` (a trunk from its start to its last branch point, with the trunk's parents) cut into a chain of
     pieces at ``branch_points``: piece i covers [s_(i-1), s_i) of the same schedule, the first has the trunk's
@@ -135,70 +118,6 @@ def trunk_pieces(whole: SegmentSpec, branch_points: Sequence[int], memo: dict | 
         pieces.append(piece)
         start, parents = end, (fingerprint(piece, memo),)
     return pieces
-
-
-def monolithic_trunk(pieces: Sequence[SegmentSpec], parent_ids: tuple[str, ...]) -> SegmentSpec:
-    """The trunk the planner gave before trunks were chains, for the chain that starts with ``pieces``: one segment
-    from the first piece's start to the last piece's end, saving a checkpoint at every piece's end, from
-    ``parent_ids``. Kept only to find what stores trained then (`legacy_ids`)."""
-    return pieces[0].model_copy(update={"end_tokens": pieces[-1].end_tokens,
-                                        "save_at_tokens": tuple(p.end_tokens for p in pieces),
-                                        "parent_ids": parent_ids})
-
-
-MAX_LEGACY_KEYS = 16  # other keys tried per segment (and cuts per chain): bounds the work of planning a wide DAG
-MAX_BUDGETS_ADDED = 2  # a chain is looked for as cut at all but this many of its branch points, at most
-
-
-def coarser_cuts(ends: Sequence[int]) -> Iterator[tuple[int, ...]]:
-    """The branch-point sets of the sweeps that ``ends`` (a chain's piece ends, increasing) may have grown from: the
-    whole set (the same cuts under parents with other keys) and the subsets missing up to MAX_BUDGETS_ADDED points,
-    the larger first (a grid grows a budget or two at a time), at most MAX_LEGACY_KEYS of them."""
-    sizes = range(len(ends), max(len(ends) - MAX_BUDGETS_ADDED, 1) - 1, -1)
-    subsets = (c for k in sizes for c in itertools.combinations(ends, k))
-    return itertools.islice(subsets, MAX_LEGACY_KEYS)
-
-
-def legacy_ids(segments: Sequence[PlannedSegment]) -> dict[str, tuple[str, ...]]:
-    """Segment id -> other keys the same job may be held under, for segments in topological order. A trunk piece
-    ending at e: the piece ending at e of a chain cut at fewer branch points (a grid that then grew; the store holds
-    the state at e as that piece's final checkpoint), and every monolithic trunk over a prefix of its chain that
-    contains it (the planner before trunks were chains; the store holds the state as that trunk's checkpoint at e).
-    Any other segment: its spec with each parent replaced by one of that parent's other keys. So an interior budget
-    added to a grown sweep retrains only the span it splits up to the new branch point. Segments without other keys
-    are absent."""
-    memo: dict = {}
-    chains: dict[str, list[PlannedSegment]] = {}
-    for s in segments:
-        if s.spec.kind in TRUNK_KINDS:
-            chains.setdefault(s.trunk, []).append(s)
-    out: dict[str, tuple[str, ...]] = {}
-
-    def parent_options(spec: SegmentSpec) -> list[tuple[str, ...]]:
-        combos = itertools.product(*(out.get(p, (p,)) for p in spec.parent_ids))
-        return list(itertools.islice(combos, MAX_LEGACY_KEYS))
-
-    for s in segments:
-        if s.spec.kind in TRUNK_KINDS:
-            if s.id != s.trunk:
-                continue  # a later piece: found with its chain's first
-            chain = [p.spec for p in chains[s.trunk]]
-            piece_at = {p.spec.end_tokens: p.id for p in chains[s.trunk]}
-            found: dict[str, list[str]] = {}
-            for parents in parent_options(s.spec):
-                whole = chain[0].model_copy(update={"parent_ids": parents})
-                for cuts in coarser_cuts([p.end_tokens for p in chain]):
-                    for old in trunk_pieces(whole, cuts, memo):
-                        found.setdefault(piece_at[old.end_tokens], []).append(fingerprint(old, memo))
-                for j in range(len(chain)):
-                    old = fingerprint(monolithic_trunk(chain[:j + 1], parents), memo)
-                    for piece in chains[s.trunk][:j + 1]:
-                        found.setdefault(piece.id, []).append(old)
-            out.update({k: tuple(dict.fromkeys(v))[:MAX_LEGACY_KEYS] for k, v in found.items()})
-        elif any(p in out for p in s.spec.parent_ids):
-            out[s.id] = tuple(fingerprint(s.spec.model_copy(update={"parent_ids": parents}), memo)
-                              for parents in parent_options(s.spec))
-    return out
 
 
 class _Builder:

@@ -28,16 +28,14 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 # What a segment computes, as a version: bump it by hand (2, 3, ...) in the change that alters the result of training
 # a segment with the same spec: data order or tokenisation, init, the LR schedule, the loss, the model's math. Every
-# planned segment's key then changes, and stored segments trained under the older version are reported stale and
-# retrained (or reused only when the user asks: `--reuse-stale`). Version 1 is every key from before it existed: it
-# is left out of the hash, so those keys stay valid (docs/conventions.md, "Content-addressed segments").
+# planned segment's key then changes; what a store holds under the older version is stale (sweeps/reuse.py).
 TRAINING_SEMANTICS = 1
 
 SegmentKind = Literal[
@@ -51,13 +49,20 @@ DecayShape = Literal["linear", "cosine", "1-sqrt"]
 
 class Frozen(BaseModel):
     """Base for identity models: immutable, no unknown keys, no infinite or NaN numbers (JSON's `Infinity`, YAML's
-    `.inf`: no budget, rate or size is infinite, and an infinity reaching the planner's arithmetic overflows)."""
+    `.inf`: no budget, rate or size is infinite, and an infinity reaching the planner's arithmetic overflows).
+
+    Its fingerprint (`canonical_json`) holds every field but two kinds:
+    - `optional_fields`, while at their default: options whose default computes what a model without the option
+      computes, so adding such an option keeps the key of every spec that does not use it. A new optional field of an
+      identity model belongs here.
+    - `identity_omits()`: fields that cannot change the result of this instance (a dispatch strategy, an option its
+      method never reads, a path whose content is fingerprinted)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
+    optional_fields: ClassVar[frozenset[str]] = frozenset()
+
     def identity_omits(self) -> frozenset[str]:
-        """Fields left out of the fingerprint: ones that cannot change the result, or that were added later with a
-        default that computes what the model did before they existed (so existing keys stay valid)."""
         return frozenset()
 
 
@@ -142,9 +147,7 @@ class Shape(Frozen):
         return Shape(n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head, ffn_width=self.ffn_width,
                      n_kv_head=self.n_kv_head)
 
-    def identity_omits(self) -> frozenset[str]:
-        """The FFN width and K/V heads were added later: left out while at their defaults, so older keys stay."""
-        return frozenset(k for k in ("ffn_width", "n_kv_head") if getattr(self, k) is None)
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"ffn_width", "n_kv_head"})
 
 
 class ModelSpec(Shape):
@@ -182,19 +185,14 @@ class ModelSpec(Shape):
     def is_moe(self) -> bool:
         return self.n_expert >= MIN_EXPERTS
 
+    optional_fields: ClassVar[frozenset[str]] = Shape.optional_fields | {"tie_embeddings", "norm_eps", "rope_theta"}
+
     def identity_omits(self) -> frozenset[str]:
-        """`dispatch` never changes the result. The two routings differ only at top-1 (for k >= 2 both are DeepSpeed's
-        renormalised top-k, the same computation), so `routing` is hashed only for a top-1 softmax_topk model: keys of
-        dense and k >= 2 models, and of top-1 models with DeepSpeed's routing, are what they were before it existed.
-        tie_embeddings, norm_eps and rope_theta came with imported models: hashed only when not at their defaults."""
-        omit = {"dispatch", *super().identity_omits()}
-        if not (self.topk == 1 and self.routing == "softmax_topk"):
-            omit.add("routing")
-        omit.update(k for k, default in _MODEL_DEFAULTS.items() if getattr(self, k) == default)
-        return frozenset(omit)
-
-
-_MODEL_DEFAULTS = {"tie_embeddings": False, "norm_eps": 1e-5, "rope_theta": 10000.0}
+        """`dispatch` never changes the result. `routing` is hashed only where it departs from DeepSpeed's gate:
+        softmax_topk at top-1 (at k >= 2 both are the same renormalised top-k; a dense model has no router)."""
+        if self.topk == 1 and self.routing == "softmax_topk":
+            return frozenset({"dispatch"})
+        return frozenset({"dispatch", "routing"})
 
 
 BUILTIN_STDLIB = "builtin:python-stdlib"  # the running Python's standard library, read by workers/data.py
@@ -219,11 +217,13 @@ class DataSpec(Frozen):
     fingerprint: str | None = Field(None, description="Content hash of a user corpus's and a Hugging Face "
                                     "tokenizer's files; set by the planner, leave unset.")
 
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"fingerprint"})
+
     def identity_omits(self) -> frozenset[str]:
-        """Without a fingerprint, the key is what it was before fingerprints existed. With one, the files' content
-        stands for their paths: the same files anywhere give the same key, changed files a new one."""
+        """With a fingerprint, the files' content stands for their paths: the same files anywhere give the same key,
+        changed files a new one."""
         if self.fingerprint is None:
-            return frozenset({"fingerprint"})
+            return frozenset()
         omit = set()
         if self.corpus not in BUILTIN_CORPORA:
             omit.add("corpus")
@@ -294,7 +294,7 @@ class UpcycleSpec(Frozen):
     n_routers: int = Field(default=0, ge=0, description="router-upcycling: routers m; 0 = n_expert (paper's best)")
 
     def identity_omits(self) -> frozenset[str]:
-        """`llama_gate_init` only acts in llama-moe: other methods' keys stay what they were before it existed."""
+        """`llama_gate_init` is read by llama-moe only."""
         return frozenset() if self.method == "llama-moe" else frozenset({"llama_gate_init"})
 
 
@@ -335,12 +335,11 @@ class SegmentSpec(Frozen):
     decay_start_tokens: int | None = Field(None, description="Absolute token count where the LR decay starts; "
                                            "None for trunks, which never decay.")
     save_at_tokens: tuple[int, ...] = Field((), description="Trunks: points before the end where a checkpoint is kept "
-                                            "(the planner's trunk pieces keep only their end; monolithic trunks "
-                                            "planned before chains kept every branch point).")
+                                            "(the planner's trunk pieces keep only their end).")
     parent_ids: tuple[str, ...] = Field((), description="Ids of the segments whose outputs this one starts from.")
     semantics: int = Field(default_factory=lambda: TRAINING_SEMANTICS, ge=1,
                            description="The training-semantics version the segment is trained under (default: the "
-                           "running code's, TRAINING_SEMANTICS); hashed from version 2 on.")
+                           "running code's, TRAINING_SEMANTICS); hashed from version 2 on (sweeps/reuse.py).")
 
     @model_validator(mode="after")
     def _check(self) -> SegmentSpec:
@@ -390,22 +389,11 @@ class SegmentSpec(Frozen):
         """Content key: 16 hex digits of the SHA-256 of the canonical JSON of every field."""
         return fingerprint(self)
 
-    def identity_omits(self) -> frozenset[str]:
-        """Fields hashed only away from their defaults, so every key from before they existed stays: `dense_import`
-        where it is set, and `semantics` from version 2 on (version 1 is every key from before the version was part
-        of it)."""
-        omit = set()
-        if self.dense_import is None:
-            omit.add("dense_import")
-        if self.semantics == 1:
-            omit.add("semantics")
-        return frozenset(omit)
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"dense_import"})
 
-    def unversioned_id(self, parent_unversioned_ids: tuple[str, ...], memo: dict | None = None) -> str:
-        """The key this job has under training-semantics version 1, its parents' given as theirs: equal for the same
-        job trained under any version, so a store can find a segment trained under an older one (stale). Equals `id`
-        at version 1."""
-        return fingerprint(self.model_copy(update={"semantics": 1, "parent_ids": parent_unversioned_ids}), memo)
+    def identity_omits(self) -> frozenset[str]:
+        """Training-semantics version 1 is left out: a version-1 key is the job's unversioned key (sweeps/reuse.py)."""
+        return frozenset({"semantics"}) if self.semantics == 1 else frozenset()
 
 
 def canonical_json(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> str:
@@ -422,8 +410,13 @@ def fingerprint(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> s
 
 
 def _plain_fields(value: BaseModel, memo: dict[int, tuple[Any, Any]] | None) -> dict[str, Any]:
-    omit = value.identity_omits() if isinstance(value, Frozen) else frozenset()
-    return {k: _plain(getattr(value, k), memo) for k in type(value).model_fields if k not in omit}
+    """The fields of ``value`` that are part of its identity (`Frozen`'s two rules), as plain data."""
+    fields = type(value).model_fields
+    omit: set[str] = set()
+    if isinstance(value, Frozen):
+        omit.update(value.identity_omits())
+        omit.update(k for k in value.optional_fields if getattr(value, k) == fields[k].get_default())
+    return {k: _plain(getattr(value, k), memo) for k in fields if k not in omit}
 
 
 def _plain(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
@@ -120,9 +120,7 @@ class ModelSection(Frozen):
     init_std: float = Field(0.02, gt=0, description="Std of the normal weight init (per size in `per_size`).")
     _dense_model: DenseModelDir | None = PrivateAttr(None)
 
-    def identity_omits(self) -> frozenset[str]:
-        """`dense` is hashed only where it is set: specs of sizes keep the hash they had before it existed."""
-        return frozenset() if self.dense is not None else frozenset({"dense"})
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"dense"})
 
     @field_validator("sizes", mode="before")
     @classmethod
@@ -197,8 +195,7 @@ class MoeSection(Frozen):
     dispatch: Dispatch = "grouped"
 
     def identity_omits(self) -> frozenset[str]:
-        """The dispatch never changes a result, and the routing only at top-1 (ModelSpec's rule), so neither makes
-        a sweep another sweep where it computes the same: specs without top-1 keep the hash they had before."""
+        """The dispatch never changes a result, and the routing only at top-1 (`ModelSpec.identity_omits`)."""
         return frozenset({"dispatch"}) if 1 in self.topk else frozenset({"dispatch", "routing"})
 
     @model_validator(mode="after")

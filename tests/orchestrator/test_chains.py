@@ -1,12 +1,9 @@
 """Chained trunks: a grid grown in steps trains exactly the tokens of the whole grid trained once (new pieces and
-branches only); an inserted interior budget retrains only the span from the branch point before it; a store trained
-by the planner before trunks were chains (monolithic trunks with a checkpoint per branch point) is found under its old
-keys and taken over, children training from its checkpoints. Real Ray, SQLite and MLflow; the counting segment function
+branches only); an inserted interior budget retrains only the span from the branch point before it, the rest found
+under the keys of the coarser cut and taken over. Real Ray, SQLite and MLflow; the counting segment function
 (tests/orchestrator/segment_fns.py) stands in for training, except in the last test, which trains for real."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 
@@ -15,8 +12,7 @@ from upscale.api.cli.run_commands import trained_report
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.planner import Plan, PlannedSegment, legacy_ids, monolithic_trunk, plan
-from upscale.sweeps.segments import TRUNK_KINDS
+from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import parse_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -37,33 +33,6 @@ def _scheduler(orch: Orchestrator, **kw) -> Scheduler:
 
 def _tokens_trained(orch: Orchestrator, out) -> int:
     return trained_report(orch, out)["trained"]["tokens"]
-
-
-def old_planner(p: Plan) -> list[PlannedSegment]:
-    """``p`` as the planner keyed it before trunks were chains: one monolithic trunk per chain (to its last branch
-    point, a checkpoint at each) and every segment downstream re-keyed from it."""
-    chains: dict[str, list[PlannedSegment]] = {}
-    for s in p.segments:
-        if s.spec.kind in TRUNK_KINDS:
-            chains.setdefault(s.trunk, []).append(s)
-    old: dict[str, PlannedSegment] = {}  # new id -> the old segment standing for it
-    out: list[PlannedSegment] = []
-    for s in p.segments:
-        parents = tuple(old[q].id if q in old else q for q in s.spec.parent_ids)
-        if s.spec.kind in TRUNK_KINDS:
-            if s.id != s.trunk:
-                continue
-            chain = chains[s.id]
-            spec = monolithic_trunk([c.spec for c in chain], parents)
-            seg = replace(s, spec=spec, id=spec.id, trunk=spec.id, tokens=sum(c.tokens for c in chain),
-                          flops=sum(c.flops for c in chain))
-            old.update(dict.fromkeys((c.id for c in chain), seg))
-        else:
-            spec = s.spec.model_copy(update={"parent_ids": parents})
-            trunk = old[s.trunk].id if s.trunk in old else s.trunk
-            seg = old[s.id] = replace(s, spec=spec, id=spec.id, trunk=trunk)
-        out.append(seg)
-    return out
 
 
 def test_a_grid_grown_in_two_steps_trains_the_whole_grids_tokens(settings, tmp_path) -> None:
@@ -100,7 +69,7 @@ def test_an_interior_budget_retrains_only_the_span_up_to_its_branch_point(settin
     # [448, 896)) but the store holds its state: the old piece [448, 1408) ends there. So it, the D1=1536 decay and
     # that decay's MoE chain are taken over; only [448, 896) and the new D1=1024 branch train.
     assert dense[0].id in before and set(new) & {d.id for d in dense} == {dense[1].id}
-    assert check.legacy[dense[2].id] in before
+    assert check.other_cuts[dense[2].id] in before
     assert {s.axes["D1"] for s in new.values() if s.spec.kind != "dense_trunk"} == {1024}
     out = orch.run(inner, _scheduler(orch, segment_fn=counting_segment))
     assert sorted(out.trained) == sorted(new)
@@ -109,53 +78,21 @@ def test_an_interior_budget_retrains_only_the_span_up_to_its_branch_point(settin
         s.id for s in plan(inner).observations()}  # every observation of the grown grid, old ones under new keys
 
 
-def test_a_store_trained_before_chains_is_found_and_taken_over(settings) -> None:
-    orch = Orchestrator.open(settings)
-    small, grown = _spec([512, 1024], [256, 512], [512]), _spec([512, 1024, 1536], [256, 512], [512])
-    legacy = old_planner(plan(small))
-    sweep = orch.store.create_sweep("old", small.model_dump(mode="json"), small.resources.model_dump(mode="json"),
-                                    legacy)
-    _scheduler(orch, segment_fn=counting_segment).run(sweep.id)
-    held = {s.id for s in legacy}
-    assert not held & {s.id for s in plan(small).segments}  # every key changed but the upcycle-free lr-free roots'
-    old_keys = legacy_ids(plan(small).segments)
-    assert all(any(k in held for k in old_keys[s.id]) for s in plan(small).segments)
-
-    check = orch.compare(plan(small))
-    assert check.figures()["new_segments"] == 0 and check.figures()["legacy_segments"] == len(plan(small).segments)
-    again = orch.run(small, _scheduler(orch, segment_fn=counting_segment))
-    assert again.trained == []  # the same computation under its old keys: nothing retrained, no flag needed
-    rows = orch.store.segments(list(check.legacy))
-    assert all(r.status == "done" and r.reused_from == check.legacy[r.key] for r in rows.values())
-    old_losses = sorted(o.loss for o in orch.store.observations(sweep.id))
-    assert sorted(o.loss for o in orch.store.observations(again.sweep_id)) == old_losses
-
-    # Grown on the old store: the new dense piece starts from the old trunk's last checkpoint; only new work trains.
-    check = orch.compare(plan(grown))
-    out = orch.run(grown, _scheduler(orch, segment_fn=counting_segment))
-    assert sorted(out.trained) == sorted(s.id for s in check.to_train())
-    assert _tokens_trained(orch, out) == check.figures()["new_tokens"]
-    assert check.figures()["new_tokens"] == (sum(s.tokens for s in plan(grown).segments)
-                                             - sum(s.tokens for s in legacy))
-
-
-@pytest.mark.slow  # four sweeps of real training: ~190 s on 2 cores
-def test_real_training_grown_from_an_old_store_trains_the_whole_grids_tokens_and_losses(settings, tmp_path) -> None:
-    """The real worker (torch, DeepSpeed-MoE): a store trained by the old planner, grown by a larger D1, trains only
-    the new dense piece (resuming from the old trunk's final checkpoint), its decay and that decay's MoE chain; the
-    tokens of the two steps are those of the grown grid trained once, and so are its losses."""
-    small, grown = _spec([512, 1024], [256]), _spec([512, 1024, 1536], [256])
+@pytest.mark.slow  # three sweeps of real training: ~150 s on 2 cores
+def test_real_training_grown_by_an_interior_budget_gives_the_whole_grids_losses(settings, tmp_path) -> None:
+    """The real worker (torch, DeepSpeed-MoE): a grid grown by an interior D1 trains only the new dense piece, its
+    decay and that decay's MoE chain, and takes the rest over from the coarser cut; its losses are those of the grown
+    grid trained once."""
+    small, grown = _spec([512, 1536], [256]), _spec([512, 1024, 1536], [256])
     two = Orchestrator.open(settings)
-    legacy = old_planner(plan(small))
-    sweep = two.store.create_sweep("old", small.model_dump(mode="json"), small.resources.model_dump(mode="json"),
-                                   legacy)
-    first = _scheduler(two).run(sweep.id)
+    first = two.run(small, _scheduler(two))
     assert first.status == "done"
+    check = two.compare(plan(grown))
     second = two.run(grown, _scheduler(two))
     assert second.status == "done"
+    assert _tokens_trained(two, second) == check.figures()["new_tokens"]
     once = Orchestrator.open(Settings(home=tmp_path / "once", mlflow_tracking_uri=settings.mlflow_tracking_uri))
     whole = once.run(grown, _scheduler(once))
-    assert _tokens_trained(two, first) + _tokens_trained(two, second) == _tokens_trained(once, whole)
     grown_losses = {o.segment_key: o.loss for o in two.store.observations(second.sweep_id)}
     once_losses = {o.segment_key: o.loss for o in once.store.observations(whole.sweep_id)}
     assert grown_losses.keys() == once_losses.keys() and len(once_losses) == 6

@@ -184,5 +184,5 @@ def test_time_estimate_and_critical_path(spec_data: dict) -> None:
     assert seconds[trunk.id] == pytest.approx(9 * 2048 / 1000 + 1.0)
     assert seconds[decay.id] == pytest.approx((2048 + 65536 / 3) / 1000 + 1.0)
     # With one second per segment the longest chain is the two dense pieces -> dense_decay(20) -> upcycle -> the two
-    # MoE pieces -> moe_decay: longer in segments than one monolithic trunk, the same in tokens.
+    # MoE pieces -> moe_decay: longer in segments than one uncut trunk, the same in tokens.
     assert critical_path_s(p, dict.fromkeys(seconds, 1.0)) == 7.0
