@@ -19,10 +19,10 @@ from upscale.sweeps.segments import TRUNK_KINDS
 
 @dataclass(frozen=True)
 class PlanInStore:
-    """A plan compared with what the store holds: its segments done there, and those the store holds only trained
-    under another training-semantics version (stale: planned key -> the stale segment's key), and those it holds under
-    another key of the same job (other_cuts: planned key -> that key, `reuse.other_keys`: another cut of its chain; the same
-    computation, so always taken over, `Store.create_sweep`)."""
+    """A plan compared with what the store holds: its segments done there, those the store holds only trained under
+    another training-semantics version (stale: planned key -> the stale segment's key), and those it holds under
+    another key of the same job (other_cuts: planned key -> that key, `reuse.other_keys`: another cut of its chain;
+    the same computation, so always taken over, `Store.create_sweep`)."""
 
     plan: Plan
     done: frozenset[str] = frozenset()

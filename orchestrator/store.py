@@ -97,9 +97,9 @@ class Store:
 
         ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
         version; it is recorded on the sweep, and with ``reuse_stale`` their results are taken over (`adopt_stale`)
-        in the same transaction, so no scheduler can start training them in between. ``other_cuts`` (`other_cut_holdings`)
-        maps planned segments to done ones of the same job under another key (another cut of its chain): the same
-        computation, always taken over the same way, each recording the old key in
+        in the same transaction, so no scheduler can start training them in between. ``other_cuts``
+        (`other_cut_holdings`) maps planned segments to done ones of the same job under another key (another cut of
+        its chain): the same computation, always taken over the same way, each recording the old key in
         `reused_from`."""
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
                             status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale)
