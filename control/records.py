@@ -104,7 +104,7 @@ class RefitScheduleRecord(Base):
 
 
 class RefitRecord(Base):
-    """One version of a schedule's refit: the fits it made, D*, and what changed since the previous version."""
+    """One version of a schedule's refit: the analysis it ran, D*, and what changed since the previous version."""
 
     __tablename__ = "refits"
     __table_args__ = (UniqueConstraint("schedule_id", "version"),)
@@ -113,14 +113,12 @@ class RefitRecord(Base):
     schedule_id: Mapped[str] = mapped_column(ForeignKey("refit_schedules.id"), index=True)
     version: Mapped[int] = mapped_column(Integer)
     inputs_hash: Mapped[str] = mapped_column(String(64))
-    fits: Mapped[dict[str, Any]] = mapped_column(doc="kind -> fit id.")
     dstar: Mapped[float | None] = mapped_column(Float)
     dstar_ci: Mapped[list[float] | None] = mapped_column(JSON)
     diff: Mapped[dict[str, Any]] = mapped_column(doc="Parameter and D* changes from the previous version.")
     left_interval: Mapped[bool] = mapped_column(Boolean, default=False,
                                                 doc="D* is outside the previous version's interval.")
-    analysis_id: Mapped[str | None] = mapped_column(String(16), doc="The analysis this version ran (None before "
-                                                    "refits ran the analysis: those versions list `fits`).")
+    analysis_id: Mapped[str] = mapped_column(String(16), doc="The analysis this version ran.")
     dstar_group: Mapped[str | None] = mapped_column(String(200), doc="The upcycling group `dstar` is of.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -89,11 +89,11 @@ def _best_dstar(record: AnalysisRecord) -> tuple[float | None, list[float | None
 
 
 def _diff(s: Session, old: RefitRecord | None, params: dict[str, dict[str, float]], dstar: float | None) -> dict:
-    """New minus old, per law per parameter (versions that ran the analysis), and for D*; empty for version 1."""
+    """New minus old, per law per parameter, and for D*; empty for version 1."""
     if old is None:
         return {}
     out: dict = {}
-    before = _law_params(s.get(AnalysisRecord, old.analysis_id)) if old.analysis_id else {}
+    before = _law_params(s.get(AnalysisRecord, old.analysis_id))
     for law, values in params.items():
         if law in before:
             out[law] = {k: v - before[law][k] for k, v in values.items()
@@ -132,7 +132,7 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
         left = bool(prev and prev.dstar_ci and dstar is not None and None not in prev.dstar_ci
                     and not prev.dstar_ci[0] <= dstar <= prev.dstar_ci[1])
         record = RefitRecord(schedule_id=schedule.id, version=(prev.version if prev else 0) + 1, inputs_hash=digest,
-                             fits={}, analysis_id=analysis.id, dstar=dstar, dstar_ci=ci, dstar_group=group,
+                             analysis_id=analysis.id, dstar=dstar, dstar_ci=ci, dstar_group=group,
                              diff=diff, left_interval=left)
         s.add(record)
         s.get(RefitScheduleRecord, schedule.id).last_error = None

@@ -284,8 +284,7 @@ class RefitPublic(BaseModel):
     schedule_id: str
     version: int = Field(description="1, 2, ...: a refit never overwrites an earlier one.")
     inputs_hash: str = Field(description="sha256 of the analysis's inputs: the observation tables and parameters.")
-    analysis_id: str | None = Field(description="The analysis this version ran: GET /analyses lists them.")
-    fits: dict[str, str] = Field(description="kind -> fit id, of versions from before refits ran the analysis.")
+    analysis_id: str = Field(description="The analysis this version ran: GET /analyses lists them.")
     dstar: float | None = Field(description="D* at the schedule's n1 of the upcycling group from-scratch takes "
                                 "longest to catch (the best way to upcycle there); null without both laws.")
     dstar_ci: list[float | None] | None

@@ -72,5 +72,6 @@ def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> Ref
 def list_refits(services: ServicesDep, _: Reader,
                 schedule_id: str | None = Query(None, description="Only this schedule's versions.")
                 ) -> list[RefitPublic]:
-    """Every refit version: inputs hash, fits, D* and interval, diff from the previous version, interval flag."""
+    """Every refit version: inputs hash, the analysis it ran, D* and interval, diff from the previous version,
+    interval flag."""
     return [_refit(r) for r in refits.refits(services, schedule_id)]
