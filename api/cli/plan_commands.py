@@ -22,7 +22,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from upscale.api.cli.app import app, console, register_user_error
+from upscale.api.cli.app import console, register_user_error
 from upscale.sweeps.planner import GPU_FLOPS_PER_S, Plan, critical_path_s, gpu_flops_per_s, plan, segment_seconds
 from upscale.sweeps.spec import SpecError, SweepSpec, load_spec
 
@@ -103,7 +103,6 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s"
 
 
-@app.command("plan")
 def plan_command(
     spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (every segment included).")] = False,
