@@ -151,11 +151,11 @@ class Local:
         from upscale.control.suggest import SuggestError, suggest
 
         body = SuggestRequest(budget_flops=budget_flops, n1=n1, tolerance=tolerance, apply=apply)
-        try:
-            with _user_errors():
+        with _user_errors():
+            try:
                 return _dump(suggest(self.services, sweep_id, body, LOCAL_OWNER))
-        except SuggestError as e:  # the API's 422 at body.budget_flops
-            raise CommandError(str(e).replace("budget_flops", "--budget-flops", 1)) from None
+            except SuggestError as e:  # the API's 422 at body.budget_flops, in the CLI's words
+                raise CommandError(str(e).replace("budget_flops", "--budget-flops", 1)) from None
 
     # -- analyses and decisions --------------------------------------------------------------------------------
 
