@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 
 from upscale.control.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.control.records import AnalysisRecord
-from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
+from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.records import as_utc, utcnow
 
@@ -222,6 +222,14 @@ def public_json(record: AnalysisRecord) -> dict[str, Any]:
             "params": record.params, "created_at": as_utc(record.created_at).isoformat(),
             "finished_at": as_utc(record.finished_at).isoformat() if record.finished_at else None,
             "error": record.error, "analysis": record.record, "plots": record.plots}
+
+
+def public(record: AnalysisRecord, plots: dict[str, str]) -> AnalysisPublic:
+    """An analysis as the API shows it (GET /analyses, `upscale analyze --json`): ``plots`` maps each plot's name to
+    where its PNG is (a URL from the routes, a file path in-process)."""
+    return AnalysisPublic(id=record.id, sweep_ids=record.sweep_ids, status=record.status, trigger=record.trigger,
+                          owner=record.owner, params=record.params, created_at=record.created_at,
+                          finished_at=record.finished_at, error=record.error, analysis=record.record, plots=plots)
 
 
 def age_s(record: AnalysisRecord) -> float:

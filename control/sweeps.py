@@ -22,7 +22,7 @@ from upscale.control.schemas import SegmentProgress, SweepCreated, SweepDetail, 
 from upscale.control.services import LOCAL_OWNER, Services
 from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
-from upscale.orchestrator.records import SegmentRecord, SweepRecord, SweepSegmentRecord
+from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, is_glob
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import BUILTIN_CORPORA
@@ -176,6 +176,18 @@ def summaries(services: Services) -> list[SweepSummary]:
     listed = services.store.sweeps()
     owned, counts = owners(services), segment_counts(services)
     return [summary(services, s, owned.get(s.id), counts.get(s.id, (0, 0))) for s in listed]
+
+
+def cancel(services: Services, sweep_id: str) -> SweepSummary:
+    """Ask the sweep to stop (a running one releases its running segments first; a pending one is cancelled at
+    once); the sweep as it stands. The caller checks who may."""
+    services.store.request_cancel(sweep_id)
+    return summary(services, services.store.sweep(sweep_id), owners(services).get(sweep_id))
+
+
+def observations(services: Services, sweep_id: str, kind: str | None = None) -> list[ObservationRecord]:
+    """The sweep's observations (only ``kind``'s rows, if given); NotFoundError if there is no such sweep."""
+    return [o for o in services.store.observations(sweep_id) if kind is None or o.kind == kind]
 
 
 def version(services: Services, sweep_id: str) -> tuple[Any, ...] | None:

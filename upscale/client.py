@@ -68,8 +68,8 @@ class Client:
 
     ``token`` defaults to the environment variable UPSCALE_TOKEN; every route but ``health`` needs one (scope
     `write` for submit, cancel, fits and refits). ``timeout`` (seconds) defaults to UPSCALE_TIMEOUT or 120. ``http``
-    sends through an existing httpx client instead (the CLI passes Starlette's TestClient to reach an in-process
-    app). Use it as a context manager, or call ``close()``.
+    sends through an existing httpx client instead (e.g. Starlette's TestClient, to reach an app in-process). Use it
+    as a context manager, or call ``close()``.
     """
 
     def __init__(self, url: str, token: str | None = None, timeout: float | None = None, *,
@@ -182,6 +182,13 @@ class Client:
         """A new sweep whose spec is this one's plus ``additions`` (lists unioned): only new segments train."""
         return self.request("POST", f"/sweeps/{sweep_id}/extend",
                             json={"additions": dict(additions), "reuse_stale": reuse_stale})
+
+    def suggest(self, sweep_id: str, budget_flops: float, n1: float | None = None, tolerance: float | None = None,
+                apply: bool = False) -> dict[str, Any]:
+        """Grid extensions ranked by the expected shrinkage of the D* interval at ``n1`` per FLOP, chosen within
+        ``budget_flops`` from the sweep's newest analysis; ``apply`` submits them as a sweep (a write token)."""
+        return self.request("POST", f"/sweeps/{sweep_id}/suggest",
+                            json={"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply})
 
     def observations_csv(self, sweep_id: str, kind: Kind | None = None) -> str:
         """A sweep's observations as the CSV `upscale fit --data` reads (only one kind's rows with ``kind``)."""

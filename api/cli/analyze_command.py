@@ -1,57 +1,26 @@
-"""`upscale analyze SWEEP_ID`: the paper's analysis of a sweep's observations, as the service keeps it.
+"""`upscale analyze SWEEP_ID`: the paper's analysis of a sweep's observations, as the service keeps it; `upscale
+refit`: run refit schedules now.
 
-In-process it runs control/analyses.py `run_analysis` on this machine's store (a bar per stage; identical inputs give
-the analysis already made); with `--api` the server runs it (POST /sweeps/{id}/analysis). Either way it prints
-what `upscale demo` prints (api/cli/analysis_view.py) or, with --json, the stored record.
+Both are one code path through `connect` (api/cli/local.py): in-process `analyze` runs control/analyses.py
+`run_analysis` on this machine's store (a bar per stage; identical inputs give the analysis already made); with
+`--api` the server runs it (POST /sweeps/{id}/analysis). Either way it prints what `upscale demo` prints
+(api/cli/analysis_view.py) or, with --json, the stored analysis as the API shows it (plots: their names).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from upscale.api.cli.app import CommandError, app, console, err_console
-from upscale.api.cli.fit_commands import JsonOpt, print_json, workers_for
-from upscale.api.cli.serve_commands import ApiOpt, TokenOpt
+from upscale.api.cli.app import CommandError, console, err_console
+from upscale.api.cli.fit_commands import JsonOpt, print_json
+from upscale.api.cli.local import ApiOpt, Local, TokenOpt, connect
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, MAX_BOOTSTRAP
 
 
-def _local(sweep: str, n1s: list[float] | None, bootstrap: int, seed: int, plot: Path | None) -> dict[str, Any]:
-    from upscale.api.cli.analysis_view import copy_plots
-    from upscale.api.cli.progress import stage_bars
-    from upscale.control.analyses import NotReady, public_json, run_analysis
-    from upscale.control.services import LOCAL_OWNER, Services
-    from upscale.orchestrator.settings import get_settings
-
-    services = Services.open(get_settings(), auth=False)
-    try:
-        with stage_bars() as progress:
-            record = run_analysis(services, [sweep], n1s=n1s, bootstrap=bootstrap, seed=seed, owner=LOCAL_OWNER,
-                                  trigger="request", progress=progress, workers=workers_for(bootstrap))
-    except NotReady as e:  # no finished segments yet: a user's timing, not a bug
-        raise CommandError(str(e)) from None
-    if plot is not None:
-        copy_plots(record, services.settings.home, plot)
-    return public_json(record)
-
-
-def _remote(api: str, token: str | None, sweep: str, n1s: list[float] | None, bootstrap: int, seed: int,
-            plot: Path | None) -> dict[str, Any]:
-    from upscale.client import Client
-
-    with Client(api, token) as c, err_console.status(f"the server at {api} is analysing sweep {sweep}…"):
-        out = c.analyze(sweep, n1s=n1s, bootstrap=bootstrap, seed=seed)
-        if plot is not None:
-            for name in out["plots"]:
-                (plot / name).parent.mkdir(parents=True, exist_ok=True)
-                (plot / f"{name}.png").write_bytes(c.analysis_plot(sweep, f"{name}.png", out["id"]))
-    out["plots"] = list(out["plots"])
-    return out
-
-
-@app.command("analyze")
 def analyze_command(
     sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale status` lists them).")],
     n1: Annotated[list[float] | None, typer.Option("--n1", help="Dense size N1 to find D* at (repeatable; default: "
@@ -71,8 +40,18 @@ def analyze_command(
 
     if plot is not None:
         plot.mkdir(parents=True, exist_ok=True)
-    out = (_remote(api, token, sweep, n1, bootstrap, seed, plot) if api
-           else _local(sweep, n1, bootstrap, seed, plot))
+    with connect(api, token) as c:
+        # in-process: a bar per stage (Local.analyze); a server answers once done, meanwhile a spinner
+        busy = nullcontext() if isinstance(c, Local) else err_console.status(
+            f"the server at {api} is analysing sweep {sweep}…")
+        with busy:
+            out = c.analyze(sweep, n1s=n1, bootstrap=bootstrap, seed=seed)
+        if plot is not None:
+            for name in out["plots"]:  # each drawn as PNG and PDF (fitting/plots.py FORMATS)
+                (plot / name).parent.mkdir(parents=True, exist_ok=True)
+                for suffix in (".png", ".pdf"):
+                    (plot / f"{name}{suffix}").write_bytes(c.analysis_plot(sweep, f"{name}{suffix}", out["id"]))
+    out["plots"] = list(out["plots"])  # their names: URLs from a server, files here
     if as_json:
         print_json(out)
         return
@@ -82,3 +61,21 @@ def analyze_command(
     print_analysis(Analysis.from_json(out["analysis"]))
     if plot is not None:
         console.print(f"plots: {len(out['plots'])} in {plot}/" if out["plots"] else "no plots in this analysis")
+
+
+def refit_command(
+    schedule: Annotated[str | None, typer.Argument(help="Refit schedule id; none: every active schedule.")] = None,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """Refit now: the analysis on each schedule's sweeps, a new version with D*, its interval and whether it left
+    the previous one."""
+    with connect(api, token) as c:
+        ids = [schedule] if schedule else [s["id"] for s in c.refit_schedules()]
+        if not ids:
+            raise CommandError("no refit schedules; POST /refit-schedules creates one")
+        for sid in ids:
+            r = c.run_refit(sid)
+            star = ("no D* (the analysis has no from-scratch and upcycled laws to compare)" if r["dstar"] is None
+                    else f"D* {r['dstar']:.4g} ({r['dstar_group'] or 'upcycled'})")
+            flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
+            console.print(f"schedule {sid} v{r['version']}: analysis {r['analysis_id']}, {star}{flag}")

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import app, console
+from upscale.api.cli.app import console
+from upscale.api.cli.local import local_services
 
 
 def _share(x: float | None) -> str:
@@ -20,7 +21,6 @@ def _loss(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-@app.command("calibration")
 def calibration_command(
     sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale sweeps` lists them).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the ledger as JSON (what GET "
@@ -29,10 +29,9 @@ def calibration_command(
     """How the analysis's predictions for a sweep scored: before each observation segment trained, the newest
     analysis predicted its loss with 80% and 95% intervals; coverage near 80% and 95% means its intervals (D*'s
     too) can be trusted, far below means they are too narrow."""
-    from upscale.api.cli.run_commands import _orchestrator
     from upscale.control import ledger
 
-    cal = ledger.calibration(_orchestrator().store, sweep)  # an unknown id: NotFoundError, one `error:` line
+    cal = ledger.calibration(local_services().store, sweep)  # an unknown id: NotFoundError, one `error:` line
     if as_json:
         print(json.dumps(cal))
         return

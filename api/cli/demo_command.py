@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from upscale.api.cli.analysis_view import copy_plots, print_analysis, print_scratch, print_upcycled
-from upscale.api.cli.app import app, console
-from upscale.api.cli.fit_commands import print_plots, workers_for
-from upscale.api.cli.progress import stage_bars
+from upscale.api.cli.app import console
+from upscale.api.cli.fit_commands import print_plots
+from upscale.api.cli.progress import stage_bars, workers_for
 from upscale.sweeps.spec import DEMO_SPEC
 
 if TYPE_CHECKING:
@@ -57,16 +57,15 @@ def analyse(services: Services, sweep_ids: list[str], n_boot: int, out_dir: Path
 
 
 def _synthetic(out_dir: Path, n_boot: int) -> None:
-    from upscale.control.services import Services
+    from upscale.api.cli.local import local_services
     from upscale.fitting.data import read_table
     from upscale.fitting.synthetic import E_TABLE2, TABLE2, bundled_path
-    from upscale.orchestrator.settings import get_settings
 
     console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
                   "(fitting/data/README.md), not measurements.")
     tables = {kind: read_table(bundled_path(name)) for kind, name in
               (("dense", "dense"), ("scratch", "moe"), ("upcycled", "upcycled"))}
-    analysis = analyse(Services.open(get_settings(), auth=False), [], n_boot, out_dir, tables, list(PAPER_N1),
+    analysis = analyse(local_services(), [], n_boot, out_dir, tables, list(PAPER_N1),
                        list(PAPER_DECISIONS))
     console.print(f"generating value of E: {E_TABLE2}")
     print_scratch(analysis, TABLE2["moe"])
@@ -76,20 +75,18 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
     from upscale.api.cli.run_commands import run_sweep
-    from upscale.control.services import Services
     from upscale.sweeps.spec import load_spec
 
     spec = load_spec(spec_path)
-    orch, outcome = run_sweep(spec, str(spec_path))
+    services, outcome = run_sweep(spec, str(spec_path))
     console.print(f"sweep {outcome.sweep_id}: {len(outcome.trained)} segment(s) trained this run (the rest reused), "
                   f"{outcome.wall_s:.0f} s wall")
-    print_analysis(analyse(Services(orch, auth=False), [outcome.sweep_id], n_boot, out_dir))
+    print_analysis(analyse(services, [outcome.sweep_id], n_boot, out_dir))
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     # `upscale ui` runs MLflow through this interpreter: a bare `mlflow` is on PATH only with the venv activated
     console.print("the runs in the MLflow UI: upscale ui --launch, then http://127.0.0.1:5000", soft_wrap=True)
 
 
-@app.command("demo")
 def demo_command(
     spec: Annotated[Path, typer.Option(help="Sweep spec to run (default: the bundled demo, 2 CPU cores, minutes).")]
     = DEMO_SPEC,

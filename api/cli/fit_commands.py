@@ -1,5 +1,8 @@
 """`upscale laws|fit|compare|dstar|decide|optimal`: the fitting library from the command line.
 
+`dstar` and `decide` without fit files answer from the newest analysis through `connect` (api/cli/local.py): in-process
+on this machine's store, or with `--api` from that server; one code path either way.
+
 Flags and JSON keys are a contract users script against; everything else (tables, progress) is for
 people. numpy, pandas, scipy and the fitting package are imported inside the commands so `upscale --help` is fast.
 """
@@ -8,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -17,8 +19,9 @@ import typer
 from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
-from upscale.api.cli.app import app, console, err_console, register_user_error
-from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_client
+from upscale.api.cli.app import console, err_console, register_user_error
+from upscale.api.cli.local import ApiOpt, TokenOpt, connect
+from upscale.api.cli.progress import workers_for
 from upscale.fitting.errors import FitError
 
 if TYPE_CHECKING:
@@ -56,11 +59,6 @@ def parse_fixed(items: list[str]) -> dict[str, float]:
     return out
 
 
-def workers_for(n_boot: int) -> int:
-    """Two processes for a real bootstrap (the machines have 2 cores); one for a short one (no pool start-up)."""
-    return min(2, os.cpu_count() or 1) if n_boot >= 100 else 1
-
-
 @contextmanager
 def progress_bar(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
     """A rich progress bar with the time left on stderr (so --json stdout stays clean); yields the advance
@@ -85,7 +83,6 @@ def print_plots(drawn: DrawnPlots, folder: Path, to_stdout: bool = True) -> None
         err_console.print(f"warning: {line}", soft_wrap=True, highlight=False, markup=False)
 
 
-@app.command("laws")
 def laws_command() -> None:
     """The registry: one law a line with its formula, the columns it needs and its source in the paper."""
     from upscale.fitting.laws import LAWS
@@ -124,7 +121,6 @@ def _groups_table(out: dict[str, Any]) -> Table:
     return table
 
 
-@app.command("fit")
 def fit_command(
     law: Annotated[str, typer.Option("--law", help="A law of `upscale laws`.")],
     data: Annotated[Path, typer.Option("--data", help="CSV: the law's columns, `loss`, optional `trunk`.")],
@@ -173,7 +169,6 @@ def fit_command(
         print_plots(drawn, plot, to_stdout=not as_json)
 
 
-@app.command("compare")
 def compare_command(
     laws: Annotated[str, typer.Option("--laws", help="Comma-separated laws, e.g. data-mul,data-add.")],
     data: Annotated[Path, typer.Option("--data", help="CSV with every law's columns and `loss`.")],
@@ -228,7 +223,7 @@ def newest_analysis(api: str | None, token: str | None) -> tuple[Analysis, dict[
     """The newest finished analysis (as GET /analyses lists it), named on stderr: id, sweeps, when."""
     from upscale.fitting.analysis import Analysis
 
-    with api_client(api, token) as c:
+    with connect(api, token) as c:
         done = [a for a in c.analyses() if a["status"] == "done"]  # newest first
     if not done:
         raise FitError(f"no analysis in {_where(api)}: run `upscale analyze SWEEP_ID` on a sweep with finished "
@@ -258,8 +253,10 @@ def group_fits(analysis: Analysis, group: str | None) -> tuple[FittedLaw, Fitted
     return analysis.scratch.fitted, fitted[0].fit.fitted, fitted[0].label
 
 
-@app.command("dstar", help="D*: the token count where MoE from scratch catches up with upcycling at the same sunk "
-                           f"cost (Eq. 13). {StoredHelp}")
+DSTAR_HELP = ("D*: the token count where MoE from scratch catches up with upcycling at the same sunk cost (Eq. 13). "
+              f"{StoredHelp}")
+
+
 def dstar_command(
     n1: Annotated[list[float], typer.Option("--n1", help="Dense model size N1 (repeatable).")],
     moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N); "
@@ -327,8 +324,10 @@ def dstar_table(out: dict[str, Any]) -> Table:
     return table
 
 
-@app.command("decide", help="Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap "
-                            f"probability. {StoredHelp} (GET /decisions/upcycle)")
+DECIDE_HELP = ("Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability. "
+               f"{StoredHelp} (GET /decisions/upcycle)")
+
+
 def decide_command(
     n1: Annotated[float, typer.Option("--n1", help="Dense model size (parameters).")],
     d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on (sunk cost).")],
@@ -348,7 +347,7 @@ def decide_command(
     if pair is not None:
         d = decide(*pair, n1, d1, d2).to_json()
     else:  # the service's answer, in-process or from --api: one code path
-        with api_client(api, token) as c:
+        with connect(api, token) as c:
             d = c.decide(n1, d1, d2, sweep_id=sweep, group=group)
         a = d["analysis"]
         err_console.print(f"analysis {a['id']} of sweep {', '.join(a['sweep_ids']) or '(none: the synthetic demo)'}"
@@ -369,7 +368,6 @@ def decision_text(d: dict[str, Any]) -> str:
             f"upcycling efficient when the catch-up budget exceeds D1)")
 
 
-@app.command("optimal")
 def optimal_command(
     upcycled: Annotated[Path, typer.Option("--upcycled", help="`upscale fit --json` of the `joint` law.")],
     d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on.")],

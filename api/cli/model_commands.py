@@ -20,13 +20,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import app, console, register_user_error
+from upscale.api.cli.app import console, register_user_error
 from upscale.workers.errors import WorkerError
 
 register_user_error(WorkerError)
 
 model_app = typer.Typer(help="Dense model checkpoints.", no_args_is_help=True)
-app.add_typer(model_app, name="model")
 
 
 @model_app.command("init")
@@ -57,7 +56,6 @@ def model_init(
     console.print(f"dense {name}: n1={model.n1():,} non-embedding params -> {out}")
 
 
-@app.command("upcycle")
 def upcycle_command(
     dense: Annotated[Path, typer.Option(help="Dense model directory (from `upscale model init` or training).")],
     method: Annotated[str, typer.Option(help="naive | drop | noise | llama-moe | router-upcycling | granular | "

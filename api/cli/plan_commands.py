@@ -23,7 +23,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from upscale.api.cli.app import app, console, register_user_error
+from upscale.api.cli.app import console, register_user_error
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.spec import SpecError, load_spec
 
@@ -74,7 +74,6 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s"
 
 
-@app.command("plan")
 def plan_command(
     spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (every segment included).")] = False,

@@ -7,6 +7,7 @@ module (and `fit_commands.progress_bar`) turns them into rich output. stderr kee
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -175,3 +176,8 @@ def stage_bars() -> Iterator[AnalysisProgress]:
     finally:
         if tasks:
             bars.stop()
+
+
+def workers_for(n_boot: int) -> int:
+    """Two processes for a real bootstrap (the machines have 2 cores); one for a short one (no pool start-up)."""
+    return min(2, os.cpu_count() or 1) if n_boot >= 100 else 1

@@ -1,64 +1,55 @@
-"""`upscale run|observations|sweeps|cancel|gc`: run a sweep to completion in-process on Ray, export its observations,
-and manage what the state store holds.
+"""`upscale run|gc`: run a sweep to completion in-process on Ray, and delete checkpoints the store no longer needs.
 
 `run` plans the spec, records it (segments already trained by any earlier sweep are reused, not retrained) and
-drives the scheduler with a live progress bar; re-running the same spec after an interruption resumes it. The
-observation table it fills is what `upscale fit --data` reads.
+drives the scheduler with a live progress bar; re-running the same spec after an interruption resumes it. It opens
+the store as the service does (`Services`, api/cli/local.py `local_services`), so the prediction ledger's hooks record
+the analysis's predictions for the segments it trains. The observation table it fills is what `upscale fit --data`
+reads (`upscale observations`, api/cli/sweep_commands.py).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import app, console, err_console, register_user_error
+from upscale.api.cli.app import console, err_console
+from upscale.api.cli.local import local_services
 from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
-from upscale.api.cli.serve_commands import ApiOpt, TokenOpt, api_client
 from upscale.orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
+    from upscale.control.services import Services
     from upscale.orchestrator.scheduler import SweepOutcome
     from upscale.orchestrator.service import Orchestrator
     from upscale.sweeps.spec import SweepSpec
 
-register_user_error(OrchestratorError)
-
-KINDS = ("dense", "upcycled", "scratch")
-
-
-def _orchestrator():
-    from upscale.orchestrator.service import Orchestrator
-    from upscale.orchestrator.settings import get_settings
-
-    return Orchestrator.open(get_settings())
-
 
 def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_concurrent: int | None = None,
-              max_attempts: int = 3, new: bool = False, reuse_stale: bool = False) -> tuple[Orchestrator, SweepOutcome]:
+              max_attempts: int = 3, new: bool = False, reuse_stale: bool = False) -> tuple[Services, SweepOutcome]:
     """Train ``sweep_spec`` to completion with a live progress bar on stderr; an unfinished sweep is an error that
     says how to resume it (``source`` is the spec file named in that message). Unless ``new``, the local sweep of an
     identical spec is resumed (or, when done, returned as it is) instead of recording another. Segments the store
     holds only under an older training-semantics version are retrained, or with ``reuse_stale`` reused (said on
     stderr either way). Shared by `run` and `demo`."""
     from upscale.api.cli.plan_commands import stale_lines
-    from upscale.control.services import LOCAL_OWNER, Services
+    from upscale.control.services import LOCAL_OWNER
     from upscale.control.sweeps import identical
     from upscale.orchestrator.scheduler import Scheduler, SweepOutcome
     from upscale.sweeps.planner import plan
 
-    orch = _orchestrator()
+    services = local_services()
+    orch = services.orch
     planned = plan(sweep_spec)
-    existing = None if new else identical(Services(orch, auth=False), sweep_spec, planned, LOCAL_OWNER)
+    existing = None if new else identical(services, sweep_spec, planned, LOCAL_OWNER)
     if existing is not None:
         err_console.print(f"sweep {existing.id} already has this identical spec ({existing.status}): "
                           f"{'returning' if existing.status == 'done' else 'resuming'} it; --new records another")
         if existing.status == "done":  # nothing to train: no Ray, no scheduler
-            return orch, SweepOutcome(existing.id, "done")
+            return services, SweepOutcome(existing.id, "done")
     check = orch.compare(planned, reuse_stale)
     for line in stale_lines(check.stale, check.reuse_stale):
         err_console.print(line)
@@ -73,10 +64,9 @@ def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_c
         sweep = orch.store.sweep(out.sweep_id)
         raise OrchestratorError(f"sweep {out.sweep_id} {out.status}: {sweep.error or 'stopped'}; "
                                 f"`upscale run {source}` again resumes it")
-    return orch, out
+    return services, out
 
 
-@app.command("run")
 def run_command(
     spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print {sweep_id, observations, trained, reused, stale} as "
@@ -96,10 +86,10 @@ def run_command(
     from upscale.orchestrator.observations import JSON_FIELDS, as_row
     from upscale.sweeps.spec import load_spec
 
-    orch, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
-                          max_attempts=max_attempts, new=new, reuse_stale=reuse_stale)
-    rows = [as_row(o) for o in orch.store.observations(out.sweep_id)]
-    report = trained_report(orch, out)
+    services, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
+                              max_attempts=max_attempts, new=new, reuse_stale=reuse_stale)
+    rows = [as_row(o) for o in services.store.observations(out.sweep_id)]
+    report = trained_report(services.orch, out)
     if as_json:
         print(json.dumps({"sweep_id": out.sweep_id, "observations": [{k: r[k] for k in JSON_FIELDS} for r in rows],
                           **report}, indent=2))
@@ -126,66 +116,6 @@ def trained_report(orch: Orchestrator, out: SweepOutcome) -> dict:
             "stale": {"segments": sorted(sweep.stale_segments or {}), "reused": sweep.reuse_stale}}
 
 
-@app.command("observations")
-def observations_command(
-    sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale sweeps` lists them).")],
-    csv: Annotated[bool, typer.Option("--csv", help="Write CSV in the columns `upscale fit --data` reads.")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")] = None,
-    kind: Annotated[str | None, typer.Option(help=f"Only rows of one kind: {', '.join(KINDS)} (a law's table).")]
-    = None,
-    api: ApiOpt = None, token: TokenOpt = None,
-) -> None:
-    """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled rows), loss, trunk."""
-
-    from upscale.orchestrator.observations import table
-
-    if kind is not None and kind not in KINDS:
-        raise OrchestratorError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
-    if api:
-        with api_client(api, token) as c:
-            df = c.observations(sweep, kind)
-    else:
-        df = table(_orchestrator().store.observations(sweep), kind)
-    if csv or out is not None:
-        if out is None:
-            df.to_csv(sys.stdout, index=False)
-        else:
-            df.to_csv(out, index=False)
-            err_console.print(f"{len(df)} observation(s) written to {out}")
-        return
-    console.print(df.to_string(index=False))
-
-
-@app.command("sweeps")
-def sweeps_command() -> None:
-    """Every sweep in the store with its status and how many of its segments are done."""
-    from upscale.control.services import Services
-    from upscale.control.sweeps import segment_counts
-
-    orch = _orchestrator()
-    counts = segment_counts(Services(orch, auth=False))  # one grouped query for every sweep
-    t = Table("sweep", "name", "status", "segments done", "created")
-    for s in orch.store.sweeps():
-        done, total = counts.get(s.id, (0, 0))
-        t.add_row(s.id, s.name, s.status, f"{done}/{total}", f"{s.created_at:%Y-%m-%d %H:%M}")
-    console.print(t)
-
-
-@app.command("cancel")
-def cancel_command(sweep: Annotated[str, typer.Argument(help="Sweep id.")], api: ApiOpt = None,
-                   token: TokenOpt = None) -> None:
-    """Ask the scheduler running SWEEP to stop; running segments are released and resume on the next run."""
-    if api:
-        with api_client(api, token) as c:
-            status = c.cancel(sweep)["status"]
-    else:
-        orch = _orchestrator()
-        orch.store.request_cancel(sweep)
-        status = orch.store.sweep(sweep).status
-    console.print(f"sweep {sweep}: {status}")
-
-
-@app.command("gc")
 def gc_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be deleted.")] = False,
     everything: Annotated[bool, typer.Option("--all", help="Also delete checkpoints new grid points would likely "
@@ -194,6 +124,6 @@ def gc_command(
     """Delete checkpoints no pending segment needs; keep likely branch points unless --all."""
     from upscale.orchestrator.gc import collect_garbage
 
-    rep = collect_garbage(_orchestrator().store, everything=everything, dry_run=dry_run)
+    rep = collect_garbage(local_services().store, everything=everything, dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     console.print(f"{verb} {len(rep.deleted)} checkpoint(s), {rep.freed_bytes / 1e6:.1f} MB; kept {len(rep.kept)}")

@@ -14,7 +14,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import app, console, err_console
+from upscale.api.cli.app import console, err_console
+from upscale.api.cli.local import local_services
 
 # The grid axes a segment may have, in the order a reader follows the DAG; the planner sets the ones that do not
 # apply to a kind to None (a dense trunk has no D1, a scratch decay no method), so the non-None ones are its axes.
@@ -29,7 +30,6 @@ def axes_text(axes: dict[str, Any]) -> str:
     return " ".join(f"{k}={value(axes[k])}" for k in AXES if axes.get(k) is not None)
 
 
-@app.command("segments")
 def segments_command(
     sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale sweeps` lists them).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the segment specs as one JSON list.")] = False,
@@ -38,9 +38,7 @@ def segments_command(
 ) -> None:
     """A sweep's segments in plan order (parents first): a table of ids, kinds, axes, status and parents; or their
     specs, the JSON `upscale train-segment` takes (--json, --out DIR)."""
-    from upscale.api.cli.run_commands import _orchestrator
-
-    store = _orchestrator().store
+    store = local_services().store
     store.sweep(sweep)  # an unknown id is an error, not an empty list
     members = store.members(sweep)
     if out is not None:

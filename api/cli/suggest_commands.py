@@ -1,44 +1,21 @@
 """`upscale suggest SWEEP_ID --budget-flops F`: which grid extensions shrink the D* interval most per FLOP.
 
-In-process it reads this machine's store (control/suggest.py); with `--api` the server answers (POST
-/sweeps/{id}/suggest). `--apply` submits the suggested extensions as a sweep, as `POST /sweeps/{id}/extend` does.
+One code path through `connect` (api/cli/local.py): in-process it reads this machine's store (control/suggest.py);
+with `--api` the server answers (POST /sweeps/{id}/suggest). `--apply` submits the suggested extensions as a sweep,
+as `POST /sweeps/{id}/extend` does.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from upscale.api.cli.app import CommandError, app, console
+from upscale.api.cli.app import CommandError, console
 from upscale.api.cli.fit_commands import JsonOpt, fmt, print_json
-from upscale.api.cli.serve_commands import ApiOpt, TokenOpt
+from upscale.api.cli.local import ApiOpt, TokenOpt, connect
 
 
-def _local(sweep: str, body: dict[str, Any]) -> dict[str, Any]:
-    from upscale.control.analyses import NotReady
-    from upscale.control.schemas import SuggestRequest
-    from upscale.control.services import LOCAL_OWNER, Services
-    from upscale.control.suggest import SuggestError, suggest
-    from upscale.orchestrator.settings import get_settings
-
-    services = Services.open(get_settings(), auth=False)
-    try:
-        return suggest(services, sweep, SuggestRequest(**body), LOCAL_OWNER).model_dump(mode="json")
-    except NotReady as e:  # cancelled, or no analysis yet: what to run is in the message
-        raise CommandError(str(e)) from None
-    except SuggestError as e:
-        raise CommandError(str(e).replace("budget_flops", "--budget-flops", 1)) from None
-
-
-def _remote(api: str, token: str | None, sweep: str, body: dict[str, Any]) -> dict[str, Any]:
-    from upscale.client import Client
-
-    with Client(api, token) as c:
-        return c.request("POST", f"/sweeps/{sweep}/suggest", json=body)
-
-
-@app.command("suggest")
 def suggest_command(
     sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale status` lists them).")],
     budget_flops: Annotated[float, typer.Option("--budget-flops",
@@ -60,8 +37,8 @@ def suggest_command(
     for name, value, low in (("--budget-flops", budget_flops, 0.0), ("--n1", n1, 0.0), ("--tolerance", tolerance, 1.0)):
         if value is not None and not value > low:
             raise CommandError(f"{name} must be greater than {low:g}, got {value:g}")
-    body = {"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply}
-    out = _remote(api, token, sweep, body) if api else _local(sweep, body)
+    with connect(api, token) as c:
+        out = c.suggest(sweep, budget_flops, n1=n1, tolerance=tolerance, apply=apply)
     if as_json:
         print_json(out)
         return

@@ -9,18 +9,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import CommandError, app, console, err_console
+from upscale.api.cli.app import CommandError, console, err_console
 
 token_app = typer.Typer(help="API bearer tokens: create, list, revoke.", no_args_is_help=True)
-app.add_typer(token_app, name="token")
 SCOPE_HELP = "read (sees everything), write (also creates, and changes what NAME owns) or admin (changes anything)."
 
 
 def _store():
-    from upscale.control.services import Services
-    from upscale.orchestrator.settings import get_settings
+    from upscale.api.cli.local import local_services
 
-    return Services.open(get_settings()).store
+    return local_services().store
 
 
 @token_app.command("create")

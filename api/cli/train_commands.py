@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from upscale.api.cli.app import app, console, err_console, register_user_error
+from upscale.api.cli.app import console, err_console, register_user_error
 from upscale.storage import StorageError
 from upscale.workers.errors import WorkerError
 
@@ -39,7 +39,6 @@ def _parents(values: list[str], parent_ids: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-@app.command("train-segment")
 def train_segment(
     segment: Annotated[Path, typer.Argument(help="A SegmentSpec JSON file.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,

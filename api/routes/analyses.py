@@ -20,9 +20,7 @@ def _public(record: AnalysisRecord, request: Request) -> AnalysisPublic:
     sweep = record.sweep_ids[0] if record.sweep_ids else None
     plots = ({p: str(request.url_for("analysis_plot", sweep_id=sweep, name=f"{p}.png"))
               + f"?analysis_id={record.id}" for p in record.plots} if sweep else {})
-    return AnalysisPublic(id=record.id, sweep_ids=record.sweep_ids, status=record.status, trigger=record.trigger,
-                          owner=record.owner, params=record.params, created_at=record.created_at,
-                          finished_at=record.finished_at, error=record.error, analysis=record.record, plots=plots)
+    return analyses.public(record, plots)
 
 
 @router.post("/sweeps/{sweep_id}/analysis", status_code=201, summary="Analyse a sweep now",

@@ -120,8 +120,7 @@ def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepS
     """A running sweep stops after releasing its running segments (they resume if it is submitted again); a pending
     one is cancelled at once. Only the sweep's owner or an admin token may cancel it (403 otherwise)."""
     caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
-    services.store.request_cancel(sweep_id)
-    return sweeps.summary(services, services.store.sweep(sweep_id), sweeps.owners(services).get(sweep_id))
+    return sweeps.cancel(services, sweep_id)
 
 
 @router.post("/{sweep_id}/extend", status_code=201, summary="Add grid points to a sweep",
@@ -149,7 +148,7 @@ def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _
                        kind: Literal["dense", "upcycled", "scratch"] | None = Query(
                            None, description="Only the rows of one kind (one law's table).")) -> Any:
     """One row per finished decay segment: kind, N, D, N1, D1, D2, N2, P, loss, trunk, segment, MLflow run."""
-    records = [o for o in services.store.observations(sweep_id) if kind is None or o.kind == kind]
+    records = sweeps.observations(services, sweep_id, kind)
     if format == "csv" or (format is None and "text/csv" in request.headers.get("accept", "")):
         return Response(table(records).to_csv(index=False), media_type="text/csv")
     return [as_row(o) for o in records]

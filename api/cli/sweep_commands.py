@@ -1,0 +1,150 @@
+"""`upscale submit|status|sweeps|observations|cancel`: record sweeps, follow them, export their observations, stop
+them.
+
+Each is one code path through `connect` (api/cli/local.py): `upscale.Client` over HTTP with `--api URL` (token from
+`--token` or UPSCALE_TOKEN), else `Local`, the same calls into control/ in-process on this machine's store (no token:
+whoever holds the database needs none). `upscale sweeps` is `upscale status` without an id, in-process. In-process,
+nothing trains a submitted sweep unless `submit --wait` (which runs it here) or an `upscale serve`/`upscale scheduler`
+is running.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from upscale.api.cli.app import CommandError, console, err_console
+from upscale.api.cli.local import ApiOpt, Local, TokenOpt, connect
+from upscale.api.cli.segment_commands import axes_text
+from upscale.client import Client
+from upscale.orchestrator.errors import OrchestratorError
+
+FINAL = ("done", "failed", "cancelled")
+KINDS = ("dense", "upcycled", "scratch")
+
+
+def submit_command(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec, YAML or JSON.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress until the sweep ends (in-process: train it "
+                                       "here).")] = False,
+    new: Annotated[bool, typer.Option("--new", help="Record a new sweep even if you already have one of this "
+                                      "identical spec (default: that one is returned).")] = False,
+    reuse_stale: Annotated[bool, typer.Option("--reuse-stale", help="Reuse segments trained under an older "
+                                              "training-semantics version instead of retraining them.")] = False,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving). An identical spec you already
+    submitted returns that sweep (resumed if it failed or was cancelled) unless --new."""
+    with connect(api, token) as c:  # a missing or unreadable spec: main() prints the OSError as one line
+        out = c.submit(spec, new=new, reuse_stale=reuse_stale)
+        p = out["plan"]
+        if out["existing"]:
+            err_console.print(f"sweep {out['id']} already has this identical spec ({out['status']}): returning it; "
+                              "--new records another")
+        console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
+                      f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
+        if p["stale_segments"]:
+            err_console.print(f"{len(p['stale_segments'])} segment(s) trained under an older training-semantics "
+                              f"version: {'reused' if out['reuse_stale'] else 'retrained (--reuse-stale reuses them)'}")
+        if wait:
+            _wait(c, out["id"], spec=spec)
+
+
+def _wait(c: Client | Local, sweep_id: str, spec: Path) -> None:
+    """A progress bar until the sweep ends; in-process nobody else trains it, so the orchestrator's scheduler runs
+    it here, on the same store (and its hooks)."""
+    from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
+    from upscale.sweeps.spec import load_spec
+
+    sweep_spec = load_spec(spec)  # the plan the server made of it: tokens and the time left on the bar
+    local = isinstance(c, Local)
+    if local:
+        start_ray(c.services.settings)
+        prepare_training(sweep_spec, c.services.settings)
+    with sweep_bar(sweep_spec, f"sweep {sweep_id}") as bar:
+        if local:
+            from upscale.orchestrator.scheduler import Scheduler
+
+            Scheduler(c.services.store, c.services.settings, on_progress=bar.show).run(sweep_id)
+        while True:
+            d = c.sweep(sweep_id)
+            bar.update({s["key"] for s in d["segments"] if s["status"] == "done"}, d["segments_total"], d["status"])
+            if d["status"] in FINAL:
+                break
+            time.sleep(2.0)
+    if d["status"] != "done":
+        raise CommandError(f"sweep {sweep_id} {d['status']}: {d['error'] or 'stopped'}")
+
+
+def sweeps_table(rows: list[dict[str, Any]]) -> Table:
+    """GET /sweeps as a table: what `upscale sweeps` and `upscale status` print."""
+    t = Table("sweep", "name", "status", "owner", "segments done", "created")
+    for s in rows:
+        t.add_row(s["id"], s["name"], s["status"], s["owner"] or "", f"{s['segments_done']}/{s['segments_total']}",
+                  s["created_at"][:16].replace("T", " "))
+    return t
+
+
+def status_command(
+    sweep: Annotated[str | None, typer.Argument(help="Sweep id; none: every sweep.")] = None,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """Sweeps and their progress; with an id, its segments (kind, grid axes, status) and the FLOPs done vs planned."""
+    with connect(api, token) as c:
+        if sweep is None:
+            console.print(sweeps_table(c.sweeps()))
+            return
+        d = c.sweep(sweep)
+    t = Table("kind", "axes", "status", "attempts", "tokens", "val_loss", "error",
+              title=f"sweep {d['id']} ({d['name']}): {d['status']}, {d['segments_done']}/{d['segments_total']} done, "
+                    f"{d['flops_done']:.3g} of {d['flops_planned']:.3g} FLOPs")
+    for s in d["segments"]:
+        t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
+                  "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
+    console.print(t)
+    if d["stale_segments"]:
+        console.print(f"{len(d['stale_segments'])} segment(s) were stale (trained under an older training-semantics "
+                      f"version) when it was recorded: {'reused (--reuse-stale)' if d['reuse_stale'] else 'retrained'}")
+
+
+def sweeps_command() -> None:
+    """Every sweep in the store with its status and how many of its segments are done."""
+    with Local() as c:
+        console.print(sweeps_table(c.sweeps()))
+
+
+def observations_command(
+    sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale sweeps` lists them).")],
+    csv: Annotated[bool, typer.Option("--csv", help="Write CSV in the columns `upscale fit --data` reads.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")] = None,
+    kind: Annotated[str | None, typer.Option(help=f"Only rows of one kind: {', '.join(KINDS)} (a law's table).")]
+    = None,
+    api: ApiOpt = None, token: TokenOpt = None,
+) -> None:
+    """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled rows), loss, trunk."""
+    if kind is not None and kind not in KINDS:
+        raise OrchestratorError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
+    with connect(api, token) as c:
+        if csv or out is not None:
+            text = c.observations_csv(sweep, kind)  # type: ignore[arg-type]  (checked above)
+            if out is None:
+                sys.stdout.write(text)
+            else:
+                out.write_text(text)
+                err_console.print(f"{len(text.splitlines()) - 1} observation(s) written to {out}")
+            return
+        df = c.observations(sweep, kind)  # type: ignore[arg-type]
+    console.print(df.to_string(index=False))
+
+
+def cancel_command(sweep: Annotated[str, typer.Argument(help="Sweep id.")], api: ApiOpt = None,
+                   token: TokenOpt = None) -> None:
+    """Ask the scheduler running SWEEP to stop; running segments are released and resume on the next run."""
+    with connect(api, token) as c:
+        status = c.cancel(sweep)["status"]
+    console.print(f"sweep {sweep}: {status}")
