@@ -53,7 +53,7 @@ def _tree(command: Any) -> dict[str, Any]:
     if panel:
         node["panel"] = panel
     if hasattr(command, "commands"):  # a group: its commands in the order `upscale --help` lists them
-        node["commands"] = {name: _tree(command.commands[name]) for name in command.commands}
+        node["commands"] = [{"name": name, **_tree(command.commands[name])} for name in command.commands]
     return node
 
 

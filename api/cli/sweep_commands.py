@@ -20,6 +20,7 @@ from rich.table import Table
 
 from upscale.api.cli.app import CommandError, console, err_console
 from upscale.api.cli.local import ApiOpt, Local, TokenOpt, connect
+from upscale.api.cli.plan_commands import print_plan
 from upscale.api.cli.segment_commands import axes_text
 from upscale.client import Client
 from upscale.orchestrator.errors import OrchestratorError
@@ -38,19 +39,17 @@ def submit_command(
                                               "training-semantics version instead of retraining them.")] = False,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """Submit a sweep: prints its id and plan (segments to train, FLOPs, WSD saving). An identical spec you already
-    submitted returns that sweep (resumed if it failed or was cancelled) unless --new."""
+    """Submit a sweep: prints its id and the summary `upscale plan` prints (segments and FLOPs to train, the WSD
+    saving, the time estimate, the laws the grid cannot identify). An identical spec you already submitted returns
+    that sweep (resumed if it failed or was cancelled) unless --new."""
     with connect(api, token) as c:  # a missing or unreadable spec: main() prints the OSError as one line
         out = c.submit(spec, new=new, reuse_stale=reuse_stale)
         p = out["plan"]
         if out["existing"]:
             err_console.print(f"sweep {out['id']} already has this identical spec ({out['status']}): returning it; "
                               "--new records another")
-        console.print(f"sweep {out['id']} ({out['name']}): {p['segments']} segments, {p['new_segments']} to train, "
-                      f"{p['total_flops']:.3g} FLOPs ({p['saving']:.2f}x cheaper than independent runs)")
-        if p["stale_segments"]:
-            err_console.print(f"{len(p['stale_segments'])} segment(s) trained under an older training-semantics "
-                              f"version: {'reused' if out['reuse_stale'] else 'retrained (--reuse-stale reuses them)'}")
+        console.print(f"sweep {out['id']} ({out['name']}), {out['status']}")
+        print_plan(p)  # the summary `upscale plan` prints: costs, the time estimate, what the grid cannot identify
         if wait:
             _wait(c, out["id"], spec=spec)
 
