@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 
 from upscale.control.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.control.records import AnalysisRecord
-from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic
+from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic, DecisionPublic
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.records import as_utc, utcnow
 
@@ -283,7 +283,7 @@ def why_no_analysis(services: Services, sweep_id: str | None = None) -> str:
 
 
 def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str | None = None,
-             group: str | None = None) -> dict[str, Any]:
+             group: str | None = None) -> DecisionPublic:
     """The verdict for (N1, D1, D2) from the newest done analysis (of ``sweep_id``'s sweeps, if given), with the
     analysis it came from. NotReady (409) when no analysis can answer, saying what is missing; ValueError (422) for
     a group the analysis does not have."""
@@ -303,7 +303,7 @@ def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str 
         verdict = analysis.decision(n1, d1, d2, group)
     except FitError as e:
         raise NotReady(f"analysis {record.id} (sweeps {record.sweep_key}) cannot answer: {e}") from None
-    return {**verdict, "analysis": analysis_ref(record)}
+    return DecisionPublic(**verdict, analysis=analysis_ref(record))
 
 
 def analysis_ref(record: AnalysisRecord) -> dict[str, Any]:

@@ -203,15 +203,12 @@ class Local:
             raise CommandError(f"sweep {sweep_id} has no analysis plot {name!r}")
         return (analysis_dir(self.services.settings.home, record.id) / name).read_bytes()
 
-    def decide(self, n1: float, d1: float, d2: float, sweep_id: str | None = None, group: str | None = None,
-               moe_fit: str | None = None, upcycled_fit: str | None = None) -> dict[str, Any]:
-        from upscale.control import analyses, fits
-        from upscale.control.schemas import DecisionPublic
+    def decide(self, n1: float, d1: float, d2: float, sweep_id: str | None = None,
+               group: str | None = None) -> dict[str, Any]:
+        from upscale.control import analyses
 
         with _user_errors():
-            if moe_fit is not None or upcycled_fit is not None:
-                return _dump(fits.decision(self.services, n1, d1, d2, moe_fit, upcycled_fit))
-            return _dump(DecisionPublic(**analyses.decision(self.services, n1, d1, d2, sweep_id, group)))
+            return _dump(analyses.decision(self.services, n1, d1, d2, sweep_id, group))
 
     # -- refits ------------------------------------------------------------------------------------------------
 

@@ -98,4 +98,4 @@ def decide_upcycle(services: ServicesDep, _: Reader,
     bootstrap probability, and D* at this N1. It answers from the newest finished analysis (which runs by itself
     when a sweep finishes) and names it with its age: one answer, one provenance (a fit stored by POST /fits is
     read at GET /fits/{id})."""
-    return DecisionPublic(**analyses.decision(services, n1, d1, d2, sweep_id, group))
+    return analyses.decision(services, n1, d1, d2, sweep_id, group)
