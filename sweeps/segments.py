@@ -71,12 +71,12 @@ class Frozen(BaseModel):
 Routing = Annotated[Literal["softmax_topk", "deepspeed"], Field(
     description="softmax_topk: softmax over all experts, top-k, renormalised over the chosen k (weight 1 for top-1, "
     "so naive top-1 upcycling preserves the dense function; the paper's Eq. 15, Mixtral's router); deepspeed: "
-    "DeepSpeed's gate (top-1 weighted by its probability). The same computation for k >= 2 (docs/methods.md, "
-    "\"Routing\").")]
+    "DeepSpeed's gate (top-1 weighted by its probability). The same computation for k >= 2 "
+    "(docs/methods.md, \"Routing\").")]
 Dispatch = Annotated[Literal["grouped", "deepspeed"], Field(
     description="How tokens reach the experts: grouped (dropless, sorted; workers/dispatch.py) or DeepSpeed's "
-    "capacity buffer (slower). Equal results (fp32 <= 1e-5): not part of the identity (docs/methods.md, "
-    "\"Dispatch\").")]
+    "capacity buffer (slower). Equal results (fp32 <= 1e-5): not part of the identity "
+    "(docs/methods.md, \"Dispatch\").")]
 AuxLossCoef = Annotated[float, Field(ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")]
 RouterInit = Annotated[Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"], Field(
     description="Router init: N(0, 2/(5·d_model)) (the paper's A.6), N(0, 0.02^2), zero-mean uniform with std 0.02 "

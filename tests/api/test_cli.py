@@ -64,7 +64,7 @@ def test_cli_over_http_and_in_process(tmp_path, mlflow_uri) -> None:
         r = subprocess.run([UPSCALE, "submit", str(spec), "--api", url], env=env, capture_output=True, text=True)
         assert r.returncode == 2 and "401" in r.stderr  # no token
         out = _cli(env, "submit", str(spec), "--api", url, "--token", token)
-        assert "18 segments, 18 to train" in out
+        assert "plan api-flow: 18 segments" in out and "not yet in the store: 18 of 18 segments" in out
         sweep_id = out.split()[1]
         assert sweep_id in _cli(env, "status", "--api", url, "--token", token)
         assert "carol" in httpx.get(f"{url}/sweeps/{sweep_id}", headers={"Authorization": f"Bearer {token}"}).text

@@ -129,6 +129,13 @@ def test_every_example_validates_against_its_model(schema) -> None:
                 for example in _examples(media):
                     _check(TypeAdapter(model), example)
                 checked.append(f"#/paths/{path}/{method}/requestBody/content/{media_type}")
+        for status, response in op.get("responses", {}).items():  # a response's example is what its model returns
+            for media_type, media in response.get("content", {}).items():
+                if _examples(media):
+                    model = models[media["schema"]["$ref"].rsplit("/", 1)[1]]
+                    for example in _examples(media):
+                        _check(TypeAdapter(model), example)
+                    checked.append(f"#/paths/{path}/{method}/responses/{status}/content/{media_type}")
     # Nothing carries an example this test did not check (a parameter's, a response's, a nested schema's).
     everywhere = [p.rsplit("/", 1)[0] for p, _ in _walk(schema) if p.endswith(("/example", "/examples"))]
     assert sorted(set(everywhere) - set(checked)) == []
