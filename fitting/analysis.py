@@ -59,7 +59,25 @@ def fit_law(law: Law | str, df: pd.DataFrame, fixed: dict[str, float] | None = N
     """``report`` (fit, LOO, bootstrap) with the fitted law alongside."""
     the_law = get_law(law) if isinstance(law, str) else law
     rep, boot = report(the_law, df, fixed, n_boot, seed, workers=workers, progress=progress)
-    return LawFit(rep, FittedLaw(the_law, rep["params"], boot.samples if boot else None))
+    samples = boot.samples if boot is not None and len(boot.samples) else None  # as fitted_law reads it back
+    return LawFit(rep, FittedLaw(the_law, rep["params"], samples))
+
+
+def refit_problems(law: str, fit: str, rep: dict[str, Any]) -> list[dict[str, str]]:
+    """The record's problems for a fit whose LOO or bootstrap refits failed (none when all succeeded): each says how
+    many failed, what became of LOO RMS or the intervals, and what to add so that no single point or trunk decides
+    the fit."""
+    out = []
+    if rep.get("loo_failed"):
+        out.append({"law": law, "fit": fit, "why": f"{rep['loo_note']}; the fit depends on single points",
+                    "add": "more points around the rows named (repeats or neighbours), so that no single point "
+                           "decides the fit"})
+    boot = rep.get("bootstrap") or {}
+    if rep.get("bootstrap_failed"):
+        unit = "trunks (independent WSD runs)" if boot.get("unit") == "trunk" else "points"
+        out.append({"law": law, "fit": fit, "why": f"{rep['bootstrap_note']}; some resamples cannot pin the law down",
+                    "add": f"more {unit}, so that every resample still pins each parameter"})
+    return out
 
 
 @dataclass(frozen=True)
@@ -81,7 +99,8 @@ class UpcycledAnalysis:
 @dataclass(frozen=True)
 class Analysis:
     """The result of ``analyze``: the shared E, the from-scratch fit, one ``UpcycledAnalysis`` per group, and the
-    problems (laws the data cannot identify, fits that failed) with what to add to the grid."""
+    problems (laws the data cannot identify, fits that failed, LOO or bootstrap refits that failed) with what to add
+    to the grid."""
 
     E: float
     E_note: str  # why E was fixed rather than fitted jointly, if it was
@@ -241,6 +260,8 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
                           stage("LOO, bootstrap (from scratch)", report_steps(scratch, bootstrap)))
         except FitError as e:
             problems.append({"law": "chinchilla", "fit": "from-scratch MoE", "why": str(e), "add": ""})
+        else:
+            problems += refit_problems("chinchilla", "from-scratch MoE", moe.report)
     out = []
     for group, rows in groups:
         label = group_label(group)
@@ -254,6 +275,8 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
                              stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)))
             except FitError as e:
                 problems.append({"law": "joint", "fit": f"upcycled{where}", "why": str(e), "add": ""})
+            else:
+                problems += refit_problems("joint", f"upcycled{where}", up.report)
         if up is not None and moe is not None:
             advance = stage(f"D* (upcycled{where})", 1)
             star = dstar_results(moe.fitted, up.fitted, sizes, (min(sizes) / 10, max(sizes) * 10))

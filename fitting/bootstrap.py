@@ -4,7 +4,9 @@ Branches decayed from one WSD trunk share that trunk's noise, so resampling poin
 uncertainty: when the table has a ``trunk`` column whole trunks are resampled (cluster bootstrap), otherwise points.
 Every draw comes from one seeded ``numpy.random.Generator`` up front and is kept with the result, so the result
 does not depend on how many processes refit it. Each refit warm-starts at the full fit (falling back to the
-multi-start grid), which makes 1,000 refits of `joint` a matter of seconds.
+multi-start grid), which makes 1,000 refits of `joint` a matter of seconds. A refit that fails (does not converge,
+raises, ends non-finite) is skipped and counted (``n_failed``, and which draws in ``failed``): the intervals are over
+the refits that succeeded, and one bad resample never aborts the bootstrap or the fit it belongs to.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from upscale.fitting.fit import FitOptions, FitProblem, FitResult, StartResult, prepare, refit_theta, user_params
+from upscale.fitting.fit import FitOptions, FitProblem, FitResult, StartResult, prepare, try_refit, user_params
 from upscale.fitting.laws import TRUNK, Law
 
 CI_LEVEL = 0.95
@@ -24,7 +26,8 @@ CI_LEVEL = 0.95
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Parameter samples (user units) of the refits that converged, and how they were drawn."""
+    """Parameter samples (user units) of the refits that converged, and how they were drawn; ``failed``: the draws
+    (rows of ``draws``) whose refit failed, ``n_failed`` of them."""
 
     names: tuple[str, ...]
     samples: np.ndarray  # (n_ok, len(names))
@@ -32,6 +35,7 @@ class Bootstrap:
     seed: int
     draws: np.ndarray  # (n, n_units): the resampled unit indices of every draw
     n_failed: int
+    failed: tuple[int, ...] = ()
 
     def column(self, name: str) -> np.ndarray:
         return self.samples[:, self.names.index(name)]
@@ -41,7 +45,7 @@ class Bootstrap:
 
     def to_json(self) -> dict:
         return {"unit": self.unit, "seed": self.seed, "n": int(self.draws.shape[0]), "n_failed": self.n_failed,
-                "names": list(self.names), "samples": self.samples.tolist()}
+                "failed": list(self.failed), "names": list(self.names), "samples": self.samples.tolist()}
 
 
 def percentile_interval(values: np.ndarray, level: float = CI_LEVEL) -> tuple[float, float]:
@@ -65,7 +69,7 @@ def _units(df: pd.DataFrame) -> tuple[str, list[np.ndarray]]:
 
 def _refit_chunk(problem: FitProblem, best: StartResult, options: FitOptions,
                  row_sets: list[np.ndarray]) -> list[np.ndarray | None]:
-    return [refit_theta(problem.subset(rows), best, options) for rows in row_sets]
+    return [try_refit(problem.subset(rows), best, options) for rows in row_sets]
 
 
 def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed: int = 0,
@@ -95,7 +99,13 @@ def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed
             thetas.extend(part)
             if progress:
                 progress(len(part))
-    ok = [t for t in thetas if t is not None]
     names = law.param_names
-    samples = np.array([[user_params(problem, t, result.fixed)[k] for k in names] for t in ok]).reshape(-1, len(names))
-    return Bootstrap(names, samples, unit, seed, draws, n - len(ok))
+    rows, failed = [], []
+    for i, t in enumerate(thetas):
+        values = None if t is None else [user_params(problem, t, result.fixed)[k] for k in names]
+        if values is None or not np.all(np.isfinite(values)):
+            failed.append(i)
+        else:
+            rows.append(values)
+    samples = np.array(rows, dtype=float).reshape(-1, len(names))
+    return Bootstrap(names, samples, unit, seed, draws, len(failed), tuple(failed))

@@ -4,6 +4,10 @@ LOO and extrapolation errors are RMS in loss units (as the paper's Table 1), so 
 prediction". LOO refits warm-start from the full fit (the optimum barely moves when one point leaves); the
 extrapolation fit is a fresh multi-start on the smaller budgets only, so nothing of the held-out rows leaks in.
 AIC/BIC use the Gaussian likelihood of the log residuals: n·log(RSS/n) + 2k and + k·log n.
+
+A LOO refit that fails (does not converge, raises, ends non-finite) is skipped and counted: LOO RMS is over the
+refits that succeeded, and not reported (NaN, null in JSON) when more than a quarter of them failed. Either way the
+comparison row says how many failed and without which rows, so one bad refit never costs a law its comparison.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from upscale.fitting.errors import FitError
 from upscale.fitting.fit import (
     FitOptions,
     FitProblem,
@@ -22,15 +25,19 @@ from upscale.fitting.fit import (
     StartResult,
     fit_problem,
     prepare,
-    refit_theta,
     run_starts,
+    try_refit,
 )
 from upscale.fitting.laws import Law
+
+MAX_LOO_FAILED = 0.25  # the share of LOO refits that may fail before LOO RMS is not reported
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """One law's row of the comparison table (errors in loss units; NaN where not computable)."""
+    """One law's row of the comparison table (errors in loss units; NaN where not computable). ``loo_failed``: how
+    many LOO refits failed, ``loo_failed_rows`` without which (1-based) rows, ``loo_note`` what that means for
+    ``loo_rms`` (None when every refit succeeded)."""
 
     law: str
     n_points: int
@@ -40,26 +47,82 @@ class Comparison:
     extrapolation_rms: float
     aic: float
     bic: float
+    loo_failed: int = 0
+    loo_failed_rows: tuple[int, ...] = ()
+    loo_note: str | None = None
 
-    def to_json(self) -> dict[str, float | int | str | None]:
-        return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in asdict(self).items()}
+    def to_json(self) -> dict[str, float | int | str | list[int] | None]:
+        out = {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in asdict(self).items()}
+        out["loo_failed_rows"] = list(self.loo_failed_rows)
+        return out
+
+
+@dataclass(frozen=True)
+class LeaveOneOut:
+    """Leave-one-out over a table: the RMS (loss units; NaN when not reported), the 1-based rows whose refit failed
+    and, when any did, a note saying how many and what became of the RMS."""
+
+    rms: float
+    n: int
+    failed_rows: tuple[int, ...] = ()
+    note: str | None = None
+
+    @property
+    def failed(self) -> int:
+        return len(self.failed_rows)
+
+    @property
+    def reported(self) -> float | None:
+        """The RMS for JSON: None when it is not reported."""
+        return float(self.rms) if np.isfinite(self.rms) else None
+
+
+def _describe_rows(rows: list[int], table: pd.DataFrame | None, columns: tuple[str, ...] = (), limit: int = 5) -> str:
+    """1-based ``rows`` as 'row 3 (D=1e+09, N=1e+08), row 7 (...)', with their coordinates when the table is at
+    hand, the first ``limit`` of them."""
+    def one(r: int) -> str:
+        if table is None or not columns:
+            return f"row {r}"
+        return f"row {r} ({', '.join(f'{c}={float(table[c].iloc[r - 1]):.3g}' for c in columns)})"
+    shown = ", ".join(one(r) for r in rows[:limit])
+    return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+def leave_one_out(problem: FitProblem, best: StartResult, options: FitOptions,
+                  progress: Callable[[int], None] | None = None, *, table: pd.DataFrame | None = None,
+                  columns: tuple[str, ...] = ()) -> LeaveOneOut:
+    """Every row predicted by a fit without it; ``progress(1)`` is told of every refit. A refit that fails is skipped
+    and counted; the RMS is over the rest, NaN when more than ``MAX_LOO_FAILED`` of the refits (or all) failed.
+    ``table`` and ``columns``: the fitted table and the law's columns, to name the failed rows by their point."""
+    errors = np.full(problem.n, np.nan)
+    everything = np.arange(problem.n)
+    for i in everything:
+        t = try_refit(problem.subset(np.delete(everything, i)), best, options)
+        if progress:
+            progress(1)
+        if t is None:
+            continue
+        row = problem.subset(np.array([i]))
+        with np.errstate(over="ignore", invalid="ignore"):
+            errors[i] = np.exp(row.log_predict(t)[0]) - np.exp(row.y[0])
+    bad = [int(i) + 1 for i in np.flatnonzero(~np.isfinite(errors))]
+    if not bad:
+        return LeaveOneOut(float(np.sqrt(np.mean(errors**2))), problem.n)
+    head = (f"{len(bad)} of {problem.n} leave-one-out refits did not converge "
+            f"(without {_describe_rows(bad, table, columns)})")
+    if len(bad) == problem.n or len(bad) > MAX_LOO_FAILED * problem.n:
+        return LeaveOneOut(float("nan"), problem.n, tuple(bad),
+                           f"{head}: more than {MAX_LOO_FAILED:.0%} of them, so LOO RMS is not reported")
+    ok = errors[np.isfinite(errors)]
+    return LeaveOneOut(float(np.sqrt(np.mean(ok**2))), problem.n, tuple(bad),
+                       f"{head}: LOO RMS is over the other {len(ok)}")
 
 
 def loo_rms(problem: FitProblem, best: StartResult, options: FitOptions,
             progress: Callable[[int], None] | None = None) -> float:
-    """RMS over rows of (prediction of the row from a fit without it) − observed, in loss units; ``progress(1)`` is
-    told of every refit."""
-    errors = np.empty(problem.n)
-    everything = np.arange(problem.n)
-    for i in everything:
-        t = refit_theta(problem.subset(np.delete(everything, i)), best, options)
-        if t is None:
-            raise FitError(f"the leave-one-out refit without row {i + 1} did not converge; loo_rms is not reported")
-        if progress:
-            progress(1)
-        row = problem.subset(np.array([i]))
-        errors[i] = np.exp(row.log_predict(t)[0]) - np.exp(row.y[0])
-    return float(np.sqrt(np.mean(errors**2)))
+    """RMS over rows of (prediction of the row from a fit without it) − observed, in loss units, over the refits
+    that succeeded (NaN when too many failed: ``leave_one_out`` says which); ``progress(1)`` is told of every refit."""
+    return leave_one_out(problem, best, options, progress).rms
 
 
 def extrapolation_rms(law: Law, table: pd.DataFrame, problem: FitProblem, options: FitOptions) -> float:
@@ -96,11 +159,12 @@ def assess(law: Law, df: pd.DataFrame, result: FitResult, options: FitOptions | 
     problem, table = prepared or prepare(law, df, result.fixed, options)
     theta = np.array(result.theta)
     aic, bic = information_criteria(problem, theta)
-    loo = loo_rms(problem, result.best, options, progress)
+    loo = leave_one_out(problem, result.best, options, progress, table=table, columns=law.columns)
     extrapolation = extrapolation_rms(law, table, problem, options)
     if progress:
         progress(1)
-    return Comparison(law.name, problem.n, len(problem.names), result.objective, loo, extrapolation, aic, bic)
+    return Comparison(law.name, problem.n, len(problem.names), result.objective, loo.rms, extrapolation, aic, bic,
+                      loo.failed, loo.failed_rows, loo.note)
 
 
 def compare_steps(laws: list[Law], df: pd.DataFrame) -> int:
@@ -111,7 +175,8 @@ def compare_steps(laws: list[Law], df: pd.DataFrame) -> int:
 def compare(laws: list[Law], df: pd.DataFrame, fixed: dict[str, float] | None = None,
             options: FitOptions | None = None, progress: Callable[[int], None] | None = None) -> list[Comparison]:
     """Fit every law to the same table and assess it; rows in the order given. ``progress(1)`` is told of every fit
-    (``compare_steps`` of them)."""
+    (``compare_steps`` of them). A law whose LOO refits fail keeps its row (``loo_failed``, ``loo_note``; ``loo_rms``
+    NaN when too many failed), so the other laws are still compared; only a law's own fit failing raises."""
     options = options or FitOptions()
     rows = []
     for law in laws:

@@ -389,6 +389,20 @@ def refit_theta(problem: FitProblem, best: StartResult, options: FitOptions) -> 
     return np.array(min(ok, key=lambda s: s.objective).end) if ok else None
 
 
+REFIT_ERRORS = (ValueError, ArithmeticError)  # FitError and numpy's LinAlgError are ValueErrors; overflow, x/0
+
+
+def try_refit(problem: FitProblem, best: StartResult, options: FitOptions) -> np.ndarray | None:
+    """``refit_theta``, with None for a refit that failed in any way: not converged, raised (FitError, a singular
+    matrix, an overflow) or ended at a non-finite point. A LOO or bootstrap refit that fails is counted and reported
+    by its caller; it never takes the fit it belongs to down with it."""
+    try:
+        theta = refit_theta(problem, best, options)
+    except REFIT_ERRORS:
+        return None
+    return theta if theta is not None and bool(np.all(np.isfinite(theta))) else None
+
+
 def fit_shared(
     tables: dict[str, tuple[Law, pd.DataFrame]],
     shared: tuple[str, ...] = ("E",),

@@ -4,6 +4,11 @@ One report: ``{"law", "params", "objective", "converged", "n_points", "loo_rms",
 reusable: ``fixed``, ``record`` (fitter version, grid, tolerances, data hash) and, after a bootstrap, the
 ``bootstrap`` samples, so that `upscale dstar` / `decide` can carry the uncertainty into D* and the verdict.
 With ``by`` columns the table is split and each group gets its own report under ``"groups"``.
+
+A LOO or bootstrap refit that fails is counted, never fatal: ``loo_failed`` (with ``loo_failed_rows``, 1-based,
+and ``loo_note``) and ``bootstrap_failed`` (with ``bootstrap_note``) say how many, ``loo_rms`` is over the refits
+that succeeded (null when more than a quarter failed), and the notes are among the ``warnings``. Only the fit
+itself failing raises.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from upscale.fitting.bootstrap import Bootstrap, bootstrap
-from upscale.fitting.compare import loo_rms
+from upscale.fitting.compare import MAX_LOO_FAILED, leave_one_out
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import FitOptions, fit_problem, prepare
 from upscale.fitting.laws import Law, get_law
@@ -65,22 +70,43 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
     problem, table = prepare(law, df, fixed, options)  # built once: the fit, its LOO and its bootstrap share it
     result = fit_problem(law, problem, table, fixed, options)
     boot = bootstrap(law, df, result, n_boot, seed, options, workers, progress, problem=problem) if n_boot > 0 else None
+    loo = leave_one_out(problem, result.best, options, progress, table=table, columns=law.columns)
+    boot_note = bootstrap_note(boot) if boot is not None else None
     out: dict[str, Any] = {
         "law": law.name,
         "params": result.params,
         "objective": result.objective,
         "converged": result.converged,
         "n_points": result.n_points,
-        "loo_rms": loo_rms(problem, result.best, options, progress),
+        "loo_rms": loo.reported,
         "ci": {k: [finite_or_none(lo), finite_or_none(hi)] for k, (lo, hi) in boot.ci().items()
                if k not in result.fixed} if boot else {},
         "fixed": result.fixed,
-        "warnings": list(result.warnings),
+        "warnings": [*result.warnings, *(n for n in (loo.note, boot_note) if n)],
         "record": result.to_json()["record"],
+        "loo_failed": loo.failed,
+        "loo_failed_rows": list(loo.failed_rows),
+        "loo_note": loo.note,
+        "bootstrap_failed": boot.n_failed if boot is not None else 0,
+        "bootstrap_note": boot_note,
     }
     if boot is not None:
         out["bootstrap"] = boot.to_json()
     return out, boot
+
+
+def bootstrap_note(boot: Bootstrap) -> str | None:
+    """What the bootstrap's failed refits mean for its intervals, None when none failed."""
+    n = int(boot.draws.shape[0])
+    if boot.n_failed == 0:
+        return None
+    head = f"{boot.n_failed} of {n} bootstrap refits did not converge"
+    if boot.n_failed == n:
+        return f"{head}: no interval is reported"
+    tail = f"the intervals are over the other {n - boot.n_failed}"
+    if boot.n_failed > MAX_LOO_FAILED * n:
+        tail += " and likely too narrow (the resamples that failed are the ones the data pin down least)"
+    return f"{head}: {tail}"
 
 
 def report_steps(df: pd.DataFrame, n_boot: int) -> int:

@@ -8,6 +8,7 @@ import json
 import pandas as pd
 import pytest
 
+from tests.fitting.faults import failing_loo_rows
 from upscale.fitting.analysis import ANALYSIS_VERSION, Analysis, analyze
 from upscale.fitting.data import read_table
 from upscale.fitting.errors import FitError
@@ -65,3 +66,22 @@ def test_nothing_to_analyse_is_an_error(tables: dict[str, pd.DataFrame]) -> None
     empty = {k: df.iloc[0:0] for k, df in tables.items()}
     with pytest.raises(FitError, match="no observations to analyse"):
         analyze(empty, bootstrap=0)
+
+
+def test_failed_loo_refits_are_a_named_problem_not_a_lost_fit(tables: dict[str, pd.DataFrame], monkeypatch) -> None:
+    """Three from-scratch LOO refits fail (injected): the from-scratch law is still fitted and used for D*, its LOO RMS
+    is over the other refits, and the problems say how many failed and what to add."""
+    scratch = tables["scratch"].dropna(subset=["loss"]).reset_index(drop=True)
+    failing_loo_rows(monkeypatch, scratch["loss"].to_numpy(), [3, 5, 7])
+    analysis = analyze(tables, bootstrap=0)
+    assert analysis.scratch is not None and analysis.upcycled[0].dstar is not None
+    rep = analysis.scratch.report
+    assert (rep["loo_failed"], rep["loo_failed_rows"]) == (3, [3, 5, 7]) and rep["loo_rms"] > 0
+    (problem,) = [p for p in analysis.problems if p["fit"] == "from-scratch MoE"]
+    n = len(scratch)
+    assert problem["law"] == "chinchilla" and problem["add"]
+    assert problem["why"].startswith(f"3 of {n} leave-one-out refits did not converge (without row 3 (D=")
+    assert problem["why"].endswith(f"LOO RMS is over the other {n - 3}; the fit depends on single points")
+    assert all(u.fit.report["loo_failed"] == 0 for u in analysis.upcycled)
+    back = Analysis.from_json(json.loads(json.dumps(analysis.to_json())))
+    assert back.problems == analysis.problems and back.scratch.report["loo_failed_rows"] == [3, 5, 7]

@@ -2,11 +2,13 @@
 
 Strategy: synthetic chinchilla tables from the paper's MoE parameters with 0.5% noise; the 95% intervals of 200
 refits must contain every generating parameter; the same seed must give identical samples with 1 or 2 processes.
+A refit that fails (injected: raised, not converged, NaN) is counted and left out, never fatal.
 """
 
 import numpy as np
 import pytest
 
+from tests.fitting.faults import failing_calls
 from upscale.fitting.bootstrap import bootstrap, percentile_interval
 from upscale.fitting.fit import fit
 from upscale.fitting.laws import TRUNK, get_law
@@ -59,3 +61,20 @@ def test_percentile_interval_keeps_infinities_and_ignores_nan():
     lo, hi = percentile_interval(np.array([1.0, 2.0, np.inf, np.inf, np.nan]), level=0.5)
     assert lo == 1.0 and hi == np.inf
     assert percentile_interval(np.array([np.nan])) == pytest.approx((np.nan, np.nan), nan_ok=True)
+
+
+def test_failed_refits_are_counted_and_left_out(monkeypatch):
+    df = table()
+    result = fit(LAW, df)
+    clean = bootstrap(LAW, df, result, n=12, seed=9)
+    assert clean.n_failed == 0 and clean.failed == () and clean.to_json()["failed"] == []
+    failing_calls(monkeypatch, {2: "raise", 5: "none", 11: "nan"})
+    boot = bootstrap(LAW, df, result, n=12, seed=9)
+    assert boot.n_failed == 3 and boot.failed == (2, 5, 11) and boot.samples.shape == (9, 5)
+    np.testing.assert_array_equal(boot.samples, np.delete(clean.samples, [2, 5, 11], axis=0))
+    np.testing.assert_array_equal(boot.draws, clean.draws)
+    assert boot.to_json()["n_failed"] == 3 and boot.to_json()["failed"] == [2, 5, 11]
+    failing_calls(monkeypatch, dict.fromkeys(range(4), "raise"))
+    none = bootstrap(LAW, df, result, n=4, seed=9)
+    assert none.n_failed == 4 and none.samples.shape == (0, 5)
+    assert all(np.isnan(lo) and np.isnan(hi) for lo, hi in none.ci().values())

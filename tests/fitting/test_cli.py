@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from tests.fitting.faults import failing_loo_rows
 from upscale.api.cli import app
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2, design, generate
@@ -130,6 +131,27 @@ def test_compare_and_grouped_fit(tmp_path):
     groups = json.loads(grouped)["groups"]
     assert [g["group"] for g in groups] == [{"r": 0.0}, {"r": 0.5}]
     assert all({"params", "loo_rms", "ci"} <= set(g) for g in groups)
+
+
+def test_failed_loo_refits_cost_neither_the_comparison_nor_the_fit(tmp_path, monkeypatch):
+    """The user's report: one failing LOO refit made `compare` exit 2 and lose every law, and `fit` the same. With
+    every LOO refit of data-add failing (injected) both commands succeed and say how many failed."""
+    law = get_law("data-mul")
+    truth = {"A": 20.0, "alpha1": 0.1, "alpha2": 0.3, "alpha3": 4e-3, "E": 0.5}
+    grid = {"D1": tuple(np.geomspace(1e7, 1e12, 5)), "D2": tuple(np.geomspace(1e6, 1e12, 5))}
+    df = generate(law, truth, design(law, grid), noise=0.005, seed=1)
+    df.to_csv(tmp_path / "one.csv", index=False)
+    n_add = len(get_law("data-add").param_names)
+    failing_loo_rows(monkeypatch, df["loss"].to_numpy(), range(1, len(df) + 1), n_free=n_add)
+    rows = json.loads(invoke("compare", "--laws", "data-mul,data-add", "--data", "one.csv", "--json",
+                             cwd=tmp_path))["results"]
+    assert [r["law"] for r in rows] == ["data-mul", "data-add"] and rows[0]["loo_failed"] == 0
+    assert rows[1]["loo_rms"] is None and rows[1]["loo_failed"] == len(df) and "not reported" in rows[1]["loo_note"]
+    fit = json.loads(invoke("fit", "--law", "data-add", "--data", "one.csv", "--json", cwd=tmp_path))
+    assert fit["converged"] and fit["loo_rms"] is None and fit["loo_failed"] == len(df)
+    assert fit["warnings"][-1] == fit["loo_note"]
+    table = invoke("fit", "--law", "data-add", "--data", "one.csv", cwd=tmp_path)
+    assert "leave-one-out refits did not converge" in " ".join(table.split())  # the caption, wrapped
 
 
 def bad_tables(tmp_path: Path) -> dict[str, tuple[list[str], str]]:

@@ -6,9 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.fitting.faults import failing_calls
+from upscale.fitting.analysis import refit_problems
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
-from upscale.fitting.summary import grouped_report, load_fit, report
+from upscale.fitting.summary import clean, grouped_report, load_fit, report
 from upscale.fitting.synthetic import TABLE2, design, generate
 
 LAW = get_law("chinchilla")
@@ -26,6 +28,30 @@ def test_report_has_the_contract_keys_and_round_trips(tmp_path):
     back = load_fit(path)
     assert back.params == pytest.approx(rep["params"]) and back.samples.shape == (30 - boot.n_failed, 5)
     assert back.sample_params()[0]["E"] == 0.165
+    assert (rep["loo_failed"], rep["loo_failed_rows"], rep["loo_note"]) == (0, [], None)
+    assert rep["bootstrap_failed"] == boot.n_failed and (rep["bootstrap_note"] is None) == (boot.n_failed == 0)
+
+
+def test_failed_refits_are_reported_and_the_fit_kept(monkeypatch):
+    """One LOO refit and two bootstrap refits fail (injected): the report keeps every key, counts them, reports LOO
+    over the rest and warns; the analysis would list both as problems."""
+    df = generate(LAW, TABLE2["moe"], design(LAW, GRID), noise=0.005, seed=2)
+    clean_rep, _ = report(LAW, df, {"E": 0.165}, n_boot=10, seed=4)
+    failing_calls(monkeypatch, {3: "raise", 7: "none", 10 + 1: "raise"})  # draws 3 and 7, then LOO without row 2
+    rep, boot = report(LAW, df, {"E": 0.165}, n_boot=10, seed=4)
+    assert set(clean_rep) == set(rep) and rep["params"] == clean_rep["params"]
+    assert (rep["loo_failed"], rep["loo_failed_rows"], rep["bootstrap_failed"]) == (1, [2], 2)
+    assert 0 < rep["loo_rms"] != clean_rep["loo_rms"] and boot.failed == (3, 7)
+    assert rep["bootstrap"]["n_failed"] == 2 and len(rep["bootstrap"]["samples"]) == 8
+    assert rep["loo_note"].startswith("1 of 30 leave-one-out refits did not converge (without row 2 (D=")
+    assert rep["bootstrap_note"] == "2 of 10 bootstrap refits did not converge: the intervals are over the other 8"
+    assert rep["warnings"][-2:] == [rep["loo_note"], rep["bootstrap_note"]]
+    json.dumps(clean(rep), allow_nan=False)
+    loo, boots = refit_problems("chinchilla", "from-scratch MoE", rep)
+    assert set(loo) == {"law", "fit", "why", "add"} and loo["fit"] == "from-scratch MoE"
+    assert loo["why"] == f"{rep['loo_note']}; the fit depends on single points" and "no single point" in loo["add"]
+    assert boots["why"].startswith("2 of 10 bootstrap refits") and "more trunks" in boots["add"]
+    assert refit_problems("chinchilla", "from-scratch MoE", clean_rep) == []
 
 
 def test_grouped_report_fits_each_group():
