@@ -34,6 +34,7 @@ def _demo(home: Path, *args: str, timeout: int) -> str:
     return out.stdout
 
 
+@pytest.mark.slow  # four console-script runs: ~22 s on 2 cores (test_cli_output runs the synthetic demo too)
 def test_synthetic_demo_recovers_the_papers_dstar_and_writes_the_plots(tmp_path: Path) -> None:
     out = _demo(tmp_path, "--synthetic", "--bootstrap", "20", "--out", str(tmp_path / "plots"), timeout=300)
     assert "SYNTHETIC" in out

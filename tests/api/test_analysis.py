@@ -262,6 +262,7 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(UPSCALE), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow  # six console-script runs: ~22 s on 2 cores
 def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) -> None:
     services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     sid = fill(services)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from upscale.orchestrator import verbosity
 
 UPSCALE = str(Path(sys.executable).parent / "upscale")
@@ -38,6 +40,7 @@ def test_wide_table_is_printed_whole_when_piped(tmp_path) -> None:
     assert "Creating initial MLflow" not in out and "INFO" not in out, out
 
 
+@pytest.mark.slow  # three console-script runs importing DeepSpeed: ~26 s on 2 cores
 def test_banners_only_with_verbose(tmp_path) -> None:
     _run(tmp_path, "model", "init", "--size", "nano", "--vocab-size", "256", "--context", "32", "--out", "dense")
     upcycle = ("upcycle", "--dense", "dense", "--method", "naive", "--experts", "2", "--topk", "1", "--out")

@@ -36,6 +36,11 @@ resources: {cpus: 1}
 """
 
 
+# Slow as a module: the end-to-end flow trains 18 real segments (~175 s on 2 cores) and the cron test reads the
+# sweep it leaves.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def flow(tmp_path_factory, mlflow_uri, ray_session):
     settings = Settings(home=tmp_path_factory.mktemp("flow"), mlflow_tracking_uri=mlflow_uri)

@@ -49,6 +49,7 @@ def test_status_shows_the_axes_that_tell_segments_apart(recorded) -> None:
     assert "method=naive" in status and "method=drop" in status and "D2=256" in status
 
 
+@pytest.mark.slow  # trains a segment: ~50 s on 2 cores
 def test_exported_segments_train_with_train_segment(recorded, tmp_path: Path) -> None:
     invoke, sweep_id = recorded
     specs = json.loads(invoke("segments", sweep_id, "--json"))

@@ -74,6 +74,9 @@ def fill(services: Services, status: str = "done") -> str:
     return sweep_id
 
 
+pytestmark = pytest.mark.slow  # each test runs suggest's profile refits: ~50-80 s apiece on 2 cores
+
+
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory, mlflow_uri) -> tuple[Settings, str]:
     settings = Settings(home=tmp_path_factory.mktemp("home"), mlflow_tracking_uri=mlflow_uri)

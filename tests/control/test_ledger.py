@@ -63,6 +63,7 @@ def replicate_tables(planned, replicates: int, rng: np.random.Generator) -> dict
     return {kind: table(records, kind) for kind in ("dense", "scratch", "upcycled")}
 
 
+@pytest.mark.slow  # a bootstrapped analysis and a 27-segment sweep: ~28 s on 2 cores
 def test_a_sweep_on_a_known_law_is_scored_at_nominal_coverage(settings) -> None:
     orch = Orchestrator.open(settings, ledger.hooks())
     spec = load_spec(GRID_SPEC)

@@ -130,6 +130,7 @@ def test_a_sweeps_runs_reach_the_tracking_server_over_http(postgres_url: str, ml
         assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 8
 
 
+@pytest.mark.slow  # an MLflow server and a trained sweep: ~130 s on 2 cores
 def test_the_mlflow_ui_shows_each_sweep_its_params_curves_analysis_and_reused_segments(
         mlflow_sqlite_server: str, tmp_path: Path, ray_session, monkeypatch: pytest.MonkeyPatch) -> None:
     cwd = tmp_path / "cwd"

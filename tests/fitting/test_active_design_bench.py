@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # starts bench/active_design.py as a subprocess: minutes on a 2-core machine
 def test_quick_bench_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "figures.json"
     run = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "bench" / "active_design.py"), "--quick",

@@ -16,6 +16,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.orchestrator.conftest import TINY_SPEC
 from upscale.orchestrator.service import Orchestrator
 from upscale.sweeps.planner import plan
@@ -28,6 +30,7 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow  # two scheduler processes with slow steps: ~60 s on 2 cores
 def test_a_killed_scheduler_restarted_trains_each_segment_once(settings) -> None:
     orch = Orchestrator.open(settings)
     spec = load_spec(TINY_SPEC)

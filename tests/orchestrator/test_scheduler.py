@@ -127,6 +127,7 @@ def test_a_worker_error_is_not_retried(settings) -> None:
     assert len(ends(settings)) == 24  # everything but the scratch trunk and its decay
 
 
+@pytest.mark.slow  # two sweeps, 36 segments: ~22 s on 2 cores
 def test_an_overlapping_sweep_trains_only_its_new_segments(settings) -> None:
     orch = Orchestrator.open(settings)
     first = load_spec(TINY_SPEC)
@@ -155,6 +156,7 @@ def test_two_schedulers_on_one_sweep_train_each_segment_once(settings) -> None:
     assert ends(settings) == Counter({k: 1 for k in outs[0].trained + outs[1].trained})
 
 
+@pytest.mark.slow  # ~35 s on 2 cores
 def test_cancelling_stops_the_sweep_and_a_rerun_resumes_it(settings) -> None:
     orch = Orchestrator.open(settings)
     knobs(settings, step_s=0.05)

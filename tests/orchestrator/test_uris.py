@@ -46,6 +46,7 @@ def dead_pid() -> int:
     return proc.pid
 
 
+@pytest.mark.slow  # ~85 s on 2 cores
 @pytest.mark.usefixtures("ray_session")
 def test_a_sweep_with_a_uri_checkpoint_root_trains_adopts_and_collects(tmp_path: Path, mlflow_uri: str) -> None:
     remote = tmp_path / "remote"

@@ -62,6 +62,7 @@ def runs(ray_session, tmp_path_factory) -> dict:
     return {"home": home, "one": one, "two": two, "decay_one": decay_one, "decay_two": decay_two, "branch": branch}
 
 
+@pytest.mark.slow  # the `runs` fixture trains four segments, two on Ray Train: ~90 s
 def test_two_workers_match_one(runs: dict) -> None:
     one, two = runs["one"], runs["two"]
     assert two["metrics"]["val_loss_start"] == pytest.approx(one["metrics"]["val_loss_start"], abs=1e-6)
@@ -71,6 +72,7 @@ def test_two_workers_match_one(runs: dict) -> None:
     assert runs["decay_two"]["val_loss"] == pytest.approx(runs["decay_one"]["val_loss"], rel=REL_TOL)
 
 
+@pytest.mark.slow  # the `runs` fixture trains four segments, two on Ray Train: ~90 s
 def test_two_worker_checkpoint_is_the_full_model(runs: dict) -> None:
     path = Path(runs["two"]["checkpoint"])
     cfg, weights = load_model(path / "model")  # shape-checked against the single-process 4-expert model
@@ -84,6 +86,7 @@ def test_two_worker_checkpoint_is_the_full_model(runs: dict) -> None:
     assert result["segment_id"] == TRUNK.id  # rank 0 left the attempt's result, as a single process does
 
 
+@pytest.mark.slow  # the `runs` fixture trains four segments, two on Ray Train: ~90 s
 def test_single_process_resume_from_sharded_optimiser_is_refused(runs: dict) -> None:
     with pytest.raises(WorkerError, match=r"ep_size=2.*same resources\.workers"):
         run_segment(DECAY, runtime(runs["home"], "decay-refused", 1, parent_checkpoints=runs["branch"]))

@@ -143,6 +143,7 @@ def _ep_rank(rank: int, port: int, topk: int, results: dict) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned ranks importing DeepSpeed: ~45 s per case on 2 cores
 @pytest.mark.parametrize("topk", [1, 2])
 def test_expert_parallel_on_two_gloo_ranks_equals_the_single_rank_oracle(topk: int) -> None:
     with mp.Manager() as manager:
