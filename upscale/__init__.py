@@ -2,8 +2,9 @@
 
 The packages live under this one namespace: ``upscale.sweeps`` (specs and the planner), ``upscale.workers``
 (training segments), ``upscale.orchestrator`` (store, scheduler, MLflow), ``upscale.fitting`` (laws, fits, D*),
-``upscale.control`` (what the service's faces share) and ``upscale.api`` (REST service and CLI). This module is the Python API for notebooks: thin wrappers over those
-packages (the same code as the CLI), imported on first use so that ``import upscale`` stays light.
+``upscale.control`` (what the service's faces share) and ``upscale.api`` (REST service and CLI). This module is
+the Python API for notebooks: thin wrappers over those packages (the same code as the CLI), imported on first use
+so that ``import upscale`` stays light.
 
 A notebook session on the bundled SYNTHETIC tables (generated from the paper's Table 2 parameters)::
 
