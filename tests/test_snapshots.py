@@ -12,7 +12,8 @@ from typing import Any
 
 import typer
 
-SNAPSHOTS = Path(__file__).parent / "snapshots"
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = ROOT / "tests" / "snapshots"
 UPDATE = os.environ.get("UPSCALE_UPDATE_SNAPSHOTS") == "1"
 
 
@@ -43,6 +44,8 @@ def _param(p: Any) -> dict[str, Any]:
     if p.param_type_name == "option":
         out |= {"opts": sorted(p.opts + p.secondary_opts), "flag": p.is_flag, "envvar": p.envvar}
     default = p.default if not callable(p.default) else "(computed)"
+    if isinstance(default, Path):  # a file of the checkout: where the checkout is does not matter
+        default = f"<repo>/{default.resolve().relative_to(ROOT).as_posix()}"
     out["default"] = default if isinstance(default, str | int | float | bool | type(None)) else repr(default)
     return out
 
