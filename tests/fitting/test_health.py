@@ -83,10 +83,10 @@ def test_a_tiny_floor_makes_E_a_named_problem_of_the_analysis(tables: dict[str, 
     bounds = [p for p in analysis.problems if p["kind"] == "bound" and p["fit"] == SHARED_FIT]
     assert bounds and analysis.E < 1.1e-3 and "E=" in bounds[0]["why"]
     (u,) = analysis.upcycled
-    if u.dstar is not None:
-        assert u.dstar["health"] == "unhealthy" and all(r["health"] == "unhealthy" for r in u.dstar["results"])
-        assert {"law": "chinchilla", "fit": SHARED_FIT, "kind": "bound"} in u.dstar["health_problems"]
-        assert all(v["health"] == "unhealthy" for v in u.decisions)
+    assert "E=" in analysis.E_note and u.dstar is not None and u.decisions
+    assert u.dstar["health"] == "unhealthy" and all(r["health"] == "unhealthy" for r in u.dstar["results"])
+    assert {"law": "chinchilla", "fit": SHARED_FIT, "kind": "bound"} in u.dstar["health_problems"]
+    assert all(v["health"] == "unhealthy" for v in u.decisions)
 
 
 def test_an_exploding_interval_is_an_interval_problem(tables: dict[str, pd.DataFrame]) -> None:
