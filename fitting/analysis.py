@@ -6,6 +6,10 @@ upcycled `joint` law, once per upcycling group (method, r, n_expert x topk; fitt
 cluster-bootstrapped over trunks, and D* is found at every N1 with every crossing, its interval and the closed form
 D*(N1), plus a verdict for each (N1, D1, D2) case asked.
 
+Every fit made is then checked for health (fitting/health.py: parameters at a bound, bootstrap intervals the data do
+not determine, a law whose loss rises with tokens, LOO error far above the noise); each finding is a problem, and
+every D* and verdict says (``health``, ``health_problems``) whether it rests on an unhealthy fit.
+
 Before fitting, the measured grid is checked the way `upscale plan` checks a planned one (fitting/identifiability.py):
 a law the data cannot identify is not fitted (its parameters would be arbitrary) and the record says which law, why,
 and what to add to the grid; everything else is still fitted. Every entry point runs this function: `upscale demo`,
@@ -28,6 +32,7 @@ from upscale.fitting.dstar import decide, dstar_at, dstar_results, upcycled_loss
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import fit_shared, split_shared
 from upscale.fitting.groups import group_label, upcycled_groups
+from upscale.fitting.health import check_bounds, check_dstar, check_fit, check_monotone, concerning, problem
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
 from upscale.fitting.laws import Law, get_law
 from upscale.fitting.summary import FittedLaw, clean, fitted_law, report, report_steps
@@ -99,8 +104,9 @@ class UpcycledAnalysis:
 @dataclass(frozen=True)
 class Analysis:
     """The result of ``analyze``: the shared E, the from-scratch fit, one ``UpcycledAnalysis`` per group, and the
-    problems (laws the data cannot identify, fits that failed, LOO or bootstrap refits that failed) with what to add
-    to the grid."""
+    problems (laws the data cannot identify, fits that failed, LOO or bootstrap refits that failed, unhealthy fits:
+    fitting/health.py) with what to add to the grid; each has a ``kind`` (identifiability, fit, refit, bound,
+    interval, monotone, loo), records written before fit health lack it."""
 
     E: float
     E_note: str  # why E was fixed rather than fitted jointly, if it was
@@ -110,7 +116,7 @@ class Analysis:
     bootstrap: int
     seed: int
     dense_params: dict[str, float] = field(default_factory=dict)  # the dense law of the joint E fit
-    problems: list[dict[str, str]] = field(default_factory=list)  # {"law", "fit", "why", "add"}
+    problems: list[dict[str, Any]] = field(default_factory=list)  # {"law", "fit", "why", "add", "kind"[, "n1"]}
     points: dict[str, int] = field(default_factory=dict)  # observations per table
 
     def to_json(self) -> dict[str, Any]:
@@ -140,7 +146,8 @@ class Analysis:
 
     def decision(self, n1: float, d1: float, d2: float, group: str | None = None) -> dict[str, Any]:
         """The verdict for (N1, D1, D2) with D* at N1, from the from-scratch law and one upcycled group's: ``group``
-        (a label), by default the group whose law predicts the lowest loss there (the best way to upcycle).
+        (a label), by default the group whose law predicts the lowest loss there (the best way to upcycle). Its
+        ``health`` and ``health_problems`` say whether it rests on an unhealthy fit (fitting/health.py).
         FitError when the analysis has no law to answer with."""
         if self.scratch is None:
             raise FitError(f"the analysis has no from-scratch MoE law: {self.missing('chinchilla')}")
@@ -156,7 +163,9 @@ class Analysis:
         best = min(fitted, key=lambda u: float(upcycled_loss(u.fit.fitted, n1, np.array([d1]), np.array([d2]))[0]))
         verdict = decide(self.scratch.fitted, best.fit.fitted, n1, d1, d2).to_json()
         star = dstar_at(self.scratch.fitted, best.fit.fitted, n1)
-        return clean({**verdict, "dstar": star["dstar"], "dstar_ci": star["ci"], "group": best.label})
+        fit = f"upcycled {best.label}" if best.label else "upcycled"
+        return clean({**verdict, "dstar": star["dstar"], "dstar_ci": star["ci"], "group": best.label,
+                      **concerning(self.problems, fit, best.label, n1)})
 
 
 def observed_grid(dense: pd.DataFrame, scratch: pd.DataFrame,
@@ -170,7 +179,7 @@ def observed_grid(dense: pd.DataFrame, scratch: pd.DataFrame,
 
 
 def _problem(check: LawCheck) -> dict[str, str]:
-    return {"law": check.law, "fit": check.fit, "why": check.reason, "add": check.add}
+    return {"law": check.law, "fit": check.fit, "why": check.reason, "add": check.add, "kind": "identifiability"}
 
 
 def _fittable(check: LawCheck | None) -> bool:
@@ -179,21 +188,91 @@ def _fittable(check: LawCheck | None) -> bool:
     return check is None or check.identifiable or not check.unidentified
 
 
-def shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> tuple[float, str, dict[str, float]]:
-    """E of the dense and from-scratch Chinchilla laws fitted jointly (or of whichever one the grid identifies), why
-    it was fixed instead (if it was), and the dense law's parameters of that fit."""
+SHARED_FIT = "shared E (dense + from scratch)"  # the fit's name in the record's problems
+
+
+@dataclass(frozen=True)
+class SharedE:
+    """The joint E fit: E, why it was fixed (if it was) or what its fit warned of, the dense law's parameters and
+    the free parameters of that fit (empty when E was fixed), and fit.py's warnings (parameters out of range)."""
+
+    E: float
+    note: str
+    dense_params: dict[str, float]
+    free: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def fit_shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> SharedE:
+    """E of the dense and from-scratch Chinchilla laws fitted jointly (or of whichever one the grid identifies),
+    with the fit's warnings kept (``shared_E`` is the older three-value form)."""
     chin = get_law("chinchilla")
     low = chin.param("E").bounds[0]
     tables = {label: (chin, df) for label, df in (("dense", dense), ("moe", scratch)) if df is not None}
     if not tables:
-        return low, (f"E is not identified: neither the dense nor the from-scratch law can be fitted on this grid; "
-                     f"fixed at {low:g}, the low end of its plausible range"), {}
+        return SharedE(low, f"E is not identified: neither the dense nor the from-scratch law can be fitted on this "
+                            f"grid; fixed at {low:g}, the low end of its plausible range", {})
     try:
         result = fit_shared(tables, shared=("E",))
     except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
-        return low, f"E is not identified by this grid ({e}); fixed at {low:g}, the low end of its plausible range", {}
+        return SharedE(low, f"E is not identified by this grid ({e}); fixed at {low:g}, the low end of its plausible "
+                            f"range", {})
     note = "" if len(tables) == 2 else f"E from the {'dense' if 'dense' in tables else 'from-scratch'} law alone"
-    return result.params["E"], note, split_shared(result, "dense", chin) if "dense" in tables else {}
+    about_E = [w for w in result.warnings if w.startswith("E=")]
+    if about_E:  # printed with E, so that a degenerate E is never shown as a clean number
+        note = "; ".join([*([note] if note else []), *about_E, "the analysis's problems say what to add"])
+    dense_params = split_shared(result, "dense", chin) if "dense" in tables else {}
+    free = ("E", *(f"dense.{n}" for n in chin.param_names if n != "E" and "dense" in tables))
+    return SharedE(result.params["E"], note, dense_params, free, result.warnings)
+
+
+def shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> tuple[float, str, dict[str, float]]:
+    """E of the dense and from-scratch Chinchilla laws fitted jointly (or of whichever one the grid identifies), why
+    it was fixed instead (if it was) or what its fit warned of, and the dense law's parameters of that fit."""
+    out = fit_shared_E(dense, scratch)
+    return out.E, out.note, out.dense_params
+
+
+def shared_problems(shared: SharedE, dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """The health of the shared E fit (fitting/health.py): E at 0 or above the smallest loss, the dense law's
+    parameters at a bound or rising with D or N, and every warning of ``fit_shared``; E fixed at its low bound
+    because the grid could not pin it is a problem too."""
+    chin = get_law("chinchilla")
+    where = ("chinchilla", SHARED_FIT)
+    losses = [df["loss"] for df in (dense, scratch) if df is not None and not df.empty]
+    if not shared.free:
+        if not losses:  # nothing was fitted: the identifiability problems say why
+            return []
+        return [problem(*where, "bound", shared.note, "longer runs (larger token budgets) at every size, where the "
+                        "loss approaches its floor, so the data pin E")]
+    params = {"E": shared.E, **shared.dense_params}
+    free = [n for n in chin.param_names if n == "E" or (shared.dense_params and n in shared.dense_params)]
+    min_loss = float(min(s.min() for s in losses))
+    out = check_bounds(chin, params, free, where=where, min_loss=min_loss)
+    for i, p in enumerate(out):  # the dense law's own parameters by their names in the shared fit
+        if p["why"].split("=")[0] != "E":
+            out[i] = {**p, "why": f"dense.{p['why']}"}
+    if dense is not None and shared.dense_params:
+        out += check_monotone(chin, shared.dense_params, dense, where=where)
+    for w in shared.warnings:  # fit_shared's own warnings land here, never dropped
+        if not any(w in p["why"] for p in out):
+            out.append(problem(*where, "bound", w, "more values of D and N, over a wider range, so the data pin it"))
+    return out
+
+
+def _kind(problems: list[dict[str, str]], kind: str) -> list[dict[str, Any]]:
+    return [{**p, "kind": kind} for p in problems]
+
+
+def _mark_health(star: dict[str, Any], verdicts: list[dict[str, Any]], problems: list[dict[str, Any]], fit: str,
+                 label: str) -> None:
+    """Each D* (per N1, and the group's as a whole) and each verdict says whether it rests on an unhealthy fit:
+    ``health`` ("ok" | "unhealthy") and ``health_problems`` ({"law", "fit", "kind"} of each problem it rests on)."""
+    star.update(concerning(problems, fit, label))
+    for r in star["results"]:
+        r.update(concerning(problems, fit, label, r["n1"]))
+    for v in verdicts:
+        v.update(concerning(problems, fit, label, v["n1"]))
 
 
 def _extreme_cases(n1s: Sequence[float], rows: pd.DataFrame) -> list[tuple[float, float, float]]:
@@ -249,19 +328,24 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
 
     shared = stage("shared E (dense + from scratch)", 1)
     use_scratch = not scratch.empty and _fittable(scratch_check)
-    E, note, dense_params = shared_E(dense if not dense.empty and _fittable(dense_check) else None,
-                                     scratch if use_scratch else None)
+    use_dense = not dense.empty and _fittable(dense_check)
+    joint_E = fit_shared_E(dense if use_dense else None, scratch if use_scratch else None)
+    E, note, dense_params = joint_E.E, joint_E.note, joint_E.dense_params
+    problems += shared_problems(joint_E, dense if use_dense else None, scratch if use_scratch else None)
     if shared:
         shared(1)
+    chin, joint = get_law("chinchilla"), get_law("joint")
     moe = None
     if use_scratch:
         try:
-            moe = fit_law("chinchilla", scratch, {"E": E}, bootstrap, seed, workers,
+            moe = fit_law(chin, scratch, {"E": E}, bootstrap, seed, workers,
                           stage("LOO, bootstrap (from scratch)", report_steps(scratch, bootstrap)))
         except FitError as e:
-            problems.append({"law": "chinchilla", "fit": "from-scratch MoE", "why": str(e), "add": ""})
+            problems.append({"law": "chinchilla", "fit": "from-scratch MoE", "why": str(e), "add": "", "kind": "fit"})
         else:
-            problems += refit_problems("chinchilla", "from-scratch MoE", moe.report)
+            problems += _kind(refit_problems("chinchilla", "from-scratch MoE", moe.report), "refit")
+            problems += check_fit(chin, moe.report, scratch, where=("chinchilla", "from-scratch MoE"),
+                                  min_loss=float(scratch["loss"].min()))
     out = []
     for group, rows in groups:
         label = group_label(group)
@@ -271,17 +355,23 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
         verdicts: list[dict[str, Any]] = []
         if _fittable(check):
             try:
-                up = fit_law("joint", rows, {"E": E}, bootstrap, seed, workers,
+                up = fit_law(joint, rows, {"E": E}, bootstrap, seed, workers,
                              stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)))
             except FitError as e:
-                problems.append({"law": "joint", "fit": f"upcycled{where}", "why": str(e), "add": ""})
+                problems.append({"law": "joint", "fit": f"upcycled{where}", "why": str(e), "add": "", "kind": "fit"})
             else:
-                problems += refit_problems("joint", f"upcycled{where}", up.report)
+                problems += _kind(refit_problems("joint", f"upcycled{where}", up.report), "refit")
+                problems += check_fit(joint, up.report, rows, where=("joint", f"upcycled{where}"),
+                                      min_loss=float(rows["loss"].min()))
         if up is not None and moe is not None:
             advance = stage(f"D* (upcycled{where})", 1)
             star = dstar_results(moe.fitted, up.fitted, sizes, (min(sizes) / 10, max(sizes) * 10))
+            problems += check_dstar((chin, moe.params), (joint, up.params), star["results"],
+                                    moe_where=("chinchilla", "from-scratch MoE"),
+                                    up_where=("joint", f"upcycled{where}"))
             cases = decisions if decisions is not None else _extreme_cases(sizes, rows)
             verdicts = [decide(moe.fitted, up.fitted, *case).to_json() for case in cases]
+            _mark_health(star, verdicts, problems, f"upcycled{where}", label)
             if advance:
                 advance(1)
         out.append(UpcycledAnalysis(group, up, star, verdicts, len(rows)))
