@@ -50,8 +50,8 @@ def _columns_of(law: Law, name: str) -> tuple[str, ...]:
     for term in law.terms:
         cols = ([c for m in term.monomials for c in m.columns] if term.scale == name else
                 [c for m in term.monomials if m.param == name for c in m.columns])
-        out += [c for c in cols if c not in out]
-    return tuple(out)
+        out += cols
+    return tuple(dict.fromkeys(out))  # each column once, in order
 
 
 def _more_of(law: Law, name: str) -> str:
