@@ -45,4 +45,5 @@ def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None
         by_kind={k: kinds[k] for k in KIND_ORDER if k in kinds}, observations=len(p.observations()),
         tokens=f["tokens"], new_tokens=f["new_tokens"], total_flops=f["flops"], new_flops=f["new_flops"],
         independent_flops=f["independent_flops"], saving=f["saving"], estimate=estimate, identifiability=checks,
-        notes=list(p.notes), stale_segments=f["stale"], reuse_stale=f["reuse_stale"])
+        notes=list(p.notes), stale_segments=f["stale"], reuse_stale=f["reuse_stale"],
+        other_cut_segments=f["other_cut_segments"])

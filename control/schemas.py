@@ -72,6 +72,9 @@ class PlanSummary(BaseModel):
                                            "under an older training-semantics version: retrained, unless the sweep "
                                            "reuses them (`reuse_stale`).")
     reuse_stale: bool = Field(description="Stale segments count as done (taken over, not retrained).")
+    other_cut_segments: int = Field(description="Segments the store holds under another cut of their trunk's chain "
+                                    "(a grid that grew by a budget between two old ones): the same computation, "
+                                    "taken over, not trained.")
 
 
 class SweepCreated(BaseModel):

@@ -43,7 +43,7 @@ class PlanInStore:
                 "tokens": sum(s.tokens for s in p.segments), "new_tokens": sum(s.tokens for s in new),
                 "flops": p.total_flops, "new_flops": sum(s.flops for s in new),
                 "independent_flops": p.independent_flops, "saving": p.saving,
-                "stale_segments": len(self.stale), "stale": dict(self.stale), "reuse_stale": self.reuse_stale,
+                "stale": dict(self.stale), "reuse_stale": self.reuse_stale,
                 "other_cut_segments": len(self.other_cuts)}
 
 

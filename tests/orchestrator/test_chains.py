@@ -9,6 +9,7 @@ import pytest
 
 from tests.orchestrator.segment_fns import counting_segment
 from upscale.api.cli.run_commands import trained_report
+from upscale.control.plans import plan_summary
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
@@ -70,6 +71,9 @@ def test_an_interior_budget_retrains_only_the_span_up_to_its_branch_point(settin
     # that decay's MoE chain are taken over; only [448, 896) and the new D1=1024 branch train.
     assert dense[0].id in before and set(new) & {d.id for d in dense} == {dense[1].id}
     assert check.other_cuts[dense[2].id] in before
+    # the plan summary counts them as taken over, not as new
+    summary = plan_summary(check, inner)
+    assert summary.other_cut_segments == len(check.other_cuts) > 0 and summary.new_segments == len(new)
     assert {s.axes["D1"] for s in new.values() if s.spec.kind != "dense_trunk"} == {1024}
     out = orch.run(inner, _scheduler(orch, segment_fn=counting_segment))
     assert sorted(out.trained) == sorted(new)
