@@ -193,19 +193,19 @@ SHARED_FIT = "shared E (dense + from scratch)"  # the fit's name in the record's
 
 @dataclass(frozen=True)
 class SharedE:
-    """The joint E fit: E, why it was fixed (if it was) or what its fit warned of, the dense law's parameters and
-    the free parameters of that fit (empty when E was fixed), and fit.py's warnings (parameters out of range)."""
+    """The joint E fit: E, why it was fixed (if it was) or what its fit warned of, the dense law's parameters of that
+    fit, whether E was fitted (False: fixed at its low bound), and fit.py's warnings (parameters out of range)."""
 
     E: float
     note: str
     dense_params: dict[str, float]
-    free: tuple[str, ...] = ()
+    fitted: bool = False
     warnings: tuple[str, ...] = ()
 
 
 def fit_shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> SharedE:
     """E of the dense and from-scratch Chinchilla laws fitted jointly (or of whichever one the grid identifies),
-    with the fit's warnings kept (``shared_E`` is the older three-value form)."""
+    with the fit's warnings kept."""
     chin = get_law("chinchilla")
     low = chin.param("E").bounds[0]
     tables = {label: (chin, df) for label, df in (("dense", dense), ("moe", scratch)) if df is not None}
@@ -222,15 +222,7 @@ def fit_shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> Sh
     if about_E:  # printed with E, so that a degenerate E is never shown as a clean number
         note = "; ".join([*([note] if note else []), *about_E, "the analysis's problems say what to add"])
     dense_params = split_shared(result, "dense", chin) if "dense" in tables else {}
-    free = ("E", *(f"dense.{n}" for n in chin.param_names if n != "E" and "dense" in tables))
-    return SharedE(result.params["E"], note, dense_params, free, result.warnings)
-
-
-def shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> tuple[float, str, dict[str, float]]:
-    """E of the dense and from-scratch Chinchilla laws fitted jointly (or of whichever one the grid identifies), why
-    it was fixed instead (if it was) or what its fit warned of, and the dense law's parameters of that fit."""
-    out = fit_shared_E(dense, scratch)
-    return out.E, out.note, out.dense_params
+    return SharedE(result.params["E"], note, dense_params, True, result.warnings)
 
 
 def shared_problems(shared: SharedE, dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> list[dict[str, Any]]:
@@ -240,7 +232,7 @@ def shared_problems(shared: SharedE, dense: pd.DataFrame | None, scratch: pd.Dat
     chin = get_law("chinchilla")
     where = ("chinchilla", SHARED_FIT)
     losses = [df["loss"] for df in (dense, scratch) if df is not None and not df.empty]
-    if not shared.free:
+    if not shared.fitted:
         if not losses:  # nothing was fitted: the identifiability problems say why
             return []
         return [problem(*where, "bound", shared.note, "longer runs (larger token budgets) at every size, where the "

@@ -34,8 +34,11 @@ class Bootstrap:
     unit: str  # "trunk" (cluster bootstrap) or "point"
     seed: int
     draws: np.ndarray  # (n, n_units): the resampled unit indices of every draw
-    n_failed: int
     failed: tuple[int, ...] = ()
+
+    @property
+    def n_failed(self) -> int:
+        return len(self.failed)
 
     def column(self, name: str) -> np.ndarray:
         return self.samples[:, self.names.index(name)]
@@ -108,4 +111,4 @@ def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed
         else:
             rows.append(values)
     samples = np.array(rows, dtype=float).reshape(-1, len(names))
-    return Bootstrap(names, samples, unit, seed, draws, len(failed), tuple(failed))
+    return Bootstrap(names, samples, unit, seed, draws, tuple(failed))

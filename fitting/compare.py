@@ -118,13 +118,6 @@ def leave_one_out(problem: FitProblem, best: StartResult, options: FitOptions,
                        f"{head}: LOO RMS is over the other {len(ok)}")
 
 
-def loo_rms(problem: FitProblem, best: StartResult, options: FitOptions,
-            progress: Callable[[int], None] | None = None) -> float:
-    """RMS over rows of (prediction of the row from a fit without it) − observed, in loss units, over the refits
-    that succeeded (NaN when too many failed: ``leave_one_out`` says which); ``progress(1)`` is told of every refit."""
-    return leave_one_out(problem, best, options, progress).rms
-
-
 def extrapolation_rms(law: Law, table: pd.DataFrame, problem: FitProblem, options: FitOptions) -> float:
     """Fit on rows below the largest value of the law's holdout column, RMS error on the rows at it; NaN when
     too few rows remain to fit."""

@@ -63,7 +63,7 @@ def test_the_shared_E_warning_lands_in_the_problems(tables: dict[str, pd.DataFra
     """fit_shared's warning about E (and about the from-scratch part it fits too) is a problem, not dropped."""
     warnings = ("E=5.4e-10 is outside its plausible range [0.001, 20]",
                 "moe.B=2e+09 is outside its plausible range [1e-06, 1e+08]")
-    shared = SharedE(5.4e-10, "; ".join(warnings[:1]), {**TABLE2["dense"], "E": 5.4e-10}, ("E", "dense.A"), warnings)
+    shared = SharedE(5.4e-10, "; ".join(warnings[:1]), {**TABLE2["dense"], "E": 5.4e-10}, True, warnings)
     problems = shared_problems(shared, tables["dense"], tables["scratch"])
     assert {p["fit"] for p in problems} == {SHARED_FIT} and _kinds(problems) == ["bound", "bound"]
     assert problems[0]["why"].startswith(warnings[0]) and problems[1]["why"] == warnings[1]
