@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis
 
-# The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small and the largest sunk cost trained.
+# The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small and the largest sunk cost.
 PAPER_N1 = (1e8, 1e9, 7e9)
 PAPER_DECISIONS = ((1e9, 1e9, 1e9), (1e9, 3e10, 3e10))
 

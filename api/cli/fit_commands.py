@@ -165,6 +165,11 @@ def fit_command(
         print_json(out)
     else:
         console.print(_groups_table(out) if cols else fit_table(out, the_law.name))
+        for rep, _ in reps:  # the fit's health (fitting/health.py): what is wrong and what to add, in yellow
+            where = "".join(f"{k}={v} " for k, v in rep.get("group", {}).items())
+            for p in rep["problems"]:
+                console.print(f"[yellow]{where}{p['kind']}: {p['why']}; add {p['add']}[/]", highlight=False,
+                              soft_wrap=True)
     if drawn is not None:
         print_plots(drawn, plot, to_stdout=not as_json)
 
