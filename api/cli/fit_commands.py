@@ -295,15 +295,17 @@ def dstar_command(
 
 def dstar_plots(moe: FittedLaw, up: FittedLaw, n1s: list[float], closed_form: dict[str, float] | None,
                 out: Path) -> DrawnPlots:
-    """`upscale dstar --plot`: D*(N1) over the closed form's span (widened to every --n1) and the catch-up curves
-    at each N1, for sunk costs a decade below, at and above the typical D* (the fits carry no grid of D1)."""
+    """`upscale dstar --plot`: D*(N1) over the sizes the fits were trained on (N1_RANGE for fits that do not say),
+    widened to every --n1, and the catch-up curves at each N1, for sunk costs a decade below, at and above the
+    typical D* (the fits carry no grid of D1)."""
     import numpy as np
 
     from upscale.fitting import plots
-    from upscale.fitting.dstar import N1_RANGE, crossings
+    from upscale.fitting.dstar import N1_RANGE, crossings, n1_span
 
     drawn = plots.DrawnPlots()
-    band = np.geomspace(min(N1_RANGE[0], *n1s), max(N1_RANGE[1], *n1s), 8)
+    lo, hi = n1_span(moe, up) or N1_RANGE
+    band = np.geomspace(min(lo, *n1s), max(hi, *n1s), 8)
     drawn.attempt(out, "dstar", lambda p: plots.dstar_band([plots.dstar_curve(moe, up, band, "", closed_form)], p))
     finite = [d for d in (crossings(moe, up, n).dstar for n in n1s) if 0 < d < math.inf]
     if not finite:
