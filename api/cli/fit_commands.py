@@ -331,7 +331,7 @@ def interval_text(iv: dict[str, Any] | None) -> str:
 def dstar_text(r: dict[str, Any]) -> str:
     """D* as printed: the crossing, or where it lies when the searched range holds none."""
     lo, hi = r["search_range"]
-    return {"crossing": fmt(r["dstar"]), "above": f"> {fmt(hi)} (upcycling wins throughout)",
+    return {"crossing": fmt(r["dstar"]), "above": f"> {fmt(hi)} (upcycling still wins there)",
             "below": f"< {fmt(lo)} (from scratch wins throughout)"}[r["dstar_state"]]
 
 
