@@ -335,16 +335,21 @@ def dstar_text(r: dict[str, Any]) -> str:
             "below": f"< {fmt(lo)} (from scratch wins throughout)"}[r["dstar_state"]]
 
 
+def distance_text(ext: dict[str, Any] | None) -> str:
+    """How far an answer lies from the trained ranges, always shown ("inside" when it does not), in yellow past the
+    extrapolation factor."""
+    if not ext or ext.get("n1_factor") is None:
+        return "unknown"
+    parts = [f"{what} {fmt(f)}x" for what, f in (("N1", ext["n1_factor"]), ("tokens", ext["tokens_factor"]))
+             if f is not None and f > 1]
+    text = ", ".join(parts) or "inside"
+    return f"[yellow]{text} (extrapolated)[/]" if ext.get("flagged") else text
+
+
 def flags_text(r: dict[str, Any]) -> str:
-    """The marks a number carries: an extrapolation (how far) and an unhealthy fit under it; "ok" when neither."""
-    out = []
-    ext = r.get("extrapolation") or {}
-    if ext.get("flagged"):
-        far = max(f for f in (ext.get("n1_factor"), ext.get("tokens_factor")) if f is not None)
-        out.append(f"[yellow]extrapolated {fmt(far)}x[/]")
-    if r.get("health") == "unhealthy":
-        out.append("[yellow]unhealthy fit[/]")
-    return ", ".join(out) or "ok"
+    """The marks a number carries: its distance from the data and an unhealthy fit under it."""
+    health = "[yellow]unhealthy fit[/]" if r.get("health") == "unhealthy" else "healthy fits"
+    return f"{distance_text(r.get('extrapolation'))}; {health}"
 
 
 def closed_form_text(out: dict[str, Any]) -> str:
@@ -356,8 +361,8 @@ def closed_form_text(out: dict[str, Any]) -> str:
 
 
 def dstar_table(out: dict[str, Any]) -> Table:
-    table = Table("N1", "D* (tokens)", "80% interval", "95% interval", "all crossings", "who wins where", "flags",
-                  title="D*")
+    table = Table("N1", "D* (tokens)", "80% interval", "95% interval", "all crossings", "who wins where",
+                  "beyond the data; health", title="D*")
     for r in out["results"]:
         ivs = r["intervals"] or {}
         wins = "; ".join(f"{s['wins']} {fmt(s['from'])}–{fmt(s['to'])}" for s in r["segments"])
@@ -438,12 +443,14 @@ def decision_text(d: dict[str, Any]) -> str:
         catch += f" (80% {interval_text(ivs.get('80'))}, 95% {interval_text(ivs.get('95'))})"
     lines = [f"verdict: [bold]{d['verdict']}[/]{prob}",
              f"upcycled loss after D2={fmt(d['d2'])} tokens: {d['loss_upcycled']:.4f}; from scratch {catch} (sunk "
-             f"cost D1={fmt(d['d1'])}; the paper counts upcycling efficient when the catch-up budget exceeds D1)"]
+             f"cost D1={fmt(d['d1'])}; the paper counts upcycling efficient when the catch-up budget exceeds D1)",
+             f"beyond the trained ranges: {distance_text(d.get('extrapolation'))}"]
     if "dstar_state" in d:  # an answer of the service: D* at this N1 too
         star = {"dstar": d["dstar"], "dstar_state": d["dstar_state"], "search_range": d["dstar_search_range"]}
         ivs = d["dstar_intervals"] or {}
         lines.append(f"D* at N1={fmt(d['n1'])}: {dstar_text(star)} tokens (80% {interval_text(ivs.get('80'))}, "
-                     f"95% {interval_text(ivs.get('95'))})")
+                     f"95% {interval_text(ivs.get('95'))}); beyond the trained ranges: "
+                     f"{distance_text(d['dstar_extrapolation'])}")
         lines += [f"[yellow]D*: {note}[/]" for note in row_notes(d, "dstar_")]
     lines += [f"[yellow]{note}[/]" for note in row_notes(d)]
     return "\n".join(lines)
