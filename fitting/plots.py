@@ -263,7 +263,8 @@ def alpha_diagnostics(diag: AlphaDiagnostics, path: str | Path, title: str | Non
 def closed_form_label(cf: dict[str, float]) -> str:
     """The closed form D*(N1) with its fitted numbers, as mathtext (fitting.dstar.fit_closed_form's form)."""
     c = cf["c"]
-    ref = f"N_1/{_tex_number(cf.get('reference', 1e9))}"
+    power = math.log10(cf.get("reference", 1e9))
+    ref = f"N_1/10^{{{round(power)}}}" if power == round(power) else f"N_1/{_tex_number(cf['reference'])}"
     return (rf"$D^* = {_tex_number(cf['a'])}\,({ref})^{{{cf['b']:.3f} {'+' if c >= 0 else '-'} "
             rf"{abs(c):.4f}\,\ln({ref})}}$")
 
