@@ -44,6 +44,7 @@ HEALTH = "analysis.health"  # ok | unhealthy, for `tags."analysis.health" = 'unh
 PROBLEMS = "analysis.problems"  # how many problems the analysis reports
 EXTRAPOLATED = "analysis.extrapolated"  # how many D*s and verdicts are flagged as extrapolated
 UNBOUNDED = "unbounded"  # an interval's open end; a missing value is "–", never the same spelling
+MAX_NOTE = 7800  # MLflow keeps a tag's first 8000 characters: the description is fitted under that
 
 
 @dataclass(frozen=True)
@@ -248,9 +249,9 @@ def _fmt(x: Any) -> str:
 def _dstar_cell(res: dict[str, Any]) -> str:
     state = res.get("dstar_state")
     if state == "above":
-        return "beyond the searched range (upcycling wins throughout)"
+        return "beyond the searched range (upcycling still wins at its top)"
     if state == "below":
-        return "none: from scratch wins from the start"
+        return "none: from scratch wins over the whole searched range"
     return _fmt(res.get("dstar"))
 
 
@@ -329,10 +330,25 @@ def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
                   f"{_extrapolation_cell(v)} |" for group, v in verdicts]
     if notes:
         lines += ["", "Notes:", *[f"- {n}" for n in notes]]
+    lines += ["", f"Intervals: an open end is \"{UNBOUNDED}\", a missing value \"–\"."]
     problems = record.get("problems") or []
     if problems:
         lines += ["", f"Problems ({len(problems)}):"]
         lines += [f"- {p.get('fit', p.get('law'))}" + (f" [{p['kind']}]" if p.get("kind") else "") +
                   f": {p.get('why')}" + (f" (add: {p['add']})" if p.get("add") else "") for p in problems]
-    lines += ["", f"Intervals: an open end is \"{UNBOUNDED}\", a missing value \"–\"."]
-    return "\n".join(lines)
+    return _fitted("\n".join(lines), f"`{meta.folder}/analysis.json`")
+
+
+def _fitted(text: str, where: str) -> str:
+    """``text`` cut at a line to fit MAX_NOTE, saying how much was left out and where the whole is."""
+    if len(text) <= MAX_NOTE:
+        return text
+    kept: list[str] = []
+    size = 0
+    lines = text.split("\n")
+    for line in lines:
+        if size + len(line) + 1 > MAX_NOTE - 200:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    return "\n".join([*kept, "", f"… {len(lines) - len(kept)} more line(s): the whole record is {where}."])

@@ -298,11 +298,12 @@ def interval_note(samples: np.ndarray, span: tuple[float, float], what: str = "D
         return "no interval: the analysis ran without bootstrap"
     notes = []
     above, below = float(np.mean(np.isinf(samples))), float(np.mean(samples == 0))
-    if above > (1 - LEVELS[0]) / 2:
+    tail = (1 - LEVELS[-1]) / 2  # more resamples than this beyond an end leave that end of the 95% interval open
+    if above > tail:
         notes.append(f"not bounded above by this grid: in {above:.0%} of the bootstrap resamples upcycling still wins "
                      f"at {span[1]:.3g} tokens, so {what} may lie beyond it; add larger D1 and D2 budgets (and "
                      f"from-scratch runs as long) so that the data reach the crossing")
-    if below > (1 - LEVELS[0]) / 2:
+    if below > tail:
         notes.append(f"not bounded below by this grid: in {below:.0%} of the bootstrap resamples from scratch wins "
                      f"over the whole searched range (from {span[0]:.3g} tokens); add smaller D1 and D2 budgets so "
                      f"that the data see where upcycling still wins")

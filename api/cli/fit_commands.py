@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
@@ -324,8 +325,8 @@ def interval_text(iv: dict[str, Any] | None) -> str:
     a missing value."""
     if iv is None:
         return "—"
-    return (f"[{'unbounded' if iv['low_open'] else fmt(iv['low'])}, "
-            f"{'unbounded' if iv['high_open'] else fmt(iv['high'])}]")
+    return escape(f"[{'unbounded' if iv['low_open'] else fmt(iv['low'])}, "
+                  f"{'unbounded' if iv['high_open'] else fmt(iv['high'])}]")  # "[unbounded, ...]" is no rich tag
 
 
 def dstar_text(r: dict[str, Any]) -> str:

@@ -209,6 +209,21 @@ def test_the_summary_shows_health_extrapolation_and_tells_open_from_missing() ->
                                                     analysis_run.EXTRAPOLATED: "2"}
 
 
+def test_a_long_summary_is_cut_to_what_mlflow_keeps_and_says_where_the_rest_is() -> None:
+    """MLflow keeps a tag's first 8000 characters: the demo's 17 problems ran past them, mid-word. The description is
+    cut at a line, with the legend kept, and says how much is left out and where the whole record is."""
+    from datetime import UTC, datetime
+
+    many = {**RECORD_NEW, "problems": [{"law": "joint", "fit": f"upcycled g{i}", "kind": "interval",
+                                        "why": "the 95% interval is very wide " * 8, "add": "more trunks " * 6}
+                                       for i in range(40)]}
+    meta = AnalysisMeta("abc123", ["s1"], "request", "alice", datetime(2025, 1, 2, tzinfo=UTC))
+    text = summary_markdown(many, meta, "Analysis 1 of this sweep")
+    assert len(text) <= analysis_run.MAX_NOTE and "Intervals: an open end is" in text
+    assert text.splitlines()[-1].startswith("… ") and "`analyses/abc123/analysis.json`" in text.splitlines()[-1]
+    assert "more line(s)" not in summary_markdown(RECORD_NEW, meta, "Analysis 1 of this sweep")  # a short one whole
+
+
 @pytest.mark.parametrize("record", [{"E": None, "upcycled": [{"dstar": {"results": [{"n1": 1e4, "dstar": 3e9,
                                                                                        "ci": [1e9, None]}]},
                                                               "decisions": [{"verdict": "scratch"}]}]}])
