@@ -201,8 +201,13 @@ class Extrapolation(BaseModel):
                                     "fits carry no trained range).")
     tokens_factor: float | None = Field(description="The same for the token budgets (D1, D2, and the catch-up D "
                                         "against the from-scratch budgets).")
+    interval_factor: float | None = Field(None, description="D* only: how far beyond the trained budgets its 95% "
+                                          "interval's far end reaches (null without an interval or when an end is "
+                                          "open: see interval_open).")
+    interval_open: bool = Field(False, description="D* only: its 95% interval is open at an end (unbounded).")
     factor: float = Field(description="Beyond this either way, the answer is flagged.")
-    flagged: bool = Field(description="An extrapolation: more than `factor` beyond the data.")
+    flagged: bool = Field(description="An extrapolation: more than `factor` beyond the data (for D*: it, or the far "
+                          "end of its 95% interval).")
     note: str = Field(description="In words: how far, and from which trained range.")
 
 

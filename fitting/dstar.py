@@ -313,9 +313,10 @@ def interval_note(samples: np.ndarray, span: tuple[float, float], what: str = "D
 def dstar_at(moe: FittedLaw, up: FittedLaw, n1: float, factor: float = EXTRAPOLATION_FACTOR) -> dict[str, Any]:
     """One N1's entry of the `upscale dstar` JSON: the searched range, every crossing, D* and its state ("crossing";
     "above": upcycling still wins at the range's top, D* lies beyond it; "below": from scratch wins over the whole
-    range), who
-    wins where, the 80% and 95% bootstrap intervals with words for an open end, and how far D* lies from the data
-    (``extrapolation``). The decision endpoint and the refits need only this, not the closed form."""
+    range), who wins where, the 80% and 95% bootstrap intervals with words for an open end, and how far D* lies from
+    the data (``extrapolation``: flagged when D* or the far end of its 95% interval lies beyond ``factor``, since a
+    D* the data cannot keep within it is no answer about the trained range either). The decision endpoint and the
+    refits need only this, not the closed form."""
     check_pair(moe, up)
     if not (math.isfinite(n1) and n1 > 0):
         raise FitError(f"--n1 must be a positive parameter count, got {n1}")
@@ -327,11 +328,30 @@ def dstar_at(moe: FittedLaw, up: FittedLaw, n1: float, factor: float = EXTRAPOLA
     if state != "crossing":
         side = "upcycling still wins at" if state == "above" else "from scratch wins from"
         reach["note"] = f"D* lies beyond the searched range ({side} {at:.3g} tokens); {reach['note']}"
+    ivs = intervals(samples, c.span)
+    reach |= _interval_reach(moe, up, n1, (ivs or {}).get("95"), factor, reach)
     return {"n1": n1, "search_range": list(c.span), "crossings": list(c.crossings),
             "dstar": star if state == "crossing" else None, "dstar_state": state,
-            "intervals": intervals(samples, c.span), "interval_note": interval_note(samples, c.span),
-            "extrapolation": reach,
+            "intervals": ivs, "interval_note": interval_note(samples, c.span), "extrapolation": reach,
             "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]}
+
+
+def _interval_reach(moe: FittedLaw, up: FittedLaw, n1: float, iv: dict[str, Any] | None, factor: float,
+                    reach: dict[str, Any]) -> dict[str, Any]:
+    """``interval_factor``: how far beyond the trained tokens the 95% interval's far end reaches (null when there is
+    no interval or the end is open: ``interval_open`` then says which); beyond ``factor``, or open, it flags D* even
+    when the estimate itself lies near the data."""
+    if iv is None:
+        return {"interval_factor": None, "interval_open": False}
+    ends = [0.0 if iv["low_open"] else iv["low"], math.inf if iv["high_open"] else iv["high"]]
+    far = _worst(*(extrapolation(moe, up, n1, {"D": e, "D1": e, "D2": e}, factor)["tokens_factor"] for e in ends))
+    is_open = bool(iv["low_open"] or iv["high_open"])
+    out: dict[str, Any] = {"interval_factor": None if is_open else far, "interval_open": is_open}
+    if far is not None and far > factor and not reach["flagged"]:
+        where = "is open (unbounded)" if is_open else f"reaches {far:.3g}x beyond the budgets trained"
+        out |= {"flagged": True, "note": f"extrapolation: D*'s 95% interval {where}, so the data do not keep D* "
+                                         f"within {factor:g}x of them; {reach['note']}"}
+    return out
 
 
 def dstar_results(moe: FittedLaw, up: FittedLaw, n1s: list[float], factor: float = EXTRAPOLATION_FACTOR,

@@ -130,3 +130,19 @@ def test_a_verdict_without_enough_bootstrap_support_is_undecided(analysis: Analy
     sure = decide(dataclasses.replace(moe, samples=None), dataclasses.replace(up, samples=None), N1, star / 10,
                   star / 10)
     assert sure.verdict in ("upcycle", "scratch") and sure.probability_upcycle is None
+
+
+def test_a_dstar_near_the_data_whose_interval_runs_off_is_flagged() -> None:
+    """The estimate sits inside the trained budgets, but a quarter of the bootstrap pairs never cross: the 95%
+    interval is open above, so the data do not keep D* near them and it is flagged, saying why."""
+    rows = np.tile([TABLE2["moe"][n] for n in CHIN.param_names], (20, 1))
+    rows[15:, CHIN.param_names.index("A")] = 1e3  # these resamples' from-scratch law never catches up
+    spans = {"D": (1e8, 1e13), "N": (1e8, 1e9)}
+    moe = FittedLaw(CHIN, TABLE2["moe"], rows, spans)
+    up = FittedLaw(JOINT, TABLE2["upcycled"], np.tile([TABLE2["upcycled"][n] for n in JOINT.param_names], (20, 1)),
+                   {"D1": (5e8, 3.2e10), "D2": (5e8, 3.2e10), "N1": (1e8, 1e9)})
+    r = dstar_at(moe, up, N1)
+    ext = r["extrapolation"]
+    assert r["dstar_state"] == "crossing" and ext["tokens_factor"] == 1.0  # the estimate: inside
+    assert r["intervals"]["95"]["high_open"] and ext["interval_open"] and ext["interval_factor"] is None
+    assert ext["flagged"] and "95% interval is open (unbounded)" in ext["note"]
