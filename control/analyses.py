@@ -39,6 +39,7 @@ from upscale.orchestrator.records import as_utc, utcnow
 if TYPE_CHECKING:
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
+    from upscale.fitting.dstar import Limits
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
 
@@ -121,7 +122,8 @@ def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[
     from upscale.fitting.analysis import analyze
 
     try:
-        analysis = analyze(tables, params["n1s"], decisions, bootstrap, seed, workers, progress)
+        analysis = analyze(tables, params["n1s"], decisions, bootstrap, seed, workers, progress,
+                           sweep_limits(services, ids))
         folder = analysis_dir(services.settings.home, record.id)
         drawn = _draw(analysis, tables, folder)
         _finish(services.store, record, status="done", record={**analysis.to_json(), "plots_skipped": drawn.skipped},
@@ -131,6 +133,28 @@ def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[
         raise
     _log_to_mlflow(services, record, folder)
     return record
+
+
+def sweep_limits(services: Services, sweep_ids: Sequence[str]) -> Limits:
+    """The laws' sane region for these sweeps' models (fitting/dstar.py `Limits`): the loss of an untrained model,
+    ln of the largest vocabulary, and the smallest optimizer batch in tokens. Unknown (None) without a sweep (the
+    synthetic demo) or where a spec cannot be read back (a tokenizer file since moved)."""
+    import math
+
+    from upscale.fitting.dstar import Limits
+    from upscale.sweeps.data_sources import vocab_size_of
+    from upscale.sweeps.spec import parse_spec, resolve
+
+    vocabs, batches = [], []
+    for sweep_id in sweep_ids:
+        try:
+            spec = parse_spec(services.store.sweep(sweep_id).spec)
+            m = spec.model.dense_model
+            vocabs.append(m.vocab_size if m is not None else spec.model.vocab_size or vocab_size_of(spec.data))
+            batches += [rc.tokens_per_step for rc in resolve(spec).recipes]
+        except (ValueError, OSError) as e:  # SpecError is a ValueError: the limits stay unknown, the analysis runs
+            log.warning("sweep %s: no loss or batch limits for its answers (%s)", sweep_id, e)
+    return Limits(math.log(max(vocabs)) if vocabs else None, float(min(batches)) if batches else None)
 
 
 def _one_line(e: BaseException) -> str:
@@ -286,8 +310,9 @@ def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str 
              group: str | None = None) -> DecisionPublic:
     """The verdict for (N1, D1, D2) from the newest done analysis (of ``sweep_id``'s sweeps, if given), with the
     analysis it came from. NotReady (409) when no analysis can answer, saying what is missing; ValueError (422) for
-    a group the analysis does not have."""
+    a group the analysis does not have, and OutOfRange (422) for a question outside the law's sane region."""
     from upscale.fitting.analysis import Analysis
+    from upscale.fitting.dstar import OutOfRange
 
     if sweep_id is not None:
         services.store.sweep(sweep_id)  # 404 for an unknown sweep
@@ -301,6 +326,8 @@ def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str 
                        f"{', '.join(repr(label) for label in labels) or 'none'}")
     try:
         verdict = analysis.decision(n1, d1, d2, group)
+    except OutOfRange:  # the law's answer would be meaningless here: 422, saying why and what the data cover
+        raise
     except FitError as e:
         raise NotReady(f"analysis {record.id} (sweeps {record.sweep_key}) cannot answer: {e}") from None
     return DecisionPublic(**verdict, analysis=analysis_ref(record))

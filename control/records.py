@@ -114,7 +114,10 @@ class RefitRecord(Base):
     version: Mapped[int] = mapped_column(Integer)
     inputs_hash: Mapped[str] = mapped_column(String(64))
     dstar: Mapped[float | None] = mapped_column(Float)
-    dstar_ci: Mapped[list[float] | None] = mapped_column(JSON)
+    dstar_ci: Mapped[list[float] | None] = mapped_column(JSON, doc="D*'s 95% interval, null ends open: for "
+                                                         "left_interval")
+    dstar_answer: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc="The analysis's D* at n1 (state, "
+                                                                "intervals, extrapolation, health).")
     diff: Mapped[dict[str, Any]] = mapped_column(doc="Parameter and D* changes from the previous version.")
     left_interval: Mapped[bool] = mapped_column(Boolean, default=False,
                                                 doc="D* is outside the previous version's interval.")

@@ -1,10 +1,12 @@
 """Refit schedules and their immutable, versioned refit records, plus the thread that fires them.
 
-A refit runs the analysis on the schedule's sweeps (control/analyses.py `run_analysis`, D* at the schedule's N1: the
-one procedure, no second copy) and records version n+1 with the analysis's id and inputs hash, D* of the upcycling
-group from-scratch takes longest to catch, the diff from version n per law and parameter, and `left_interval` when
-D* falls outside version n's interval. Identical inputs reuse the analysis already made. `on_new_observations`
-schedules fire when the inputs hash changes; `cron` schedules fire once in each matching minute.
+A refit runs the analysis on the schedule's sweeps (control/analyses.py `run_analysis`, D* at the schedule's N1, by
+default the largest the sweeps trained: the one procedure, no second copy) and records version n+1 with the
+analysis's id and inputs hash, D* of the upcycling group from-scratch takes longest to catch (with the analysis's
+whole answer there: intervals, extrapolation, health), the diff from version n per law and parameter, and
+`left_interval` when D* falls outside version n's interval. Identical inputs reuse the analysis already made.
+`on_new_observations` schedules fire when the inputs hash changes; `cron` schedules fire once in each matching
+minute.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import threading
 import uuid
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
@@ -77,15 +80,28 @@ def _law_params(record: AnalysisRecord) -> dict[str, dict[str, float]]:
     return out
 
 
-def _best_dstar(record: AnalysisRecord) -> tuple[float | None, list[float | None] | None, str | None]:
-    """D* at the analysis's one N1 of the group from-scratch takes longest to catch (the best way to upcycle
-    there), its interval and the group; Nones when no group has a finite D*."""
-    best = None
+def _best_dstar(record: AnalysisRecord, n1: float | None) -> tuple[dict[str, Any] | None, str | None]:
+    """D* at ``n1`` (default: the analysis's largest N1) of the group from-scratch takes longest to catch (the best
+    way to upcycle there), and the group; Nones when no group has a D* there. A D* beyond the searched range (upcycling
+    wins throughout) counts as the longest."""
+    best, group = None, None
+    rank = {"below": 0, "crossing": 1, "above": 2}
     for up in (record.record or {}).get("upcycled", []):
-        result = up["dstar"]["results"][0] if up["dstar"] else None
-        if result is not None and result["dstar"] is not None and (best is None or result["dstar"] > best[0]):
-            best = (result["dstar"], result["ci"], up["label"])
-    return best if best is not None else (None, None, None)
+        results = (up["dstar"] or {}).get("results", [])
+        at = n1 if n1 is not None else max((r["n1"] for r in results), default=None)
+        result = next((r for r in results if r["n1"] == at), None)
+        if result is None:
+            continue
+        key = (rank[result["dstar_state"]], result["dstar"] or 0.0)
+        if best is None or key > (rank[best["dstar_state"]], best["dstar"] or 0.0):
+            best, group = result, up["label"]
+    return best, group
+
+
+def _ci95(answer: dict[str, Any] | None) -> list[float | None] | None:
+    """The answer's 95% interval as [low, high], an open end as null."""
+    iv = ((answer or {}).get("intervals") or {}).get("95")
+    return None if iv is None else [iv["low"], iv["high"]]
 
 
 def _diff(s: Session, old: RefitRecord | None, params: dict[str, dict[str, float]], dstar: float | None) -> dict:
@@ -113,7 +129,7 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     that were hashed."""
     req = RefitRequest.model_validate(schedule.request)
     tables = sweep_tables(services, req.sweep_ids, cache if cache is not None else ObservationCache(services))
-    digest = inputs_hash(observations_hash(tables), analysis_params([req.n1], req.bootstrap, 0))
+    digest = inputs_hash(observations_hash(tables), analysis_params([req.n1] if req.n1 else None, req.bootstrap, 0))
     with services.store.transaction() as s:  # a conditional UPDATE: of racing loops, one fires on new inputs
         mark = update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id).values(last_checked_hash=digest)
         if not force:
@@ -122,9 +138,10 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
         if s.execute(mark).rowcount == 0:
             return None
     schedule.last_checked_hash = digest
-    analysis = run_analysis(services, req.sweep_ids, n1s=[req.n1], bootstrap=req.bootstrap, owner=schedule.owner,
-                            trigger="refit", tables=tables)
-    dstar, ci, group = _best_dstar(analysis)
+    analysis = run_analysis(services, req.sweep_ids, n1s=[req.n1] if req.n1 else None, bootstrap=req.bootstrap,
+                            owner=schedule.owner, trigger="refit", tables=tables)
+    answer, group = _best_dstar(analysis, req.n1)
+    dstar, ci = (answer or {}).get("dstar"), _ci95(answer)
     with services.store.transaction() as s:
         prev = s.scalar(select(RefitRecord).where(RefitRecord.schedule_id == schedule.id)
                         .order_by(RefitRecord.version.desc()).limit(1))
@@ -132,7 +149,8 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
         left = bool(prev and prev.dstar_ci and dstar is not None and None not in prev.dstar_ci
                     and not prev.dstar_ci[0] <= dstar <= prev.dstar_ci[1])
         record = RefitRecord(schedule_id=schedule.id, version=(prev.version if prev else 0) + 1, inputs_hash=digest,
-                             analysis_id=analysis.id, dstar=dstar, dstar_ci=ci, dstar_group=group,
+                             analysis_id=analysis.id, dstar=dstar, dstar_ci=ci, dstar_answer=answer,
+                             dstar_group=group,
                              diff=diff, left_interval=left)
         s.add(record)
         s.get(RefitScheduleRecord, schedule.id).last_error = None

@@ -181,19 +181,84 @@ class AnalysisRef(BaseModel):
     age_s: float = Field(description="Seconds since it finished: how old the answer is.")
 
 
+class Interval(BaseModel):
+    """A bootstrap percentile interval. An open end lies beyond the searched range: its value is null and its
+    ``*_open`` flag true (unbounded), which is not the same as a missing interval (the whole interval null)."""
+
+    low: float | None
+    high: float | None
+    low_open: bool = Field(description="The low end is unbounded (below the searched range).")
+    high_open: bool = Field(description="The high end is unbounded (above the searched range).")
+
+
+Intervals = dict[Literal["80", "95"], Interval | None]
+
+
+class Extrapolation(BaseModel):
+    """How far an answer lies from what the analysis trained on."""
+
+    n1_factor: float | None = Field(description="1 inside the trained sizes, k when k times beyond an end (null: the "
+                                    "fits carry no trained range).")
+    tokens_factor: float | None = Field(description="The same for the token budgets (D1, D2, and the catch-up D "
+                                        "against the from-scratch budgets).")
+    factor: float = Field(description="Beyond this either way, the answer is flagged.")
+    flagged: bool = Field(description="An extrapolation: more than `factor` beyond the data.")
+    note: str = Field(description="In words: how far, and from which trained range.")
+
+
+class HealthProblem(BaseModel):
+    law: str
+    fit: str
+    kind: str = Field(description="bound, interval, monotone, loo, refit, identifiability or fit: the analysis's "
+                      "problems say what and what to add.")
+
+
+class DstarAt(BaseModel):
+    """D* at one N1, as the analysis gives it."""
+
+    n1: float
+    dstar: float | None = Field(description="The first crossing where from scratch starts to win; null when the "
+                                "searched range holds none (see dstar_state).")
+    dstar_state: Literal["crossing", "above", "below"]
+    search_range: list[float]
+    intervals: Intervals | None
+    interval_note: str
+    extrapolation: Extrapolation
+    health: Literal["ok", "unhealthy"]
+    health_problems: list[HealthProblem]
+
+
 class DecisionPublic(BaseModel):
-    verdict: Literal["upcycle", "scratch"]
+    verdict: Literal["upcycle", "scratch", "undecided"] = Field(
+        description="upcycle when the catch-up budget exceeds D1 in at least `decisive` of the bootstrap pairs, "
+        "scratch when in at most 1 − `decisive`, undecided between (without bootstrap: the fits' own answer).")
     n1: float
     d1: float
     d2: float
     loss_upcycled: float
-    catch_up_tokens: float | None = Field(description="Tokens from scratch needs to match the upcycled loss.")
+    catch_up_tokens: float | None = Field(description="Tokens from scratch needs to match the upcycled loss (null "
+                                          "when it never does: see catch_up_state).")
+    catch_up_state: Literal["reached", "never"]
     tokens_saved: float | None
     probability_upcycle: float | None = Field(description="Share of bootstrap pairs voting upcycle (null when the "
                                               "analysis ran without bootstrap).")
-    catch_up_ci: list[float | None] | None
-    dstar: float | None = Field(description="D*: upcycled tokens from which from-scratch wins (at this N1).")
-    dstar_ci: list[float | None] | None
+    decisive: float = Field(description="The share of bootstrap pairs a side needs for a verdict.")
+    catch_up_intervals: Intervals | None = Field(description="80% and 95% intervals of the catch-up budget (null "
+                                                 "without bootstrap).")
+    extrapolation: Extrapolation = Field(description="How far (N1, D1, D2) and the catch-up budget lie from the "
+                                         "trained ranges.")
+    dstar: float | None = Field(description="D*: upcycled tokens from which from-scratch wins (at this N1); null when "
+                                "the searched range holds no crossing (see dstar_state).")
+    dstar_state: Literal["crossing", "above", "below"] = Field(
+        description="crossing: D* found; above: upcycling wins over the whole searched range (D* beyond it); below: "
+        "from scratch wins from its start.")
+    dstar_search_range: list[float] = Field(description="The tokens searched for crossings: 100x either side of the "
+                                            "trained budgets.")
+    dstar_intervals: Intervals | None
+    dstar_interval_note: str = Field(description="An open end of D*'s interval, in words, with what to add.")
+    dstar_extrapolation: Extrapolation
+    health: Literal["ok", "unhealthy"] = Field(description="Whether the answer rests on a fit with problems.")
+    health_problems: list[HealthProblem]
     group: str | None = Field(None, description="The upcycling group (method, r, n_expert x topk) whose law answered: "
                               "`group=` if given, else the one predicting the lowest loss at (N1, D1, D2).")
     analysis: AnalysisRef = Field(description="The analysis that answered.")
@@ -250,7 +315,8 @@ class RefitRequest(BaseModel):
 
     sweep_ids: list[str] = Field(min_length=1)
     bootstrap: int = Field(0, ge=0, le=500, description="Bootstrap refits per fit (0: no intervals).")
-    n1: float = Field(1e9, gt=0, description="Dense size at which D* is reported.")
+    n1: float | None = Field(None, gt=0, description="Dense size at which D* is reported (default: the largest size "
+                             "the sweeps trained, so that the answer stays where the data are).")
 
 
 class RefitScheduleCreate(BaseModel):
@@ -290,7 +356,9 @@ class RefitPublic(BaseModel):
     analysis_id: str = Field(description="The analysis this version ran: GET /analyses lists them.")
     dstar: float | None = Field(description="D* at the schedule's n1 of the upcycling group from-scratch takes "
                                 "longest to catch (the best way to upcycle there); null without both laws.")
-    dstar_ci: list[float | None] | None
+    dstar_answer: DstarAt | None = Field(description="The analysis's whole answer at that N1: where D* lies, its "
+                                         "intervals, how far from the data, the health of the fits under it (null "
+                                         "for versions made before it was kept).")
     dstar_group: str | None = Field(description="The upcycling group `dstar` is of.")
     diff: dict[str, Any] = Field(description="Changes from the previous version: per law (scratch, upcycled <group>) "
                                  "per parameter, and D*.")

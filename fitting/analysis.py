@@ -1,10 +1,12 @@
 """The paper's analysis as one function: dense, from-scratch and upcycled tables in, a versioned record out.
 
 The procedure (docs/laws.md): E is fitted jointly by the dense and from-scratch Chinchilla laws (the irreducible
-loss is the data's, not the architecture's); the from-scratch law is then fitted with that E fixed, and so is the
-upcycled `joint` law, once per upcycling group (method, r, n_expert x topk; fitting/groups.py). Each fit is
-cluster-bootstrapped over trunks, and D* is found at every N1 with every crossing, its interval and the closed form
-D*(N1), plus a verdict for each (N1, D1, D2) case asked.
+loss is the data's, not the architecture's; fitting/shared.py); the from-scratch law is then fitted with that E
+fixed, and so is the upcycled `joint` law, once per upcycling group (method, r, n_expert x topk; fitting/groups.py).
+Each fit is cluster-bootstrapped over trunks, each bootstrap draw with E at that draw of E's own bootstrap (so its
+uncertainty reaches D*), and D* is found at every N1 with every crossing, its 80% and 95% intervals and the closed
+form D*(N1), plus a verdict for each (N1, D1, D2) case asked. Each D* and verdict says how far it lies from the
+trained ranges (``trained``), flagged as an extrapolation beyond ``extrapolation_factor``.
 
 Every fit made is then checked for health (fitting/health.py: parameters at a bound, bootstrap intervals the data do
 not determine, a law whose loss rises with tokens, LOO error far above the noise); each finding is a problem, and
@@ -28,16 +30,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from upscale.fitting.dstar import decide, dstar_at, dstar_results, upcycled_loss
+from upscale.fitting.dstar import (
+    EXTRAPOLATION_FACTOR,
+    Limits,
+    OutOfRange,
+    decide,
+    dstar_at,
+    dstar_results,
+    upcycled_loss,
+)
 from upscale.fitting.errors import FitError
-from upscale.fitting.fit import fit_shared, split_shared
 from upscale.fitting.groups import group_label, upcycled_groups
-from upscale.fitting.health import check_bounds, check_dstar, check_fit, check_monotone, concerning, problem
+from upscale.fitting.health import check_dstar, check_fit, concerning
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
 from upscale.fitting.laws import Law, get_law
+from upscale.fitting.shared import fit_shared_E, shared_problems
 from upscale.fitting.summary import FittedLaw, clean, fitted_law, report, report_steps
 
-ANALYSIS_VERSION = 2  # of the record's layout: bump when to_json changes what a reader finds
+ANALYSIS_VERSION = 3  # of the record's layout: bump when to_json changes what a reader finds
 TABLES = ("dense", "scratch", "upcycled")  # the store's observation kinds
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -60,12 +70,12 @@ class LawFit:
 
 
 def fit_law(law: Law | str, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
-            workers: int = 1, progress: Callable[[int], None] | None = None) -> LawFit:
-    """``report`` (fit, LOO, bootstrap) with the fitted law alongside."""
+            workers: int = 1, progress: Callable[[int], None] | None = None,
+            fixed_draws: list[dict[str, float] | None] | None = None) -> LawFit:
+    """``report`` (fit, LOO, bootstrap) with the fitted law alongside; ``fixed_draws`` as bootstrap.py takes them."""
     the_law = get_law(law) if isinstance(law, str) else law
-    rep, boot = report(the_law, df, fixed, n_boot, seed, workers=workers, progress=progress)
-    samples = boot.samples if boot is not None and len(boot.samples) else None  # as fitted_law reads it back
-    return LawFit(rep, FittedLaw(the_law, rep["params"], samples))
+    rep, _ = report(the_law, df, fixed, n_boot, seed, workers=workers, progress=progress, fixed_draws=fixed_draws)
+    return LawFit.from_report(rep)
 
 
 def refit_problems(law: str, fit: str, rep: dict[str, Any]) -> list[dict[str, str]]:
@@ -118,12 +128,18 @@ class Analysis:
     dense_params: dict[str, float] = field(default_factory=dict)  # the dense law of the joint E fit
     problems: list[dict[str, Any]] = field(default_factory=list)  # {"law", "fit", "why", "add", "kind"[, "n1"]}
     points: dict[str, int] = field(default_factory=dict)  # observations per table
+    trained: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # table → column → [min, max]
+    limits: Limits = field(default_factory=Limits)  # the law's sane region (dstar.Limits), as the caller knew it
+    extrapolation_factor: float = EXTRAPOLATION_FACTOR  # beyond this from the trained range an answer is flagged
+    E_bootstrap: dict[str, Any] = field(default_factory=dict)  # E's intervals (80%, 95%): fitting/shared.py
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON (NaN and infinities as null); ``from_json`` reads it back."""
-        return clean({"version": ANALYSIS_VERSION, "E": self.E, "E_note": self.E_note, "n1s": self.n1s,
+        return clean({"version": ANALYSIS_VERSION, "E": self.E, "E_note": self.E_note,
+                      "E_bootstrap": self.E_bootstrap, "n1s": self.n1s,
                       "bootstrap": self.bootstrap, "seed": self.seed, "points": self.points,
-                      "dense_params": self.dense_params, "problems": self.problems,
+                      "dense_params": self.dense_params, "problems": self.problems, "trained": self.trained,
+                      "limits": self.limits.to_json(), "extrapolation_factor": self.extrapolation_factor,
                       "scratch": self.scratch.report if self.scratch else None,
                       "upcycled": [{"group": u.group, "label": u.label, "points": u.n_points,
                                     "fit": u.fit.report if u.fit else None, "dstar": u.dstar,
@@ -136,7 +152,10 @@ class Analysis:
                                               u.get("points", 0)) for u in data["upcycled"]],
                    n1s=list(data["n1s"]), bootstrap=data["bootstrap"], seed=data["seed"],
                    dense_params=data.get("dense_params", {}), problems=data.get("problems", []),
-                   points=data.get("points", {}))
+                   points=data.get("points", {}), trained=data.get("trained", {}),
+                   limits=Limits(**data.get("limits", {})),
+                   extrapolation_factor=data.get("extrapolation_factor", EXTRAPOLATION_FACTOR),
+                   E_bootstrap=data.get("E_bootstrap", {}))
 
     def missing(self, *laws: str) -> str:
         """Why the analysis has no fit of ``laws`` (its problems), as one sentence."""
@@ -147,8 +166,10 @@ class Analysis:
     def decision(self, n1: float, d1: float, d2: float, group: str | None = None) -> dict[str, Any]:
         """The verdict for (N1, D1, D2) with D* at N1, from the from-scratch law and one upcycled group's: ``group``
         (a label), by default the group whose law predicts the lowest loss there (the best way to upcycle). Its
-        ``health`` and ``health_problems`` say whether it rests on an unhealthy fit (fitting/health.py).
-        FitError when the analysis has no law to answer with."""
+        ``health`` and ``health_problems`` say whether it rests on an unhealthy fit (fitting/health.py), its
+        ``extrapolation`` how far (N1, D1, D2) lies from the data, ``dstar_extrapolation`` the same for D*.
+        FitError when the analysis has no law to answer with; OutOfRange (a FitError) when the answer leaves the
+        law's sane region (``limits``)."""
         if self.scratch is None:
             raise FitError(f"the analysis has no from-scratch MoE law: {self.missing('chinchilla')}")
         fitted = [u for u in self.upcycled if u.fit is not None]
@@ -161,10 +182,14 @@ class Analysis:
             raise FitError(f"the analysis has no upcycled law{f' for {group}' if group else ''}: "
                            f"{self.missing('joint')}")
         best = min(fitted, key=lambda u: float(upcycled_loss(u.fit.fitted, n1, np.array([d1]), np.array([d2]))[0]))
-        verdict = decide(self.scratch.fitted, best.fit.fitted, n1, d1, d2).to_json()
-        star = dstar_at(self.scratch.fitted, best.fit.fitted, n1)
+        factor = self.extrapolation_factor
+        verdict = decide(self.scratch.fitted, best.fit.fitted, n1, d1, d2, self.limits, factor).to_json()
+        star = dstar_at(self.scratch.fitted, best.fit.fitted, n1, factor)
         fit = f"upcycled {best.label}" if best.label else "upcycled"
-        return clean({**verdict, "dstar": star["dstar"], "dstar_ci": star["ci"], "group": best.label,
+        return clean({**verdict, "dstar": star["dstar"], "dstar_state": star["dstar_state"],
+                      "dstar_search_range": star["search_range"],
+                      "dstar_intervals": star["intervals"], "dstar_interval_note": star["interval_note"],
+                      "dstar_extrapolation": star["extrapolation"], "group": best.label,
                       **concerning(self.problems, fit, best.label, n1)})
 
 
@@ -188,70 +213,6 @@ def _fittable(check: LawCheck | None) -> bool:
     return check is None or check.identifiable or not check.unidentified
 
 
-SHARED_FIT = "shared E (dense + from scratch)"  # the fit's name in the record's problems
-
-
-@dataclass(frozen=True)
-class SharedE:
-    """The joint E fit: E, why it was fixed (if it was) or what its fit warned of, the dense law's parameters of that
-    fit, whether E was fitted (False: fixed at its low bound), and fit.py's warnings (parameters out of range)."""
-
-    E: float
-    note: str
-    dense_params: dict[str, float]
-    fitted: bool = False
-    warnings: tuple[str, ...] = ()
-
-
-def fit_shared_E(dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> SharedE:
-    """E of the dense and from-scratch Chinchilla laws fitted jointly (or of whichever one the grid identifies),
-    with the fit's warnings kept."""
-    chin = get_law("chinchilla")
-    low = chin.param("E").bounds[0]
-    tables = {label: (chin, df) for label, df in (("dense", dense), ("moe", scratch)) if df is not None}
-    if not tables:
-        return SharedE(low, f"E is not identified: neither the dense nor the from-scratch law can be fitted on this "
-                            f"grid; fixed at {low:g}, the low end of its plausible range", {})
-    try:
-        result = fit_shared(tables, shared=("E",))
-    except FitError as e:  # a small grid may not pin E down: the fit drives it to 0; say so and carry on
-        return SharedE(low, f"E is not identified by this grid ({e}); fixed at {low:g}, the low end of its plausible "
-                            f"range", {})
-    note = "" if len(tables) == 2 else f"E from the {'dense' if 'dense' in tables else 'from-scratch'} law alone"
-    about_E = [w for w in result.warnings if w.startswith("E=")]
-    if about_E:  # printed with E, so that a degenerate E is never shown as a clean number
-        note = "; ".join([*([note] if note else []), *about_E, "the analysis's problems say what to add"])
-    dense_params = split_shared(result, "dense", chin) if "dense" in tables else {}
-    return SharedE(result.params["E"], note, dense_params, True, result.warnings)
-
-
-def shared_problems(shared: SharedE, dense: pd.DataFrame | None, scratch: pd.DataFrame | None) -> list[dict[str, Any]]:
-    """The health of the shared E fit (fitting/health.py): E at 0 or above the smallest loss, the dense law's
-    parameters at a bound or rising with D or N, and every warning of ``fit_shared``; E fixed at its low bound
-    because the grid could not pin it is a problem too."""
-    chin = get_law("chinchilla")
-    where = ("chinchilla", SHARED_FIT)
-    losses = [df["loss"] for df in (dense, scratch) if df is not None and not df.empty]
-    if not shared.fitted:
-        if not losses:  # nothing was fitted: the identifiability problems say why
-            return []
-        return [problem(*where, "bound", shared.note, "longer runs (larger token budgets) at every size, where the "
-                        "loss approaches its floor, so the data pin E")]
-    params = {"E": shared.E, **shared.dense_params}
-    free = [n for n in chin.param_names if n == "E" or (shared.dense_params and n in shared.dense_params)]
-    min_loss = float(min(s.min() for s in losses))
-    out = check_bounds(chin, params, free, where=where, min_loss=min_loss)
-    for i, p in enumerate(out):  # the dense law's own parameters by their names in the shared fit
-        if p["why"].split("=")[0] != "E":
-            out[i] = {**p, "why": f"dense.{p['why']}"}
-    if dense is not None and shared.dense_params:
-        out += check_monotone(chin, shared.dense_params, dense, where=where)
-    for w in shared.warnings:  # fit_shared's own warnings land here, never dropped
-        if not any(w in p["why"] for p in out):
-            out.append(problem(*where, "bound", w, "more values of D and N, over a wider range, so the data pin it"))
-    return out
-
-
 def _kind(problems: list[dict[str, str]], kind: str) -> list[dict[str, Any]]:
     return [{**p, "kind": kind} for p in problems]
 
@@ -265,6 +226,23 @@ def _mark_health(star: dict[str, Any], verdicts: list[dict[str, Any]], problems:
         r.update(concerning(problems, fit, label, r["n1"]))
     for v in verdicts:
         v.update(concerning(problems, fit, label, v["n1"]))
+
+
+def _verdict(moe: LawFit, up: LawFit, case: tuple[float, float, float], limits: Limits | None,
+             factor: float) -> dict[str, Any]:
+    """One asked verdict's JSON; a case the law cannot speak to is kept with ``refused`` saying why."""
+    try:
+        return decide(moe.fitted, up.fitted, *case, limits, factor).to_json()
+    except OutOfRange as e:
+        return {"n1": case[0], "d1": case[1], "d2": case[2], "verdict": None, "refused": str(e)}
+
+
+def trained_ranges(dense: pd.DataFrame, scratch: pd.DataFrame, upcycled: pd.DataFrame) -> dict[str, dict[str, list]]:
+    """Each table's columns as [min, max]: what the answers are measured against (extrapolation)."""
+    columns = {"dense": (dense, ("N", "D")), "scratch": (scratch, ("N", "D")),
+               "upcycled": (upcycled, ("N1", "D1", "D2"))}
+    return {name: {c: [float(df[c].min()), float(df[c].max())] for c in cols}
+            for name, (df, cols) in columns.items() if not df.empty}
 
 
 def _extreme_cases(n1s: Sequence[float], rows: pd.DataFrame) -> list[tuple[float, float, float]]:
@@ -291,14 +269,18 @@ def _stages(progress: Progress | None) -> Callable[[str, int], Callable[[int], N
 
 def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = None,
             decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
-            workers: int = 1, progress: Progress | None = None) -> Analysis:
+            workers: int = 1, progress: Progress | None = None, limits: Limits | None = None,
+            extrapolation_factor: float = EXTRAPOLATION_FACTOR) -> Analysis:
     """The paper's analysis of ``tables`` ("dense" and "scratch": columns D, N, loss[, trunk]; "upcycled": D1, D2,
     N1, loss[, trunk, method, r, n_expert, topk]).
 
     ``n1s``: the model sizes to find D* at (default: the dense table's sizes, else the upcycled table's N1); D* is
-    searched and its closed form fitted over a decade either side. ``decisions``: (N1, D1, D2) cases to give a
-    verdict for (default: the grid's smallest and biggest). ``bootstrap`` cluster-bootstrap refits per fit (0: no
-    intervals); ``workers`` processes for them. ``progress(stage, done, total)`` is called as each stage moves on.
+    searched from 100x below the smallest trained budget to 100x above the largest, its closed form fitted over the
+    trained sizes. ``decisions``: (N1, D1, D2) cases to give a verdict for (default: the grid's smallest and
+    biggest); one outside ``limits`` (the law's sane region) is kept with the reason it was refused. Every D* and
+    verdict says how far it lies from the trained ranges (the record's ``trained``), flagged beyond
+    ``extrapolation_factor``. ``bootstrap`` cluster-bootstrap refits per fit (0: no intervals); ``workers``
+    processes for them. ``progress(stage, done, total)`` is called as each stage moves on.
     FitError only when a table is missing or there is nothing at all to analyse.
     """
     missing = [k for k in TABLES if k not in tables]
@@ -321,8 +303,8 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
     shared = stage("shared E (dense + from scratch)", 1)
     use_scratch = not scratch.empty and _fittable(scratch_check)
     use_dense = not dense.empty and _fittable(dense_check)
-    joint_E = fit_shared_E(dense if use_dense else None, scratch if use_scratch else None)
-    E, note, dense_params = joint_E.E, joint_E.note, joint_E.dense_params
+    joint_E = fit_shared_E(dense if use_dense else None, scratch if use_scratch else None, bootstrap, seed)
+    E, note, dense_params, E_draws = joint_E.E, joint_E.note, joint_E.dense_params, joint_E.fixed_draws()
     problems += shared_problems(joint_E, dense if use_dense else None, scratch if use_scratch else None)
     if shared:
         shared(1)
@@ -331,7 +313,7 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
     if use_scratch:
         try:
             moe = fit_law(chin, scratch, {"E": E}, bootstrap, seed, workers,
-                          stage("LOO, bootstrap (from scratch)", report_steps(scratch, bootstrap)))
+                          stage("LOO, bootstrap (from scratch)", report_steps(scratch, bootstrap)), E_draws)
         except FitError as e:
             problems.append({"law": "chinchilla", "fit": "from-scratch MoE", "why": str(e), "add": "", "kind": "fit"})
         else:
@@ -348,7 +330,7 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
         if _fittable(check):
             try:
                 up = fit_law(joint, rows, {"E": E}, bootstrap, seed, workers,
-                             stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)))
+                             stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)), E_draws)
             except FitError as e:
                 problems.append({"law": "joint", "fit": f"upcycled{where}", "why": str(e), "add": "", "kind": "fit"})
             else:
@@ -357,15 +339,17 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
                                       min_loss=float(rows["loss"].min()))
         if up is not None and moe is not None:
             advance = stage(f"D* (upcycled{where})", 1)
-            star = dstar_results(moe.fitted, up.fitted, sizes, (min(sizes) / 10, max(sizes) * 10))
+            star = dstar_results(moe.fitted, up.fitted, sizes, extrapolation_factor)
             problems += check_dstar((chin, moe.params), (joint, up.params), star["results"],
                                     moe_where=("chinchilla", "from-scratch MoE"),
                                     up_where=("joint", f"upcycled{where}"))
             cases = decisions if decisions is not None else _extreme_cases(sizes, rows)
-            verdicts = [decide(moe.fitted, up.fitted, *case).to_json() for case in cases]
+            verdicts = [_verdict(moe, up, case, limits, extrapolation_factor) for case in cases]
             _mark_health(star, verdicts, problems, f"upcycled{where}", label)
             if advance:
                 advance(1)
         out.append(UpcycledAnalysis(group, up, star, verdicts, len(rows)))
     return Analysis(E, note, moe, out, sizes, bootstrap, seed, dense_params, problems,
-                    {"dense": len(dense), "scratch": len(scratch), "upcycled": len(upcycled)})
+                    {"dense": len(dense), "scratch": len(scratch), "upcycled": len(upcycled)},
+                    trained_ranges(dense, scratch, upcycled), limits or Limits(), extrapolation_factor,
+                    joint_E.to_json())

@@ -62,7 +62,7 @@ def percentile_interval(values: np.ndarray, level: float = CI_LEVEL) -> tuple[fl
     return float(lo), float(hi)
 
 
-def _units(df: pd.DataFrame) -> tuple[str, list[np.ndarray]]:
+def resampling_units(df: pd.DataFrame) -> tuple[str, list[np.ndarray]]:
     """The resampling units: rows grouped by trunk when the column exists, else single rows."""
     if TRUNK in df.columns:
         codes, _ = pd.factorize(df[TRUNK].astype(str), sort=True)
@@ -75,37 +75,56 @@ def _refit_chunk(problem: FitProblem, best: StartResult, options: FitOptions,
     return [try_refit(problem.subset(rows), best, options) for rows in row_sets]
 
 
+def _refit_chunk_fixed(law: Law, df: pd.DataFrame, best: StartResult, options: FitOptions,
+                       row_sets: list[np.ndarray], fixed: list[dict[str, float] | None]) -> list[np.ndarray | None]:
+    """Refits where each draw fixes its own values (E drawn from the shared fit's bootstrap); a draw whose value is
+    missing (its E refit failed) fails too."""
+    return [None if f is None else try_refit(prepare(law, df, f, options)[0].subset(rows), best, options)
+            for rows, f in zip(row_sets, fixed, strict=True)]
+
+
 def bootstrap(law: Law, df: pd.DataFrame, result: FitResult, n: int = 1000, seed: int = 0,
               options: FitOptions | None = None, workers: int = 1,
-              progress: Callable[[int], None] | None = None, *, problem: FitProblem | None = None) -> Bootstrap:
+              progress: Callable[[int], None] | None = None, *, problem: FitProblem | None = None,
+              fixed_draws: list[dict[str, float] | None] | None = None) -> Bootstrap:
     """``n`` refits of ``result`` on resampled trunks (or points); ``progress(k)`` is told of every k finished.
-    ``problem``: the one ``prepare`` built for this fit (law, df, result.fixed, options), if the caller has it."""
+    ``problem``: the one ``prepare`` built for this fit (law, df, result.fixed, options), if the caller has it.
+    ``fixed_draws``: per draw, the fixed values it refits with instead of ``result.fixed`` (None: that draw
+    fails), so that the uncertainty of a value fixed from another fit is carried into this one."""
     options = options or FitOptions()
     if problem is None:
         problem, _ = prepare(law, df, result.fixed, options)
-    unit, units = _units(df)
-    draws = np.random.default_rng(seed).integers(0, len(units), size=(n, len(units)))
+    if fixed_draws is not None and len(fixed_draws) != n:
+        raise ValueError(f"fixed_draws has {len(fixed_draws)} draws for a bootstrap of {n}")
+    unit, units = resampling_units(df)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(units), size=(n, len(units)))
     row_sets = [np.concatenate([units[u] for u in d]) for d in draws]
+    fixed = fixed_draws if fixed_draws is not None else [result.fixed] * n
     best = result.best
     chunk = max(1, min(50, n // (4 * max(workers, 1)) or 1))
-    chunks = [row_sets[i:i + chunk] for i in range(0, n, chunk)]
+    if fixed_draws is None:
+        jobs = [(_refit_chunk, (problem, best, options, row_sets[i:i + chunk])) for i in range(0, n, chunk)]
+    else:
+        jobs = [(_refit_chunk_fixed, (law, df, best, options, row_sets[i:i + chunk], fixed[i:i + chunk]))
+                for i in range(0, n, chunk)]
     thetas: list[np.ndarray | None] = []
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
-            for part in pool.map(_refit_chunk, *zip(*[(problem, best, options, c) for c in chunks], strict=True)):
-                thetas.extend(part)
+            futures = [pool.submit(f, *a) for f, a in jobs]
+            for future in futures:
+                thetas.extend(part := future.result())
                 if progress:
                     progress(len(part))
     else:
-        for c in chunks:
-            part = _refit_chunk(problem, best, options, c)
-            thetas.extend(part)
+        for f, a in jobs:
+            thetas.extend(part := f(*a))
             if progress:
                 progress(len(part))
     names = law.param_names
     rows, failed = [], []
     for i, t in enumerate(thetas):
-        values = None if t is None else [user_params(problem, t, result.fixed)[k] for k in names]
+        values = None if t is None else [user_params(problem, t, fixed[i])[k] for k in names]
         if values is None or not np.all(np.isfinite(values)):
             failed.append(i)
         else:

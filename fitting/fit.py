@@ -417,6 +417,15 @@ def fit_shared(
     """
     options = options or FitOptions()
     fixed = dict(fixed or {})
+    problem, label, digest = shared_problem(tables, shared, fixed, options)
+    starts, n_grid = run_starts(problem, options)
+    return _finish(label, problem, starts, n_grid, fixed, options, digest)
+
+
+def shared_problem(tables: dict[str, tuple[Law, pd.DataFrame]], shared: tuple[str, ...], fixed: dict[str, float],
+                   options: FitOptions) -> tuple[FitProblem, str, str]:
+    """``fit_shared``'s problem (its rows: the tables' rows one table after the other, in order), its label and
+    its data hash: for refits of the same joint fit (a bootstrap)."""
     blocks, hashes = [], []
     for label, (law, df) in tables.items():
         rename = {p: (p if p in shared else f"{label}.{p}") for p in law.param_names}
@@ -424,10 +433,8 @@ def fit_shared(
         table = validate(law, df, n_free=n_free)
         blocks.append((law, table, rename))
         hashes.append(data_hash(table, (*law.columns, LOSS)))
-    problem = build_problem(blocks, fixed, options)
-    starts, n_grid = run_starts(problem, options)
     label = "+".join(f"{k}:{law.name}" for k, (law, _) in tables.items())
-    return _finish(label, problem, starts, n_grid, fixed, options, "+".join(hashes))
+    return build_problem(blocks, fixed, options), label, "+".join(hashes)
 
 
 def split_shared(result: FitResult, label: str, law: Law) -> dict[str, float]:

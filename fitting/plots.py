@@ -24,11 +24,21 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from upscale.fitting.bootstrap import CI_LEVEL, percentile_interval
 from upscale.fitting.diagnostics import AlphaDiagnostics, alpha_d1
-from upscale.fitting.dstar import closed_form_dstar, crossings_and_samples, moe_loss, upcycled_loss
+from upscale.fitting.dstar import (
+    EXTRAPOLATION_FACTOR,
+    LEVELS,
+    closed_form_dstar,
+    crossings_and_samples,
+    moe_loss,
+    n1_span,
+    upcycled_loss,
+)
+from upscale.fitting.dstar import token_span as fit_tokens
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import LOSS, get_law
 from upscale.fitting.summary import FittedLaw
@@ -254,8 +264,9 @@ def alpha_diagnostics(diag: AlphaDiagnostics, path: str | Path, title: str | Non
 def closed_form_label(cf: dict[str, float]) -> str:
     """The closed form D*(N1) with its fitted numbers, as mathtext (fitting.dstar.fit_closed_form's form)."""
     c = cf["c"]
-    return (rf"$D^* = {_tex_number(cf['a'])}\,(N_1/10^9)^{{{cf['b']:.3f} {'+' if c >= 0 else '-'} "
-            rf"{abs(c):.4f}\,\ln(N_1/10^9)}}$")
+    ref = f"N_1/{_tex_number(cf.get('reference', 1e9))}"
+    return (rf"$D^* = {_tex_number(cf['a'])}\,({ref})^{{{cf['b']:.3f} {'+' if c >= 0 else '-'} "
+            rf"{abs(c):.4f}\,\ln({ref})}}$")
 
 
 @dataclass(frozen=True)
@@ -269,6 +280,10 @@ class DstarCurve:
     lo: np.ndarray | None
     hi: np.ndarray | None
     closed_form: dict[str, float] | None
+    trained_n1: tuple[float, float] | None = None  # the sizes the fits were trained on
+    trained_tokens: tuple[float, float] | None = None  # and the token budgets
+    lo80: np.ndarray | None = None
+    hi80: np.ndarray | None = None
 
 
 def dstar_curve(moe: FittedLaw, up: FittedLaw, n1: Sequence[float], label: str = "",
@@ -279,17 +294,20 @@ def dstar_curve(moe: FittedLaw, up: FittedLaw, n1: Sequence[float], label: str =
     for n in sizes:
         c, samples = crossings_and_samples(moe, up, float(n))
         central.append(c.dstar)
-        bands.append(percentile_interval(samples) if samples.size else (np.nan, np.nan))
+        bands.append([*percentile_interval(samples), *percentile_interval(samples, LEVELS[0])] if samples.size
+                     else [np.nan] * 4)
     band = np.array(bands, float)
-    has_band = bool(np.isfinite(band).any())
-    return DstarCurve(label, sizes, np.array(central, float), band[:, 0] if has_band else None,
-                      band[:, 1] if has_band else None, closed_form)
+    has = bool(np.isfinite(band).any())
+    return DstarCurve(label, sizes, np.array(central, float), band[:, 0] if has else None, band[:, 1] if has else None,
+                      closed_form, n1_span(moe, up), fit_tokens(moe, up), band[:, 2] if has else None,
+                      band[:, 3] if has else None)
 
 
 def dstar_band(curves: Sequence[DstarCurve], path: str | Path) -> Path:
-    """D*(N1) with its bootstrap band and the closed-form fit, one colour per upcycling group: below the curve
-    upcycling wins (Fig. 1 right). Where D* is infinite (upcycling always wins) a marker sits on the top edge, and a
-    band unbounded above (or below: from scratch always wins) runs to the edge."""
+    """D*(N1) with its 80% and 95% bootstrap bands and the closed-form fit, one colour per upcycling group: below the
+    curve upcycling wins (Fig. 1 right). Where D* is infinite (upcycling always wins) a marker sits on the top edge,
+    and a band unbounded above (or below: from scratch always wins) runs to the edge. The sizes and budgets trained
+    are shaded; a D* more than EXTRAPOLATION_FACTOR outside them is drawn hollow, as an extrapolation."""
     values = np.concatenate([np.asarray(v, float) for c in curves for v in (c.dstar, c.lo, c.hi) if v is not None])
     finite = values[np.isfinite(values) & (values > 0)]
     if not finite.size:
@@ -299,23 +317,49 @@ def dstar_band(curves: Sequence[DstarCurve], path: str | Path) -> Path:
         for i, c in enumerate(curves):
             colour = f"C{i % 10}"
             name = f"{c.label}: " if c.label else ""
-            ax.plot(c.n1, np.where(np.isfinite(c.dstar) & (c.dstar > 0), c.dstar, np.nan), "o-", color=colour,
-                    ms=4, lw=1.4, label=f"{name}D* of the fitted laws")
+            shown = np.where(np.isfinite(c.dstar) & (c.dstar > 0), c.dstar, np.nan)
+            ax.plot(c.n1, shown, "o-", color=colour, ms=4, lw=1.4, label=f"{name}D* of the fitted laws")
+            far = _extrapolated(c, shown)
+            if far.any():
+                ax.plot(c.n1[far], shown[far], "o", color=colour, mfc="white", ms=6, zorder=4,
+                        label=f"{name}extrapolated (> {EXTRAPOLATION_FACTOR:g}x beyond the data)")
             always = np.isinf(c.dstar)
             if always.any():
                 ax.plot(c.n1[always], np.full(always.sum(), top), "^", color=colour, ms=6, clip_on=False,
                         label=rf"{name}upcycling always wins ($D^* = \infty$)")
             if c.lo is not None and c.hi is not None:
                 ax.fill_between(c.n1, np.clip(c.lo, bottom, top), np.clip(c.hi, bottom, top), color=colour,
-                                alpha=0.2, lw=0, label=f"{name}{BAND}")
+                                alpha=0.15, lw=0, label=f"{name}{BAND}")
+            if c.lo80 is not None and c.hi80 is not None:
+                ax.fill_between(c.n1, np.clip(c.lo80, bottom, top), np.clip(c.hi80, bottom, top), color=colour,
+                                alpha=0.25, lw=0, label=f"{name}{LEVELS[0]:.0%} bootstrap interval")
             if c.closed_form:
                 ax.plot(c.n1, closed_form_dstar(c.closed_form, c.n1), "--", color=colour, lw=1,
                         label=f"{name}{closed_form_label(c.closed_form)}")
+        _shade_trained(ax, curves[0].trained_n1, curves[0].trained_tokens)
         ax.set(yscale="log", ylim=(bottom, top), xlabel=AXIS["N1"], ylabel="$D^*$ (tokens)",
                title="upcycling wins below $D^*$, training from scratch above")
         _log_x(ax)
         _legend_below(fig, ax.get_legend_handles_labels()[0], ncol=1)
         return _save(fig, path)
+
+
+def _extrapolated(c: DstarCurve, shown: np.ndarray) -> np.ndarray:
+    """The sizes whose D* lies more than EXTRAPOLATION_FACTOR outside the trained sizes or budgets."""
+    out = np.zeros(len(c.n1), bool)
+    for values, span in ((c.n1, c.trained_n1), (shown, c.trained_tokens)):
+        if span is not None:
+            with np.errstate(invalid="ignore"):
+                out |= (values > span[1] * EXTRAPOLATION_FACTOR) | (values < span[0] / EXTRAPOLATION_FACTOR)
+    return out
+
+
+def _shade_trained(ax: plt.Axes, sizes: tuple[float, float] | None, tokens: tuple[float, float] | None) -> None:
+    """Grey the model sizes (x) and token budgets (y) the fits were trained on, so an extrapolation shows."""
+    if sizes is not None:
+        ax.axvspan(*sizes, color="0.5", alpha=0.12, lw=0, label="sizes trained")
+    if tokens is not None:
+        ax.axhspan(*tokens, color="0.5", alpha=0.08, lw=0, hatch="//", label="token budgets trained")
 
 
 def _curve_crossings(t: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[tuple[float, float]]:
@@ -346,7 +390,13 @@ def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: Sequence[float], d1s: Se
                 ax.plot(t, loss, style, color=colour, lw=1.3)
                 for x, y in _curve_crossings(t, scratch, loss):
                     ax.plot(x, y, "o", ms=6, mfc="white", mec=colour, mew=1.4, zorder=4)
-            ax.set(xlabel="tokens ($D_{MoE}$ or $D_2$)", title=f"$N_1 = {_tex_number(n1)}$")
+            trained = fit_tokens(moe, up)
+            if trained is not None:
+                ax.axvspan(*trained, color="0.5", alpha=0.12, lw=0)
+            sizes = n1_span(moe, up)
+            far = sizes is not None and not sizes[0] / EXTRAPOLATION_FACTOR <= n1 <= sizes[1] * EXTRAPOLATION_FACTOR
+            ax.set(xlabel="tokens ($D_{MoE}$ or $D_2$)",
+                   title=f"$N_1 = {_tex_number(n1)}$" + (" (extrapolated)" if far else ""))
             _log_x(ax)
         for ax in axes[::PANEL_COLUMNS]:
             ax.set_ylabel("loss")
@@ -357,7 +407,8 @@ def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: Sequence[float], d1s: Se
                     for d1 in d1s]
         handles += [Line2D([], [], color="C3", ls=":", lw=1.3, label="upcycled with $D_1 = D_2$ (its crossings: D*)"),
                     Line2D([], [], color="0.3", marker="o", mfc="white", ls="", ms=6,
-                           label="from scratch catches up (crossing)")]
+                           label="from scratch catches up (crossing)"),
+                    Patch(color="0.5", alpha=0.25, label="token budgets trained")]
         _legend_below(fig, handles, ncol=3)
         return _save(fig, path)
 

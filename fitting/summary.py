@@ -1,9 +1,10 @@
 """The fit report users script against (``upscale fit --json``), grouped fits, and reading a report back.
 
 One report: ``{"law", "params", "objective", "converged", "n_points", "loo_rms", "ci"}`` plus what makes it
-reusable: ``fixed``, ``record`` (fitter version, grid, tolerances, data hash) and, after a bootstrap, the
-``bootstrap`` samples, so that `upscale dstar` / `decide` can carry the uncertainty into D* and the verdict.
-With ``by`` columns the table is split and each group gets its own report under ``"groups"``.
+reusable: ``trained`` (each column's min and max: where the law has data, so that D* is searched there and an answer
+far from it is named an extrapolation), ``fixed``, ``record`` (fitter version, grid, tolerances, data hash) and,
+after a bootstrap, the ``bootstrap`` samples, so that `upscale dstar` / `decide` can carry the uncertainty into D*
+and the verdict. With ``by`` columns the table is split and each group gets its own report under ``"groups"``.
 
 A LOO or bootstrap refit that fails is counted, never fatal: ``loo_failed`` (with ``loo_failed_rows``, 1-based,
 and ``loo_note``) and ``bootstrap_failed`` (with ``bootstrap_note``) say how many, ``loo_rms`` is over the refits
@@ -37,6 +38,11 @@ class FittedLaw:
     law: Law
     params: dict[str, float]
     samples: np.ndarray | None = None  # (B, len(law.param_names))
+    trained: dict[str, tuple[float, float]] | None = None  # each column's (min, max) in the fitted table
+
+    def span(self, column: str) -> tuple[float, float] | None:
+        """The trained range of ``column`` (None when the fit does not say: parameters typed in, an old report)."""
+        return None if self.trained is None or column not in self.trained else self.trained[column]
 
     def sample_params(self) -> list[dict[str, float]]:
         if self.samples is None:
@@ -62,14 +68,16 @@ def clean(x: Any) -> Any:
 
 
 def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
-           options: FitOptions | None = None, workers: int = 1,
-           progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
+           options: FitOptions | None = None, workers: int = 1, progress: Callable[[int], None] | None = None,
+           fixed_draws: list[dict[str, float] | None] | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
     """Fit, LOO and (if ``n_boot``) bootstrap ``law`` on ``df``: the JSON report and the bootstrap.
-    ``progress(k)`` is told of every k refits done, ``report_steps`` of them (bootstrap and LOO)."""
+    ``progress(k)`` is told of every k refits done, ``report_steps`` of them (bootstrap and LOO). ``fixed_draws``:
+    the fixed values per bootstrap draw (bootstrap.py), when they come from another fit's bootstrap."""
     options = options or FitOptions()
     problem, table = prepare(law, df, fixed, options)  # built once: the fit, its LOO and its bootstrap share it
     result = fit_problem(law, problem, table, fixed, options)
-    boot = bootstrap(law, df, result, n_boot, seed, options, workers, progress, problem=problem) if n_boot > 0 else None
+    boot = (bootstrap(law, df, result, n_boot, seed, options, workers, progress, problem=problem,
+                      fixed_draws=fixed_draws) if n_boot > 0 else None)
     loo = leave_one_out(problem, result.best, options, progress, table=table, columns=law.columns)
     boot_note = bootstrap_note(boot) if boot is not None else None
     out: dict[str, Any] = {
@@ -78,6 +86,7 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
         "objective": result.objective,
         "converged": result.converged,
         "n_points": result.n_points,
+        "trained": trained_ranges(law, table),
         "loo_rms": loo.reported,
         "ci": {k: [finite_or_none(lo), finite_or_none(hi)] for k, (lo, hi) in boot.ci().items()
                if k not in result.fixed} if boot else {},
@@ -93,6 +102,11 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
     if boot is not None:
         out["bootstrap"] = boot.to_json()
     return out, boot
+
+
+def trained_ranges(law: Law, df: pd.DataFrame) -> dict[str, list[float]]:
+    """Each of the law's columns as [min, max] over ``df``'s rows."""
+    return {c: [float(df[c].min()), float(df[c].max())] for c in law.columns}
 
 
 def bootstrap_note(boot: Bootstrap) -> str | None:
@@ -172,4 +186,6 @@ def fitted_law(data: Any, source: str = "the fit report") -> FittedLaw:
         names = boot["names"]
         arr = np.asarray(boot["samples"], dtype=float)
         samples = arr[:, [names.index(n) for n in law.param_names]]
-    return FittedLaw(law, params, samples)
+    trained = data.get("trained")
+    spans = {c: (float(trained[c][0]), float(trained[c][1])) for c in law.columns if c in trained} if trained else None
+    return FittedLaw(law, params, samples, spans)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from upscale.api.cli.app import console
-from upscale.api.cli.fit_commands import decision_text, dstar_table, fit_table, fmt
+from upscale.api.cli.fit_commands import decision_text, fit_table, fmt, interval_text, print_dstar
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -18,7 +18,17 @@ if TYPE_CHECKING:
 
 
 def print_scratch(analysis: Analysis, truth: dict[str, float] | None = None) -> None:
-    console.print(f"shared E (dense + MoE fitted jointly): {analysis.E:.4f}")
+    """The shared E with its bootstrap intervals (and, given the generating parameters, whether E's lies in them),
+    then the from-scratch fit."""
+    ivs = analysis.E_bootstrap.get("intervals") or {}
+    shown = f" (80% {interval_text(ivs.get('80'))}, 95% {interval_text(ivs.get('95'))})" if ivs else ""
+    console.print(f"shared E (dense + MoE fitted jointly): {analysis.E:.4f}{shown}", highlight=False)
+    if truth is not None and ivs.get("95"):
+        iv, true_E = ivs["95"], truth["E"]
+        inside = (iv["low_open"] or iv["low"] <= true_E) and (iv["high_open"] or true_E <= iv["high"])
+        colour = "green" if inside else "yellow"
+        console.print(f"[{colour}]the generating E={true_E:g} is {'inside' if inside else 'outside'} E's 95% "
+                      f"interval[/]", highlight=False)
     if analysis.E_note:
         console.print(f"[yellow]{analysis.E_note}[/]", highlight=False)
     if analysis.scratch is not None:
@@ -29,20 +39,32 @@ def print_upcycled(up: UpcycledAnalysis, truth: dict[str, float] | None = None) 
     if up.fit is not None:
         console.print(fit_table(up.fit.report, "upcycled (joint, Eq. 12)", truth))
     if up.dstar is not None:
-        console.print(dstar_table(up.dstar))
+        print_dstar(up.dstar)
     for d in up.decisions:
         console.print(f"N1={fmt(d['n1'])}, D1={fmt(d['d1'])}, D2={fmt(d['d2'])}: " + decision_text(d))
 
 
+def print_trained(analysis: Analysis) -> None:
+    """The ranges the analysis was trained on: every answer's extrapolation is measured against them."""
+    for table, columns in analysis.trained.items():
+        spans = ", ".join(f"{c} {fmt(lo)}–{fmt(hi)}" for c, (lo, hi) in columns.items())
+        console.print(f"[dim]trained ({table}): {spans}[/]", highlight=False)
+
+
 def print_problems(analysis: Analysis) -> None:
-    """Each law the analysis could not fit or identify: which, why, and what to add to the grid."""
+    """Each problem of the analysis: a law it could not fit or identify, an unhealthy fit; which, why, and what to
+    add to the grid. None: a green line saying so."""
+    if not analysis.problems:
+        console.print("[green]no problems: every fit is healthy[/]")
     for p in analysis.problems:
         add = f"; add {p['add']}" if p["add"] else ""
         console.print(f"[yellow]{p['fit']} ({p['law']}): {p['why']}{add}[/]", highlight=False, soft_wrap=True)
 
 
 def print_analysis(analysis: Analysis) -> None:
-    """The whole analysis: from-scratch fit, each group under its own rule, then the problems."""
+    """The whole analysis: the trained ranges, the from-scratch fit, each group under its own rule, then the
+    problems."""
+    print_trained(analysis)
     print_scratch(analysis)
     for up in analysis.upcycled:
         console.rule(f"[bold]upcycling method: {up.label or 'all'}")

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from upscale.api.cli.app import CommandError, console, err_console
-from upscale.api.cli.fit_commands import JsonOpt, print_json
+from upscale.api.cli.fit_commands import JsonOpt, dstar_text, flags_text, fmt, interval_text, print_json, row_notes
 from upscale.api.cli.local import ApiOpt, Local, TokenOpt, connect
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, MAX_BOOTSTRAP
 
@@ -75,7 +75,12 @@ def refit_command(
             raise CommandError("no refit schedules; POST /refit-schedules creates one")
         for sid in ids:
             r = c.run_refit(sid)
-            star = ("no D* (the analysis has no from-scratch and upcycled laws to compare)" if r["dstar"] is None
-                    else f"D* {r['dstar']:.4g} ({r['dstar_group'] or 'upcycled'})")
+            answer = r["dstar_answer"]
+            star = ("no D* (the analysis has no from-scratch and upcycled laws to compare)" if answer is None
+                    else f"D* at N1={fmt(answer['n1'])}: {dstar_text(answer)} ({r['dstar_group'] or 'upcycled'}; "
+                         f"95% {interval_text((answer['intervals'] or {}).get('95'))}; {flags_text(answer)})")
             flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
-            console.print(f"schedule {sid} v{r['version']}: analysis {r['analysis_id']}, {star}{flag}")
+            console.print(f"schedule {sid} v{r['version']}: analysis {r['analysis_id']}, {star}{flag}",
+                          highlight=False, soft_wrap=True)
+            for note in row_notes(answer or {}):
+                console.print(f"[yellow]{note}[/]", highlight=False, soft_wrap=True)

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from upscale.api.cli.analysis_view import copy_plots, print_analysis, print_scratch, print_upcycled
+from upscale.api.cli.analysis_view import (
+    copy_plots,
+    print_analysis,
+    print_problems,
+    print_scratch,
+    print_trained,
+    print_upcycled,
+)
 from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import print_plots
 from upscale.api.cli.progress import stage_bars, workers_for
@@ -59,7 +66,7 @@ def analyse(services: Services, sweep_ids: list[str], n_boot: int, out_dir: Path
 def _synthetic(out_dir: Path, n_boot: int) -> None:
     from upscale.api.cli.local import local_services
     from upscale.fitting.data import read_table
-    from upscale.fitting.synthetic import E_TABLE2, TABLE2, bundled_path
+    from upscale.fitting.synthetic import TABLE2, bundled_path
 
     console.print("[bold yellow]SYNTHETIC data[/]: losses generated from the paper's Table 2 parameters with noise "
                   "(fitting/data/README.md), not measurements.")
@@ -67,10 +74,11 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
               (("dense", "dense"), ("scratch", "moe"), ("upcycled", "upcycled"))}
     analysis = analyse(local_services(), [], n_boot, out_dir, tables, list(PAPER_N1),
                        list(PAPER_DECISIONS))
-    console.print(f"generating value of E: {E_TABLE2}")
+    print_trained(analysis)
     print_scratch(analysis, TABLE2["moe"])
     (up,) = analysis.upcycled
     print_upcycled(up, TABLE2["upcycled"])
+    print_problems(analysis)
 
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:

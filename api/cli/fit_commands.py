@@ -283,7 +283,7 @@ def dstar_command(
     if as_json:
         print_json(out)
     else:
-        console.print(dstar_table(out))
+        print_dstar(out)
     if plot is not None:
         print_plots(dstar_plots(moe_fit, up_fit, n1, out["closed_form"], plot), plot, to_stdout=not as_json)
 
@@ -312,16 +312,73 @@ def dstar_plots(moe: FittedLaw, up: FittedLaw, n1s: list[float], closed_form: di
     return drawn
 
 
-def dstar_table(out: dict[str, Any]) -> Table:
-    table = Table("N1", "D* (tokens)", "95% interval", "all crossings", "who wins where", title="D*")
-    for r in out["results"]:
-        ci = f"[{fmt(r['ci'][0])}, {fmt(r['ci'][1])}]" if r["ci"] else "(no bootstrap in the fits)"
-        wins = "; ".join(f"{s['wins']} {fmt(s['from'])}–{fmt(s['to'])}" for s in r["segments"])
-        table.add_row(fmt(r["n1"]), fmt(r["dstar"]), ci, ", ".join(fmt(x) for x in r["crossings"]) or "none", wins)
+def interval_text(iv: dict[str, Any] | None) -> str:
+    """An 80% or 95% interval as printed: an open end is "unbounded" (beyond the searched range), never the "—" of
+    a missing value."""
+    if iv is None:
+        return "—"
+    return (f"[{'unbounded' if iv['low_open'] else fmt(iv['low'])}, "
+            f"{'unbounded' if iv['high_open'] else fmt(iv['high'])}]")
+
+
+def dstar_text(r: dict[str, Any]) -> str:
+    """D* as printed: the crossing, or where it lies when the searched range holds none."""
+    lo, hi = r["search_range"]
+    return {"crossing": fmt(r["dstar"]), "above": f"> {fmt(hi)} (upcycling wins throughout)",
+            "below": f"< {fmt(lo)} (from scratch wins throughout)"}[r["dstar_state"]]
+
+
+def flags_text(r: dict[str, Any]) -> str:
+    """The marks a number carries: an extrapolation (how far) and an unhealthy fit under it; "ok" when neither."""
+    out = []
+    ext = r.get("extrapolation") or {}
+    if ext.get("flagged"):
+        far = max(f for f in (ext.get("n1_factor"), ext.get("tokens_factor")) if f is not None)
+        out.append(f"[yellow]extrapolated {fmt(far)}x[/]")
+    if r.get("health") == "unhealthy":
+        out.append("[yellow]unhealthy fit[/]")
+    return ", ".join(out) or "ok"
+
+
+def closed_form_text(out: dict[str, Any]) -> str:
     cf = out["closed_form"]
-    table.caption = ("no closed form: too few model sizes have a finite D*" if cf is None else
-                     f"closed form D* ≈ {cf['a']:.3g}·(N1/1e9)^({cf['b']:.3f} + {cf['c']:.4f}·log(N1/1e9)) tokens")
+    if cf is None:
+        return f"no closed form D*(N1): {out.get('closed_form_note') or 'too few sizes have a D*'}"
+    lo, hi = cf["n1_range"]
+    return f"closed form {cf['formula']} tokens, fitted over N1 {fmt(lo)}–{fmt(hi)} (the sizes trained)"
+
+
+def dstar_table(out: dict[str, Any]) -> Table:
+    table = Table("N1", "D* (tokens)", "80% interval", "95% interval", "all crossings", "who wins where", "flags",
+                  title="D*")
+    for r in out["results"]:
+        ivs = r["intervals"] or {}
+        wins = "; ".join(f"{s['wins']} {fmt(s['from'])}–{fmt(s['to'])}" for s in r["segments"])
+        table.add_row(fmt(r["n1"]), dstar_text(r), interval_text(ivs.get("80")), interval_text(ivs.get("95")),
+                      ", ".join(fmt(x) for x in r["crossings"]) or "none", wins, flags_text(r))
+    table.caption = closed_form_text(out)
     return table
+
+
+def print_dstar(out: dict[str, Any]) -> None:
+    """The D* table, then in yellow what each row's marks mean: an open interval, an extrapolation, the unhealthy
+    fits it rests on."""
+    console.print(dstar_table(out))
+    for r in out["results"]:
+        for note in row_notes(r):
+            console.print(f"[yellow]D* at N1={fmt(r['n1'])}: {note}[/]", highlight=False, soft_wrap=True)
+
+
+def row_notes(r: dict[str, Any], prefix: str = "") -> list[str]:
+    """The warnings of one D* or verdict: its interval's open ends, its extrapolation, its unhealthy fits."""
+    notes = [r[f"{prefix}interval_note"]] if r.get(f"{prefix}interval_note") else []
+    ext = r.get(f"{prefix}extrapolation") or {}
+    if ext.get("flagged"):
+        notes.append(ext["note"])
+    if not prefix and r.get("health") == "unhealthy":
+        fits = dict.fromkeys(f"{p['fit']} ({p['kind']})" for p in r.get("health_problems", []))
+        notes.append(f"rests on an unhealthy fit: {', '.join(fits)}; the analysis's problems say what to add")
+    return notes
 
 
 DECIDE_HELP = ("Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability. "
@@ -360,12 +417,29 @@ def decide_command(
 
 
 def decision_text(d: dict[str, Any]) -> str:
-    prob = "" if d["probability_upcycle"] is None else f" (bootstrap probability that upcycling wins: " \
-                                                        f"{d['probability_upcycle']:.0%})"
-    return (f"verdict: [bold]{d['verdict']}[/]{prob}\n"
-            f"upcycled loss after D2={fmt(d['d2'])} tokens: {d['loss_upcycled']:.4f}; from scratch needs "
-            f"{fmt(d['catch_up_tokens'])} tokens to match it (sunk cost D1={fmt(d['d1'])}; the paper counts "
-            f"upcycling efficient when the catch-up budget exceeds D1)")
+    """A verdict as printed: the verdict and its bootstrap support, the catch-up budget ("never" when from scratch
+    does not get there, "—" only when missing), and in yellow its extrapolation and unhealthy fits."""
+    if d.get("refused"):
+        return f"[yellow]no verdict: {d['refused']}[/]"
+    prob = "" if d["probability_upcycle"] is None else (
+        f" (bootstrap probability that upcycling wins: {d['probability_upcycle']:.0%}; a side needs "
+        f"{d['decisive']:.0%})")
+    catch = ("never reaches it" if d["catch_up_state"] == "never" else
+             f"needs {fmt(d['catch_up_tokens'])} tokens to match it")
+    ivs = d.get("catch_up_intervals") or {}
+    if ivs:
+        catch += f" (80% {interval_text(ivs.get('80'))}, 95% {interval_text(ivs.get('95'))})"
+    lines = [f"verdict: [bold]{d['verdict']}[/]{prob}",
+             f"upcycled loss after D2={fmt(d['d2'])} tokens: {d['loss_upcycled']:.4f}; from scratch {catch} (sunk "
+             f"cost D1={fmt(d['d1'])}; the paper counts upcycling efficient when the catch-up budget exceeds D1)"]
+    if "dstar_state" in d:  # an answer of the service: D* at this N1 too
+        star = {"dstar": d["dstar"], "dstar_state": d["dstar_state"], "search_range": d["dstar_search_range"]}
+        ivs = d["dstar_intervals"] or {}
+        lines.append(f"D* at N1={fmt(d['n1'])}: {dstar_text(star)} tokens (80% {interval_text(ivs.get('80'))}, "
+                     f"95% {interval_text(ivs.get('95'))})")
+        lines += [f"[yellow]D*: {note}[/]" for note in row_notes(d, "dstar_")]
+    lines += [f"[yellow]{note}[/]" for note in row_notes(d)]
+    return "\n".join(lines)
 
 
 def optimal_command(

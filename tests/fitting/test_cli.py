@@ -89,10 +89,12 @@ def test_fit_dstar_decide_optimal_json_contracts(tmp_path):
     dec = json.loads(invoke("decide", *common, "--n1", "1e9", "--d1", "1e9", "--d2", "1e9", "--json", cwd=tmp_path))
     opt = json.loads(invoke("optimal", "--upcycled", "up.json", "--d1", "2e12", "--compute", "1e22", "--json",
                             cwd=tmp_path))
-    assert set(ds) == {"results", "closed_form"} and set(ds["closed_form"]) == {"a", "b", "c"}
+    assert set(ds) == {"results", "closed_form", "closed_form_note"}
+    assert set(ds["closed_form"]) == {"a", "b", "c", "reference", "n1_range", "formula"}
     assert [r["n1"] for r in ds["results"]] == [1e9, 7e9]
-    assert {"n1", "crossings", "dstar", "ci"} <= set(ds["results"][0]) and len(ds["results"][0]["ci"]) == 2
-    assert dec["verdict"] in ("upcycle", "scratch") and 0 <= dec["probability_upcycle"] <= 1
+    assert {"n1", "crossings", "dstar", "dstar_state", "intervals", "interval_note", "extrapolation",
+            "search_range"} <= set(ds["results"][0]) and set(ds["results"][0]["intervals"]) == {"80", "95"}
+    assert dec["verdict"] in ("upcycle", "scratch", "undecided") and 0 <= dec["probability_upcycle"] <= 1
     assert opt["relative_difference"] < 0.01
     assert opt["closed_form"]["d2_opt"] == pytest.approx(opt["numeric"]["d2_opt"], rel=0.01)
 

@@ -75,9 +75,15 @@ def test_bootstrap_samples_give_an_interval_and_a_probability():
     samples = dstar_samples(moe, up, 1e9)
     assert samples.shape == (50,) and samples.min() < 3.0e9 < samples.max()
     d = decide(moe, up, 1e9, 2.5e9, 2.5e9)
-    assert 0 < d.probability_upcycle < 1 and d.catch_up_ci[0] < d.catch_up_tokens < d.catch_up_ci[1]
-    assert set(d.to_json()) == {"n1", "d1", "d2", "loss_upcycled", "catch_up_tokens", "tokens_saved", "verdict",
-                                "probability_upcycle", "catch_up_ci"}
+    out = d.to_json()
+    ivs = out["catch_up_intervals"]
+    assert 0 < d.probability_upcycle < 1
+    assert ivs["95"]["low"] <= ivs["80"]["low"] < d.catch_up_tokens < ivs["80"]["high"] <= ivs["95"]["high"]
+    assert set(out) == {"n1", "d1", "d2", "loss_upcycled", "catch_up_tokens", "catch_up_state", "tokens_saved",
+                        "verdict", "probability_upcycle", "decisive", "catch_up_intervals", "extrapolation"}
+    # a probability between 1 - DECISIVE and DECISIVE is no verdict either way
+    assert out["verdict"] == ("undecided" if 0.2 < d.probability_upcycle < 0.8 else
+                              "upcycle" if d.probability_upcycle >= 0.8 else "scratch")
 
 
 def test_the_pair_must_be_a_moe_law_and_an_upcycled_law():

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from upscale.fitting.analysis import SHARED_FIT, Analysis, SharedE, analyze, shared_problems
+from upscale.fitting.analysis import Analysis, analyze
 from upscale.fitting.data import read_table
 from upscale.fitting.health import (
     HEALTH_KINDS,
@@ -24,6 +24,7 @@ from upscale.fitting.health import (
     slope,
 )
 from upscale.fitting.laws import get_law
+from upscale.fitting.shared import SHARED_FIT, SharedE, shared_problems
 from upscale.fitting.synthetic import TABLE2, bundled_path, design, generate
 
 CHIN, JOINT = get_law("chinchilla"), get_law("joint")
@@ -138,9 +139,9 @@ def test_a_large_loo_error_is_a_loo_problem(tables: dict[str, pd.DataFrame]) -> 
 
 
 def test_the_paper_laws_on_the_bundled_tables_are_healthy(tables: dict[str, pd.DataFrame]) -> None:
-    """Table 2's laws with a bootstrap: no health problem, every D* and verdict "ok", and the record round-trips
-    with its health (an older record without it still loads)."""
-    analysis = analyze(tables, n1s=[1e8, 1e9], decisions=[(1e9, 1e9, 1e9)], bootstrap=12)
+    """Table 2's laws: no health problem, every D* and verdict "ok", and the record round-trips with its health (an
+    older record without it still loads). Without a bootstrap: with one, E's own interval is a problem (below)."""
+    analysis = analyze(tables, n1s=[1e8, 1e9], decisions=[(1e9, 1e9, 1e9)], bootstrap=0)
     assert [p for p in analysis.problems if p.get("kind") in HEALTH_KINDS] == []
     (u,) = analysis.upcycled
     assert u.dstar["health"] == "ok" and u.dstar["health_problems"] == []
@@ -156,3 +157,16 @@ def test_the_paper_laws_on_the_bundled_tables_are_healthy(tables: dict[str, pd.D
                 entry.pop(key)
     old = Analysis.from_json(record)
     assert "health" not in old.upcycled[0].dstar and old.decision(1e9, 1e9, 1e9)["health"] == "ok"
+
+
+def test_E_is_bootstrapped_jointly_and_its_uncertainty_reaches_dstar(tables: dict[str, pd.DataFrame]) -> None:
+    """The bundled tables do not pin E (fitted 0.28 against the generating 0.165): E's bootstrap interval holds the
+    truth, reaches the floor and is a named interval problem of the shared fit, and every later bootstrap draw
+    refits with that draw's E, so the from-scratch samples carry it (E varies across them)."""
+    analysis = analyze(tables, n1s=[1e9], decisions=[(1e9, 1e9, 1e9)], bootstrap=24)
+    iv = analysis.E_bootstrap["intervals"]["95"]
+    assert iv["low"] < 0.165 < iv["high"] and analysis.E_bootstrap["bootstrap"] == 24
+    (p,) = [p for p in analysis.problems if p.get("kind") in HEALTH_KINDS]
+    assert p["fit"] == SHARED_FIT and p["kind"] == "interval" and "E's 95% bootstrap interval" in p["why"]
+    E_samples = analysis.scratch.fitted.samples[:, CHIN.param_names.index("E")]
+    assert np.ptp(E_samples) > 0.05 and analysis.upcycled[0].dstar["results"][0]["health"] == "unhealthy"
