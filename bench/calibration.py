@@ -280,20 +280,6 @@ def read_result(r: dict[str, Any]) -> dict[str, Any]:
             "extrapolation": bool(r["extrapolation"]["flagged"]), "unhealthy": r["health"] == "unhealthy"}
 
 
-def read_result_legacy(r: dict[str, Any]) -> dict[str, Any]:
-    """``read_result`` for records before the intervals at 80% and 95%: ``dstar`` (null for ∞, 0 when from scratch
-    always wins), a 95% ``ci`` with null for an open end, D* searched over dstar.py's TOKEN_RANGE, no extrapolation
-    flag."""
-    from upscale.fitting.dstar import TOKEN_RANGE
-
-    d = r["dstar"]
-    state = "above" if d is None else "below" if d == 0 else "crossing"
-    ci = r.get("ci")
-    return {"dstar": d if state == "crossing" else None, "state": state, "search_range": TOKEN_RANGE,
-            "95": None if ci is None else _interval({"low": ci[0], "high": ci[1]}), "extrapolation": False,
-            "unhealthy": r["health"] == "unhealthy"}
-
-
 def score(truth: Truth, r: dict[str, Any] | None) -> dict[str, Any]:
     """One case's outcome: the truth's state over the searched range against the analysis's, coverage, error and
     flags. ``r`` None: the analysis has no D* (no fit, or it failed), which is a flag of its own."""
@@ -305,12 +291,12 @@ def score(truth: Truth, r: dict[str, Any] | None) -> dict[str, Any]:
                 "covered_80": False if truth.dstar else None, "covered_95": False if truth.dstar else None,
                 "log10_error": None, "extrapolation": False, "unhealthy": True, "out_of_range": False,
                 "flagged": True}
-    got = read_result(r) if "dstar_state" in r else read_result_legacy(r)
+    got = read_result(r)
     lo, hi = got["search_range"]
     in_range, _ = first_scratch(true_crossings(truth.params["moe"], truth.params["upcycled"], truth.n1, lo, hi))
 
     def covered(level: str) -> bool | None:
-        if truth.dstar is None or level not in got:  # no true D*, or a record without this level
+        if truth.dstar is None:
             return None
         iv = got[level]
         return iv is not None and iv[0] <= truth.dstar <= iv[1]
@@ -318,8 +304,8 @@ def score(truth: Truth, r: dict[str, Any] | None) -> dict[str, Any]:
     error = (abs(math.log10(got["dstar"] / truth.dstar)) if got["dstar"] and truth.dstar else None)
     out_of_range = got["state"] != "crossing"
     return {**row, "result": True, "dstar": got["dstar"], "state": got["state"], "search_range": [lo, hi],
-            "true_state_in_range": in_range, "interval_80": _json_interval(got.get("80")),
-            "interval_95": _json_interval(got.get("95")),
+            "true_state_in_range": in_range, "interval_80": _json_interval(got["80"]),
+            "interval_95": _json_interval(got["95"]),
             "covered_80": covered("80"), "covered_95": covered("95"), "log10_error": error,
             "extrapolation": got["extrapolation"], "unhealthy": got["unhealthy"], "out_of_range": out_of_range,
             "flagged": got["extrapolation"] or got["unhealthy"] or out_of_range}
@@ -336,6 +322,8 @@ def run_case(args: tuple[Truth, int]) -> dict[str, Any]:
     star = next((u["dstar"] for u in a["upcycled"] if u["dstar"]), None)
     row = score(truth, star["results"][0] if star else None)
     row["problems"] = len(a["problems"])
+    rests_on = star["results"][0].get("health_problems", []) if star else []
+    row["health_problems"] = sorted({f"{p['kind']}: {p['fit']}" for p in rests_on})
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -400,31 +388,37 @@ def table(by_class: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--truths", type=int, default=None, help="ground truths (default 100; 3 with --quick)")
-    ap.add_argument("--bootstrap", type=int, default=None, help="cluster-bootstrap refits per fit (default 200; "
+    ap.add_argument("--truths", type=int, default=None, help="ground truths (default 60; 3 with --quick)")
+    ap.add_argument("--bootstrap", type=int, default=None, help="cluster-bootstrap refits per fit (default 100; "
                                                                 "20 with --quick)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the truths and their noise")
     ap.add_argument("--quick", action="store_true", help="3 truths (inside, far above, far below), a small bootstrap")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes running truths side by side")
     ap.add_argument("--json", type=str, default=None, help="also write the figures and every case to this file")
     args = ap.parse_args(argv)
-    n = args.truths or (len(QUICK) if args.quick else 100)
-    bootstrap = args.bootstrap if args.bootstrap is not None else (20 if args.quick else 200)
+    n = args.truths or (len(QUICK) if args.quick else 60)
+    bootstrap = args.bootstrap if args.bootstrap is not None else (20 if args.quick else 100)
     t0 = time.perf_counter()
     truths = [draw_truth(i, c, s, args.seed) for i, (c, s) in enumerate(allocate(n, args.quick))]
+    # classes interleaved, so that the figures of a run cut short (--json is rewritten after every case) are of all
+    order = sorted(truths, key=lambda t: (sum(u.cls == t.cls for u in truths[:t.index]) / _count(truths, t.cls),
+                                          CLASSES.index(t.cls)))
+    rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, len(truths)))) as pool:
-        rows = []
-        for row in pool.map(run_case, [(t, bootstrap) for t in truths]):
+        for row in pool.map(run_case, [(t, bootstrap) for t in order]):
             print(f"truth {row['truth']:3d} {row['class']:9s} {row['scale']:5s} true D* {row['true_dstar'] or 0:9.3g} "
                   f"got {row['state']} {row['dstar'] or 0:9.3g} cov80 {row['covered_80']} cov95 {row['covered_95']} "
                   f"flagged {row['flagged']} {row['seconds']:.1f}s", file=sys.stderr, flush=True)
             rows.append(row)
+            if args.json and len(rows) < len(truths):
+                _write(args.json, {"truths": n, "bootstrap": bootstrap, "seed": args.seed, "done": len(rows),
+                                   "wall_s": round(time.perf_counter() - t0, 1), "cases": rows})
     by_class = {c: figures([r for r in rows if r["class"] == c]) for c in CLASSES if any(r["class"] == c for r in rows)}
     by_class["all"] = figures(rows)
     inside = [r for r in rows if r["class"] == "inside"]
     far = [r for r in rows if r["class"] in ("far-above", "far-below")]
     out = {
-        "truths": n, "bootstrap": bootstrap, "seed": args.seed, "workers": args.workers,
+        "truths": n, "done": len(rows), "bootstrap": bootstrap, "seed": args.seed, "workers": args.workers,
         "wall_s": round(time.perf_counter() - t0, 1),
         "classes": by_class,
         "inside_by_scale": {s: figures([r for r in inside if r["scale"] == s]) for s in SCALES
@@ -442,9 +436,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table(out["inside_by_scale"]))
     print(f"\ngoals: {json.dumps(out['goals'])}; {n} truths, bootstrap {bootstrap}, {out['wall_s']} s")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1, allow_nan=False, default=str)
+        _write(args.json, out)
     return out
+
+
+def _count(truths: Sequence[Truth], cls: str) -> int:
+    return sum(t.cls == cls for t in truths)
+
+
+def _write(path: str, data: dict[str, Any]) -> None:
+    with open(path, "w") as fh:
+        json.dump(data, fh, indent=1, allow_nan=False, default=str)
 
 
 if __name__ == "__main__":
