@@ -28,12 +28,15 @@ record. Figures per class and overall:
   ``false``: the share of truths without one there for which it reports one;
 - ``median_abs_log10_error``: median |log10(D̂*/D*)| over the cases where both exist;
 - ``extrapolation``, ``unhealthy``, ``out_of_range`` (the analysis says D* lies above or below its searched range)
-  and ``flagged`` (any of the three): shares of the class.
+  and ``flagged`` (any of the three): shares of the class; ``flagged_where`` (extrapolation or out of range) is the
+  flag for where D* lies alone, since a fit can be unhealthy wherever D* is.
 
-Goals (the issue): coverage within 5 points of nominal for ``inside``; every far case flagged.
+Goals (the issue): coverage within 5 points of nominal for ``inside``; every far case flagged (``flagged``, and
+``flagged_where``). The truths' classes are interleaved in the run and ``--json`` is rewritten after every case, so a
+run cut short still has figures of every class: ``--from-json`` prints them without running anything.
 
     nice -n 10 .venv/bin/python bench/calibration.py [--quick] [--truths N] [--bootstrap B] [--seed S]
-        [--workers W] [--json OUT]
+        [--workers W] [--json OUT] [--from-json OUT]
 """
 
 from __future__ import annotations
@@ -355,6 +358,7 @@ def figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "unhealthy": _share([r["unhealthy"] for r in rows])[0],
         "out_of_range": _share([r["out_of_range"] for r in rows])[0],
         "flagged": _share([r["flagged"] for r in rows])[0],
+        "flagged_where": _share([r["extrapolation"] or r["out_of_range"] for r in rows])[0],
         "no_result": sum(not r["result"] for r in rows),
     }
 
@@ -372,7 +376,7 @@ def _fmt(v: Any, pct: bool = True) -> str:
 
 def table(by_class: dict[str, dict[str, Any]]) -> str:
     head = ("class", "n", "cov 80%", "cov 95%", "missed", "false", "med |log10 err|", "extrap.", "unhealthy",
-            "out of range", "flagged")
+            "out of range", "flagged", "extrap. or out of range")
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
     for name, f in by_class.items():
         cells = [name, str(f["n"]),
@@ -381,7 +385,8 @@ def table(by_class: dict[str, dict[str, Any]]) -> str:
                  f"{_fmt(f['missed'])} ({f['with_crossing_in_range']})",
                  f"{_fmt(f['false'])} ({f['without_crossing_in_range']})",
                  f"{_fmt(f['median_abs_log10_error'], False)} ({f['with_both']})",
-                 _fmt(f["extrapolation"]), _fmt(f["unhealthy"]), _fmt(f["out_of_range"]), _fmt(f["flagged"])]
+                 _fmt(f["extrapolation"]), _fmt(f["unhealthy"]), _fmt(f["out_of_range"]), _fmt(f["flagged"]),
+                 _fmt(f["flagged_where"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -395,10 +400,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="3 truths (inside, far above, far below), a small bootstrap")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes running truths side by side")
     ap.add_argument("--json", type=str, default=None, help="also write the figures and every case to this file")
+    ap.add_argument("--from-json", type=str, nargs="+", default=None,
+                    help="no runs: the figures of the cases in these files (--json outputs, finished or cut short; "
+                         "several, e.g. of several seeds, are pooled)")
     args = ap.parse_args(argv)
     n = args.truths or (len(QUICK) if args.quick else 60)
     bootstrap = args.bootstrap if args.bootstrap is not None else (20 if args.quick else 100)
     t0 = time.perf_counter()
+    if args.from_json:
+        saved = []
+        for path in args.from_json:
+            with open(path) as fh:
+                saved.append(json.load(fh))
+        seeds = [x["seed"] for x in saved]
+        return report([c for x in saved for c in x["cases"]], sum(x["truths"] for x in saved),
+                      saved[0]["bootstrap"] if len({x["bootstrap"] for x in saved}) == 1 else None,
+                      seeds[0] if len(seeds) == 1 else seeds, args.workers, sum(x["wall_s"] for x in saved),
+                      [t for x in saved for t in x.get("truth_params", [])], args.json)
     truths = [draw_truth(i, c, s, args.seed) for i, (c, s) in enumerate(allocate(n, args.quick))]
     # classes interleaved, so that the figures of a run cut short (--json is rewritten after every case) are of all
     order = sorted(truths, key=lambda t: (sum(u.cls == t.cls for u in truths[:t.index]) / _count(truths, t.cls),
@@ -413,13 +431,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.json and len(rows) < len(truths):
                 _write(args.json, {"truths": n, "bootstrap": bootstrap, "seed": args.seed, "done": len(rows),
                                    "wall_s": round(time.perf_counter() - t0, 1), "cases": rows})
+    return report(rows, n, bootstrap, args.seed, args.workers, round(time.perf_counter() - t0, 1),
+                  [asdict(t) for t in truths], args.json)
+
+
+def report(rows: list[dict[str, Any]], n: int, bootstrap: int | None, seed: int | list[int], workers: int,
+           wall_s: float,
+           truths: list[dict[str, Any]], path: str | None) -> dict[str, Any]:
+    """The figures of ``rows``: printed as tables, and written with every case to ``path``."""
     by_class = {c: figures([r for r in rows if r["class"] == c]) for c in CLASSES if any(r["class"] == c for r in rows)}
     by_class["all"] = figures(rows)
     inside = [r for r in rows if r["class"] == "inside"]
     far = [r for r in rows if r["class"] in ("far-above", "far-below")]
     out = {
-        "truths": n, "done": len(rows), "bootstrap": bootstrap, "seed": args.seed, "workers": args.workers,
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "truths": n, "done": len(rows), "bootstrap": bootstrap, "seed": seed, "workers": workers, "wall_s": wall_s,
         "classes": by_class,
         "inside_by_scale": {s: figures([r for r in inside if r["scale"] == s]) for s in SCALES
                             if any(r["scale"] == s for r in inside)},
@@ -427,16 +452,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "inside_coverage_80_within_5_points": _within(by_class.get("inside", {}).get("coverage_80"), 0.80),
             "inside_coverage_95_within_5_points": _within(by_class.get("inside", {}).get("coverage_95"), 0.95),
             "every_far_case_flagged": all(r["flagged"] for r in far) if far else None,
+            "every_far_case_flagged_for_where_dstar_is": (all(r["extrapolation"] or r["out_of_range"] for r in far)
+                                                          if far else None),
         },
         "cases": rows,
-        "truth_params": [asdict(t) for t in truths],
+        "truth_params": truths,
     }
     print(table(by_class))
     print("\ninside, by grid:")
     print(table(out["inside_by_scale"]))
-    print(f"\ngoals: {json.dumps(out['goals'])}; {n} truths, bootstrap {bootstrap}, {out['wall_s']} s")
-    if args.json:
-        _write(args.json, out)
+    print(f"\ngoals: {json.dumps(out['goals'])}; {len(rows)} of {n} truths, bootstrap {bootstrap}, {wall_s} s")
+    if path:
+        _write(path, out)
     return out
 
 

@@ -69,15 +69,19 @@ def test_quick_bench_writes_the_figures(tmp_path) -> None:
     assert figures["truths"] == 3 and figures["bootstrap"] == 10 and len(figures["cases"]) == 3
     assert set(figures["classes"]) == {"inside", "far-above", "far-below", "all"}
     keys = {"n", "coverage_80", "coverage_95", "missed", "false", "median_abs_log10_error", "extrapolation",
-            "unhealthy", "out_of_range", "flagged"}
+            "unhealthy", "out_of_range", "flagged", "flagged_where"}
     for f in figures["classes"].values():
         assert keys <= set(f)
         assert all(f[k] is None or 0 <= f[k] <= 1 for k in keys - {"n", "median_abs_log10_error"})
     assert set(figures["goals"]) == {"inside_coverage_80_within_5_points", "inside_coverage_95_within_5_points",
-                                     "every_far_case_flagged"}
+                                     "every_far_case_flagged", "every_far_case_flagged_for_where_dstar_is"}
     far = [c for c in figures["cases"] if c["class"].startswith("far")]
     assert far and all(c["flagged"] for c in far)
     assert all(c["extrapolation"] or c["out_of_range"] for c in far)  # flagged for where D* is, not only health
     inside = next(c for c in figures["cases"] if c["class"] == "inside")
     assert inside["true_state_in_range"] == "crossing" and inside["interval_80"] is not None
     assert "| inside |" in run.stdout
+    again = subprocess.run([sys.executable, "-W", "ignore", str(BENCH), "--from-json", str(out)], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT)  # the figures again from the cases, nothing rerun
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split("\ngoals")[0] == run.stdout.split("\ngoals")[0]
