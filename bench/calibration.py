@@ -102,21 +102,8 @@ def gap(moe: dict[str, float], up: dict[str, float], n1: float, tokens: np.ndarr
 
 def true_crossings(moe: dict[str, float], up: dict[str, float], n1: float, lo: float,
                    hi: float) -> list[tuple[float, float, str]]:
-    """The true laws' segments over [lo, hi]: (from, to, "upcycle" | "scratch"). The crossings are fitting/dstar.py's
-    ``crossings``, run on the laws re-expressed in a unit per 10-decade window (it searches a fixed token range)."""
-    roots: list[float] = []
-    edge = lo
-    while edge < hi:
-        s = edge / 1e6  # window [edge, edge·1e10] in this unit is dstar's [1e6, 1e16]
-        c = crossings(FittedLaw(CHIN, rescale("chinchilla", moe, s)), FittedLaw(JOINT, rescale("joint", up, s)), n1)
-        roots += [r * s for r in c.crossings if lo < r * s < hi]
-        edge *= 1e10
-    roots = sorted(roots)
-    roots = [r for i, r in enumerate(roots) if i == 0 or r > roots[i - 1] * (1 + 1e-9)]
-    edges = [lo, *roots, hi]
-    mids = np.sqrt(np.array(edges[:-1]) * np.array(edges[1:]))
-    sides = ["upcycle" if g > 0 else "scratch" for g in gap(moe, up, n1, mids)]
-    return [(a, b, s) for a, b, s in zip(edges[:-1], edges[1:], sides, strict=True)]
+    """The true laws' segments over [lo, hi]: (from, to, "upcycle" | "scratch"), by fitting/dstar.py's ``crossings``."""
+    return list(crossings(FittedLaw(CHIN, moe), FittedLaw(JOINT, up), n1, span=(lo, hi)).segments)
 
 
 def first_scratch(segments: Sequence[tuple[float, float, str]]) -> tuple[str, float | None]:
