@@ -223,21 +223,25 @@ def _draw(analysis: Analysis, tables: dict[str, pd.DataFrame], folder: Path) -> 
 
 
 def _log_to_mlflow(services: Services, record: AnalysisRecord, folder: Path) -> None:
-    """The analysis on each analysed sweep's MLflow parent run (params with intervals, D* table, verdicts, plots,
-    the sweep's observations); MLflow being down never fails the analysis."""
-    from upscale.control.analysis_run import log_analysis
+    """The analysis in MLflow (control/analysis_run.py): the sweep's own on its run, shown there if it is the newest;
+    one of several sweeps or a refit on a run of its own under theirs. MLflow being down never fails the analysis."""
+    from upscale.control.analysis_run import AnalysisMeta, log_analysis
     from upscale.orchestrator.observations import table
     from upscale.orchestrator.tracking import RunTree
 
-    for sweep_id in record.sweep_ids:
-        parent_run_id = services.store.sweep(sweep_id).mlflow_run_id
-        if parent_run_id is None:
-            continue
-        try:
-            log_analysis(RunTree.for_settings(services.settings), parent_run_id, record.record,
-                         table(services.store.observations(sweep_id)), folder if record.plots else None)
-        except Exception as e:  # MLflow down, a bad artifact: the analysis stands
-            log.warning("analysis %s not logged to MLflow run %s: %s", record.id, parent_run_id, _one_line(e))
+    runs = [(sweep_id, run_id) for sweep_id in record.sweep_ids
+            if (run_id := services.store.sweep(sweep_id).mlflow_run_id) is not None]
+    if not runs:
+        return
+    seen: set[str] = set()  # a segment shared by two sweeps is one observation
+    observations = [o for sweep_id in record.sweep_ids for o in services.store.observations(sweep_id)
+                    if not (o.segment_key in seen or seen.add(o.segment_key))]
+    meta = AnalysisMeta(record.id, record.sweep_ids, record.trigger, record.owner, as_utc(record.created_at))
+    try:
+        log_analysis(RunTree.for_settings(services.settings), runs, meta, record.record, table(observations),
+                     folder if record.plots else None)
+    except Exception as e:  # MLflow down, a bad artifact: the analysis stands
+        log.warning("analysis %s not logged to MLflow: %s", record.id, _one_line(e))
 
 
 def public_json(record: AnalysisRecord) -> dict[str, Any]:

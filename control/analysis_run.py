@@ -1,10 +1,29 @@
-"""An analysis on its sweep's MLflow parent run: the record, its D* and verdict tables, its plots, a markdown summary
-as the run's description and the headline numbers as metrics. The run tree itself (orchestrator/tracking.py) knows
-nothing of analyses; this is where the control layer writes them."""
+"""Analyses in MLflow: each keeps its own artifacts, and a sweep's run shows the newest analysis of that sweep.
+
+Where an analysis lands depends on whose it is:
+
+* **The sweep's own** (its sweep set is exactly that sweep, and no refit schedule made it: the analysis loop, a
+  request, `upscale analyze`): on the sweep's parent run, its files under `analyses/<analysis id>/`. Only when it
+  is newer (created later) than the analysis the run shows does it become the run's description (tag NOTE of
+  orchestrator/tracking.py), its `upscale.analysis.latest` pointer, its health tags and its headline metrics at step
+  n, the n-th analysis shown; so a late-finishing older analysis keeps its files but never replaces a newer one.
+* **Any other** (several sweeps, or a refit): a run of its own, nested under the first of its sweeps' runs, with the
+  same files under `analyses/<analysis id>/`, its summary as description and its headline metrics; every other
+  sweep of it gets a small child run linking there. A refit of several sweeps by another owner therefore never
+  touches the description or files of a sweep's run.
+
+The summary lists, beside each D* and verdict, its health and whether it is extrapolated, and the analysis's
+problems; tags `analysis.health` (ok | unhealthy) and `analysis.problems` (a count) let the runs table filter on
+them. The run tree itself (orchestrator/tracking.py) knows nothing of analyses; this is where the control layer
+writes them. Records written before fit health and D* states read as "–" where a key is absent.
+"""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,30 +36,107 @@ from upscale.sweeps import run_tags
 if TYPE_CHECKING:
     import pandas as pd
 
-ANALYSIS_COUNT = "analysis/number"  # the parent's analyses so far: the step of every analysis metric
+ANALYSIS_COUNT = "analysis/number"  # analyses a sweep's run has shown so far: the step of every analysis metric
+ANALYSIS_ID = run_tags.PREFIX + "analysis_id"  # on an analysis's own run and its link children
+LATEST = run_tags.PREFIX + "analysis.latest"  # on a sweep's run: the id of the analysis its description shows
+LATEST_CREATED = run_tags.PREFIX + "analysis.latest_created_at"  # ... and when that analysis was created (UTC ISO)
+HEALTH = "analysis.health"  # ok | unhealthy, for `tags."analysis.health" = 'unhealthy'` in the runs table
+PROBLEMS = "analysis.problems"  # how many problems the analysis reports
+EXTRAPOLATED = "analysis.extrapolated"  # how many D*s and verdicts are flagged as extrapolated
+UNBOUNDED = "unbounded"  # an interval's open end; a missing value is "–", never the same spelling
+MAX_NOTE = 7800  # MLflow keeps a tag's first 8000 characters: the description is fitted under that
 
 
-def log_analysis(tree: RunTree, parent_run_id: str, record: dict, observations: pd.DataFrame,
-                 plot_dir: Path | None) -> None:
-    """One analysis of the sweep (fitting/analysis.py's `Analysis.to_json()`) on its parent run: the record as
-    `analysis/analysis.json`, its D* and verdict tables as CSV, its observations, its plots (`plot_dir`'s PNG and
-    PDF files, subfolders kept, under `analysis/plots/`), a markdown summary as the run's description, and the
-    headline numbers as metrics at step n, the parent's n-th analysis (params are immutable; metrics keep every
-    analysis's value)."""
-    run = tree.client.get_run(parent_run_id)
+@dataclass(frozen=True)
+class AnalysisMeta:
+    """Which analysis a record is (control/analyses.py's row): its id, sweeps, trigger, owner and creation time."""
+
+    id: str
+    sweep_ids: Sequence[str]
+    trigger: str
+    owner: str
+    created_at: datetime
+
+    @property
+    def stamp(self) -> str:
+        """created_at as a fixed-width UTC ISO string, so that string order is time order."""
+        return self.created_at.isoformat(timespec="microseconds")
+
+    @property
+    def folder(self) -> str:
+        return f"analyses/{self.id}"
+
+
+def owns(meta: AnalysisMeta, sweep_id: str) -> bool:
+    """Whether the analysis is the sweep's own: of exactly that sweep, and not made by a refit schedule."""
+    return list(meta.sweep_ids) == [sweep_id] and meta.trigger != "refit"
+
+
+def log_analysis(tree: RunTree, sweep_runs: Sequence[tuple[str, str]], meta: AnalysisMeta, record: dict,
+                 observations: pd.DataFrame, plot_dir: Path | None) -> str:
+    """Log one analysis (fitting/analysis.py's `Analysis.to_json()`; ``sweep_runs``: (sweep id, its parent run id) of
+    the sweeps that have a run) where it belongs (module docstring); returns the run its files went to."""
+    if len(sweep_runs) == 1 and owns(meta, sweep_runs[0][0]):
+        run_id = sweep_runs[0][1]
+        _log_files(tree, run_id, meta, record, observations, plot_dir)
+        show_on_sweep_run(tree, run_id, meta, record)
+        return run_id
+    return _log_own_run(tree, sweep_runs, meta, record, observations, plot_dir)
+
+
+def show_on_sweep_run(tree: RunTree, run_id: str, meta: AnalysisMeta, record: dict) -> bool:
+    """Make the analysis the one the sweep's run shows (description, pointer, health tags, headline metrics at the
+    next step) unless the run already shows one created later or this same one; True when it did."""
+    run = tree.client.get_run(run_id)
+    shown = run.data.tags.get(LATEST_CREATED)
+    if shown is not None and shown >= meta.stamp:
+        return False
     step = int(run.data.metrics.get(ANALYSIS_COUNT, 0)) + 1
-    tree.client.log_dict(parent_run_id, record, "analysis/analysis.json")
-    dstar, verdicts = _dstar_rows(record), _verdict_rows(record)
+    tags = {NOTE: summary_markdown(record, meta, f"Analysis {step} of this sweep"), LATEST: meta.id,
+            LATEST_CREATED: meta.stamp, **health_tags(record)}
+    tree.client.log_batch(run_id, metrics=metrics_at({ANALYSIS_COUNT: step, **headline(record)}, step),
+                          tags=[RunTag(k, v) for k, v in tags.items()])
+    return True
+
+
+def _log_own_run(tree: RunTree, sweep_runs: Sequence[tuple[str, str]], meta: AnalysisMeta, record: dict,
+                 observations: pd.DataFrame, plot_dir: Path | None) -> str:
+    """The analysis's own run under the first sweep's run, and a child linking it under each other sweep's run."""
+    what = f"{meta.trigger} analysis {meta.id}"
+    of = f"{len(meta.sweep_ids)} sweeps" if len(meta.sweep_ids) > 1 else "1 sweep"
+    note = summary_markdown(record, meta, f"{meta.trigger.capitalize()} of {of} ({', '.join(meta.sweep_ids)})")
+    tags = {run_tags.ROLE: "analysis", ANALYSIS_ID: meta.id, run_tags.SWEEP_ID: ",".join(meta.sweep_ids),
+            NOTE: note, **health_tags(record)}
+    (first_sweep, first_run), others = sweep_runs[0], sweep_runs[1:]
+    run = tree.client.create_run(tree.experiment_id, run_name=what,
+                                 tags={"mlflow.parentRunId": first_run, **tags})
+    run_id = run.info.run_id
+    _log_files(tree, run_id, meta, record, observations, plot_dir)
+    tree.client.log_batch(run_id, metrics=metrics_at(headline(record), 0))
+    tree.client.set_terminated(run_id, "FINISHED")
+    link = f"#/experiments/{tree.experiment_id}/runs/{run_id}"
+    for _, parent in others:
+        linked = {**tags, run_tags.ROLE: "analysis-link",
+                  NOTE: f"Logged under sweep {first_sweep}'s run, in run [{what}]({link}) (its files are there).\n\n"
+                        + note}
+        child = tree.client.create_run(tree.experiment_id, run_name=f"{what} (shared)",
+                                       tags={"mlflow.parentRunId": parent, **linked})
+        tree.client.set_terminated(child.info.run_id, "FINISHED")
+    return run_id
+
+
+def _log_files(tree: RunTree, run_id: str, meta: AnalysisMeta, record: dict, observations: pd.DataFrame,
+               plot_dir: Path | None) -> None:
+    """`analyses/<id>/`: the record as analysis.json, its D* and verdict tables as CSV, its observations, its plots
+    (``plot_dir``'s files, subfolders kept, under plots/). Nothing outside the analysis's own folder is written."""
+    tree.client.log_dict(run_id, record, f"{meta.folder}/analysis.json")
     with tempfile.TemporaryDirectory() as tmp:
-        _csv(Path(tmp) / "dstar.csv", dstar)
-        _csv(Path(tmp) / "verdicts.csv", verdicts)
-        tree.client.log_artifacts(parent_run_id, tmp, "analysis")
-    tree.log_observations(parent_run_id, observations, "analysis")
+        _csv(Path(tmp) / "dstar.csv", dstar_rows(record))
+        _csv(Path(tmp) / "verdicts.csv", verdict_rows(record))
+        tree.client.log_artifacts(run_id, tmp, meta.folder)
+    tree.log_observations(run_id, observations, meta.folder)
     if plot_dir is not None and Path(plot_dir).is_dir():
-        tree.client.log_artifacts(parent_run_id, str(plot_dir), "analysis/plots")
-    metrics = {ANALYSIS_COUNT: step, **_headline(record)}
-    tree.client.log_batch(parent_run_id, metrics=metrics_at(metrics, step),
-                          tags=[RunTag(NOTE, _summary_markdown(record, dstar, verdicts, step))])
+        tree.client.log_artifacts(run_id, str(plot_dir), f"{meta.folder}/plots")
 
 
 def _label(up: dict[str, Any]) -> str:
@@ -48,26 +144,55 @@ def _label(up: dict[str, Any]) -> str:
     return group_label(up.get("group") or {}) or "all"
 
 
-def _dstar_rows(record: dict) -> list[dict[str, Any]]:
-    """One row per (upcycling group, N1): D*, its bootstrap interval, every crossing."""
+def _interval(res: dict[str, Any], level: str) -> tuple[Any, Any]:
+    """(low, high) of the result's ``level`` interval, an open end as UNBOUNDED and a missing one as None; old
+    records (no ``intervals``) give their bootstrap ``ci`` as every level."""
+    intervals = res.get("intervals")
+    if intervals is None:
+        ci = res.get("ci") or [None, None]
+        return ci[0], ci[1]
+    one = intervals.get(level) or {}
+    return tuple(UNBOUNDED if one.get(f"{end}_open") and one.get(end) is None else one.get(end)
+                 for end in ("low", "high"))
+
+
+def _extrapolated(d: dict[str, Any]) -> bool:
+    return bool((d.get("extrapolation") or {}).get("flagged"))
+
+
+def dstar_rows(record: dict) -> list[dict[str, Any]]:
+    """One row per (upcycling group, N1): D*, its state, intervals, health, extrapolation, every crossing."""
     rows = []
     for up in record.get("upcycled") or []:
         for res in (up.get("dstar") or {}).get("results", []):
-            ci = res.get("ci") or [None, None]
-            rows.append({"group": _label(up), "n1": res.get("n1"), "dstar": res.get("dstar"), "ci_low": ci[0],
-                         "ci_high": ci[1], "crossings": " ".join(f"{c:.4g}" for c in res.get("crossings") or [])})
+            lo80, hi80 = _interval(res, "80")
+            lo95, hi95 = _interval(res, "95")
+            ex = res.get("extrapolation") or {}
+            rows.append({"group": _label(up), "n1": res.get("n1"), "dstar": res.get("dstar"),
+                         "dstar_state": res.get("dstar_state"), "low_80": lo80, "high_80": hi80, "low_95": lo95,
+                         "high_95": hi95, "health": res.get("health"),
+                         "health_problems": "; ".join(_problem_names(res)), "extrapolated": ex.get("flagged"),
+                         "n1_factor": ex.get("n1_factor"), "tokens_factor": ex.get("tokens_factor"),
+                         "crossings": " ".join(f"{c:.4g}" for c in res.get("crossings") or [])})
     return rows
 
 
-def _verdict_rows(record: dict) -> list[dict[str, Any]]:
-    return [{"group": _label(up), **{k: v for k, v in d.items() if not isinstance(v, list | dict)}}
+def verdict_rows(record: dict) -> list[dict[str, Any]]:
+    return [{"group": _label(up), **{k: v for k, v in d.items() if not isinstance(v, list | dict)},
+             "health_problems": "; ".join(_problem_names(d)),
+             "extrapolated": (d.get("extrapolation") or {}).get("flagged")}
             for up in record.get("upcycled") or [] for d in up.get("decisions") or []]
 
 
-def _headline(record: dict) -> dict[str, float]:
-    """E, each fit's parameters, D* with its interval per group and N1, and P(upcycle) per verdict; a group is
-    named in metrics as its plots' folder is (fitting/groups.py's slug)."""
-    out: dict[str, float] = {}
+def _problem_names(d: dict[str, Any]) -> list[str]:
+    return [f"{p.get('fit', p.get('law'))}: {p.get('kind')}" for p in d.get("health_problems") or []]
+
+
+def headline(record: dict) -> dict[str, float]:
+    """E, each fit's parameters, D* with its intervals per group and N1 (only a D* that is a crossing; only bounded
+    ends), and P(upcycle) per verdict; a group is named in metrics as its plots' folder is (fitting/groups.py's
+    slug). None and open ends are left out."""
+    out: dict[str, Any] = {}
     if record.get("E") is not None:
         out["analysis/E"] = record["E"]
     for k, v in ((record.get("scratch") or {}).get("params") or {}).items():
@@ -77,13 +202,33 @@ def _headline(record: dict) -> dict[str, float]:
         for k, v in ((up.get("fit") or {}).get("params") or {}).items():
             out[f"fit/{slug}/{k}"] = v
         for res in (up.get("dstar") or {}).get("results", []):
-            ci = res.get("ci") or [None, None]
+            if res.get("dstar_state", "crossing") != "crossing" or res.get("n1") is None:
+                continue
             base = f"dstar/{slug}/N1_{run_tags.compact(res['n1'])}"
+            ci = res.get("ci") or [None, None]
             out |= {base: res.get("dstar"), base + "/ci_low": ci[0], base + "/ci_high": ci[1]}
+            for level in ("80", "95"):
+                if res.get("intervals"):
+                    lo, hi = _interval(res, level)
+                    out |= {f"{base}/low_{level}": lo, f"{base}/high_{level}": hi}
         for d in up.get("decisions") or []:
             at = "_".join(f"{k}_{run_tags.compact(d[k.lower()])}" for k in ("N1", "D1", "D2") if d.get(k.lower()))
             out[f"verdict/{slug}/{at}/p_upcycle"] = d.get("probability_upcycle")
-    return {k: v for k, v in out.items() if isinstance(v, int | float)}
+    return {k: v for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def health_tags(record: dict) -> dict[str, str]:
+    """`analysis.health`: unhealthy when the analysis reports a problem or any D* or verdict rests on an unhealthy
+    fit; `analysis.problems`: how many problems; `analysis.extrapolated`: how many D*s and verdicts are flagged (absent
+    when the record does not say)."""
+    marked = [d for up in record.get("upcycled") or []
+              for d in [*(up.get("dstar") or {}).get("results", []), *(up.get("decisions") or [])]]
+    problems = len(record.get("problems") or [])
+    unhealthy = problems > 0 or any(d.get("health") == "unhealthy" for d in marked)
+    out = {HEALTH: "unhealthy" if unhealthy else "ok", PROBLEMS: str(problems)}
+    if any("extrapolation" in d for d in marked):  # records older than the extrapolation check cannot say
+        out[EXTRAPOLATED] = str(sum(_extrapolated(d) for d in marked))
+    return out
 
 
 def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -93,20 +238,117 @@ def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _fmt(x: Any) -> str:
-    return "–" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
+    """A number in 3 significant digits; None (missing) as "–"; UNBOUNDED as it is."""
+    if x is None:
+        return "–"
+    if isinstance(x, float | int) and not isinstance(x, bool):
+        return f"{x:.3g}"
+    return str(x)
 
 
-def _summary_markdown(record: dict, dstar: list[dict], verdicts: list[dict], step: int) -> str:
-    """The analysis in a few lines for the run's overview: E, D* per group and N1, the verdicts, the problems."""
-    lines = [f"**Analysis {step}** (artifacts: `analysis/`). Shared E = {_fmt(record.get('E'))}."]
-    if dstar:
-        lines += ["", "| group | N1 | D* | bootstrap interval |", "|---|---|---|---|"]
-        lines += [f"| {r['group']} | {_fmt(r['n1'])} | {_fmt(r['dstar'])} | {_fmt(r['ci_low'])} – "
-                  f"{_fmt(r['ci_high'])} |" for r in dstar]
+def _dstar_cell(res: dict[str, Any]) -> str:
+    state = res.get("dstar_state")
+    if state == "above":
+        return "beyond the searched range (upcycling still wins at its top)"
+    if state == "below":
+        return "none: from scratch wins over the whole searched range"
+    return _fmt(res.get("dstar"))
+
+
+def _interval_cell(res: dict[str, Any]) -> str:
+    if res.get("intervals") is None and res.get("ci") is None:
+        return "–"
+    if res.get("intervals") is None:
+        lo, hi = _interval(res, "95")
+        return f"{_fmt(lo)} – {_fmt(hi)}"
+    return " · ".join(f"{level}%: {_fmt(lo)} – {_fmt(hi)}"
+                      for level in ("80", "95") for lo, hi in [_interval(res, level)]
+                      if (res["intervals"] or {}).get(level) is not None) or "–"
+
+
+def _health_cell(d: dict[str, Any]) -> str:
+    health = d.get("health")
+    if health is None:
+        return "–"
+    if health != "unhealthy":
+        return str(health)
+    kinds = sorted({p.get("kind") for p in d.get("health_problems") or [] if p.get("kind")})
+    return "⚠ unhealthy" + (f" ({', '.join(kinds)})" if kinds else "")
+
+
+def _extrapolation_cell(d: dict[str, Any]) -> str:
+    ex = d.get("extrapolation")
+    if ex is None:
+        return "–"
+    if not ex.get("flagged"):
+        return "no"
+    factors = [f"{what} ×{ex[key]:.3g}" for key, what in (("n1_factor", "N1"), ("tokens_factor", "tokens"))
+               if isinstance(ex.get(key), int | float) and ex[key] > 1]
+    return "⚠ extrapolated" + (f" {', '.join(factors)}" if factors else "")
+
+
+def _trained_line(record: dict) -> str | None:
+    """The ranges trained on, per kind, that extrapolation is measured from."""
+    trained = record.get("trained") or {}
+    names = {"upcycled": "upcycled", "scratch": "from scratch", "dense": "dense"}
+    parts = []
+    for kind, ranges in trained.items():
+        spans = [f"{axis} {_fmt(lo)}–{_fmt(hi)}" for axis, span in (ranges or {}).items()
+                 if isinstance(span, list | tuple) and len(span) == 2 for lo, hi in [span]]
+        if spans:
+            parts.append(f"{names.get(kind, kind)} {', '.join(spans)}")
+    return f"Trained on: {'; '.join(parts)}." if parts else None
+
+
+def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
+    """The analysis in a few lines for a run's overview: what it is and its health, E, the trained ranges, D* per
+    group and N1 and the verdicts (each with its health and extrapolation), the notes and the problems."""
+    tags = health_tags(record)
+    health = "ok" if tags[HEALTH] == "ok" else f"⚠ unhealthy, {tags[PROBLEMS]} problem(s)"
+    lines = [f"**{title}**: analysis `{meta.id}` ({meta.trigger} by {meta.owner}, created "
+             f"{meta.created_at:%Y-%m-%d %H:%M:%S} UTC; files in `{meta.folder}/`). Health: {health}.", "",
+             f"Shared E = {_fmt(record.get('E'))}."]
+    if trained := _trained_line(record):
+        lines.append(trained)
+    notes = []
+    results = [(_label(up), res) for up in record.get("upcycled") or []
+               for res in (up.get("dstar") or {}).get("results", [])]
+    if results:
+        lines += ["", "| group | N1 | D* | interval | health | extrapolation |", "|---|---|---|---|---|---|"]
+        for group, res in results:
+            lines.append(f"| {group} | {_fmt(res.get('n1'))} | {_dstar_cell(res)} | {_interval_cell(res)} | "
+                         f"{_health_cell(res)} | {_extrapolation_cell(res)} |")
+            at = f"{group}, N1 {_fmt(res.get('n1'))}"
+            notes += [f"{at}: {text}" for text in (res.get("interval_note"),
+                                                    (res.get("extrapolation") or {}).get("note")) if text]
+    verdicts = [(_label(up), d) for up in record.get("upcycled") or [] for d in up.get("decisions") or []]
     if verdicts:
-        lines += ["", "| group | N1 | D1 | D2 | verdict | P(upcycle) |", "|---|---|---|---|---|---|"]
-        lines += [f"| {v['group']} | {_fmt(v.get('n1'))} | {_fmt(v.get('d1'))} | {_fmt(v.get('d2'))} | "
-                  f"{v.get('verdict', '–')} | {_fmt(v.get('probability_upcycle'))} |" for v in verdicts]
-    for p in record.get("problems") or []:
-        lines.append(f"\n- {p.get('fit', p.get('law'))}: {p.get('why')}" + (f" ({p['add']})" if p.get("add") else ""))
-    return "\n".join(lines)
+        lines += ["", "| group | N1 | D1 | D2 | verdict | P(upcycle) | health | extrapolation |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {group} | {_fmt(v.get('n1'))} | {_fmt(v.get('d1'))} | {_fmt(v.get('d2'))} | "
+                  f"{v.get('verdict') or '–'} | {_fmt(v.get('probability_upcycle'))} | {_health_cell(v)} | "
+                  f"{_extrapolation_cell(v)} |" for group, v in verdicts]
+    if notes:
+        lines += ["", "Notes:", *[f"- {n}" for n in notes]]
+    lines += ["", f"Intervals: an open end is \"{UNBOUNDED}\", a missing value \"–\"."]
+    problems = record.get("problems") or []
+    if problems:
+        lines += ["", f"Problems ({len(problems)}):"]
+        lines += [f"- {p.get('fit', p.get('law'))}" + (f" [{p['kind']}]" if p.get("kind") else "") +
+                  f": {p.get('why')}" + (f" (add: {p['add']})" if p.get("add") else "") for p in problems]
+    return _fitted("\n".join(lines), f"`{meta.folder}/analysis.json`")
+
+
+def _fitted(text: str, where: str) -> str:
+    """``text`` cut at a line to fit MAX_NOTE, saying how much was left out and where the whole is."""
+    if len(text) <= MAX_NOTE:
+        return text
+    kept: list[str] = []
+    size = 0
+    lines = text.split("\n")
+    for line in lines:
+        if size + len(line) + 1 > MAX_NOTE - 200:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    return "\n".join([*kept, "", f"… {len(lines) - len(kept)} more line(s): the whole record is {where}."])

@@ -250,8 +250,8 @@ class DecisionPublic(BaseModel):
     dstar: float | None = Field(description="D*: upcycled tokens from which from-scratch wins (at this N1); null when "
                                 "the searched range holds no crossing (see dstar_state).")
     dstar_state: Literal["crossing", "above", "below"] = Field(
-        description="crossing: D* found; above: upcycling wins over the whole searched range (D* beyond it); below: "
-        "from scratch wins from its start.")
+        description="crossing: D* found (where upcycling stops winning); above: upcycling still wins at the top of "
+        "the searched range (D* beyond it); below: from scratch wins over the whole range.")
     dstar_search_range: list[float] = Field(description="The tokens searched for crossings: 100x either side of the "
                                             "trained budgets.")
     dstar_intervals: Intervals | None

@@ -110,17 +110,29 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
                         existing=existing, reuse_stale=sweep.reuse_stale)
 
 
-def merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``additions``: nested dicts merged, lists unioned (order kept), scalars replaced."""
+BUDGET_LISTS = frozenset({"d1", "d2", "scratch"})  # the lists under a `tokens` section, which must be ascending
+
+
+def merge(base: dict[str, Any], additions: dict[str, Any], _section: str | None = None) -> dict[str, Any]:
+    """``base`` with ``additions``: nested dicts merged, lists unioned, scalars replaced. A union keeps the base's
+    order and appends what is new, except a token budget list (d1, d2, scratch of `tokens`, and of a size's
+    `tokens` override), which sweeps/spec.py requires ascending: it comes out sorted, so a smaller or interior
+    budget lands in its place. Other lists (sizes, methods, ...) keep their order: it names the grid's axes."""
     out = dict(base)
     for k, v in additions.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = merge(out[k], v)
+            out[k] = merge(out[k], v, k)
         elif isinstance(v, list) and isinstance(out.get(k), list):
             out[k] = out[k] + [x for x in v if x not in out[k]]
+            if _section == "tokens" and k in BUDGET_LISTS and all(_is_number(x) for x in out[k]):
+                out[k] = sorted(out[k])
         else:
             out[k] = v
     return out
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: str,

@@ -41,7 +41,7 @@ from upscale.fitting.dstar import (
 )
 from upscale.fitting.errors import FitError
 from upscale.fitting.groups import group_label, upcycled_groups
-from upscale.fitting.health import check_dstar, check_fit, concerning
+from upscale.fitting.health import check_dstar, concerning
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
 from upscale.fitting.laws import Law, get_law
 from upscale.fitting.shared import fit_shared_E, shared_problems
@@ -213,6 +213,11 @@ def _fittable(check: LawCheck | None) -> bool:
     return check is None or check.identifiable or not check.unidentified
 
 
+def _named(problems: list[dict[str, Any]], fit: str) -> list[dict[str, Any]]:
+    """A fit report's health problems as the analysis names that fit."""
+    return [{**p, "fit": fit} for p in problems]
+
+
 def _kind(problems: list[dict[str, str]], kind: str) -> list[dict[str, Any]]:
     return [{**p, "kind": kind} for p in problems]
 
@@ -318,8 +323,7 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
             problems.append({"law": "chinchilla", "fit": "from-scratch MoE", "why": str(e), "add": "", "kind": "fit"})
         else:
             problems += _kind(refit_problems("chinchilla", "from-scratch MoE", moe.report), "refit")
-            problems += check_fit(chin, moe.report, scratch, where=("chinchilla", "from-scratch MoE"),
-                                  min_loss=float(scratch["loss"].min()))
+            problems += _named(moe.report["problems"], "from-scratch MoE")
     out = []
     for group, rows in groups:
         label = group_label(group)
@@ -335,8 +339,7 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
                 problems.append({"law": "joint", "fit": f"upcycled{where}", "why": str(e), "add": "", "kind": "fit"})
             else:
                 problems += _kind(refit_problems("joint", f"upcycled{where}", up.report), "refit")
-                problems += check_fit(joint, up.report, rows, where=("joint", f"upcycled{where}"),
-                                      min_loss=float(rows["loss"].min()))
+                problems += _named(up.report["problems"], f"upcycled{where}")
         if up is not None and moe is not None:
             advance = stage(f"D* (upcycled{where})", 1)
             star = dstar_results(moe.fitted, up.fitted, sizes, extrapolation_factor)

@@ -121,11 +121,19 @@ class Crossings:
 
     @property
     def dstar(self) -> float:
-        """The first token count where upcycling stops winning; inf if it wins over the whole span (D* lies above
-        it), 0 if from scratch wins from the span's start (D* lies below it)."""
+        """The first crossing where upcycling stops winning (from upcycle to scratch as D grows); inf if upcycling
+        wins from some point to the span's top without one (D* lies above the span), 0 if from scratch wins over the
+        whole span (D* lies below it). A crossing where upcycling *starts* winning is not D*: below the data the
+        upcycled law can blow up (its D1 and D2 terms at budgets never trained) and hand from scratch a spurious
+        win there; it is still among ``crossings`` and ``segments``."""
+        if all(side == "scratch" for _, _, side in self.segments):
+            return 0.0
+        upcycled = False
         for lo, _, side in self.segments:
-            if side == "scratch":
-                return lo if lo > self.span[0] else 0.0
+            if side == "upcycle":
+                upcycled = True
+            elif upcycled:
+                return lo
         return float("inf")
 
 
@@ -290,19 +298,22 @@ def interval_note(samples: np.ndarray, span: tuple[float, float], what: str = "D
         return "no interval: the analysis ran without bootstrap"
     notes = []
     above, below = float(np.mean(np.isinf(samples))), float(np.mean(samples == 0))
-    if above > (1 - LEVELS[0]) / 2:
+    tail = (1 - LEVELS[-1]) / 2  # more resamples than this beyond an end leave that end of the 95% interval open
+    if above > tail:
         notes.append(f"not bounded above by this grid: in {above:.0%} of the bootstrap resamples upcycling still wins "
                      f"at {span[1]:.3g} tokens, so {what} may lie beyond it; add larger D1 and D2 budgets (and "
                      f"from-scratch runs as long) so that the data reach the crossing")
-    if below > (1 - LEVELS[0]) / 2:
-        notes.append(f"not bounded below by this grid: in {below:.0%} of the bootstrap resamples from scratch already "
-                     f"wins at {span[0]:.3g} tokens; add smaller D1 and D2 budgets so that the data see the start")
+    if below > tail:
+        notes.append(f"not bounded below by this grid: in {below:.0%} of the bootstrap resamples from scratch wins "
+                     f"over the whole searched range (from {span[0]:.3g} tokens); add smaller D1 and D2 budgets so "
+                     f"that the data see where upcycling still wins")
     return "; ".join(notes)
 
 
 def dstar_at(moe: FittedLaw, up: FittedLaw, n1: float, factor: float = EXTRAPOLATION_FACTOR) -> dict[str, Any]:
     """One N1's entry of the `upscale dstar` JSON: the searched range, every crossing, D* and its state ("crossing";
-    "above": upcycling wins over the whole range, D* lies beyond it; "below": from scratch wins from its start), who
+    "above": upcycling still wins at the range's top, D* lies beyond it; "below": from scratch wins over the whole
+    range), who
     wins where, the 80% and 95% bootstrap intervals with words for an open end, and how far D* lies from the data
     (``extrapolation``). The decision endpoint and the refits need only this, not the closed form."""
     check_pair(moe, up)
@@ -314,7 +325,7 @@ def dstar_at(moe: FittedLaw, up: FittedLaw, n1: float, factor: float = EXTRAPOLA
     at = {"crossing": star, "above": c.span[1], "below": c.span[0]}[state]
     reach = extrapolation(moe, up, n1, {"D": at, "D1": at, "D2": at}, factor)
     if state != "crossing":
-        side = "upcycling wins up to" if state == "above" else "from scratch wins from"
+        side = "upcycling still wins at" if state == "above" else "from scratch wins from"
         reach["note"] = f"D* lies beyond the searched range ({side} {at:.3g} tokens); {reach['note']}"
     return {"n1": n1, "search_range": list(c.span), "crossings": list(c.crossings),
             "dstar": star if state == "crossing" else None, "dstar_state": state,

@@ -38,7 +38,6 @@ from upscale.fitting.dstar import (
     n1_span,
     upcycled_loss,
 )
-from upscale.fitting.dstar import token_span as fit_tokens
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import LOSS, get_law
 from upscale.fitting.summary import FittedLaw
@@ -264,7 +263,8 @@ def alpha_diagnostics(diag: AlphaDiagnostics, path: str | Path, title: str | Non
 def closed_form_label(cf: dict[str, float]) -> str:
     """The closed form D*(N1) with its fitted numbers, as mathtext (fitting.dstar.fit_closed_form's form)."""
     c = cf["c"]
-    ref = f"N_1/{_tex_number(cf.get('reference', 1e9))}"
+    power = math.log10(cf.get("reference", 1e9))
+    ref = f"N_1/10^{{{round(power)}}}" if power == round(power) else f"N_1/{_tex_number(cf['reference'])}"
     return (rf"$D^* = {_tex_number(cf['a'])}\,({ref})^{{{cf['b']:.3f} {'+' if c >= 0 else '-'} "
             rf"{abs(c):.4f}\,\ln({ref})}}$")
 
@@ -299,7 +299,7 @@ def dstar_curve(moe: FittedLaw, up: FittedLaw, n1: Sequence[float], label: str =
     band = np.array(bands, float)
     has = bool(np.isfinite(band).any())
     return DstarCurve(label, sizes, np.array(central, float), band[:, 0] if has else None, band[:, 1] if has else None,
-                      closed_form, n1_span(moe, up), fit_tokens(moe, up), band[:, 2] if has else None,
+                      closed_form, n1_span(moe, up), _inside_tokens(moe, up), band[:, 2] if has else None,
                       band[:, 3] if has else None)
 
 
@@ -334,7 +334,8 @@ def dstar_band(curves: Sequence[DstarCurve], path: str | Path) -> Path:
                 ax.fill_between(c.n1, np.clip(c.lo80, bottom, top), np.clip(c.hi80, bottom, top), color=colour,
                                 alpha=0.25, lw=0, label=f"{name}{LEVELS[0]:.0%} bootstrap interval")
             if c.closed_form:
-                ax.plot(c.n1, closed_form_dstar(c.closed_form, c.n1), "--", color=colour, lw=1,
+                n1 = np.geomspace(*c.closed_form.get("n1_range", (c.n1.min(), c.n1.max())), 32)  # where it was fitted
+                ax.plot(n1, closed_form_dstar(c.closed_form, n1), "--", color=colour, lw=1,
                         label=f"{name}{closed_form_label(c.closed_form)}")
         _shade_trained(ax, curves[0].trained_n1, curves[0].trained_tokens)
         ax.set(yscale="log", ylim=(bottom, top), xlabel=AXIS["N1"], ylabel="$D^*$ (tokens)",
@@ -342,6 +343,16 @@ def dstar_band(curves: Sequence[DstarCurve], path: str | Path) -> Path:
         _log_x(ax)
         _legend_below(fig, ax.get_legend_handles_labels()[0], ncol=1)
         return _save(fig, path)
+
+
+def _inside_tokens(moe: FittedLaw, up: FittedLaw) -> tuple[float, float] | None:
+    """The token counts inside every trained range D* is measured against (the from-scratch D, D1 and D2 at once):
+    where a D* is no extrapolation in tokens."""
+    spans = [moe.span("D"), up.span("D1"), up.span("D2")]
+    if any(s is None for s in spans):
+        return None
+    lo, hi = max(s[0] for s in spans), min(s[1] for s in spans)
+    return (lo, hi) if lo < hi else None
 
 
 def _extrapolated(c: DstarCurve, shown: np.ndarray) -> np.ndarray:
@@ -359,7 +370,7 @@ def _shade_trained(ax: plt.Axes, sizes: tuple[float, float] | None, tokens: tupl
     if sizes is not None:
         ax.axvspan(*sizes, color="0.5", alpha=0.12, lw=0, label="sizes trained")
     if tokens is not None:
-        ax.axhspan(*tokens, color="0.5", alpha=0.08, lw=0, hatch="//", label="token budgets trained")
+        ax.axhspan(*tokens, color="C2", alpha=0.08, lw=0, label="token budgets trained (D, D1, D2 all inside)")
 
 
 def _curve_crossings(t: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[tuple[float, float]]:
@@ -390,9 +401,9 @@ def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: Sequence[float], d1s: Se
                 ax.plot(t, loss, style, color=colour, lw=1.3)
                 for x, y in _curve_crossings(t, scratch, loss):
                     ax.plot(x, y, "o", ms=6, mfc="white", mec=colour, mew=1.4, zorder=4)
-            trained = fit_tokens(moe, up)
+            trained = _inside_tokens(moe, up)
             if trained is not None:
-                ax.axvspan(*trained, color="0.5", alpha=0.12, lw=0)
+                ax.axvspan(*trained, color="C2", alpha=0.1, lw=0)
             sizes = n1_span(moe, up)
             far = sizes is not None and not sizes[0] / EXTRAPOLATION_FACTOR <= n1 <= sizes[1] * EXTRAPOLATION_FACTOR
             ax.set(xlabel="tokens ($D_{MoE}$ or $D_2$)",
@@ -408,7 +419,7 @@ def catch_up_curves(moe: FittedLaw, up: FittedLaw, n1s: Sequence[float], d1s: Se
         handles += [Line2D([], [], color="C3", ls=":", lw=1.3, label="upcycled with $D_1 = D_2$ (its crossings: D*)"),
                     Line2D([], [], color="0.3", marker="o", mfc="white", ls="", ms=6,
                            label="from scratch catches up (crossing)"),
-                    Patch(color="0.5", alpha=0.25, label="token budgets trained")]
+                    Patch(color="C2", alpha=0.2, label="token budgets trained (D, D1, D2 all inside)")]
         _legend_below(fig, handles, ncol=3)
         return _save(fig, path)
 

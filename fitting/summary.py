@@ -1,6 +1,7 @@
 """The fit report users script against (``upscale fit --json``), grouped fits, and reading a report back.
 
-One report: ``{"law", "params", "objective", "converged", "n_points", "loo_rms", "ci"}`` plus what makes it
+One report: ``{"law", "params", "objective", "converged", "n_points", "loo_rms", "ci", "problems"}`` (the fit's
+health: fitting/health.py's checks, each a named problem with what to add) plus what makes it
 reusable: ``trained`` (each column's min and max: where the law has data, so that D* is searched there and an answer
 far from it is named an extrapolation), ``fixed``, ``record`` (fitter version, grid, tolerances, data hash) and,
 after a bootstrap, the ``bootstrap`` samples, so that `upscale dstar` / `decide` can carry the uncertainty into D*
@@ -28,7 +29,8 @@ from upscale.fitting.bootstrap import Bootstrap, bootstrap
 from upscale.fitting.compare import MAX_LOO_FAILED, leave_one_out
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import FitOptions, fit_problem, prepare
-from upscale.fitting.laws import Law, get_law
+from upscale.fitting.health import check_fit
+from upscale.fitting.laws import LOSS, Law, get_law
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
         "bootstrap_failed": boot.n_failed if boot is not None else 0,
         "bootstrap_note": boot_note,
     }
+    out["problems"] = check_fit(law, out, table, where=(law.name, "fit"), min_loss=float(table[LOSS].min()))
     if boot is not None:
         out["bootstrap"] = boot.to_json()
     return out, boot

@@ -4,8 +4,8 @@
   UPSCALE_HOME by default, the server's when tracking goes to a server; never the working directory) and MLflow 3's
   experiment-kind tag for the model-training view.
 * A sweep's parent run is named after the sweep and holds its spec (`sweep.json`, and flattened as params), the
-  observations (`observations.csv` and an MLflow dataset input), and at each analysis `log_analysis`'s record,
-  tables, plots and headline numbers.
+  observations (`observations.csv` and an MLflow dataset input), and the sweep's own analyses, each under
+  `analyses/<id>/` (control/analysis_run.py, which also gives other analyses runs of their own under it).
 * A segment's child run is named after its kind and grid axes, with its configuration as params and only its ids
   and state as tags (sweeps/run_tags.py, which the worker uses for a segment trained alone). The orchestrator
   creates it and hands its id to the worker (`SegmentRuntime.mlflow_run_id`), which logs the curves (step = tokens

@@ -54,12 +54,15 @@ def test_fit_dstar_and_decide_match_the_cli(tmp_path: Path, fits) -> None:
     assert cli.returncode == 0, cli.stderr
     (from_cli,) = json.loads(cli.stdout)["results"]
     assert from_cli["dstar"] == pytest.approx(star["dstar"], rel=1e-9)
-    assert from_cli["ci"] == pytest.approx(star["ci"], rel=1e-9)
+    for level in ("80", "95"):
+        assert [from_cli["intervals"][level][k] for k in ("low", "high")] == pytest.approx(
+            [star["intervals"][level][k] for k in ("low", "high")], rel=1e-9)
     # a fit file's path is taken as well as a LawFit
     assert upscale.dstar(tmp_path / "moe.json", up, [1e9])["results"][0]["dstar"] == pytest.approx(star["dstar"])
     d = upscale.decide(moe, up, n1=1e9, d1=1e9, d2=1e9)
-    assert d.verdict in ("upcycle", "scratch") and 0.0 <= d.probability_upcycle <= 1.0
-    assert d.verdict == ("upcycle" if d.catch_up_tokens > 1e9 else "scratch")
+    assert d.verdict in ("upcycle", "scratch", "undecided") and 0.0 <= d.probability_upcycle <= 1.0
+    assert d.verdict == ("upcycle" if d.probability_upcycle >= 0.8 else "scratch" if d.probability_upcycle <= 0.2
+                         else "undecided")
 
 
 def test_analyze_gives_dstar_per_upcycling_method() -> None:

@@ -39,9 +39,9 @@ if TYPE_CHECKING:
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis
 
-# The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small sunk cost and a 7B model.
+# The synthetic tables are at the paper's scale: D* at its sizes, verdicts for a small and the largest sunk cost.
 PAPER_N1 = (1e8, 1e9, 7e9)
-PAPER_DECISIONS = ((1e9, 1e9, 1e9), (7e9, 2e12, 4e11))
+PAPER_DECISIONS = ((1e9, 1e9, 1e9), (1e9, 3e10, 3e10))
 
 
 def analyse(services: Services, sweep_ids: list[str], n_boot: int, out_dir: Path,

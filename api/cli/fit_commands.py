@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
@@ -165,6 +166,11 @@ def fit_command(
         print_json(out)
     else:
         console.print(_groups_table(out) if cols else fit_table(out, the_law.name))
+        for rep, _ in reps:  # the fit's health (fitting/health.py): what is wrong and what to add, in yellow
+            where = "".join(f"{k}={v} " for k, v in rep.get("group", {}).items())
+            for p in rep["problems"]:
+                console.print(f"[yellow]{where}{p['kind']}: {p['why']}; add {p['add']}[/]", highlight=False,
+                              soft_wrap=True)
     if drawn is not None:
         print_plots(drawn, plot, to_stdout=not as_json)
 
@@ -290,15 +296,17 @@ def dstar_command(
 
 def dstar_plots(moe: FittedLaw, up: FittedLaw, n1s: list[float], closed_form: dict[str, float] | None,
                 out: Path) -> DrawnPlots:
-    """`upscale dstar --plot`: D*(N1) over the closed form's span (widened to every --n1) and the catch-up curves
-    at each N1, for sunk costs a decade below, at and above the typical D* (the fits carry no grid of D1)."""
+    """`upscale dstar --plot`: D*(N1) over the sizes the fits were trained on (N1_RANGE for fits that do not say),
+    widened to every --n1, and the catch-up curves at each N1, for sunk costs a decade below, at and above the
+    typical D* (the fits carry no grid of D1)."""
     import numpy as np
 
     from upscale.fitting import plots
-    from upscale.fitting.dstar import N1_RANGE, crossings
+    from upscale.fitting.dstar import N1_RANGE, crossings, n1_span
 
     drawn = plots.DrawnPlots()
-    band = np.geomspace(min(N1_RANGE[0], *n1s), max(N1_RANGE[1], *n1s), 8)
+    lo, hi = n1_span(moe, up) or N1_RANGE
+    band = np.geomspace(min(lo, *n1s), max(hi, *n1s), 8)
     drawn.attempt(out, "dstar", lambda p: plots.dstar_band([plots.dstar_curve(moe, up, band, "", closed_form)], p))
     finite = [d for d in (crossings(moe, up, n).dstar for n in n1s) if 0 < d < math.inf]
     if not finite:
@@ -317,27 +325,32 @@ def interval_text(iv: dict[str, Any] | None) -> str:
     a missing value."""
     if iv is None:
         return "—"
-    return (f"[{'unbounded' if iv['low_open'] else fmt(iv['low'])}, "
-            f"{'unbounded' if iv['high_open'] else fmt(iv['high'])}]")
+    return escape(f"[{'unbounded' if iv['low_open'] else fmt(iv['low'])}, "
+                  f"{'unbounded' if iv['high_open'] else fmt(iv['high'])}]")  # "[unbounded, ...]" is no rich tag
 
 
 def dstar_text(r: dict[str, Any]) -> str:
     """D* as printed: the crossing, or where it lies when the searched range holds none."""
     lo, hi = r["search_range"]
-    return {"crossing": fmt(r["dstar"]), "above": f"> {fmt(hi)} (upcycling wins throughout)",
+    return {"crossing": fmt(r["dstar"]), "above": f"> {fmt(hi)} (upcycling still wins there)",
             "below": f"< {fmt(lo)} (from scratch wins throughout)"}[r["dstar_state"]]
 
 
+def distance_text(ext: dict[str, Any] | None) -> str:
+    """How far an answer lies from the trained ranges, always shown ("inside" when it does not), in yellow past the
+    extrapolation factor."""
+    if not ext or ext.get("n1_factor") is None:
+        return "unknown"
+    parts = [f"{what} {fmt(f)}x" for what, f in (("N1", ext["n1_factor"]), ("tokens", ext["tokens_factor"]))
+             if f is not None and f > 1]
+    text = ", ".join(parts) or "inside"
+    return f"[yellow]{text} (extrapolated)[/]" if ext.get("flagged") else text
+
+
 def flags_text(r: dict[str, Any]) -> str:
-    """The marks a number carries: an extrapolation (how far) and an unhealthy fit under it; "ok" when neither."""
-    out = []
-    ext = r.get("extrapolation") or {}
-    if ext.get("flagged"):
-        far = max(f for f in (ext.get("n1_factor"), ext.get("tokens_factor")) if f is not None)
-        out.append(f"[yellow]extrapolated {fmt(far)}x[/]")
-    if r.get("health") == "unhealthy":
-        out.append("[yellow]unhealthy fit[/]")
-    return ", ".join(out) or "ok"
+    """The marks a number carries: its distance from the data and an unhealthy fit under it."""
+    health = "[yellow]unhealthy fit[/]" if r.get("health") == "unhealthy" else "healthy fits"
+    return f"{distance_text(r.get('extrapolation'))}; {health}"
 
 
 def closed_form_text(out: dict[str, Any]) -> str:
@@ -349,8 +362,8 @@ def closed_form_text(out: dict[str, Any]) -> str:
 
 
 def dstar_table(out: dict[str, Any]) -> Table:
-    table = Table("N1", "D* (tokens)", "80% interval", "95% interval", "all crossings", "who wins where", "flags",
-                  title="D*")
+    table = Table("N1", "D* (tokens)", "80% interval", "95% interval", "all crossings", "who wins where",
+                  "beyond the data; health", title="D*")
     for r in out["results"]:
         ivs = r["intervals"] or {}
         wins = "; ".join(f"{s['wins']} {fmt(s['from'])}–{fmt(s['to'])}" for s in r["segments"])
@@ -431,12 +444,14 @@ def decision_text(d: dict[str, Any]) -> str:
         catch += f" (80% {interval_text(ivs.get('80'))}, 95% {interval_text(ivs.get('95'))})"
     lines = [f"verdict: [bold]{d['verdict']}[/]{prob}",
              f"upcycled loss after D2={fmt(d['d2'])} tokens: {d['loss_upcycled']:.4f}; from scratch {catch} (sunk "
-             f"cost D1={fmt(d['d1'])}; the paper counts upcycling efficient when the catch-up budget exceeds D1)"]
+             f"cost D1={fmt(d['d1'])}; the paper counts upcycling efficient when the catch-up budget exceeds D1)",
+             f"beyond the trained ranges: {distance_text(d.get('extrapolation'))}"]
     if "dstar_state" in d:  # an answer of the service: D* at this N1 too
         star = {"dstar": d["dstar"], "dstar_state": d["dstar_state"], "search_range": d["dstar_search_range"]}
         ivs = d["dstar_intervals"] or {}
         lines.append(f"D* at N1={fmt(d['n1'])}: {dstar_text(star)} tokens (80% {interval_text(ivs.get('80'))}, "
-                     f"95% {interval_text(ivs.get('95'))})")
+                     f"95% {interval_text(ivs.get('95'))}); beyond the trained ranges: "
+                     f"{distance_text(d['dstar_extrapolation'])}")
         lines += [f"[yellow]D*: {note}[/]" for note in row_notes(d, "dstar_")]
     lines += [f"[yellow]{note}[/]" for note in row_notes(d)]
     return "\n".join(lines)

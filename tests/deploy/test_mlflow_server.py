@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -28,7 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.deploy.conftest import MICRO_SPEC, libpq
 from tests.orchestrator.segment_fns import counting_segment
-from upscale.control.analysis_run import log_analysis
+from upscale.control.analysis_run import AnalysisMeta, log_analysis
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
@@ -171,29 +172,33 @@ def test_the_mlflow_ui_shows_each_sweep_its_params_curves_analysis_and_reused_se
         assert copy.data.tags["upscale.role"] == "reused" and run.info.run_id in copy.data.tags["mlflow.note.content"]
         assert copy.data.metrics.get("summary/val_loss") == run.data.metrics.get("summary/val_loss")
 
-    # an analysis lands on the parent: record, tables, plots (subfolders kept), headline numbers per analysis
+    # the sweep's own analyses land on its parent, each under its own folder: record, tables, plots (subfolders
+    # kept); the newer one is shown, with its headline numbers at step 2
     record = synthetic_record()
     plots = tmp_path / "plots"
     (plots / "naive_4x1").mkdir(parents=True)
     png = draw_png(plots / "naive_4x1" / "catch_up.png")
     tree = RunTree.for_settings(settings)
     observations = table(orch.store.observations(second.sweep_id))
-    log_analysis(tree, parents[1].info.run_id, record, observations, plots)
-    log_analysis(tree, parents[1].info.run_id, record, observations, plots)  # a refit: metrics move to step 2
-    files = {a.path for a in client.list_artifacts(parents[1].info.run_id, "analysis")}
-    assert {"analysis/analysis.json", "analysis/dstar.csv", "analysis/observations.csv", "analysis/verdicts.csv",
-            "analysis/plots"} <= files
-    assert client.list_artifacts(parents[1].info.run_id, "analysis/plots/naive_4x1")[0].path.endswith("catch_up.png")
-    analysis = client.download_artifacts(parents[1].info.run_id, "analysis/analysis.json", str(tmp_path))
+    run_id = parents[1].info.run_id
+    for n, analysis_id in enumerate(("first0", "second1")):
+        meta = AnalysisMeta(analysis_id, [second.sweep_id], "request", "alice", datetime(2025, 1, 1 + n, tzinfo=UTC))
+        assert log_analysis(tree, [(second.sweep_id, run_id)], meta, record, observations, plots) == run_id
+    files = {a.path for a in client.list_artifacts(run_id, "analyses/second1")}
+    assert {f"analyses/second1/{name}" for name in ("analysis.json", "dstar.csv", "observations.csv", "verdicts.csv",
+                                                    "plots")} <= files
+    assert {a.path for a in client.list_artifacts(run_id, "analyses")} == {"analyses/first0", "analyses/second1"}
+    assert client.list_artifacts(run_id, "analyses/second1/plots/naive_4x1")[0].path.endswith("catch_up.png")
+    analysis = client.download_artifacts(run_id, "analyses/second1/analysis.json", str(tmp_path))
     assert json.loads(Path(analysis).read_text())["E"] == record["E"]
-    back = Path(client.download_artifacts(parents[1].info.run_id, "analysis/plots/naive_4x1/catch_up.png",
-                                          str(tmp_path)))
+    back = Path(client.download_artifacts(run_id, "analyses/second1/plots/naive_4x1/catch_up.png", str(tmp_path)))
     assert back.read_bytes() == png
-    parent = client.get_run(parents[1].info.run_id)
+    parent = client.get_run(run_id)
     assert [m.step for m in client.get_metric_history(parent.info.run_id, "analysis/E")] == [1, 2]
     assert parent.data.metrics["analysis/E"] == pytest.approx(record["E"])
     dstar = [k for k in parent.data.metrics if k.startswith("dstar/") and k.endswith("/ci_high")]
-    assert dstar and "D*" in parent.data.tags["mlflow.note.content"]
+    assert dstar and "D*" in parent.data.tags["mlflow.note.content"] and "second1" in parent.data.tags[
+        "mlflow.note.content"]
     assert {d.dataset.name for d in parent.inputs.dataset_inputs} == {"observations"}
     assert sorted(os.listdir(cwd)) == []  # no ./mlruns, no ./mlartifacts: the working directory stays untouched
 

@@ -69,7 +69,9 @@ def test_every_primitive_writes_png_and_pdf(tmp_path: Path) -> None:
 
 def test_the_closed_form_is_written_as_a_formula() -> None:
     label = plots.closed_form_label({"a": 3.1e9, "b": -0.7, "c": -0.012})
-    assert label == r"$D^* = 3.1\times10^{9}\,(N_1/10^9)^{-0.700 - 0.0120\,\ln(N_1/10^9)}$"
+    assert label == r"$D^* = 3.1\times10^{9}\,(N_1/10^{9})^{-0.700 - 0.0120\,\ln(N_1/10^{9})}$"
+    tiny = plots.closed_form_label({"a": 2.7e6, "b": -0.25, "c": 0.063, "reference": 1e5})  # the trained sizes' own
+    assert tiny == r"$D^* = 2.7\times10^{6}\,(N_1/10^{5})^{-0.250 + 0.0630\,\ln(N_1/10^{5})}$"
 
 
 def test_fit_plots_skip_what_a_small_grid_cannot_support(tmp_path: Path) -> None:
