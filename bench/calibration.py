@@ -100,19 +100,13 @@ def gap(moe: dict[str, float], up: dict[str, float], n1: float, tokens: np.ndarr
     return CHIN.predict(moe, {"D": t, "N": n}) - JOINT.predict(up, {"D1": t, "D2": t, "N1": n})
 
 
-def true_crossings(moe: dict[str, float], up: dict[str, float], n1: float, lo: float,
-                   hi: float) -> list[tuple[float, float, str]]:
-    """The true laws' segments over [lo, hi]: (from, to, "upcycle" | "scratch"), by fitting/dstar.py's ``crossings``."""
-    return list(crossings(FittedLaw(CHIN, moe), FittedLaw(JOINT, up), n1, span=(lo, hi)).segments)
-
-
-def first_scratch(segments: Sequence[tuple[float, float, str]]) -> tuple[str, float | None]:
-    """Where upcycling first stops winning, as the analysis states it: ("crossing", D*), ("below", None) when scratch
-    already wins at the range's low end, ("above", None) when upcycling wins throughout."""
-    for i, (a, _, side) in enumerate(segments):
-        if side == "scratch":
-            return ("below", None) if i == 0 else ("crossing", a)
-    return "above", None
+def true_dstar(moe: dict[str, float], up: dict[str, float], n1: float, lo: float,
+               hi: float) -> tuple[str, float | None]:
+    """The true laws' D* over [lo, hi] as the analysis states it, by fitting/dstar.py's ``crossings`` and its D*:
+    ("crossing", D*), ("below", None) when from scratch wins over the whole range, ("above", None) when no crossing
+    from upcycling to from scratch lies in it."""
+    star = crossings(FittedLaw(CHIN, moe), FittedLaw(JOINT, up), n1, span=(lo, hi)).dstar
+    return ("above", None) if math.isinf(star) else ("below", None) if star == 0 else ("crossing", star)
 
 
 # -------------------------------------------------------------------------------------------------------------- truths
@@ -211,12 +205,12 @@ def draw_truth(index: int, cls: str, scale: str, seed: int) -> Truth:
             params = {kind: rescale("chinchilla" if kind != "upcycled" else "joint", p, k) for kind, p in law.items()}
             extra = _no_crossing(params, n1, window, rng)
         else:  # the law's own first crossing at N1, then the unit that puts it at the class's target
-            state, d_law = first_scratch(true_crossings(law["moe"], law["upcycled"], n1, 1e6, 1e16))
+            state, d_law = true_dstar(law["moe"], law["upcycled"], n1, 1e6, 1e16)
             if state != "crossing":
                 continue
             k = d_law / _target(cls, token_range, rng)
             params = {kind: rescale("chinchilla" if kind != "upcycled" else "joint", p, k) for kind, p in law.items()}
-        state, dstar = first_scratch(true_crossings(params["moe"], params["upcycled"], n1, *window))
+        state, dstar = true_dstar(params["moe"], params["upcycled"], n1, *window)
         got, factor = _classify(dstar, token_range)
         if got == cls:
             return Truth(index, cls, scale, int(rng.integers(2**31)), k, noise, trunk_noise, params, n1,
@@ -283,7 +277,7 @@ def score(truth: Truth, r: dict[str, Any] | None) -> dict[str, Any]:
                 "flagged": True}
     got = read_result(r)
     lo, hi = got["search_range"]
-    in_range, _ = first_scratch(true_crossings(truth.params["moe"], truth.params["upcycled"], truth.n1, lo, hi))
+    in_range, _ = true_dstar(truth.params["moe"], truth.params["upcycled"], truth.n1, lo, hi)
 
     def covered(level: str) -> bool | None:
         if truth.dstar is None:
