@@ -200,7 +200,10 @@ class Store:
                 result |= {"checkpoint": uri, "branch_checkpoints": {}, "tokens": seg.tokens, "val_loss": None}
                 rows = [("final", end, uri)]
             seg.status, seg.result = "done", result
-            seg.checkpoint_uri, seg.mlflow_run_id, seg.reused_from = result["checkpoint"], old.mlflow_run_id, old.key
+            # the old row's own column where its result does not name the checkpoint (a row filled by hand or by an
+            # older version): adopting it must not fail the submission of the sweep that reuses it
+            seg.checkpoint_uri = result.get("checkpoint", old.checkpoint_uri)
+            seg.mlflow_run_id, seg.reused_from = old.mlflow_run_id, old.key
             seg.error, seg.updated_at = None, now
             for role, tokens, uri in rows:
                 s.add(CheckpointRecord(segment_key=key, role=role, tokens=tokens, uri=uri))
