@@ -329,14 +329,14 @@ def dstar_at(moe: FittedLaw, up: FittedLaw, n1: float, factor: float = EXTRAPOLA
         side = "upcycling still wins at" if state == "above" else "from scratch wins from"
         reach["note"] = f"D* lies beyond the searched range ({side} {at:.3g} tokens); {reach['note']}"
     ivs = intervals(samples, c.span)
-    reach |= _interval_reach(moe, up, n1, (ivs or {}).get("95"), factor, reach)
+    reach |= _interval_reach(moe, up, (ivs or {}).get("95"), factor, reach)
     return {"n1": n1, "search_range": list(c.span), "crossings": list(c.crossings),
             "dstar": star if state == "crossing" else None, "dstar_state": state,
             "intervals": ivs, "interval_note": interval_note(samples, c.span), "extrapolation": reach,
             "segments": [{"from": lo, "to": hi, "wins": side} for lo, hi, side in c.segments]}
 
 
-def _interval_reach(moe: FittedLaw, up: FittedLaw, n1: float, iv: dict[str, Any] | None, factor: float,
+def _interval_reach(moe: FittedLaw, up: FittedLaw, iv: dict[str, Any] | None, factor: float,
                     reach: dict[str, Any]) -> dict[str, Any]:
     """``interval_factor``: how far beyond the trained tokens the 95% interval's far end reaches (null when there is
     no interval or the end is open: ``interval_open`` then says which); beyond ``factor``, or open, it flags D* even
@@ -344,7 +344,8 @@ def _interval_reach(moe: FittedLaw, up: FittedLaw, n1: float, iv: dict[str, Any]
     if iv is None:
         return {"interval_factor": None, "interval_open": False}
     ends = [0.0 if iv["low_open"] else iv["low"], math.inf if iv["high_open"] else iv["high"]]
-    far = _worst(*(extrapolation(moe, up, n1, {"D": e, "D1": e, "D2": e}, factor)["tokens_factor"] for e in ends))
+    spans = (moe.span("D"), up.span("D1"), up.span("D2"))  # as extrapolation's tokens_factor, without its notes
+    far = _worst(*(_distance(e, span) for e in ends for span in spans))
     is_open = bool(iv["low_open"] or iv["high_open"])
     out: dict[str, Any] = {"interval_factor": None if is_open else far, "interval_open": is_open}
     if far is not None and far > factor and not reach["flagged"]:
