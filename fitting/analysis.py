@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from upscale.fitting import display
 from upscale.fitting.dstar import (
     EXTRAPOLATION_FACTOR,
     Limits,
@@ -52,10 +53,10 @@ TABLES = ("dense", "scratch", "upcycled")  # the store's observation kinds
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LawFit:
     """One law fitted to one table: the ``upscale fit --json`` report (params, intervals, LOO, bootstrap samples...)
-    and the fitted law that D* and the verdict take."""
+    and the fitted law that D* and the verdict take. Printed, a short summary (fitting/display.py)."""
 
     report: dict[str, Any]
     fitted: FittedLaw
@@ -67,6 +68,12 @@ class LawFit:
     @classmethod
     def from_report(cls, rep: dict[str, Any] | None) -> LawFit | None:
         return None if rep is None else cls(rep, fitted_law(rep))
+
+    def __repr__(self) -> str:
+        return "\n".join(display.fit_lines(self.report))
+
+    def _repr_html_(self) -> str:
+        return display.fit_html(self.report)
 
 
 def fit_law(law: Law | str, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
@@ -111,12 +118,12 @@ class UpcycledAnalysis:
         return group_label(self.group)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Analysis:
     """The result of ``analyze``: the shared E, the from-scratch fit, one ``UpcycledAnalysis`` per group, and the
     problems (laws the data cannot identify, fits that failed, LOO or bootstrap refits that failed, unhealthy fits:
     fitting/health.py) with what to add to the grid; each has a ``kind`` (identifiability, fit, refit, bound,
-    interval, monotone, loo), records written before fit health lack it."""
+    interval, monotone, loo), records written before fit health lack it. Printed, a one-page summary."""
 
     E: float
     E_note: str  # why E was fixed rather than fitted jointly, if it was
@@ -156,6 +163,12 @@ class Analysis:
                    limits=Limits(**data.get("limits", {})),
                    extrapolation_factor=data.get("extrapolation_factor", EXTRAPOLATION_FACTOR),
                    E_bootstrap=data.get("E_bootstrap", {}))
+
+    def __repr__(self) -> str:
+        return "\n".join(display.analysis_lines(self.to_json()))
+
+    def _repr_html_(self) -> str:
+        return display.analysis_html(self.to_json())
 
     def missing(self, *laws: str) -> str:
         """Why the analysis has no fit of ``laws`` (its problems), as one sentence."""

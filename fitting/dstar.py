@@ -18,6 +18,7 @@ said in words), never confused with a missing interval. docs/laws.md, "Where the
 
 from __future__ import annotations
 
+import html
 import itertools
 import math
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import brentq
 
+from upscale.fitting import display
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import Design, Law
@@ -423,10 +425,10 @@ class OutOfRange(FitError):
     law has nothing to say there, and the message says why and what range the data cover."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class UpcycleDecision:
     """A verdict for one (N1, D1, D2): the catch-up budget and, with bootstrap samples, its probability and
-    intervals, and how far the question lies from the data."""
+    intervals, and how far the question lies from the data. Printed, one line (fitting/display.py)."""
 
     n1: float
     d1: float
@@ -446,6 +448,12 @@ class UpcycleDecision:
                 "tokens_saved": finite_or_none(self.catch_up_tokens - self.d2),
                 "verdict": self.verdict, "probability_upcycle": self.probability_upcycle, "decisive": self.decisive,
                 "catch_up_intervals": intervals(self.catch_up_samples), "extrapolation": self.extrapolation}
+
+    def __repr__(self) -> str:
+        return display.decision_line(self.to_json())
+
+    def _repr_html_(self) -> str:
+        return f"<p>{html.escape(repr(self))}</p>"
 
 
 def _verdict(d_moe: float, d1: float, probability: float | None, decisive: float) -> str:

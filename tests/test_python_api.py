@@ -87,7 +87,7 @@ def test_analyze_gives_dstar_per_upcycling_method() -> None:
     assert upscale.dstar(back.scratch, back.upcycled[1].fit, 1e9)["results"][0]["dstar"] == pytest.approx(plain)
 
 
-def test_load_observations_reads_the_newest_sweep_of_the_store(tmp_path: Path) -> None:
+def test_load_observations_names_its_sweep_and_asks_for_one_among_several(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError, match="run `upscale demo`"):
         upscale.load_observations(home=tmp_path)
     from upscale.orchestrator.settings import Settings
@@ -97,11 +97,36 @@ def test_load_observations_reads_the_newest_sweep_of_the_store(tmp_path: Path) -
 
     spec = load_spec(Path(str(files("upscale.sweeps") / "examples" / "demo.yaml")))
     store = Store(Settings(home=tmp_path).db_url)
-    store.create_sweep("older", spec.model_dump(mode="json"), spec.resources.model_dump(mode="json"), [])
+    older = store.create_sweep("older", spec.model_dump(mode="json"), spec.resources.model_dump(mode="json"), [])
+    df = upscale.load_observations(home=tmp_path, kind="upcycled")  # the store's only sweep
+    assert df.attrs == {"sweep_id": older.id, "sweep_name": "older"}
     newest = store.create_sweep(spec.name, spec.model_dump(mode="json"), spec.resources.model_dump(mode="json"),
                                 plan(spec).segments)
-    df = upscale.load_observations(home=tmp_path, kind="upcycled")
+    with pytest.raises(ValueError, match=f"holds 2 sweeps: pass sweep_id= one of them .newest first: {newest.id}"):
+        upscale.load_observations(home=tmp_path)  # never silently the newest of several
+    df = upscale.load_observations(newest.id, home=tmp_path, kind="upcycled")
     assert df.empty and {"D1", "D2", "N1", "loss", "trunk", "method", "r"} <= set(df.columns)  # nothing trained yet
+    assert df.attrs["sweep_id"] == newest.id
     with pytest.raises(NotFoundError):
         upscale.load_observations("no-such-sweep", home=tmp_path)
-    assert upscale.load_observations(newest.id, home=tmp_path).empty
+
+
+def test_fits_analyses_and_verdicts_print_a_short_summary(fits) -> None:
+    """A notebook shows a summary, not the 40 KB record: parameters with intervals, D*, the verdict, problems."""
+    moe, up = fits
+    text = repr(moe)
+    assert text.startswith("chinchilla fit on 66 points") and "E           0.165  (fixed)" in text
+    assert f"A           {moe.params['A']:.4g}  95% [{moe.report['ci']['A'][0]:.4g}" in text
+    assert "samples" not in text and len(text) < 1000
+    html = moe._repr_html_()
+    assert html.count("<tr>") == 1 + len(moe.params) and "healthy: no problem found" in html
+    assert repr(upscale.decide(moe, up, n1=1e9, d1=1e9, d2=1e9)).startswith("N1=1e+09, D1=1e+09, D2=1e+09: ")
+    tables = {k: upscale.read_observations(p) for k, p in SYNTHETIC.items()}
+    tables["dense"] = tables["dense"][tables["dense"]["D"] < 1e10]  # E driven down: an unhealthy fit to report
+    analysis = upscale.analyze(tables, n1s=[1e9], decisions=[(1e9, 1e9, 1e9)], bootstrap=10)
+    text = repr(analysis)
+    assert len(text) < 5000 and "D* (tokens) at N1=1e+09: " in text and "80% [" in text and "95% [" in text
+    assert analysis.problems and f"{len(analysis.problems)} problem(s):" in text
+    assert all(p["why"] in text for p in analysis.problems)
+    html = analysis._repr_html_()
+    assert "<table>" in html and html.count("<li>") == len(analysis.problems)

@@ -23,8 +23,9 @@ A notebook session on the bundled SYNTHETIC tables (generated from the paper's T
     analysis = upscale.analyze(tables, n1s=[1e8, 1e9, 7e9], bootstrap=50)
     analysis.E, analysis.upcycled[0].dstar["results"]
 
-On a machine that ran sweeps, ``upscale.load_observations(kind="upcycled")`` reads the newest sweep's table from
-the local store; ``upscale.Client(url, token)`` talks to a running `upscale serve`.
+On a machine that ran sweeps, ``upscale.load_observations(sweep_id, kind="upcycled")`` reads a sweep's table from
+the local store (the sweep id may be left out when the store holds one sweep); printing a fit, an analysis or a
+verdict shows a short summary (``_repr_html_`` in Jupyter); ``upscale.Client(url, token)`` talks to a running `upscale serve`.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ def load_observations(sweep_id: str | None = None, kind: str | None = None,
                       home: str | Path | None = None) -> pd.DataFrame:
     """A sweep's observations from the local store, as `upscale observations SWEEP --csv` gives them.
 
-    ``sweep_id``: default the newest sweep. ``kind``: dense, scratch or upcycled (default all, with a ``kind``
-    column). ``home``: the UPSCALE_HOME to read (default the environment's, else ./.upscale).
+    ``sweep_id``: required when the store holds several sweeps (the error lists them), else its only sweep. ``kind``:
+    dense, scratch or upcycled (default all, with a ``kind`` column). ``home``: the UPSCALE_HOME to read (default
+    the environment's, else ./.upscale). The frame names the sweep it came from: ``.attrs["sweep_id"]`` and
+    ``.attrs["sweep_name"]``.
     """
     from upscale.orchestrator.errors import NotFoundError
     from upscale.orchestrator.observations import table
@@ -84,8 +87,15 @@ def load_observations(sweep_id: str | None = None, kind: str | None = None,
         sweeps = store.sweeps()
         if not sweeps:
             raise NotFoundError(f"no sweep in the store under {settings.home}; run `upscale demo` or `upscale run`")
-        sweep_id = sweeps[-1].id
-    return table(store.observations(sweep_id), kind)
+        if len(sweeps) > 1:
+            listed = "; ".join(f"{s.id} ({s.name}, {s.status})" for s in reversed(sweeps[-10:]))
+            raise ValueError(f"the store under {settings.home} holds {len(sweeps)} sweeps: pass sweep_id= one of "
+                             f"them (newest first: {listed})")
+        sweep_id = sweeps[0].id
+    sweep = store.sweep(sweep_id)
+    out = table(store.observations(sweep.id), kind)
+    out.attrs.update(sweep_id=sweep.id, sweep_name=sweep.name)
+    return out
 
 
 def read_observations(csv: str | Path) -> pd.DataFrame:

@@ -16,9 +16,10 @@ from typing import Annotated
 import typer
 
 from upscale.api.cli.app import CommandError, console, err_console
-from upscale.api.cli.fit_commands import JsonOpt, dstar_text, flags_text, fmt, interval_text, print_json, row_notes
+from upscale.api.cli.fit_commands import JsonOpt, flags_text, fmt, interval_text, print_json, row_notes
 from upscale.api.cli.local import ApiOpt, Local, TokenOpt, connect
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, MAX_BOOTSTRAP
+from upscale.fitting import display
 
 
 def analyze_command(
@@ -77,7 +78,7 @@ def refit_command(
             r = c.run_refit(sid)
             answer = r["dstar_answer"]
             star = ("no D* (the analysis has no from-scratch and upcycled laws to compare)" if answer is None
-                    else f"D* at N1={fmt(answer['n1'])}: {dstar_text(answer)} ({r['dstar_group'] or 'upcycled'}; "
+                    else f"D* at N1={fmt(answer['n1'])}: {display.dstar(answer)} ({r['dstar_group'] or 'upcycled'}; "
                          f"95% {interval_text((answer['intervals'] or {}).get('95'))}; {flags_text(answer)})")
             flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
             console.print(f"schedule {sid} v{r['version']}: analysis {r['analysis_id']}, {star}{flag}",

@@ -23,6 +23,8 @@ from rich.table import Table
 from upscale.api.cli.app import console, err_console, register_user_error
 from upscale.api.cli.local import ApiOpt, TokenOpt, connect
 from upscale.api.cli.progress import workers_for
+from upscale.fitting import display
+from upscale.fitting.display import number as fmt
 from upscale.fitting.errors import FitError
 
 if TYPE_CHECKING:
@@ -41,10 +43,6 @@ def print_json(obj: Any) -> None:
     from upscale.fitting.summary import clean
 
     print(json.dumps(clean(obj), indent=2, allow_nan=False))
-
-
-def fmt(x: float | None) -> str:
-    return "—" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
 def parse_fixed(items: list[str]) -> dict[str, float]:
@@ -321,30 +319,15 @@ def dstar_plots(moe: FittedLaw, up: FittedLaw, n1s: list[float], closed_form: di
 
 
 def interval_text(iv: dict[str, Any] | None) -> str:
-    """An 80% or 95% interval as printed: an open end is "unbounded" (beyond the searched range), never the "—" of
-    a missing value."""
-    if iv is None:
-        return "—"
-    return escape(f"[{'unbounded' if iv['low_open'] else fmt(iv['low'])}, "
-                  f"{'unbounded' if iv['high_open'] else fmt(iv['high'])}]")  # "[unbounded, ...]" is no rich tag
-
-
-def dstar_text(r: dict[str, Any]) -> str:
-    """D* as printed: the crossing, or where it lies when the searched range holds none."""
-    lo, hi = r["search_range"]
-    return {"crossing": fmt(r["dstar"]), "above": f"> {fmt(hi)} (upcycling still wins there)",
-            "below": f"< {fmt(lo)} (from scratch wins throughout)"}[r["dstar_state"]]
+    """An 80% or 95% interval as printed: an open end is "unbounded", never the "—" of a missing value."""
+    return escape(display.interval(iv))  # "[unbounded, ...]" is no rich tag
 
 
 def distance_text(ext: dict[str, Any] | None) -> str:
     """How far an answer lies from the trained ranges, always shown ("inside" when it does not), in yellow past the
     extrapolation factor."""
-    if not ext or ext.get("n1_factor") is None:
-        return "unknown"
-    parts = [f"{what} {fmt(f)}x" for what, f in (("N1", ext["n1_factor"]), ("tokens", ext["tokens_factor"]))
-             if f is not None and f > 1]
-    text = ", ".join(parts) or "inside"
-    return f"[yellow]{text} (extrapolated)[/]" if ext.get("flagged") else text
+    text = display.distance(ext)
+    return f"[yellow]{text} (extrapolated)[/]" if ext and ext.get("flagged") else text
 
 
 def flags_text(r: dict[str, Any]) -> str:
@@ -367,7 +350,7 @@ def dstar_table(out: dict[str, Any]) -> Table:
     for r in out["results"]:
         ivs = r["intervals"] or {}
         wins = "; ".join(f"{s['wins']} {fmt(s['from'])}–{fmt(s['to'])}" for s in r["segments"])
-        table.add_row(fmt(r["n1"]), dstar_text(r), interval_text(ivs.get("80")), interval_text(ivs.get("95")),
+        table.add_row(fmt(r["n1"]), display.dstar(r), interval_text(ivs.get("80")), interval_text(ivs.get("95")),
                       ", ".join(fmt(x) for x in r["crossings"]) or "none", wins, flags_text(r))
     table.caption = closed_form_text(out)
     return table
@@ -449,7 +432,7 @@ def decision_text(d: dict[str, Any]) -> str:
     if "dstar_state" in d:  # an answer of the service: D* at this N1 too
         star = {"dstar": d["dstar"], "dstar_state": d["dstar_state"], "search_range": d["dstar_search_range"]}
         ivs = d["dstar_intervals"] or {}
-        lines.append(f"D* at N1={fmt(d['n1'])}: {dstar_text(star)} tokens (80% {interval_text(ivs.get('80'))}, "
+        lines.append(f"D* at N1={fmt(d['n1'])}: {display.dstar(star)} tokens (80% {interval_text(ivs.get('80'))}, "
                      f"95% {interval_text(ivs.get('95'))}); beyond the trained ranges: "
                      f"{distance_text(d['dstar_extrapolation'])}")
         lines += [f"[yellow]D*: {note}[/]" for note in row_notes(d, "dstar_")]
