@@ -25,7 +25,8 @@ A notebook session on the bundled SYNTHETIC tables (generated from the paper's T
 
 On a machine that ran sweeps, ``upscale.load_observations(sweep_id, kind="upcycled")`` reads a sweep's table from
 the local store (the sweep id may be left out when the store holds one sweep); printing a fit, an analysis or a
-verdict shows a short summary (``_repr_html_`` in Jupyter); ``upscale.Client(url, token)`` talks to a running `upscale serve`.
+verdict shows a short summary (``_repr_html_`` in Jupyter); ``upscale.Client(url, token)`` talks to a running
+`upscale serve`.
 """
 
 from __future__ import annotations

@@ -75,12 +75,13 @@ def ui_command(
     launch: Annotated[bool, typer.Option("--launch", help="Run it instead of printing it.")] = False,
     port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = 5000,
 ) -> None:
-    """The MLflow UI on this store's runs: one parent run per sweep, one child per segment. It runs through this
-    interpreter (`python -m mlflow`), so it works without the virtualenv activated."""
+    """The MLflow UI on this store's runs: one parent run per sweep, one child per segment, opening in MLflow's
+    model-training view (api/mlflow_ui.py). It runs through this interpreter (`python -m mlflow`), so it works
+    without the virtualenv activated."""
     from upscale.orchestrator.settings import get_settings
 
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", get_settings().mlflow_tracking_uri,
-            "--port", str(port)]
+            "--port", str(port), "--app-name", "upscale"]
     if not launch:
         print(shlex.join(argv))
         return

@@ -99,7 +99,7 @@ def test_version_and_completion(env) -> None:
 def test_ui_runs_mlflow_through_this_interpreter(env, mlflow_uri) -> None:
     interpreter, *argv = _cli(env, "ui").split()
     assert Path(interpreter).resolve() == Path(sys.executable).resolve()  # the console script's python
-    assert argv == ["-m", "mlflow", "ui", "--backend-store-uri", mlflow_uri, "--port", "5000"]
+    assert argv == ["-m", "mlflow", "ui", "--backend-store-uri", mlflow_uri, "--port", "5000", "--app-name", "upscale"]
     # mlflow missing from the interpreter: hidden from this process the way a failed import would leave it.
     hide_mlflow = "import sys; sys.modules['mlflow'] = None; from upscale.api.cli import main; main()"
     r = subprocess.run([sys.executable, "-c", hide_mlflow, "ui", "--launch"], env=env, capture_output=True,
