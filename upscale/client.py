@@ -178,6 +178,11 @@ class Client:
         """Stop a sweep: running segments are released (they resume if it is submitted again)."""
         return self.request("POST", f"/sweeps/{sweep_id}/cancel")
 
+    def invalidate_segment(self, key: str) -> dict[str, Any]:
+        """Mark a done segment and every segment trained from it for retraining (its checkpoint is corrupt or
+        lost); an admin token. Returns {key, segments, sweeps, by}; 409 while one of them is running."""
+        return self.request("POST", f"/segments/{key}/invalidate")
+
     def extend(self, sweep_id: str, additions: Mapping[str, Any], *, reuse_stale: bool = False) -> dict[str, Any]:
         """A new sweep whose spec is this one's plus ``additions`` (lists unioned): only new segments train."""
         return self.request("POST", f"/sweeps/{sweep_id}/extend",
