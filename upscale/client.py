@@ -135,7 +135,8 @@ class Client:
             return f"{message}; " + (f"the token is not one this server issued, or it was revoked or has expired: "
                                      f"{TOKEN_HINT}" if self.token else TOKEN_HINT)
         if status == 403 and "has scope" in detail:  # not an ownership refusal, whose detail says whose it is
-            return f"{message}; use a token of scope 'write' (`upscale token create --scope write`)"
+            needed = "admin" if detail.endswith("needs 'admin'") else "write"
+            return f"{message}; use a token of scope {needed!r} (`upscale token create --scope {needed}`)"
         if status == 404 and detail == "Not Found":  # FastAPI's own answer: no such route, not no such sweep
             return f"{message}; is {self.url} the upscale API?"
         if status >= 500:

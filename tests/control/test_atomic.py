@@ -36,10 +36,10 @@ def services(store: Store, tmp_path, mlflow_uri) -> Services:  # noqa: F811
     return Services.open(Settings(home=tmp_path, db_url=store.url, mlflow_tracking_uri=mlflow_uri))
 
 
-def recorded(store: Store) -> str:
+def recorded(into: Store) -> str:
     """The tiny sweep recorded as pending, as a submission leaves it."""
     spec = load_spec(TINY_SPEC)
-    return store.create_sweep(spec.name, spec.model_dump(mode="json"), spec.resources.model_dump(mode="json"),
+    return into.create_sweep(spec.name, spec.model_dump(mode="json"), spec.resources.model_dump(mode="json"),
                               plan(spec).segments).id
 
 
@@ -96,7 +96,7 @@ def test_a_sweep_completing_while_cancels_race_it_ends_done(store: Store) -> Non
         assert store.claim_sweep(store.sweep(sweep_id), "host:1:a") and store.start_sweep(sweep_id)
         start = threading.Barrier(THREADS)
 
-        def race(i: int) -> None:
+        def race(i: int, start: threading.Barrier = start, sweep_id: str = sweep_id) -> None:
             start.wait()
             if i == 0:
                 store.set_sweep(sweep_id, status="done")  # the scheduler's last write: every segment trained
