@@ -4,8 +4,8 @@ routes, so a new mutating route fails here until it is given a rule (and, if it 
 
 Rules: `own` routes change an existing resource: its owner and admin tokens may, other write tokens get 403 naming
 the owner rule; `create` routes make something the caller owns (reading anyone's sweeps): any write token may;
-`admin` routes (revoking a token, invalidating a segment) need an admin token. Read tokens see everything and change nothing. Also here:
-every timestamp the API returns has one timezone-aware form.
+`admin` routes (revoking a token, invalidating a segment) need an admin token. Read tokens see everything and change
+nothing. Also here: every timestamp the API returns has one timezone-aware form.
 """
 
 from __future__ import annotations
