@@ -28,12 +28,12 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from upscale.api.routes import analyses, calibration, fits, ops, refits, sweeps, tokens
+from upscale.api.routes import analyses, calibration, fits, ops, refits, segments, sweeps, tokens
 from upscale.control.analyses import AnalysisLoop, NotReady
 from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
 from upscale.control.sweep_loop import SweepLoop
-from upscale.orchestrator.errors import NotFoundError
+from upscale.orchestrator.errors import ConflictError, NotFoundError
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import SpecError, excerpt
 
@@ -113,6 +113,11 @@ async def _not_ready(_: Request, e: NotReady) -> JSONResponse:
     return JSONResponse({"detail": str(e)}, status_code=409)
 
 
+async def _conflict(_: Request, e: ConflictError) -> JSONResponse:
+    """The state forbids it now (a segment running): 409 with what to wait for or do first."""
+    return JSONResponse({"detail": str(e)}, status_code=409)
+
+
 async def _not_found(_: Request, e: NotFoundError) -> JSONResponse:
     """The store has no such sweep: 404, the body HTTPException(404, message) would have had."""
     return JSONResponse({"detail": str(e)}, status_code=404)
@@ -162,8 +167,9 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     app.add_exception_handler(NotReady, _not_ready)
+    app.add_exception_handler(ConflictError, _conflict)
     for router in (sweeps.router, calibration.router, analyses.router, fits.router, fits.decisions, refits.router,
-                   tokens.router, ops.router):
+                   segments.router, tokens.router, ops.router):
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     _add_spec_schemas(app)

@@ -114,6 +114,15 @@ class SegmentProgress(BaseModel):
                                     "result it was recorded done with.")
 
 
+class SegmentsInvalidated(BaseModel):
+    key: str = Field(description="The segment asked for.")
+    segments: list[str] = Field(description="It and every segment trained from it: pending again, their results, "
+                                "observations and checkpoints dropped.")
+    sweeps: list[str] = Field(description="The sweeps holding them; those that had ended done or failed are pending "
+                              "again, so the scheduler retrains them.")
+    by: str = Field(description="Who invalidated them (recorded as an `invalidated` attempt on each).")
+
+
 class SweepDetail(SweepSummary):
     error: str | None
     mlflow_run_id: str | None = Field(description="The sweep's parent run in MLflow.")

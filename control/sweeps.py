@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 from collections import Counter
 from typing import Any
@@ -23,6 +24,8 @@ from upscale.control.services import LOCAL_OWNER, Services
 from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
+from upscale.orchestrator.service import spec_hash
+from upscale.orchestrator.store import SweepExists
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, is_glob
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import BUILTIN_CORPORA
@@ -95,19 +98,27 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
     p = plan(spec)
     check = services.orch.compare(p, reuse_stale)
     sweep = None if new else identical(services, spec, p, owner)
-    if sweep is not None and sweep.status in ("failed", "cancelled"):
-        services.store.set_sweep(sweep.id, status="pending", error=None)
-    if sweep is not None and reuse_stale and check.stale:
-        services.store.adopt_stale(sweep.id, check.stale)
-    if sweep is not None:
-        sweep = services.store.sweep(sweep.id)
     existing = sweep is not None
     if sweep is None:
-        sweep = services.orch.submit(spec, p, reuse_stale=reuse_stale, stale=check.stale, other_cuts=check.other_cuts)
-        with services.store.transaction() as s:
-            s.add(SweepOwnerRecord(sweep_id=sweep.id, owner=owner, extends=extends))
+        try:  # the key makes concurrent identical submissions one sweep; the owner row is written with it
+            sweep = services.orch.submit(
+                spec, p, reuse_stale=reuse_stale, stale=check.stale, other_cuts=check.other_cuts,
+                submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
+                rows=lambda sweep_id: [SweepOwnerRecord(sweep_id=sweep_id, owner=owner, extends=extends)])
+        except SweepExists as e:
+            sweep, existing = e.sweep, True
+    if existing:
+        services.store.requeue(sweep.id)  # if it had failed or been cancelled
+        if reuse_stale and check.stale:
+            services.store.adopt_stale(sweep.id, check.stale)
+        sweep = services.store.sweep(sweep.id)
     return SweepCreated(id=sweep.id, name=sweep.name, status=sweep.status, owner=owner, plan=plan_summary(check, spec),
                         existing=existing, reuse_stale=sweep.reuse_stale)
+
+
+def submission_key(owner: str, spec_hash: str) -> str:
+    """What makes two submissions one sweep: the same owner submitting an identical spec (`spec_hash`)."""
+    return hashlib.sha256(json.dumps([owner, spec_hash]).encode()).hexdigest()
 
 
 BUDGET_LISTS = frozenset({"d1", "d2", "scratch"})  # the lists under a `tokens` section, which must be ascending

@@ -17,7 +17,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SweepStatus = Literal["pending", "running", "done", "failed", "cancelling", "cancelled"]
 SegmentStatus = Literal["pending", "running", "done", "failed"]
-AttemptStatus = Literal["running", "done", "failed", "cancelled", "orphaned", "adopted"]
+AttemptStatus = Literal["running", "done", "failed", "cancelled", "orphaned", "adopted", "invalidated"]
 CheckpointRole = Literal["final", "branch"]
 
 
@@ -58,6 +58,9 @@ class SweepRecord(Base):
                                                                   "training-semantics version, when it was recorded.")
     reuse_stale: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false(),
                                               doc="The user asked to reuse those stale results (`--reuse-stale`).")
+    submission_key: Mapped[str | None] = mapped_column(String(64), index=True, unique=True,
+                                                       doc="Unique: who submitted which identical spec, so concurrent "
+                                                       "identical submissions record one sweep (None: `new` ones).")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

@@ -171,7 +171,7 @@ class Scheduler:
         if sweep.mlflow_run_id is None:
             sweep.mlflow_run_id = self.tracker.start_sweep(sweep.id, sweep.name, sweep.spec)
             self.store.set_sweep(sweep_id, mlflow_run_id=sweep.mlflow_run_id)
-        self.store.set_sweep(sweep_id, status="running", error=None)
+        self.store.start_sweep(sweep_id)  # unless cancelling: then the loop's first poll stops it
         if sweep.reuse_stale:
             self.tracker.tag_reused_stale(sweep.mlflow_run_id, len(sweep.stale_segments or {}))
         self._show_reused(sweep)

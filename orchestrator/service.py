@@ -6,11 +6,12 @@ schedule).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.plan_in_store import PlanInStore, compare
-from upscale.orchestrator.records import SweepRecord
+from upscale.orchestrator.records import Base, SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, cluster_resources
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
@@ -35,12 +36,16 @@ class Orchestrator:
         return compare(self.store, p, reuse_stale)
 
     def submit(self, spec: SweepSpec, planned: Plan | None = None, reuse_stale: bool = False,
-               stale: dict[str, str] | None = None, other_cuts: dict[str, str] | None = None) -> SweepRecord:
+               stale: dict[str, str] | None = None, other_cuts: dict[str, str] | None = None,
+               submission_key: str | None = None, rows: Callable[[str], Iterable[Base]] | None = None
+               ) -> SweepRecord:
         """Record ``spec`` with its plan (planned here unless the caller has it); segments already known (from any
         sweep) are shared, not re-planned. Segments the store holds trained under an older training-semantics
         version (``stale``, found here unless the caller has them) are recorded on the sweep and retrained, or with
         ``reuse_stale`` taken over from the old ones. Segments held under another cut of their chain
-        (``other_cuts``, found here unless the caller has them) are the same computation and taken over always."""
+        (``other_cuts``, found here unless the caller has them) are the same computation and taken over always.
+        ``submission_key`` and ``rows``: as `Store.create_sweep` takes them (one sweep per identical submission, and
+        the records written with it)."""
         p = planned or plan(spec)
         if stale is None or other_cuts is None:
             check = self.compare(p)
@@ -48,7 +53,8 @@ class Orchestrator:
             other_cuts = check.other_cuts if other_cuts is None else other_cuts
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
                                        spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec, p),
-                                       stale=stale, reuse_stale=reuse_stale, other_cuts=other_cuts)
+                                       stale=stale, reuse_stale=reuse_stale, other_cuts=other_cuts,
+                                       submission_key=submission_key, rows=rows)
 
     def identical(self, spec: SweepSpec, p: Plan) -> list[SweepRecord]:
         """The sweeps recorded from a spec identical to ``spec`` that planned the segments ``p`` plans, newest first."""

@@ -4,8 +4,9 @@
 Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over; that includes
 MLflow's artifacts (`<home>/mlartifacts`) unless a tracking server keeps them. The API and
 the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.
-Limits on what one API request may ask for (`max_segments`, `max_body_bytes`) and the folders a submitted spec may
-read data from (`data_roots`) live here too, so every server sharing a store can be configured alike.
+Limits on what one API request may ask for (`max_segments`, `max_body_bytes`), on the connections a server holds
+(`connection_limit`, `header_timeout_s`, `keep_alive_s`, `backlog`: api/connections.py) and the folders a submitted spec
+may read data from (`data_roots`) live here too, so every server sharing a store can be configured alike.
 The checkpoint root may be an fsspec URI (`s3://bucket/upscale`); one whose protocol cannot be opened here (unknown,
 or its package, e.g. s3fs, not installed) is refused when the settings are read.
 """
@@ -49,6 +50,16 @@ class Settings(BaseSettings):
                               "over the API may plan; a larger grid is refused (422) before it is planned.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="UPSCALE_MAX_BODY_BYTES: the largest request body the "
                                 "API reads; a larger one is refused with 413 before it is read whole.")
+    connection_limit: int = Field(512, ge=2, description="UPSCALE_CONNECTION_LIMIT: the most connections `upscale "
+                                  "serve` holds open; one more is closed at once, and a request arriving while that "
+                                  "many are open is answered 503 (uvicorn's limit_concurrency).")
+    header_timeout_s: float = Field(10.0, gt=0, description="UPSCALE_HEADER_TIMEOUT_S: seconds a connection has to "
+                                    "send a request's headers (from its opening, or its previous response) before "
+                                    "it is closed: a half-sent request holds no socket for ever.")
+    keep_alive_s: int = Field(5, ge=1, description="UPSCALE_KEEP_ALIVE_S: seconds an idle kept-alive connection stays "
+                              "open (uvicorn's timeout_keep_alive).")
+    backlog: int = Field(2048, ge=1, description="UPSCALE_BACKLOG: connections the kernel queues before `upscale "
+                         "serve` accepts them (capped by the kernel's somaxconn).")
     data_roots: str = Field("", description="UPSCALE_DATA_ROOTS: colon-separated folders a spec submitted over the "
                             "API may name in data.corpus (besides builtin: corpora); default <home>/data.")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -19,13 +19,15 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
+from sqlalchemy import Connection, Engine, case, create_engine, delete, event, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from upscale.orchestrator.errors import NotFoundError
+from upscale.orchestrator.errors import ConflictError, NotFoundError
 from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.records import (
     AttemptRecord,
+    Base,
     CheckpointRecord,
     ObservationRecord,
     SegmentRecord,
@@ -92,7 +94,8 @@ class Store:
     def create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
                      segments: Sequence[PlannedSegment], spec_hash: str | None = None,
                      stale: Mapping[str, str] | None = None, reuse_stale: bool = False,
-                     other_cuts: Mapping[str, str] | None = None) -> SweepRecord:
+                     other_cuts: Mapping[str, str] | None = None, submission_key: str | None = None,
+                     rows: Callable[[str], Iterable[Base]] | None = None) -> SweepRecord:
         """Record a sweep and its segments; segments another sweep already created are shared, not duplicated.
 
         ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
@@ -100,12 +103,38 @@ class Store:
         in the same transaction, so no scheduler can start training them in between. ``other_cuts``
         (`other_cut_holdings`) maps planned segments to done ones of the same job under another key (another cut of
         its chain): the same computation, always taken over the same way, each recording the old key in
-        `reused_from`."""
+        `reused_from`.
+
+        ``submission_key`` is unique among sweeps: of identical submissions racing each other one records its sweep,
+        the others raise `SweepExists` with it. ``rows(sweep_id)``: records written in the same transaction (its
+        owner), so no reader ever sees the sweep without them. A new segment another submission recorded meanwhile
+        fails the insert once; the retry shares it."""
+        for last_try in (False, True):
+            try:
+                return self._create_sweep(name, spec, resources, segments, spec_hash, stale, reuse_stale,
+                                          other_cuts, submission_key, rows)
+            except IntegrityError:
+                if submission_key is not None:
+                    with self.transaction() as s:
+                        found = s.scalar(select(SweepRecord).where(SweepRecord.submission_key == submission_key))
+                    if found is not None:
+                        raise SweepExists(found) from None
+                if last_try:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
+                      segments: Sequence[PlannedSegment], spec_hash: str | None, stale: Mapping[str, str] | None,
+                      reuse_stale: bool, other_cuts: Mapping[str, str] | None, submission_key: str | None,
+                      rows: Callable[[str], Iterable[Base]] | None) -> SweepRecord:
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
-                            status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale)
+                            status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale,
+                            submission_key=submission_key)
         unversioned = unversioned_ids(segments)
         with self.transaction() as s:
             s.add(sweep)
+            s.flush()  # the sweep's row first: a duplicate submission fails on its key before any segment is written
+            s.add_all(rows(sweep.id) if rows else ())
             known = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_([p.id for p in segments]))))
             for position, p in enumerate(segments):
                 if p.id not in known:
@@ -258,12 +287,34 @@ class Store:
                       .values(runner=None, runner_heartbeat_at=None))
 
     def request_cancel(self, sweep_id: str) -> None:
-        """Ask the scheduler running ``sweep_id`` to stop; a sweep that is not running is cancelled at once."""
-        sweep = self.sweep(sweep_id)
-        if sweep.status in ("running", "cancelling"):
-            self.set_sweep(sweep_id, status="cancelling")
-        elif sweep.status == "pending":
-            self.set_sweep(sweep_id, status="cancelled")
+        """Ask the scheduler running ``sweep_id`` to stop, in one conditional UPDATE (no read first, so nothing a
+        scheduler writes meanwhile is overwritten): a pending sweep no scheduler has claimed is cancelled at once; a
+        claimed, running or cancelling one becomes cancelling, which its scheduler reads and acts on; one that has
+        ended (done, failed, cancelled) stays as it ended."""
+        unclaimed = (SweepRecord.status == "pending") & SweepRecord.runner.is_(None)
+        with self.transaction() as s:
+            changed = s.execute(update(SweepRecord)
+                                .where(SweepRecord.id == sweep_id,
+                                       SweepRecord.status.in_(("pending", "running", "cancelling")))
+                                .values(status=case((unclaimed, "cancelled"), else_="cancelling"),
+                                        updated_at=utcnow())).rowcount
+            if not changed and s.get(SweepRecord, sweep_id) is None:
+                raise _no_sweep(sweep_id)
+
+    def start_sweep(self, sweep_id: str) -> bool:
+        """Its scheduler starts the sweep: running, unless a cancel came first (it stays cancelling, and the
+        scheduler's first poll stops it); one conditional UPDATE. True if it is now running."""
+        with self.transaction() as s:
+            return s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id, SweepRecord.status != "cancelling")
+                             .values(status="running", error=None, updated_at=utcnow())).rowcount == 1
+
+    def requeue(self, sweep_id: str) -> bool:
+        """A sweep that failed or was cancelled goes back to pending (an identical submission asks for it again);
+        one conditional UPDATE, so a sweep that is running meanwhile is left alone. True if it was requeued."""
+        with self.transaction() as s:
+            return s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id,
+                                                       SweepRecord.status.in_(("failed", "cancelled")))
+                             .values(status="pending", error=None, updated_at=utcnow())).rowcount == 1
 
     def members(self, sweep_id: str) -> list[tuple[SegmentRecord, SweepSegmentRecord]]:
         """The sweep's segments in topological order, with this sweep's membership row (axes)."""
@@ -392,6 +443,65 @@ class Store:
             s.execute(update(SegmentRecord).where(SegmentRecord.key.in_(list(keys)), SegmentRecord.status == "failed")
                       .values(status="pending", updated_at=utcnow()))
 
+    def invalidate(self, key: str, by: str, before_commit: Callable[[Sequence[str]], None] | None = None
+                   ) -> Invalidation:
+        """Mark the done segment ``key`` and everything trained from it (its descendants in every sweep, and the
+        segments that took over its result) for retraining, in one transaction: each goes back to pending with its
+        result, observation and checkpoint rows dropped, and an attempt `invalidated` owned by ``by`` recording who
+        did it; the sweeps holding them that had ended done or failed go back to pending, so a sweep loop retrains
+        them. ConflictError (nothing changed) if ``key`` is not done or one of them is running.
+        ``before_commit(keys)`` runs once the checks pass, before the segments can be claimed again (the caller
+        deletes their checkpoint files there, so no retrained segment resumes from them)."""
+        now = utcnow()
+        with self.transaction() as s:
+            target = s.get(SegmentRecord, key)
+            if target is None:
+                raise NotFoundError(f"no segment {key!r}; `upscale segments SWEEP` lists a sweep's segments")
+            if target.status != "done":
+                raise ConflictError(f"segment {key} is {target.status}: only a done segment can be invalidated")
+            segs = self._trained_from(s, key)
+            running = sorted(k for k, seg in segs.items() if seg.status == "running")
+            if running:
+                raise ConflictError(f"segment(s) {', '.join(running)} are running from {key}: cancel their sweep "
+                                    f"(`upscale cancel SWEEP`) or wait for them to end, then invalidate {key} again")
+            if before_commit is not None:
+                before_commit(sorted(segs))
+            reason = f"invalidated by {by!r} (segment {key} and what was trained from it train again)"
+            for seg in segs.values():
+                seg.attempts += 1
+                s.add(AttemptRecord(segment_key=seg.key, number=seg.attempts, owner=by, status="invalidated",
+                                    started_at=now, ended_at=now, error=reason))
+                seg.status, seg.result, seg.checkpoint_uri, seg.reused_from = "pending", None, None, None
+                seg.owner, seg.heartbeat_at, seg.mlflow_run_id = None, None, None  # a new MLflow run when it trains
+                seg.error, seg.updated_at = reason, now
+            keys = list(segs)
+            s.execute(delete(ObservationRecord).where(ObservationRecord.segment_key.in_(keys)))
+            s.execute(delete(CheckpointRecord).where(CheckpointRecord.segment_key.in_(keys)))
+            sweeps = sorted(set(s.scalars(select(SweepSegmentRecord.sweep_id)
+                                          .where(SweepSegmentRecord.segment_key.in_(keys)))))
+            s.execute(update(SweepRecord).where(SweepRecord.id.in_(sweeps), SweepRecord.status.in_(("done", "failed")))
+                      .values(status="pending", error=f"segment {key} {reason}", updated_at=now))
+        return Invalidation(segments=sorted(keys), sweeps=sweeps)
+
+    @staticmethod
+    def _trained_from(s: Session, key: str) -> dict[str, SegmentRecord]:
+        """``key``'s segment and every segment trained from it: its children (in the sweeps that hold them) and the
+        segments that took over its result (`reused_from`), and theirs, transitively."""
+        found: dict[str, SegmentRecord] = {}
+        frontier = {key}
+        while frontier:  # each key is in the frontier once: the walk ends
+            keys = list(frontier)
+            new = {r.key: r for r in s.scalars(select(SegmentRecord).where(
+                SegmentRecord.key.in_(keys) | SegmentRecord.reused_from.in_(keys)))}
+            holding = select(SweepSegmentRecord.sweep_id).where(SweepSegmentRecord.segment_key.in_(keys))
+            members = s.scalars(select(SegmentRecord)
+                                .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
+                                .where(SweepSegmentRecord.sweep_id.in_(holding)))
+            new.update((m.key, m) for m in members if frontier.intersection(m.parents))
+            frontier = set(new) - set(found) - frontier
+            found.update(new)
+        return found
+
     def open_attempt(self, key: str) -> AttemptRecord | None:
         """The attempt currently running ``key``, if any."""
         with self.transaction() as s:
@@ -422,6 +532,14 @@ class Store:
                                   .order_by(SweepSegmentRecord.position)))
 
 
+@dataclasses.dataclass(frozen=True)
+class Invalidation:
+    """What `Store.invalidate` marked for retraining: segment keys, and the sweeps that hold them."""
+
+    segments: list[str]
+    sweeps: list[str]
+
+
 def checkpoint_at(seg: SegmentRecord, tokens: int) -> str | None:
     """A done trunk's checkpoint at ``tokens``: a branch point it saved, or its end; None if it has none there."""
     result = seg.result or {}
@@ -429,6 +547,14 @@ def checkpoint_at(seg: SegmentRecord, tokens: int) -> str | None:
     if tokens in branches:
         return branches[tokens]
     return result.get("checkpoint") if tokens == seg.config["end_tokens"] else None
+
+
+class SweepExists(Exception):
+    """An identical submission recorded its sweep first (`Store.create_sweep`'s ``submission_key``)."""
+
+    def __init__(self, sweep: SweepRecord) -> None:
+        super().__init__(f"sweep {sweep.id} was recorded from this identical submission")
+        self.sweep = sweep
 
 
 def _no_sweep(sweep_id: str) -> NotFoundError:

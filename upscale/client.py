@@ -135,7 +135,8 @@ class Client:
             return f"{message}; " + (f"the token is not one this server issued, or it was revoked or has expired: "
                                      f"{TOKEN_HINT}" if self.token else TOKEN_HINT)
         if status == 403 and "has scope" in detail:  # not an ownership refusal, whose detail says whose it is
-            return f"{message}; use a token of scope 'write' (`upscale token create --scope write`)"
+            needed = "admin" if detail.endswith("needs 'admin'") else "write"
+            return f"{message}; use a token of scope {needed!r} (`upscale token create --scope {needed}`)"
         if status == 404 and detail == "Not Found":  # FastAPI's own answer: no such route, not no such sweep
             return f"{message}; is {self.url} the upscale API?"
         if status >= 500:
@@ -177,6 +178,11 @@ class Client:
     def cancel(self, sweep_id: str) -> dict[str, Any]:
         """Stop a sweep: running segments are released (they resume if it is submitted again)."""
         return self.request("POST", f"/sweeps/{sweep_id}/cancel")
+
+    def invalidate_segment(self, key: str) -> dict[str, Any]:
+        """Mark a done segment and every segment trained from it for retraining (its checkpoint is corrupt or
+        lost); an admin token. Returns {key, segments, sweeps, by}; 409 while one of them is running."""
+        return self.request("POST", f"/segments/{key}/invalidate")
 
     def extend(self, sweep_id: str, additions: Mapping[str, Any], *, reuse_stale: bool = False) -> dict[str, Any]:
         """A new sweep whose spec is this one's plus ``additions`` (lists unioned): only new segments train."""

@@ -7,6 +7,10 @@ parents, tokens, schedule phase, the full ModelConfig, the expert-parallel size 
 schema_version). `meta.json` is written last, atomically: a folder without it is an interrupted save and is never
 resumed from. Resume = the newest complete folder whose sidecar names this segment. These functions work on local
 folders (DeepSpeed's); `upscale.storage` publishes them to a URI and fetches them back, with the same rule.
+
+A complete folder whose files cannot be read (truncated, overwritten, lost) is `corrupt`: a WorkerError, which the
+scheduler never retries, naming the file and the segment that wrote it, whose retraining
+`upscale segments invalidate` asks for.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from upscale.storage import META_FILE, TAG_PREFIX
 from upscale.workers.errors import WorkerError
 from upscale.workers.model import ModelConfig
 from upscale.workers.parallel import SINGLE, Ranks, full_state_dict
-from upscale.workers.weights import save_model
+from upscale.workers.weights import load_model, save_model
 
 SCHEMA_VERSION = 1
 MODEL_DIR = "model"
@@ -70,12 +74,28 @@ def has_engine_state(path: str | Path) -> bool:
     return (Path(path) / "mp_rank_00_model_states.pt").is_file()
 
 
+def corrupt(path: str | Path, what: str | Path, cause: object) -> WorkerError:
+    """The error for checkpoint folder ``path`` whose file ``what`` cannot be read: retrying reads the same bytes, so
+    it names the segment that wrote the folder (its sidecar's, else the folder it sits in) and how to retrain it."""
+    try:
+        writer = json.loads((Path(path) / META_FILE).read_text())["segment_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        writer = Path(path).parent.name  # <checkpoint root>/<segment id>/tokens_*
+    return WorkerError(f"checkpoint file {what} is corrupt or unreadable ({cause}); retrying cannot help: "
+                       f"`upscale segments invalidate {writer}` retrains segment {writer} and what was trained from it")
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     """The sidecar of a checkpoint folder; a clear error when the folder is not a complete checkpoint."""
     f = Path(path) / META_FILE
     if not f.is_file():
         raise WorkerError(f"{path} is not a complete segment checkpoint ({META_FILE} missing)")
-    meta = json.loads(f.read_text())
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, ValueError) as e:  # garbage or a cut-off write: ValueError covers JSON and UTF-8 errors
+        raise corrupt(path, f, e) from None
+    if not isinstance(meta, dict):
+        raise corrupt(path, f, f"a JSON {type(meta).__name__}, not an object")
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise WorkerError(f"{f}: checkpoint schema_version {meta.get('schema_version')} is not {SCHEMA_VERSION}")
     return meta
@@ -102,11 +122,23 @@ def load(engine, path: str | Path, cfg: ModelConfig, ep_size: int = 1) -> dict[s
         raise WorkerError(f"checkpoint {path} holds MoE optimiser state sharded over ep_size={saved_ep} (trained "
                           f"with a worker count w where gcd(w, n_expert)={saved_ep}); this run has ep_size={ep_size}. "
                           f"Train this segment with the same resources.workers as its parent, or retrain the parent")
-    loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                       load_lr_scheduler_states=False, load_module_strict=True)
+    try:
+        loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                           load_lr_scheduler_states=False, load_module_strict=True)
+    except Exception as e:  # torch and DeepSpeed raise many types for a truncated or foreign file
+        raise corrupt(path, path, f"DeepSpeed: {type(e).__name__}: {e}") from None
     if loaded is None:
-        raise WorkerError(f"DeepSpeed could not load the checkpoint in {path}")
+        raise corrupt(path, path, "DeepSpeed found no checkpoint in it")
     return meta
+
+
+def load_weights(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
+    """The weights export of a checkpoint folder (or a bare model folder), as `workers.weights.load_model` reads it;
+    a file that is missing or unreadable there is `corrupt`."""
+    try:
+        return load_model(model_dir(path))
+    except WorkerError as e:
+        raise corrupt(path, model_dir(path), e) from None
 
 
 def complete(root: str | Path, segment_id: str) -> dict[int, Path]:

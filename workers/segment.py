@@ -151,7 +151,7 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
 
     parent = _start_checkpoint(spec, runtime)
     assert parent is not None  # upcycle always needs one
-    dense_cfg, dense_sd = load_model(checkpoints.model_dir(parent))
+    dense_cfg, dense_sd = checkpoints.load_weights(parent)
     _check_shape(dense_cfg, spec, parent)
     if dense_cfg.is_moe:
         raise WorkerError(f"upcycle parent {parent} is already an MoE ({dense_cfg.n_expert} experts)")
@@ -227,7 +227,7 @@ def _initial_model(spec: SegmentSpec, parent: Path | None, world: int) -> _Start
         meta = checkpoints.read_meta(parent)
         cfg = ModelConfig.model_validate(meta["model_config"])
     else:  # weights only (an upcycled MoE): fresh optimiser
-        cfg, weights = load_model(checkpoints.model_dir(parent))
+        cfg, weights = checkpoints.load_weights(parent)
     if parent is not None:
         _check_shape(cfg, spec, parent)
     ep_size = ep_size_for(cfg, world)

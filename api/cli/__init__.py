@@ -40,7 +40,7 @@ COMMANDS: list[tuple[str, Callable[..., Any] | typer.Typer, str, dict[str, Any]]
     ("submit", sweep_commands.submit_command, SWEEPS, {}),
     ("status", sweep_commands.status_command, SWEEPS, {}),
     ("sweeps", sweep_commands.sweeps_command, SWEEPS, {}),
-    ("segments", segment_commands.segments_command, SWEEPS, {}),
+    ("segments", segment_commands.segments_app, SWEEPS, {}),
     ("observations", sweep_commands.observations_command, SWEEPS, {}),
     ("cancel", sweep_commands.cancel_command, SWEEPS, {}),
     ("suggest", suggest_commands.suggest_command, SWEEPS, {}),

@@ -124,6 +124,12 @@ class Local:
 
         return _dump(sweeps.cancel(self.services, sweep_id))
 
+    def invalidate_segment(self, key: str) -> dict[str, Any]:
+        from upscale.control import segments
+        from upscale.control.services import LOCAL_OWNER
+
+        return _dump(segments.invalidate(self.services, key, LOCAL_OWNER))
+
     def extend(self, sweep_id: str, additions: Mapping[str, Any], *, reuse_stale: bool = False) -> dict[str, Any]:
         from upscale.control import sweeps
         from upscale.control.services import LOCAL_OWNER

@@ -26,20 +26,35 @@ def serve_command(
     no_scheduler: Annotated[bool, typer.Option("--no-scheduler", help="Serve only; run `upscale scheduler` "
                                                "elsewhere to train.")] = False,
     refit_tick_s: Annotated[float, typer.Option(help="How often refit schedules are checked (s).")] = 5.0,
+    connection_limit: Annotated[int | None, typer.Option(min=2, help="Most connections held open; one more is closed "
+                                                         "at once (default UPSCALE_CONNECTION_LIMIT, 512).")] = None,
+    header_timeout: Annotated[float | None, typer.Option(min=0.001, help="Seconds a connection has to send a "
+                                                         "request's headers before it is closed (default "
+                                                         "UPSCALE_HEADER_TIMEOUT_S, 10).")] = None,
+    keep_alive: Annotated[int | None, typer.Option(min=1, help="Seconds an idle kept-alive connection stays open "
+                                                   "(default UPSCALE_KEEP_ALIVE_S, 5).")] = None,
+    backlog: Annotated[int | None, typer.Option(min=1, help="Connections the kernel queues before they are accepted "
+                                                "(default UPSCALE_BACKLOG, 2048).")] = None,
 ) -> None:
     """The REST API (OpenAPI page at /docs) with the sweep scheduler, the analysis and the refit loops in the same
     process: a sweep that finishes is analysed by itself (UPSCALE_ANALYSIS_POLICY=off: only on request).
-    Ctrl-C / SIGTERM shut down gracefully: running segments are released and their sweep resumes on restart."""
+    Ctrl-C / SIGTERM shut down gracefully: running segments are released and their sweep resumes on restart.
+    Connections are bounded (a limit, a deadline for request headers), so a flood of them cannot starve the
+    process of file descriptors."""
     import uvicorn
 
     from upscale.api.app import create_app
     from upscale.api.cli.progress import start_ray
+    from upscale.api.connections import server_options
     from upscale.orchestrator.settings import get_settings
 
-    settings = get_settings()
+    given = {"connection_limit": connection_limit, "header_timeout_s": header_timeout, "keep_alive_s": keep_alive,
+             "backlog": backlog}
+    settings = get_settings().model_copy(update={k: v for k, v in given.items() if v is not None})
     if not no_scheduler:
         start_ray(settings)  # from the main thread: Ray installs signal handlers
-    uvicorn.run(create_app(settings, scheduler=not no_scheduler, refit_tick_s=refit_tick_s), host=host, port=port)
+    uvicorn.run(create_app(settings, scheduler=not no_scheduler, refit_tick_s=refit_tick_s), host=host, port=port,
+                **server_options(settings))
 
 
 def scheduler_command(

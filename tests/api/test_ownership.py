@@ -4,8 +4,8 @@ routes, so a new mutating route fails here until it is given a rule (and, if it 
 
 Rules: `own` routes change an existing resource: its owner and admin tokens may, other write tokens get 403 naming
 the owner rule; `create` routes make something the caller owns (reading anyone's sweeps): any write token may;
-`admin` routes (revoking a token) need an admin token. Read tokens see everything and change nothing. Also here:
-every timestamp the API returns has one timezone-aware form.
+`admin` routes (revoking a token, invalidating a segment) need an admin token. Read tokens see everything and change
+nothing. Also here: every timestamp the API returns has one timezone-aware form.
 """
 
 from __future__ import annotations
@@ -104,6 +104,10 @@ CELLS: dict[tuple[str, str], Cell] = {
     ("POST", "/refit-schedules/{schedule_id}/run"): Cell(
         "own", lambda w: (f"/refit-schedules/{w.schedule}/run", None),
         lambda w, who, r: (r.json()["schedule_id"] == w.schedule) or pytest.fail(r.text)),
+    # segments are shared by every sweep that needs them: only an admin retrains one (tests/api/test_invalidate.py
+    # invalidates a real one); an unknown key gets past the scope check to 404
+    ("POST", "/segments/{key}/invalidate"): Cell("admin", lambda w: (f"/segments/{'0' * 16}/invalidate", None),
+                                                 through=404),
     ("DELETE", "/tokens/{token_id}"): Cell(
         "admin", lambda w: (f"/tokens/{w.alice_token()}", None),
         lambda w, who, r: (r.json()["state"] == "revoked") or pytest.fail(r.text)),

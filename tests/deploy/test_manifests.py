@@ -29,6 +29,7 @@ IMAGES = {"api": "upscale/api", "worker": "upscale/worker"}  # Dockerfile target
 # Containers that are not upscale processes, with the only variables they may be given.
 FOREIGN_ENV = {"postgres": {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "PGDATA"},
                "mlflow": {"MLFLOW_BACKEND_STORE_URI"}}
+RAY_AUTH_ENV = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}  # read by Ray itself, in every upscale process: token auth
 
 
 def settings_env() -> dict[str, str]:
@@ -233,14 +234,33 @@ def test_upscale_processes_get_only_settings_fields_and_every_one_they_need() ->
     containers = upscale_containers()
     assert len(containers) == 7  # k8s: api, ray head, cpu and gpu groups; compose: api, ray-head, ray-worker
     for where, env, mounts in containers:
-        unknown = set(env) - set(names)
+        unknown = set(env) - set(names) - RAY_AUTH_ENV
         assert not unknown, f"{where} sets {unknown}, which are not fields of Settings ({sorted(names)})"
         needed = set(names) - ({"RAY_ADDRESS"} if "ray" in where else set())  # Ray nodes are the cluster
         assert needed <= set(env), f"{where} leaves {needed - set(env)} to a local default"
         assert env["UPSCALE_CHECKPOINT_DIR"] in mounts, f"{where}: checkpoints are not on the shared volume"
         if all(isinstance(v, str) for v in env.values()):  # compose: the values themselves build Settings
-            s = Settings(**{names[k]: v for k, v in env.items()})
+            s = Settings(**{names[k]: v for k, v in env.items() if k not in RAY_AUTH_ENV})
             assert s.db_url.startswith("postgresql+psycopg://") and s.mlflow_tracking_uri.startswith("http://")
+
+
+def test_the_ray_cluster_and_its_clients_use_token_authentication_and_the_dashboard_is_not_open() -> None:
+    secrets = by_kind("Secret")
+    for where, env, _ in upscale_containers():  # every Ray node, and the API that drives the cluster
+        assert env.get("RAY_AUTH_MODE") == "token", where
+        token = env.get("RAY_AUTH_TOKEN")
+        if where.startswith("k8s"):
+            ref = token["secretKeyRef"]
+            assert ref["key"] in secrets[ref["name"]]["stringData"], where
+        else:  # compose: from deploy/.env, required (no default token anyone could read here)
+            assert re.fullmatch(r"\$\{RAY_AUTH_TOKEN:\?[^}]+\}", token), where
+    assert "RAY_AUTH_TOKEN=" in (DEPLOY / ".env.example").read_text()
+    (cluster,) = by_kind("RayCluster").values()
+    head = cluster["spec"]["headGroupSpec"]
+    assert head["rayStartParams"].get("dashboard-host") == "127.0.0.1"  # Ray's default would be every interface
+    assert 8265 not in [p["containerPort"] for c in head["template"]["spec"]["containers"] for p in c["ports"]]
+    ray_head = compose()["services"]["ray-head"]
+    assert all(p.startswith("127.0.0.1:") for p in ray_head.get("ports", []))  # the dashboard: loopback only
 
 
 def test_foreign_containers_get_only_their_own_variables() -> None:
