@@ -148,6 +148,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
             for loop in app.state.loops:
                 loop.start()
         yield
+        services.jobs.stop()  # requested analyses end `failed`, interrupted, and run again on the next start
         if app.state.loops:
             for loop in app.state.loops:
                 loop.stop()

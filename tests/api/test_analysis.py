@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -106,9 +107,12 @@ def test_identical_inputs_make_one_analysis_even_when_triggers_race(services) ->
     results: list[AnalysisRecord] = []
     start = threading.Barrier(3)
 
-    def trigger() -> None:
+    def trigger() -> None:  # none waits for another's work: the running one is named at once
         start.wait()
-        results.append(run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request"))
+        try:
+            results.append(run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request"))
+        except analyses.AnalysisRunning as e:
+            results.append(e.record)
 
     threads = [threading.Thread(target=trigger, daemon=True) for _ in range(3)]
     for t in threads:
@@ -134,6 +138,21 @@ def test_a_crashed_running_row_is_taken_over_once_stale(services) -> None:
                   .values(status="running", created_at=first.created_at.replace(year=2000)))
     taken = run_analysis(services, [sid], bootstrap=0, owner="bob", trigger="request")
     assert taken.id == first.id and taken.ran and taken.status == "done" and taken.owner == "bob"
+
+
+def test_a_running_row_whose_process_is_gone_is_taken_over_at_once(services) -> None:
+    sid = fill(services)
+    first = run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with services.store.transaction() as s:  # as if a server (this host, pid `dead`) was killed mid-analysis now
+        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == first.id)
+                  .values(status="running", runner=f"{socket.gethostname()}:{dead.pid}:abcdef"))
+    assert analyses.fail_interrupted(services.store) == [first.id]  # what the loop's tick does first
+    (row,) = _rows(services)
+    assert row.status == "failed" and row.error.startswith("interrupted") and analyses.interrupted(row)
+    again = analyses.analyse_if_new(services, sid, bootstrap=0)  # the loop runs interrupted inputs again
+    assert again.ran and again.status == "done" and again.trigger == "observations"
 
 
 def test_unknown_sweep_and_sweep_without_observations(services) -> None:
