@@ -336,12 +336,13 @@ def _finish(store: Store, row: AnalysisRecord, **values: Any) -> None:
         _IN_FLIGHT.pop(runner, None)
 
 
-def interrupt_in_flight() -> None:
-    """At exit (a SIGTERM's graceful stop), mark the analyses this process is still running failed, interrupted,
-    so that they never stay `running` and the analysis loop of the next start runs them again."""
+def interrupt_in_flight(store: Store | None = None) -> None:
+    """Mark the analyses this process is running (on ``store``, or on any) failed, interrupted, so that they never
+    stay `running` and the analysis loop of the next start runs them again: at a server's shutdown, and at exit."""
     with _IN_FLIGHT_LOCK:
-        left = list(_IN_FLIGHT.items())
-        _IN_FLIGHT.clear()
+        left = [(runner, claim) for runner, claim in _IN_FLIGHT.items() if store in (None, claim[1])]
+        for runner, _ in left:
+            del _IN_FLIGHT[runner]
     for runner, (analysis_id, store) in left:
         try:
             with store.transaction() as s:

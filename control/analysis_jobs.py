@@ -1,8 +1,8 @@
 """Analyses a request asked for run here, off the server's request threads: POST /sweeps/{id}/analysis claims the
 row and answers at once (202), and one of these daemon threads does the work. Bounded twice: each token name may
 have PER_OWNER requested analyses running (TooManyAnalyses, HTTP 429, past that, before anything is written), and
-at most SLOTS compute at once (the rest wait their turn, `running`). Stopping (the server's shutdown) interrupts
-them at their next progress step: their rows end failed, "interrupted", and the analysis loop runs them again.
+at most SLOTS compute at once (the rest wait their turn, `running`). Stopping (the server's shutdown) ends their
+rows failed, "interrupted" (the analysis loop runs them again), and the threads at their next progress step.
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from upscale.control.analyses import stop_when
+from upscale.control.analyses import interrupt_in_flight, stop_when
+
+if TYPE_CHECKING:
+    from upscale.orchestrator.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,9 @@ class AnalysisJobs:
         with self.lock:
             self.running[owner] -= 1
 
-    def stop(self) -> None:
-        """Interrupt the running analyses at their next progress step, and those waiting for a slot at their
-        first."""
+    def stop(self, store: Store) -> None:
+        """The server is stopping: the threads stop at their next progress step, and every analysis this process
+        runs on ``store`` (the analysis loop's too) ends failed, "interrupted", now: uvicorn ends the process with
+        the SIGTERM it caught, so neither the threads nor exit hooks get to."""
         self.stopping.set()
+        interrupt_in_flight(store)
