@@ -552,8 +552,10 @@ def stop_when(event: threading.Event) -> Callable[..., None]:
 class AnalysisLoop(threading.Thread):
     """Every ``tick_s``, analyses each settled sweep (done, failed or cancelled) whose observations changed since
     its latest analysis: a sweep that just completed, was extended or got late segments. ``policy`` `off` (the
-    setting UPSCALE_ANALYSIS_POLICY) runs none. A failure is recorded on the analysis row, never fatal to the loop;
-    one analysis at a time, with one process for the bootstrap, so it costs one core at most."""
+    setting UPSCALE_ANALYSIS_POLICY) runs none. Each tick first ends the rows whose runner is gone (failed,
+    interrupted), and reruns interrupted analyses. A failure is recorded on the analysis row, never fatal to the
+    loop; one analysis at a time, with one process for the bootstrap, so it costs one core at most; stopping the
+    loop interrupts it at its next bootstrap step."""
 
     def __init__(self, services: Services, tick_s: float = 5.0, policy: str | None = None,
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP) -> None:

@@ -1,6 +1,7 @@
 """The service's analyses on a real SQLite store: one analysis per (sweeps, inputs) however many triggers race, the
-routes (201/200/404/409, plots by listed name only), decisions from the newest analysis, refits running it, the loop
-that runs it by itself, and `upscale analyze` through the console script.
+routes (202 then polled, 200/404/409, plots by listed name only), decisions from the newest analysis, refits
+running it, the loop that runs it by itself (and again when interrupted), and `upscale analyze` through the
+console script.
 
 The store is filled the way the scheduler fills it (a submitted sweep, its decay segments done with an observation
 each), with losses drawn from the paper's Table 2 laws at the planned coordinates (fitting/synthetic.py), so every
