@@ -25,9 +25,10 @@ import httpx
 from sqlalchemy import select
 
 from tests.api.conftest import serve
-from tests.api.test_analysis import GRID, add_last_observation, fill, wait_done
+from tests.api.test_analysis import GRID, add_last_observation, fill
 from tests.api.test_recovery import upscale_serve, wait_for
 from upscale.api.auth import create_token
+from upscale.client import Client
 from upscale.control import analyses
 from upscale.control.analyses import AnalysisLoop, run_analysis
 from upscale.control.analysis_jobs import PER_OWNER
@@ -135,7 +136,9 @@ def test_bobs_refit_of_alices_sweep_leaves_her_decision_alone(tmp_path, mlflow_u
         alice = live.client()
         bob = live.client({"Authorization": f"Bearer {create_token(services.store, 'write', 'bob')}"})
         assert owner_of(services, sid) == "alice"
-        mine = wait_done(alice, alice.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 0}).json()["id"])
+        token = live.write["Authorization"].split()[1]
+        mine = Client(live.url, token).analyze(sid, bootstrap=0, poll_s=0.2)  # posts, then polls until done
+        assert mine["status"] == "done" and mine["owner"] == "alice"
         before = alice.get("/decisions/upcycle", params=question).json()
         assert before["analysis"]["id"] == mine["id"]
 
