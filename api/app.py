@@ -153,6 +153,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
             for loop in app.state.loops:
                 loop.start()
         yield
+        services.jobs.stop(services.store)  # analyses in flight end `failed`, interrupted: the next start reruns them
         if app.state.loops:
             for loop in app.state.loops:
                 loop.stop()

@@ -3,26 +3,33 @@ the `analyses` table with its plots under <home>/analyses/<id>/, and the loop th
 
 One analysis per (sweeps, inputs): the inputs hash covers the observation tables and the parameters (N1s,
 bootstrap, seed, the record's version), and the row is inserted before the work starts, so of two triggers for the
-same inputs (a request and the loop, two loops, two requests) one runs it and the other gets its record. A `failed`
-row is retried by the next explicit trigger (a request, a refit, the demo); the loop does not retry the same inputs.
-A `running` row whose process died (a crash, a kill) is taken over by the next trigger once it is older than
-STALE_RUNNING_S, so a crash never blocks an analysis for longer than that.
+same inputs (a request and the loop, two loops, two requests) one runs it and the others get its record: the done
+one, or AnalysisRunning (HTTP 409 naming it) while it runs. Nobody waits for another caller's work. A row names the
+process running it (`runner`); a `running` row whose runner is gone (a server stopped or killed mid-analysis) is
+interrupted: the next trigger takes it over, and the loop marks it failed with an error starting "interrupted" and
+runs the sweep's analysis again. A `failed` row is retried by the next explicit trigger (a request, a refit, the
+demo); the loop does not retry the same inputs unless they were interrupted.
+
+A sweep's decisions answer from its own analyses: those the loop, its owner (or an admin) or the CLI made. A refit
+is its schedule owner's: its inputs hash is its own (one per owner), so it never stands in for the sweep's analysis,
+and `latest_analysis` never returns it; refit versions name it (control/refits.py).
 
 Everything that answers from an analysis reads the newest *done* one: GET /decisions/upcycle, `upscale decide`
-and `upscale dstar` without fit files, GET /sweeps/{id}/analysis. Refits run `run_analysis` too (control/refits.py).
+and `upscale dstar` without fit files, GET /sweeps/{id}/analysis.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
+import os
+import socket
 import threading
-import time
 import traceback
 import uuid
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +44,7 @@ from upscale.fitting.errors import FitError
 from upscale.orchestrator.records import as_utc, utcnow
 
 if TYPE_CHECKING:
+    from upscale.control.analysis_jobs import AnalysisJobs
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
     from upscale.fitting.dstar import Limits
@@ -46,8 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KINDS = ("dense", "scratch", "upcycled")  # the tables `analyze` takes
-STALE_RUNNING_S = 3600.0  # a `running` row older than this is a crashed run: the next trigger takes it over
-WAIT_POLL_S = 0.5  # how often a trigger that found its analysis running looks again
+STALE_RUNNING_S = 3600.0  # a `running` row of another host (or of none) older than this is taken over
+INTERRUPTED = "interrupted"  # how the error of an analysis whose process stopped mid-way begins: the loop reruns it
 SETTLED = ("done", "failed", "cancelled")  # sweep states the loop analyses: nothing more is coming for now
 POLICIES = ("on_new_observations", "off")
 
@@ -55,6 +63,21 @@ POLICIES = ("on_new_observations", "off")
 class NotReady(RuntimeError):
     """Nothing can answer yet (no observations, no analysis, the analysis cannot answer): HTTP 409, and the message
     says what is missing."""
+
+
+class AnalysisRunning(NotReady):
+    """Another caller is running the analysis of these inputs: HTTP 409 naming it (``record``), never a wait."""
+
+    def __init__(self, record: AnalysisRecord) -> None:
+        self.record = record
+        super().__init__(f"analysis {record.id} of these inputs is running (trigger {record.trigger}, since "
+                         f"{as_utc(record.created_at):%Y-%m-%d %H:%M:%S} UTC): GET /analyses/{record.id} shows it "
+                         f"and says when it is done")
+
+
+class Interrupted(Exception):
+    """Raised into an analysis through its progress callback when its server stops: the row ends failed,
+    "interrupted", and is run again."""
 
 
 def analysis_dir(home: Path, analysis_id: str) -> Path:
@@ -88,12 +111,15 @@ def analysis_params(n1s: Sequence[float] | None, bootstrap: int, seed: int,
             "decisions": [list(map(float, d)) for d in decisions] if decisions else None}
 
 
-def inputs_hash(observations: str, params: dict[str, Any]) -> str:
-    """sha256 of the observations' hash, the parameters and the record's version: equal inputs, one analysis."""
+def inputs_hash(observations: str, params: dict[str, Any], refit_owner: str | None = None) -> str:
+    """sha256 of the observations' hash, the parameters and the record's version: equal inputs, one analysis. A
+    refit's (``refit_owner``: its schedule's owner) are that owner's own inputs, never a sweep's own analysis."""
     from upscale.fitting.analysis import ANALYSIS_VERSION
 
-    text = json.dumps({"observations": observations, "params": params, "version": ANALYSIS_VERSION}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    inputs = {"observations": observations, "params": params, "version": ANALYSIS_VERSION}
+    if refit_owner is not None:
+        inputs["refit_owner"] = refit_owner
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[float] | None = None,
@@ -101,38 +127,85 @@ def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[
                  progress: Progress | None = None, tables: dict[str, pd.DataFrame] | None = None,
                  decisions: Sequence[tuple[float, float, float]] | None = None, workers: int = 1,
                  cache: ObservationCache | None = None) -> AnalysisRecord:
-    """Analyse the sweeps' observations and keep the record; the existing record when these inputs were analysed
-    already (``.ran`` says which). ``tables``: the sweeps' tables when the caller read them already (a refit tick),
-    or data that is in no sweep (the synthetic demo, ``sweep_ids`` empty).
+    """Analyse the sweeps' observations in this thread and keep the record; the existing record when these inputs
+    were analysed already (``.ran`` says which). ``tables``: the sweeps' tables when the caller read them already
+    (a refit tick), or data that is in no sweep (the synthetic demo, ``sweep_ids`` empty).
 
-    NotFoundError for an unknown sweep, NotReady when the sweeps have no finished segment, FitError when there is
-    nothing the analysis can fit (the row is then `failed` with that error, as for any failure)."""
-    ids = sorted(set(sweep_ids))
-    for sweep_id in ids:
-        services.store.sweep(sweep_id)  # NotFoundError (404) before anything is read
-    tables = tables if tables is not None else sweep_tables(services, ids, cache)
-    if not any(len(t) for t in tables.values()):
-        raise NotReady(f"sweep {', '.join(ids)} has no finished segments yet: the analysis needs the losses of "
-                       f"finished decay segments; it runs by itself when they finish")
-    params = analysis_params(n1s, bootstrap, seed, decisions)
-    observed = observations_hash(tables)
-    record, claimed = _claim(services.store, ids, inputs_hash(observed, params), observed, params, trigger, owner)
-    if not claimed:
-        return record
-    from upscale.fitting.analysis import analyze
+    NotFoundError for an unknown sweep, NotReady when the sweeps have no finished segment, AnalysisRunning when
+    another caller runs these inputs now, FitError when there is nothing the analysis can fit (the row is then
+    `failed` with that error, as for any failure)."""
+    work = _Work.read(services, sweep_ids, n1s, bootstrap, seed, decisions, tables, cache, owner, trigger)
+    record = work.claim()
+    return work.run(record, workers, progress) if record.ran else record
 
-    try:
-        analysis = analyze(tables, params["n1s"], decisions, bootstrap, seed, workers, progress,
-                           sweep_limits(services, ids))
-        folder = analysis_dir(services.settings.home, record.id)
-        drawn = _draw(analysis, tables, folder)
-        _finish(services.store, record, status="done", record={**analysis.to_json(), "plots_skipped": drawn.skipped},
-                plots=drawn.names)
-    except BaseException as e:  # any failure is the row's (never left `running`); FitError reaches callers as a 422
-        _finish(services.store, record, status="failed", error=_one_line(e))
-        raise
-    _log_to_mlflow(services, record, folder)
+
+def request_analysis(services: Services, sweep_id: str, *, n1s: Sequence[float] | None, bootstrap: int, seed: int,
+                     owner: str, jobs: AnalysisJobs) -> AnalysisRecord:
+    """What POST /sweeps/{id}/analysis does, without waiting for the work: the done record when these inputs were
+    analysed (``.ran`` False), else the claimed `running` row, its work started on ``jobs``' threads (``.ran``
+    True). AnalysisRunning when another caller runs these inputs; TooManyAnalyses, before any row is written, when
+    ``owner`` has as many running as ``jobs`` allows."""
+    work = _Work.read(services, [sweep_id], n1s, bootstrap, seed, None, None, None, owner, "request")
+    found = _found(services.store, work.row.sweep_key, work.row.inputs_hash)
+    if found is not None and found.status == "done":
+        return found
+    with jobs.reserve(owner) as start:
+        record = work.claim()
+        if record.ran:
+            start(lambda progress: work.run(record, 1, progress))
     return record
+
+
+class _Work:
+    """One analysis's inputs (the tables, their parameters and hash, the unclaimed row) and running it."""
+
+    def __init__(self, services: Services, row: AnalysisRecord, tables: dict[str, pd.DataFrame],
+                 decisions: Sequence[tuple[float, float, float]] | None) -> None:
+        self.services, self.row, self.tables, self.decisions = services, row, tables, decisions
+
+    @classmethod
+    def read(cls, services: Services, sweep_ids: Sequence[str], n1s: Sequence[float] | None, bootstrap: int,
+             seed: int, decisions: Sequence[tuple[float, float, float]] | None,
+             tables: dict[str, pd.DataFrame] | None, cache: ObservationCache | None, owner: str,
+             trigger: str) -> _Work:
+        """Read the sweeps' tables (unless given) and hash the inputs; nothing is written."""
+        ids = sorted(set(sweep_ids))
+        for sweep_id in ids:
+            services.store.sweep(sweep_id)  # NotFoundError (404) before anything is read
+        tables = tables if tables is not None else sweep_tables(services, ids, cache)
+        if not any(len(t) for t in tables.values()):
+            raise NotReady(f"sweep {', '.join(ids)} has no finished segments yet: the analysis needs the losses of "
+                           f"finished decay segments; it runs by itself when they finish")
+        params = analysis_params(n1s, bootstrap, seed, decisions)
+        observed = observations_hash(tables)
+        row = AnalysisRecord(id=uuid.uuid4().hex[:12], sweep_ids=ids, sweep_key=sweep_key(ids),
+                             inputs_hash=inputs_hash(observed, params, owner if trigger == "refit" else None),
+                             observations_hash=observed, status="running", trigger=trigger, params=params,
+                             plots=[], owner=owner)
+        return cls(services, row, tables, decisions)
+
+    def claim(self) -> AnalysisRecord:
+        return _claim(self.services.store, self.row)
+
+    def run(self, record: AnalysisRecord, workers: int, progress: Progress | None) -> AnalysisRecord:
+        """Run the claimed ``record``, end it done or failed (never left `running`) and log it to MLflow."""
+        from upscale.fitting.analysis import analyze
+
+        services, params = self.services, record.params
+        try:
+            analysis = analyze(self.tables, params["n1s"], self.decisions, params["bootstrap"], params["seed"],
+                               workers, progress, sweep_limits(services, record.sweep_ids))
+            folder = analysis_dir(services.settings.home, record.id)
+            drawn = _draw(analysis, self.tables, folder)
+            _finish(services.store, record, status="done",
+                    record={**analysis.to_json(), "plots_skipped": drawn.skipped}, plots=drawn.names)
+        except BaseException as e:  # any failure is the row's; FitError reaches callers as a 422
+            stopped = isinstance(e, Interrupted) or not isinstance(e, Exception)  # a server stop, ^C, SystemExit
+            _finish(services.store, record, status="failed",
+                    error=f"{INTERRUPTED}: {_one_line(e)}; it runs again" if stopped else _one_line(e))
+            raise
+        _log_to_mlflow(services, record, folder)
+        return record
 
 
 def sweep_limits(services: Services, sweep_ids: Sequence[str]) -> Limits:
@@ -158,54 +231,130 @@ def sweep_limits(services: Services, sweep_ids: Sequence[str]) -> Limits:
 
 
 def _one_line(e: BaseException) -> str:
-    return traceback.format_exception_only(e)[-1].strip()[:4000]
+    return (traceback.format_exception_only(e)[-1].strip() or type(e).__name__)[:4000]
 
 
-def _claim(store: Store, ids: list[str], digest: str, observed: str, params: dict[str, Any], trigger: str,
-           owner: str) -> tuple[AnalysisRecord, bool]:
-    """Insert the `running` row for these inputs (True: this call runs it), or return the row another call made:
-    done as it is; failed or stale, taken over with a conditional UPDATE (one racer wins); running, once it ends."""
-    row = AnalysisRecord(id=uuid.uuid4().hex[:12], sweep_ids=ids, sweep_key=sweep_key(ids), inputs_hash=digest,
-                         observations_hash=observed, status="running", trigger=trigger, params=params, plots=[],
-                         owner=owner, created_at=utcnow())
+def _this_process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+_IN_FLIGHT: dict[str, tuple[str, Store]] = {}  # this process's claims: runner -> (analysis id, its store)
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+def runner_gone(record: AnalysisRecord) -> bool:
+    """Whether nobody runs this `running` row any more. Its runner is host:pid:nonce, a nonce per claim: of this
+    process, gone once the claim ended (or the pid's earlier owner made it); of another process on this host, gone
+    with that pid; of another host, STALE_RUNNING_S after the claim. A row claimed before runners were recorded
+    counts as gone once older than STALE_RUNNING_S."""
+    from upscale.orchestrator.scheduler import owner_alive
+
+    if record.runner is None:
+        return (utcnow() - as_utc(record.created_at)).total_seconds() >= STALE_RUNNING_S
+    if record.runner.rsplit(":", 1)[0] == _this_process():
+        return record.runner not in _IN_FLIGHT
+    return not owner_alive(record.runner, record.created_at, STALE_RUNNING_S)
+
+
+def interrupted(record: AnalysisRecord) -> bool:
+    """Whether the row's run was cut short (its process stopped or died), not failed on its inputs."""
+    if record.status == "running":
+        return runner_gone(record)
+    return record.status == "failed" and (record.error or "").startswith(INTERRUPTED)
+
+
+def _found(store: Store, key: str, digest: str) -> AnalysisRecord | None:
+    """The row of these inputs if there is one; AnalysisRunning when it is running and its runner is alive."""
+    with store.transaction() as s:
+        found = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == key,
+                                                      AnalysisRecord.inputs_hash == digest))
+    if found is not None and found.status == "running" and not runner_gone(found):
+        raise AnalysisRunning(found)
+    return found
+
+
+def _claim(store: Store, row: AnalysisRecord) -> AnalysisRecord:
+    """Insert ``row`` as these inputs' `running` row (``.ran`` True: this call runs it), or take the row another
+    call made: done, as it is (``.ran`` False); failed or interrupted, taken over with a conditional UPDATE (one
+    racer wins); running, AnalysisRunning at once. The claim is noted in this process before it is written, so that
+    no thread here ever takes it for a dead process's."""
+    row.created_at, row.runner = utcnow(), f"{_this_process()}:{uuid.uuid4().hex[:8]}"
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT[row.runner] = (row.id, store)
+    claimed: AnalysisRecord | None = None
     try:
-        with store.transaction() as s:
-            s.add(row)
-        row.ran = True
-        return row, True
-    except IntegrityError:  # the unique (sweep_key, inputs_hash): these inputs have a row already
-        pass
-    while True:
-        with store.transaction() as s:
-            existing = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == row.sweep_key,
-                                                             AnalysisRecord.inputs_hash == digest))
-        if existing.status == "done":
-            existing.ran = False
-            return existing, False
-        now = utcnow()
-        with store.transaction() as s:
-            taken = s.execute(
-                update(AnalysisRecord)
-                .where(AnalysisRecord.id == existing.id,
-                       or_(AnalysisRecord.status == "failed",
-                           (AnalysisRecord.status == "running")
-                           & (AnalysisRecord.created_at < now - timedelta(seconds=STALE_RUNNING_S))))
-                .values(status="running", error=None, trigger=trigger, owner=owner, created_at=now,
-                        finished_at=None)).rowcount
-        if taken:
-            existing.status, existing.error, existing.trigger, existing.owner = "running", None, trigger, owner
-            existing.created_at, existing.finished_at, existing.ran = now, None, True
-            return existing, True
-        time.sleep(WAIT_POLL_S)
+        try:
+            with store.transaction() as s:
+                s.add(row)
+            claimed = row
+            claimed.ran = True
+            return claimed
+        except IntegrityError:  # the unique (sweep_key, inputs_hash): these inputs have a row already
+            pass
+        for _ in range(3):  # a lost race reads the row again: then done, or running
+            existing = _found(store, row.sweep_key, row.inputs_hash)
+            if existing.status == "done":
+                existing.ran = False
+                return existing
+            taken = {"status": "running", "error": None, "trigger": row.trigger, "owner": row.owner,
+                     "created_at": row.created_at, "finished_at": None, "runner": row.runner}
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT[row.runner] = (existing.id, store)
+            with store.transaction() as s:
+                won = s.execute(update(AnalysisRecord)
+                                .where(AnalysisRecord.id == existing.id, AnalysisRecord.status == existing.status,
+                                       _runner_is(existing.runner))
+                                .values(**taken)).rowcount
+            if won:
+                for name, value in taken.items():
+                    setattr(existing, name, value)
+                claimed = existing
+                claimed.ran = True
+                return claimed
+        raise AnalysisRunning(existing)
+    finally:
+        if claimed is None:
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT.pop(row.runner, None)
+
+
+def _runner_is(runner: str | None) -> ColumnElement[bool]:
+    """The row's runner is still ``runner``: the condition of every take-over, so that one racer wins."""
+    return AnalysisRecord.runner.is_(None) if runner is None else AnalysisRecord.runner == runner
 
 
 def _finish(store: Store, row: AnalysisRecord, **values: Any) -> None:
     """End a claimed row (status done or failed) in the store and on ``row``."""
-    values["finished_at"] = utcnow()
-    with store.transaction() as s:
-        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == row.id).values(**values))
+    runner = row.runner
+    values["finished_at"], values["runner"] = utcnow(), None
+    with store.transaction() as s:  # unless it was ended at exit (interrupt_in_flight) or taken over since
+        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == row.id, AnalysisRecord.runner == runner)
+                  .values(**values))
     for name, value in values.items():
         setattr(row, name, value)
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT.pop(runner, None)
+
+
+def interrupt_in_flight(store: Store | None = None) -> None:
+    """Mark the analyses this process is running (on ``store``, or on any) failed, interrupted, so that they never
+    stay `running` and the analysis loop of the next start runs them again: at a server's shutdown, and at exit."""
+    with _IN_FLIGHT_LOCK:
+        left = [(runner, claim) for runner, claim in _IN_FLIGHT.items() if store in (None, claim[1])]
+        for runner, _ in left:
+            del _IN_FLIGHT[runner]
+    for runner, (analysis_id, store) in left:
+        try:
+            with store.transaction() as s:
+                s.execute(update(AnalysisRecord)
+                          .where(AnalysisRecord.id == analysis_id, AnalysisRecord.runner == runner)
+                          .values(status="failed", finished_at=utcnow(), runner=None,
+                                  error=f"{INTERRUPTED}: the process running it stopped; it runs again"))
+        except Exception as e:  # exiting anyway: the next start sees the runner gone
+            log.warning("analysis %s left running at exit: %s", analysis_id, _one_line(e))
+
+
+atexit.register(interrupt_in_flight)
 
 
 def _draw(analysis: Analysis, tables: dict[str, pd.DataFrame], folder: Path) -> DrawnPlots:
@@ -274,24 +423,29 @@ def _of_sweep(sweep_id: str | None) -> ColumnElement[bool]:
                key.contains(f",{sweep_id},"))
 
 
+ANSWERING = AnalysisRecord.trigger != "refit"  # the analyses decisions answer from: a refit is its schedule's
+
+
 def latest_analysis(store: Store, sweep_id: str | None = None) -> AnalysisRecord | None:
-    """The newest done analysis (of any sweeps, or of those including ``sweep_id``), or None."""
+    """The newest done analysis that answers decisions (not a refit's), of any sweeps or of those including
+    ``sweep_id``; None if there is none."""
     with store.transaction() as s:
-        return s.scalar(select(AnalysisRecord).where(AnalysisRecord.status == "done", _of_sweep(sweep_id))
+        return s.scalar(select(AnalysisRecord).where(AnalysisRecord.status == "done", ANSWERING, _of_sweep(sweep_id))
                         .order_by(AnalysisRecord.finished_at.desc()).limit(1))
 
 
-def analyses(store: Store, sweep_id: str | None = None) -> list[AnalysisRecord]:
-    """Every analysis (running and failed ones too), newest first."""
+def analyses(store: Store, sweep_id: str | None = None, answering: bool = False) -> list[AnalysisRecord]:
+    """Every analysis (running and failed ones too; only those that answer decisions if ``answering``), newest
+    first."""
     with store.transaction() as s:
-        return list(s.scalars(select(AnalysisRecord).where(_of_sweep(sweep_id))
+        return list(s.scalars(select(AnalysisRecord).where(_of_sweep(sweep_id), ANSWERING if answering else true())
                               .order_by(AnalysisRecord.created_at.desc())))
 
 
 def why_no_analysis(services: Services, sweep_id: str | None = None) -> str:
     """What is missing for a done analysis to exist (of ``sweep_id``, or of any sweep), as one sentence."""
     where = f"sweep {sweep_id}" if sweep_id else "any sweep"
-    history = analyses(services.store, sweep_id)
+    history = analyses(services.store, sweep_id, answering=True)
     running = next((a for a in history if a.status == "running"), None)
     if running is not None:
         return (f"no finished analysis of {where} yet: analysis {running.id} (sweeps {running.sweep_key}) is "
@@ -350,26 +504,58 @@ def sweep_owner(services: Services, sweep_id: str) -> str:
 
 
 def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP,
-                   cache: ObservationCache | None = None) -> AnalysisRecord | None:
-    """Analyse a sweep whose observations differ from those of its latest analysis (of any status: the same failing
-    inputs are not retried); None when they do not, or when it has none."""
+                   cache: ObservationCache | None = None, progress: Progress | None = None) -> AnalysisRecord | None:
+    """Analyse a sweep whose observations differ from those of its latest own analysis (of any status: the same
+    failing inputs are not retried, but interrupted ones are); None when they do not, or when it has none. Refits
+    are not its own: one of bob's never stands for alice's sweep's analysis."""
     tables = sweep_tables(services, [sweep_id], cache)
     if not any(len(t) for t in tables.values()):
         return None
     with services.store.transaction() as s:
-        latest = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == sweep_id)
+        latest = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == sweep_id, ANSWERING)
                           .order_by(AnalysisRecord.created_at.desc()).limit(1))
-    if latest is not None and latest.observations_hash == observations_hash(tables):
+    if latest is not None and latest.observations_hash == observations_hash(tables) and not interrupted(latest):
         return None
     return run_analysis(services, [sweep_id], bootstrap=bootstrap, owner=sweep_owner(services, sweep_id),
-                        trigger="completed" if latest is None else "observations", tables=tables)
+                        trigger="completed" if latest is None else "observations", tables=tables, progress=progress)
+
+
+def fail_interrupted(store: Store) -> list[str]:
+    """Mark `running` rows whose runner is gone (a server stopped or killed mid-analysis without its exit hook)
+    failed, interrupted, so that none stays `running` for ever; their ids."""
+    with store.transaction() as s:
+        running = list(s.scalars(select(AnalysisRecord).where(AnalysisRecord.status == "running")))
+    failed = []
+    for row in running:
+        if not runner_gone(row):
+            continue
+        with store.transaction() as s:  # conditional: a trigger that took the row over since keeps it
+            if s.execute(update(AnalysisRecord)
+                         .where(AnalysisRecord.id == row.id, AnalysisRecord.status == "running",
+                                _runner_is(row.runner))
+                         .values(status="failed", finished_at=utcnow(), runner=None,
+                                 error=f"{INTERRUPTED}: the process running it ({row.runner or 'unknown'}) is "
+                                       f"gone; it runs again")).rowcount:
+                failed.append(row.id)
+    return failed
+
+
+def stop_when(event: threading.Event) -> Callable[..., None]:
+    """An analysis's progress callback that stops it (failed, interrupted) once ``event`` is set: a server
+    stopping never waits for a bootstrap to end, nor leaves its row `running`."""
+    def check(*_: object) -> None:
+        if event.is_set():
+            raise Interrupted("the server stopped while it ran")
+    return check
 
 
 class AnalysisLoop(threading.Thread):
     """Every ``tick_s``, analyses each settled sweep (done, failed or cancelled) whose observations changed since
     its latest analysis: a sweep that just completed, was extended or got late segments. ``policy`` `off` (the
-    setting UPSCALE_ANALYSIS_POLICY) runs none. A failure is recorded on the analysis row, never fatal to the loop;
-    one analysis at a time, with one process for the bootstrap, so it costs one core at most."""
+    setting UPSCALE_ANALYSIS_POLICY) runs none. Each tick first ends the rows whose runner is gone (failed,
+    interrupted), and reruns interrupted analyses. A failure is recorded on the analysis row, never fatal to the
+    loop; one analysis at a time, with one process for the bootstrap, so it costs one core at most; stopping the
+    loop interrupts it at its next bootstrap step."""
 
     def __init__(self, services: Services, tick_s: float = 5.0, policy: str | None = None,
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP) -> None:
@@ -385,6 +571,8 @@ class AnalysisLoop(threading.Thread):
     def tick(self) -> None:
         if self.policy == "off":
             return
+        for analysis_id in fail_interrupted(self.services.store):
+            log.warning("analysis %s was interrupted: it runs again", analysis_id)
         cache = ObservationCache(self.services)
         for sweep in self.services.store.sweeps():
             if self.stopping.is_set():
@@ -392,7 +580,7 @@ class AnalysisLoop(threading.Thread):
             if sweep.status not in SETTLED:
                 continue
             try:
-                analyse_if_new(self.services, sweep.id, self.bootstrap, cache)
+                analyse_if_new(self.services, sweep.id, self.bootstrap, cache, stop_when(self.stopping))
             except Exception as e:  # recorded on the row by run_analysis; the loop goes on
                 log.warning("analysis of sweep %s failed: %s", sweep.id, _one_line(e))
 

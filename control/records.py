@@ -81,6 +81,8 @@ class AnalysisRecord(Base):
     owner: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow, doc="When this run was claimed.")
     finished_at: Mapped[datetime | None] = mapped_column()
+    runner: Mapped[str | None] = mapped_column(String(200), doc="The process running it (host:pid:nonce) while "
+                                               "running: a row whose runner is gone was interrupted.")
     # Not a column: on the record run_analysis returns, True when that call ran the analysis, False when it found it.
     ran = False
 

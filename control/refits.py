@@ -7,6 +7,10 @@ whole answer there: intervals, extrapolation, health), the diff from version n p
 `left_interval` when D* falls outside version n's interval. Identical inputs reuse the analysis already made.
 `on_new_observations` schedules fire when the inputs hash changes; `cron` schedules fire once in each matching
 minute.
+
+A schedule may name anyone's sweeps (it only reads their observations), and its analyses are its owner's alone:
+their inputs hash includes the owner, decisions never answer from them, and in MLflow they are runs of their own
+(control/analysis_run.py), so bob's refit of alice's sweep never replaces what alice's decisions answer from.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from upscale.control.analyses import (
+    AnalysisRunning,
     NotReady,
     analysis_params,
     inputs_hash,
@@ -129,7 +134,8 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     that were hashed."""
     req = RefitRequest.model_validate(schedule.request)
     tables = sweep_tables(services, req.sweep_ids, cache if cache is not None else ObservationCache(services))
-    digest = inputs_hash(observations_hash(tables), analysis_params([req.n1] if req.n1 else None, req.bootstrap, 0))
+    digest = inputs_hash(observations_hash(tables), analysis_params([req.n1] if req.n1 else None, req.bootstrap, 0),
+                         refit_owner=schedule.owner)
     with services.store.transaction() as s:  # a conditional UPDATE: of racing loops, one fires on new inputs
         mark = update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id).values(last_checked_hash=digest)
         if not force:
@@ -137,9 +143,17 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
                                   RefitScheduleRecord.last_checked_hash != digest))
         if s.execute(mark).rowcount == 0:
             return None
-    schedule.last_checked_hash = digest
-    analysis = run_analysis(services, req.sweep_ids, n1s=[req.n1] if req.n1 else None, bootstrap=req.bootstrap,
-                            owner=schedule.owner, trigger="refit", tables=tables)
+    tried, schedule.last_checked_hash = schedule.last_checked_hash, digest
+    try:
+        analysis = run_analysis(services, req.sweep_ids, n1s=[req.n1] if req.n1 else None, bootstrap=req.bootstrap,
+                                owner=schedule.owner, trigger="refit", tables=tables)
+    except AnalysisRunning:  # another of the owner's triggers runs these inputs: the next tick refits with it
+        with services.store.transaction() as s:
+            s.execute(update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id,
+                                                        RefitScheduleRecord.last_checked_hash == digest)
+                      .values(last_checked_hash=tried))
+        schedule.last_checked_hash = tried
+        raise
     answer, group = _best_dstar(analysis, req.n1)
     dstar, ci = (answer or {}).get("dstar"), _ci95(answer)
     with services.store.transaction() as s:

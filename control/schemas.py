@@ -279,6 +279,7 @@ class DecisionPublic(BaseModel):
 
 
 MAX_N1S = 32  # D* sizes one analysis request may ask for
+MAX_N1 = 1e18  # the largest dense size N1 an analysis or a refit may find D* at (a parameter count)
 
 
 class AnalysisCreate(BaseModel):
@@ -296,8 +297,8 @@ class AnalysisCreate(BaseModel):
 
     @model_validator(mode="after")
     def _sizes(self) -> AnalysisCreate:
-        if self.n1s is not None and not all(0 < n <= 1e18 for n in self.n1s):
-            raise ValueError("n1s: every N1 must be a parameter count in (0, 1e18]")
+        if self.n1s is not None and not all(0 < n <= MAX_N1 for n in self.n1s):
+            raise ValueError(f"n1s: every N1 must be a parameter count in (0, {MAX_N1:.0e}]")
         return self
 
 
@@ -328,9 +329,10 @@ class RefitRequest(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     sweep_ids: list[str] = Field(min_length=1)
-    bootstrap: int = Field(0, ge=0, le=500, description="Bootstrap refits per fit (0: no intervals).")
-    n1: float | None = Field(None, gt=0, description="Dense size at which D* is reported (default: the largest size "
-                             "the sweeps trained, so that the answer stays where the data are).")
+    bootstrap: int = Field(0, ge=0, le=MAX_BOOTSTRAP, description="Bootstrap refits per fit (0: no intervals).")
+    n1: float | None = Field(None, gt=0, le=MAX_N1, description="Dense size (a parameter count) at which D* is "
+                             "reported (default: the largest size the sweeps trained, so that the answer stays where "
+                             "the data are).")
 
 
 class RefitScheduleCreate(BaseModel):

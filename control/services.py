@@ -1,5 +1,5 @@
 """What the routes, the CLI and the background loops share: the settings, the orchestrator's store (opened with the
-prediction ledger's hooks), and whether auth is enforced.
+prediction ledger's hooks), whether auth is enforced, and the threads requested analyses run on.
 
 `Services.open(settings)` migrates the database (the orchestrator's and the control layer's tables, one Alembic
 history).
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from upscale.control import ledger
+from upscale.control.analysis_jobs import AnalysisJobs
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
@@ -23,6 +24,7 @@ class Services:
     orch: Orchestrator
     auth: bool = True  # False for the CLI's in-process calls: whoever holds the database needs no token
     detail_cache: dict[str, tuple[Any, bytes, str]] = field(default_factory=dict)  # sweep -> (version, JSON, ETag)
+    jobs: AnalysisJobs = field(default_factory=AnalysisJobs)  # requested analyses, off the request threads
 
     @classmethod
     def open(cls, settings: Settings, auth: bool = True) -> Services:

@@ -238,13 +238,30 @@ class Client:
     # -- analyses ----------------------------------------------------------------------------------------------
 
     def analyze(self, sweep_id: str, n1s: list[float] | None = None, bootstrap: int | None = None,
-                seed: int = 0) -> dict[str, Any]:
-        """Run the paper's analysis on a sweep now and wait for it (identical inputs: the existing one); the stored
-        analysis: its record (fits, D*, verdicts, problems) and plot URLs. ``bootstrap`` defaults to the server's."""
+                seed: int = 0, poll_s: float = 1.0) -> dict[str, Any]:
+        """Run the paper's analysis on a sweep now and wait for it (identical inputs: the existing one, or the one
+        running); the stored analysis: its record (fits, D*, verdicts, problems) and plot URLs. The server runs it
+        in the background; this polls it every ``poll_s`` and raises ApiError if it failed. ``bootstrap``
+        defaults to the server's."""
+        import re
+        import time
+
         body: dict[str, Any] = {"n1s": n1s, "seed": seed}
         if bootstrap is not None:
             body["bootstrap"] = bootstrap
-        return self.request("POST", f"/sweeps/{sweep_id}/analysis", json=body)
+        try:
+            record = self.request("POST", f"/sweeps/{sweep_id}/analysis", json=body)
+        except ApiError as e:  # these inputs are being analysed by another request: wait for that one
+            running = re.search(r"analysis (\w+) of these inputs is running", str(e))
+            if e.status != 409 or running is None:
+                raise
+            record = self.request("GET", f"/analyses/{running.group(1)}")
+        while record["status"] == "running":
+            time.sleep(poll_s)
+            record = self.request("GET", f"/analyses/{record['id']}")
+        if record["status"] == "failed":
+            raise ApiError(f"analysis {record['id']} of sweep {sweep_id} failed: {record['error']}", 422)
+        return record
 
     def analysis(self, sweep_id: str) -> dict[str, Any]:
         """A sweep's latest finished analysis; ApiError 409 (saying why) when there is none yet."""

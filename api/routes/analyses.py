@@ -8,6 +8,7 @@ from fastapi.responses import FileResponse
 
 from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer
 from upscale.control import analyses, sweeps
+from upscale.control.analysis_jobs import TooManyAnalyses
 from upscale.control.records import AnalysisRecord
 from upscale.control.schemas import AnalysisCreate, AnalysisPublic
 
@@ -23,28 +24,56 @@ def _public(record: AnalysisRecord, request: Request) -> AnalysisPublic:
     return analyses.public(record, plots)
 
 
-@router.post("/sweeps/{sweep_id}/analysis", status_code=201, summary="Analyse a sweep now",
+@router.post("/sweeps/{sweep_id}/analysis", status_code=202, summary="Analyse a sweep now",
              response_model=AnalysisPublic,
              responses={200: {"model": AnalysisPublic, "description": "These observations were already analysed with "
                               "these parameters: that analysis, unchanged."},
                         **UNKNOWN_SWEEP,
-                        409: {"description": "The sweep has no finished segments yet."},
-                        422: {"description": "A bad parameter, or nothing the analysis can fit."}})
+                        409: {"description": "The sweep has no finished segments yet, or the analysis of these "
+                              "inputs is running: the message names it, and `Location` is where to poll."},
+                        422: {"description": "A bad parameter."},
+                        429: {"description": "The caller has as many requested analyses running as one token name "
+                              "may."}})
 def create_analysis(sweep_id: str, body: AnalysisCreate, request: Request, response: Response,
                     services: ServicesDep, caller: Writer) -> AnalysisPublic:
-    """Run the paper's analysis on the sweep's observations and wait for it: the from-scratch MoE law, E shared
-    with the dense law, the upcycled law per upcycling group (method, r, n_expert x topk), D* at each N1 with its
-    bootstrap interval and closed form, verdicts, and the plots. Laws the grid cannot identify are not fitted:
+    """Start the paper's analysis of the sweep's observations and answer at once (202, status `running`; poll
+    `Location`, GET /analyses/{id}, until `done` or `failed`): the from-scratch MoE law, E shared with the dense
+    law, the upcycled law per upcycling group (method, r, n_expert x topk), D* at each N1 with its bootstrap
+    interval and closed form, verdicts, and the plots. Laws the grid cannot identify are not fitted:
     `analysis.problems` says which, why and what to add. The service also runs it by itself when a sweep finishes
     or its observations change (UPSCALE_ANALYSIS_POLICY), so this is for other parameters or for running it now.
-    Identical inputs (observations and parameters) make one analysis: 200 with the existing one. Only the sweep's
-    owner or an admin token may run it (403 otherwise): the analysis it records becomes the one the sweep's
-    decisions answer from."""
+    Identical inputs (observations and parameters) make one analysis: 200 with it when it is done, 409 naming it
+    while it runs; a failed one runs again. Each token name may have a few requested analyses running at once (429
+    past that). Only the sweep's owner or an admin token may run it (403 otherwise): the analysis it records
+    becomes the one the sweep's decisions answer from."""
     caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
-    record = analyses.run_analysis(services, [sweep_id], n1s=body.n1s, bootstrap=body.bootstrap, seed=body.seed,
-                                   owner=caller.name, trigger="request")
-    if not record.ran:
+    try:
+        record = analyses.request_analysis(services, sweep_id, n1s=body.n1s, bootstrap=body.bootstrap,
+                                           seed=body.seed, owner=caller.name, jobs=services.jobs)
+    except analyses.AnalysisRunning as e:
+        raise HTTPException(409, str(e), headers={"Location": _where(e.record, request)}) from None
+    except TooManyAnalyses as e:
+        raise HTTPException(429, str(e)) from None
+    if record.ran:
+        response.headers["Location"] = _where(record, request)
+    else:
         response.status_code = 200
+    return _public(record, request)
+
+
+def _where(record: AnalysisRecord, request: Request) -> str:
+    return request.app.url_path_for("get_analysis_by_id", analysis_id=record.id)
+
+
+@router.get("/analyses/{analysis_id}", summary="One analysis", response_model=AnalysisPublic,
+            responses={404: {"description": "No such analysis."}})
+def get_analysis_by_id(analysis_id: str, request: Request, services: ServicesDep, _: Reader) -> AnalysisPublic:
+    """An analysis in whatever state it is: `running`, `done` with its record and plots, or `failed` with its
+    error (one starting "interrupted" was cut short by a server stopping, and runs again by itself)."""
+    with services.store.transaction() as s:
+        record = s.get(AnalysisRecord, analysis_id)
+    if record is None:
+        raise HTTPException(404, f"no analysis {analysis_id!r}")
     return _public(record, request)
 
 

@@ -7,6 +7,7 @@ from fastapi import APIRouter, HTTPException, Query
 from upscale.api.auth import Principal
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.control import refits
+from upscale.control.analysis_jobs import TooManyAnalyses
 from upscale.control.records import RefitRecord, RefitScheduleRecord
 from upscale.control.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
 
@@ -39,8 +40,9 @@ def _owned_schedule(services: ServicesDep, schedule_id: str, caller: Principal) 
              response_model=RefitSchedulePublic, responses=NOT_FOUND)
 def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Writer) -> RefitSchedulePublic:
     """Run the analysis on the sweeps' observations on a 5-field cron, or whenever they change, each run a new
-    versioned refit with D* at `request.n1`. The schedule is the caller's; its sweeps may be anyone's (it only reads
-    their observations)."""
+    versioned refit with D* at `request.n1` (a parameter count up to 1e18, as for analyses). The schedule is the
+    caller's; its sweeps may be anyone's (it only reads their observations), and its analyses stay its own: they
+    never become the analysis a sweep's decisions answer from."""
     return _schedule(refits.create_schedule(services, body, owner.name))
 
 
@@ -61,11 +63,22 @@ def delete_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> 
 
 
 @router.post("/refit-schedules/{schedule_id}/run", status_code=201, summary="Refit now",
-             response_model=RefitPublic, responses={**NOT_FOUND, 422: {"description": "A fit failed."}})
+             response_model=RefitPublic,
+             responses={**NOT_FOUND, 409: {"description": "The sweeps have no observations yet, or the analysis of "
+                                           "these inputs is running for another of the owner's triggers."},
+                        422: {"description": "A fit failed."},
+                        429: {"description": "The caller has as many requested analyses running as one token name "
+                              "may."}})
 def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> RefitPublic:
-    """Refit at once and record the next version, whether or not the inputs changed. Only the schedule's owner or
-    an admin token may (403 otherwise)."""
-    return _refit(refits.run_refit(services, _owned_schedule(services, schedule_id, caller), force=True))
+    """Refit at once and record the next version, whether or not the inputs changed; it counts as one of the
+    caller's requested analyses while it runs (429 past the bound). Only the schedule's owner or an admin token may
+    (403 otherwise)."""
+    schedule = _owned_schedule(services, schedule_id, caller)
+    try:
+        with services.jobs.reserve(caller.name):
+            return _refit(refits.run_refit(services, schedule, force=True))
+    except TooManyAnalyses as e:
+        raise HTTPException(429, str(e)) from None
 
 
 @router.get("/refits", summary="Refit history", response_model=list[RefitPublic])

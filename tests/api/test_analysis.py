@@ -1,6 +1,7 @@
 """The service's analyses on a real SQLite store: one analysis per (sweeps, inputs) however many triggers race, the
-routes (201/200/404/409, plots by listed name only), decisions from the newest analysis, refits running it, the loop
-that runs it by itself, and `upscale analyze` through the console script.
+routes (202 then polled, 200/404/409, plots by listed name only), decisions from the newest analysis, refits
+running it, the loop that runs it by itself (and again when interrupted), and `upscale analyze` through the
+console script.
 
 The store is filled the way the scheduler fills it (a submitted sweep, its decay segments done with an observation
 each), with losses drawn from the paper's Table 2 laws at the planned coordinates (fitting/synthetic.py), so every
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -106,9 +109,12 @@ def test_identical_inputs_make_one_analysis_even_when_triggers_race(services) ->
     results: list[AnalysisRecord] = []
     start = threading.Barrier(3)
 
-    def trigger() -> None:
+    def trigger() -> None:  # none waits for another's work: the running one is named at once
         start.wait()
-        results.append(run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request"))
+        try:
+            results.append(run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request"))
+        except analyses.AnalysisRunning as e:
+            results.append(e.record)
 
     threads = [threading.Thread(target=trigger, daemon=True) for _ in range(3)]
     for t in threads:
@@ -134,6 +140,21 @@ def test_a_crashed_running_row_is_taken_over_once_stale(services) -> None:
                   .values(status="running", created_at=first.created_at.replace(year=2000)))
     taken = run_analysis(services, [sid], bootstrap=0, owner="bob", trigger="request")
     assert taken.id == first.id and taken.ran and taken.status == "done" and taken.owner == "bob"
+
+
+def test_a_running_row_whose_process_is_gone_is_taken_over_at_once(services) -> None:
+    sid = fill(services)
+    first = run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with services.store.transaction() as s:  # as if a server (this host, pid `dead`) was killed mid-analysis now
+        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == first.id)
+                  .values(status="running", runner=f"{socket.gethostname()}:{dead.pid}:abcdef"))
+    assert analyses.fail_interrupted(services.store) == [first.id]  # what the loop's tick does first
+    (row,) = _rows(services)
+    assert row.status == "failed" and row.error.startswith("interrupted") and analyses.interrupted(row)
+    again = analyses.analyse_if_new(services, sid, bootstrap=0)  # the loop runs interrupted inputs again
+    assert again.ran and again.status == "done" and again.trigger == "observations"
 
 
 def test_unknown_sweep_and_sweep_without_observations(services) -> None:
@@ -205,9 +226,11 @@ def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
         assert live.client(live.read).post(f"/sweeps/{sid}/analysis", json={}).status_code == 403
 
         made = c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 10, "n1s": [2e4]})
-        assert made.status_code == 201, made.text
-        body = made.json()
+        assert made.status_code == 202 and made.json()["status"] == "running", made.text  # it runs off the request
+        assert made.headers["location"] == f"/analyses/{made.json()['id']}"
+        body = wait_done(c, made.json()["id"])
         assert body["status"] == "done" and body["trigger"] == "request" and body["analysis"]["n1s"] == [2e4]
+        assert c.get("/analyses/nosuch").status_code == 404
         same = c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 10, "n1s": [2e4]})
         assert same.status_code == 200 and same.json()["id"] == body["id"]
         assert c.get(f"/sweeps/{sid}/analysis").json()["id"] == body["id"]
@@ -251,22 +274,37 @@ def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
         assert c.get(f"/sweeps/{empty}/analysis/plots/naive_4x2/parity.png",
                      params={"analysis_id": body["id"]}).status_code == 404  # another sweep's analysis
 
-        # Refits run the analysis: a schedule naming laws to fit is refused (no such field), versions name their
-        # analysis.
+        # Refits run the analysis: a schedule naming laws to fit is refused (no such field), an N1 past the
+        # analyses' bound too; versions name their analysis.
         bad = c.post("/refit-schedules", json={"name": "x", "trigger": "on_new_observations",
                                                "request": {"sweep_ids": [sid], "laws": {"upcycled": "data-mul"}}})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "request", "laws"]
+        huge = c.post("/refit-schedules", json={"name": "x", "trigger": "on_new_observations",
+                                                "request": {"sweep_ids": [sid], "n1": 1e308}})
+        assert huge.status_code == 422 and huge.json()["detail"][0]["loc"] == ["body", "request", "n1"], huge.text
         schedule = c.post("/refit-schedules", json={"name": "a", "trigger": "on_new_observations",
                                                     "request": {"sweep_ids": [sid], "n1": 2e4, "bootstrap": 10}})
         assert schedule.status_code == 201, schedule.text
         v1 = c.post(f"/refit-schedules/{schedule.json()['id']}/run").json()
         v2 = c.post(f"/refit-schedules/{schedule.json()['id']}/run").json()
-        assert v1["analysis_id"] == v2["analysis_id"] == body["id"]  # same inputs as the request's: one analysis
+        assert v1["analysis_id"] == v2["analysis_id"]  # same inputs: one analysis, the schedule owner's own...
+        assert v1["analysis_id"] != body["id"]  # ...never the sweep's, which its decisions keep answering from
+        assert c.get("/decisions/upcycle", params={"n1": 2e4, "d1": 1024, "d2": 1024,
+                                                   "sweep_id": sid}).json()["analysis"]["id"] == body["id"]
         answer = body["analysis"]["upcycled"][0]["dstar"]["results"][0]
         assert v1["dstar"] == (None if answer["dstar"] is None else pytest.approx(answer["dstar"]))
         assert v1["dstar_answer"]["dstar_state"] == answer["dstar_state"] and v1["dstar_answer"]["n1"] == 2e4
         assert v1["dstar_group"] == "naive 4x2" and v2["version"] == 2
         assert v2["diff"].get("dstar", 0) == 0 and {"scratch", "upcycled naive 4x2"} <= set(v2["diff"])
+
+
+def wait_done(c, analysis_id: str, timeout_s: float = 300) -> dict:
+    """Poll GET /analyses/{id} until the analysis is no longer running; its last state."""
+    deadline = time.monotonic() + timeout_s
+    while (record := c.get(f"/analyses/{analysis_id}").json())["status"] == "running":
+        assert time.monotonic() < deadline, f"analysis {analysis_id} still running"
+        time.sleep(0.2)
+    return record
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:

@@ -44,12 +44,13 @@ UPSCALE = Path(sys.executable).parent / "upscale"
 
 
 @contextmanager
-def upscale_serve(settings: Settings, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`upscale serve` on a free loopback port, until it answers /healthz; killed (its whole session) at the end."""
+def upscale_serve(settings: Settings, log: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`upscale serve [options]` on a free loopback port, until it answers /healthz; killed (its whole session) at
+    the end."""
     port = free_port()
     env = {**os.environ, "UPSCALE_HOME": str(settings.home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([str(UPSCALE), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
+    proc = subprocess.Popen([str(UPSCALE), "serve", "--host", "127.0.0.1", "--port", str(port), *options], env=env,
                             start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
