@@ -2,8 +2,8 @@
 `running` by a server that stopped or crashed is recognised as orphaned at once instead of after an hour. Older rows
 have none (null) and keep the old rule: taken over once older than the stale limit.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-01 10:00:00
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0012'
-down_revision = '0011'
+revision = '0013'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 
