@@ -18,8 +18,9 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import unquote_plus
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from upscale.api.routes import analyses, calibration, fits, ops, refits, sweeps, tokens
+from upscale.api.routes.deps import known_ids
 from upscale.control.analyses import AnalysisLoop, NotReady
 from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
@@ -45,8 +47,9 @@ token changes anyone's."""
 
 
 def _loc(path: str) -> list[str | int]:
-    """SpecError's "tokens.d1[0]" as FastAPI's loc ["tokens", "d1", 0]."""
-    return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
+    """SpecError's "tokens.d1[0]" as FastAPI's loc ["tokens", "d1", 0]; only ASCII digits are an index (a key may be
+    "²" or "١", which str.isdigit calls digits and int() refuses or reads as another number)."""
+    return [int(p) if p.isascii() and p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
 
 
 async def _spec_error(_: Request, e: SpecError) -> JSONResponse:
@@ -93,6 +96,42 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class RefuseNul:
+    """422 for a NUL character anywhere in a request's query or body (JSON's escaped `\\u0000` or a raw byte), 404
+    in its path, before any route reads it: no id, name or value of upscale holds one, and PostgreSQL refuses one in
+    a text parameter with an error. A body is checked as it arrives, its chunks kept until the last (BodyLimit,
+    outside this, bounds them); a NUL is raised from `receive`, as BodyLimit's overflow is."""
+
+    NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # \u0000 after an even run of backslashes
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        where = ("path" if "\x00" in scope["path"] else
+                 "query" if "\x00" in unquote_plus(scope["query_string"].decode("latin-1")) else None)
+        if where is not None:
+            status = 404 if where == "path" else 422
+            detail = ("no resource has a NUL character in its path" if where == "path" else
+                      [{"loc": ["query"], "msg": "a NUL character is not allowed in a query", "type": "nul"}])
+            await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
+            return
+        body = bytearray()
+
+        async def checked() -> Message:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body") and (b"\x00" in body or self.NUL_ESCAPE.search(body)):
+                raise HTTPException(422, [{"loc": ["body"], "msg": "a NUL character (\\u0000) is not allowed in a "
+                                                                   "request body", "type": "nul"}])
+            return message
+
+        await self.app(scope, checked, send)
 
 
 async def _http_error(request: Request, e: HTTPException) -> Response:
@@ -163,8 +202,10 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     app.add_exception_handler(NotReady, _not_ready)
     for router in (sweeps.router, calibration.router, analyses.router, fits.router, fits.decisions, refits.router,
-                   tokens.router, ops.router):
-        app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+                   tokens.router):
+        app.include_router(router, dependencies=[Depends(known_ids)])
+    app.include_router(ops.router)  # /healthz and /metrics: no token, no ids
+    app.add_middleware(RefuseNul)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # the outermost: RefuseNul keeps what it lets in
     _add_spec_schemas(app)
     return app

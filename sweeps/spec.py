@@ -713,8 +713,9 @@ def parse_document(text: str | bytes, fmt: Literal["json", "yaml"]) -> dict[str,
 
 
 def check_document(data: Any, path: str = "") -> None:
-    """SpecError for nesting beyond MAX_DEPTH or integers beyond MAX_INT in plain data (at ``path`` of a larger
-    body), found iteratively: a recursive walk is what a deep document breaks. At most one problem of each kind."""
+    """SpecError for nesting beyond MAX_DEPTH, integers beyond MAX_INT or a NUL character in a string or key (no
+    field holds one, and PostgreSQL cannot store one) in plain data (at ``path`` of a larger body), found
+    iteratively: a recursive walk is what a deep document breaks. At most one problem of each kind."""
     problems: dict[str, SpecProblem] = {}
     stack: list[tuple[Any, str, int]] = [(data, path, 0)]
     while stack:
@@ -727,7 +728,11 @@ def check_document(data: Any, path: str = "") -> None:
         if isinstance(node, int) and abs(node) > MAX_INT:
             problems.setdefault("int", (path, f"integer {excerpt(node)} is beyond what the store holds "
                                               f"(at most {MAX_INT})"))
+        elif isinstance(node, str) and "\x00" in node:
+            problems.setdefault("nul", (path, "a NUL character (\\u0000) is not allowed in a spec"))
         elif isinstance(node, dict):
+            if any("\x00" in str(k) for k in node):
+                problems.setdefault("nul", (path, "a NUL character (\\u0000) is not allowed in a key"))
             stack += [(v, _join(path, str(k)), depth + 1) for k, v in node.items()]
         elif isinstance(node, list):
             stack += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer
+from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer, plot_url
 from upscale.control import analyses, sweeps
 from upscale.control.records import AnalysisRecord
 from upscale.control.schemas import AnalysisCreate, AnalysisPublic
@@ -18,7 +18,7 @@ PLOT_TYPES = {".png": "image/png", ".pdf": "application/pdf"}
 
 def _public(record: AnalysisRecord, request: Request) -> AnalysisPublic:
     sweep = record.sweep_ids[0] if record.sweep_ids else None
-    plots = ({p: str(request.url_for("analysis_plot", sweep_id=sweep, name=f"{p}.png"))
+    plots = ({p: plot_url(request, "analysis_plot", sweep_id=sweep, name=f"{p}.png")
               + f"?analysis_id={record.id}" for p in record.plots} if sweep else {})
     return analyses.public(record, plots)
 

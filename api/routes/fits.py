@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 
-from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, plot_url
 from upscale.control import analyses, fits
 from upscale.control.records import FitRecord
 from upscale.control.schemas import DecisionPublic, FitCreate, FitPublic
@@ -25,7 +25,7 @@ def _public(record: FitRecord, request: Request) -> FitPublic:
     return FitPublic(id=record.id, law=record.law, kind=record.kind, owner=record.owner,
                      created_at=record.created_at, data_hash=record.data_hash, request=record.request,
                      report=record.report,
-                     plots={p: str(request.url_for("fit_plot", fit_id=record.id, name=p)) for p in record.plots})
+                     plots={p: plot_url(request, "fit_plot", fit_id=record.id, name=p) for p in record.plots})
 
 
 @router.post("/fits", status_code=201, summary="Fit a law", response_model=FitPublic,
