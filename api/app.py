@@ -14,6 +14,7 @@ so the pages render on a machine without internet.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,6 +40,7 @@ from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import SpecError, excerpt
 
+log = logging.getLogger(__name__)
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
 upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz and /metrics takes a bearer token
 (`upscale token create --scope read|write|admin NAME`). A read token sees everything (a shared team store); a write
@@ -143,8 +145,24 @@ async def _http_error(request: Request, e: HTTPException) -> Response:
     return await http_exception_handler(request, e)
 
 
-async def _value_error(_: Request, e: ValueError) -> JSONResponse:
-    return JSONResponse({"detail": str(e)}, status_code=422)
+def _raised_by_upscale(e: BaseException) -> bool:
+    """Whether the innermost frame of ``e``'s traceback is upscale's own code (its messages are written for users)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is None or tb.tb_frame.f_globals.get("__name__", "").startswith("upscale.")
+
+
+async def _value_error(request: Request, e: ValueError) -> JSONResponse:
+    """A user error (FitError, the orchestrator's value errors, our own checks) with its message. A ValueError a
+    library raised (numpy's "Geometric sequence cannot include zero") says nothing a caller can act on, and its text
+    is an internal's: the answer names the route instead, and the log keeps the message."""
+    if _raised_by_upscale(e):
+        return JSONResponse({"detail": str(e)}, status_code=422)
+    log.warning("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
+    return JSONResponse({"detail": "a value in this request is outside what upscale can compute with: check that "
+                                   "every count, size and budget is within the bounds the API documents"},
+                        status_code=422)
 
 
 async def _not_ready(_: Request, e: NotReady) -> JSONResponse:

@@ -86,9 +86,9 @@ def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileRe
                                 "segments, the analysis is running or failed, or it has no law to answer with."},
                           422: {"description": "Bad values or an unknown group."}})
 def decide_upcycle(services: ServicesDep, _: Reader,
-                   n1: float = Query(gt=0, le=MAX_COUNT, description="Dense model size (parameters)."),
-                   d1: float = Query(gt=0, le=MAX_COUNT, description="Tokens the dense model was trained on."),
-                   d2: float = Query(gt=0, le=MAX_COUNT, description="Tokens you would spend on the upcycled MoE."),
+                   n1: float = Query(ge=1, le=MAX_COUNT, description="Dense model size (parameters)."),
+                   d1: float = Query(ge=1, le=MAX_COUNT, description="Tokens the dense model was trained on."),
+                   d2: float = Query(ge=1, le=MAX_COUNT, description="Tokens you would spend on the upcycled MoE."),
                    sweep_id: str | None = Query(None, description="Answer from this sweep's newest analysis (default: "
                                                 "the newest analysis of any sweep)."),
                    group: str | None = Query(None, description="Upcycling group as the analysis labels it, e.g. "
