@@ -30,6 +30,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from upscale.api.quotas import PerMinute
 from upscale.api.routes import analyses, calibration, fits, ops, refits, sweeps, tokens
 from upscale.api.routes.deps import known_ids
 from upscale.control.analyses import AnalysisLoop, NotReady
@@ -213,6 +214,9 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app = FastAPIOffline(title="upscale", version="1", description=DESCRIPTION, lifespan=lifespan,
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.services, app.state.loops = services, None
+    app.state.fit_quota = PerMinute("fits", settings.max_fits_per_minute, "UPSCALE_MAX_FITS_PER_MINUTE")
+    app.state.analysis_quota = PerMinute("analyses", settings.max_analyses_per_minute,
+                                         "UPSCALE_MAX_ANALYSES_PER_MINUTE")
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(RequestValidationError, _request_validation_error)
     app.add_exception_handler(HTTPException, _http_error)

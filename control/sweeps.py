@@ -147,6 +147,15 @@ def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: 
                   reuse_stale=reuse_stale)
 
 
+def in_flight(services: Services, owner: str) -> int:
+    """How many of ``owner``'s sweeps are pending or running: one indexed count."""
+    q = (select(func.count()).select_from(SweepOwnerRecord)
+         .join(SweepRecord, SweepRecord.id == SweepOwnerRecord.sweep_id)
+         .where(SweepOwnerRecord.owner == owner, SweepRecord.status.in_(("pending", "running"))))
+    with services.store.engine.connect() as conn:
+        return conn.execute(q).scalar_one()
+
+
 def owner_of(services: Services, sweep_id: str) -> str:
     """Who owns the sweep: its submitter's token name, or LOCAL_OWNER for a sweep `upscale run` made in-process (no
     owner row); NotFoundError if there is no such sweep."""

@@ -41,6 +41,7 @@ def create_analysis(sweep_id: str, body: AnalysisCreate, request: Request, respo
     owner or an admin token may run it (403 otherwise): the analysis it records becomes the one the sweep's
     decisions answer from."""
     caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
+    request.app.state.analysis_quota.take(caller.name)  # 429 past UPSCALE_MAX_ANALYSES_PER_MINUTE
     record = analyses.run_analysis(services, [sweep_id], n1s=body.n1s, bootstrap=body.bootstrap, seed=body.seed,
                                    owner=caller.name, trigger="request")
     if not record.ran:
