@@ -144,7 +144,7 @@ class Store:
     def other_cut_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
                         ) -> dict[str, str]:
         """Planned key -> a done segment the store holds under one of its other keys (``old_keys``:
-        `reuse.other_keys`: another cut of its chain): the same job,
+        `reuse.other_cuts`: another cut of its chain): the same job,
         or for a trunk piece (``piece_ends``: its end tokens) a segment that kept a checkpoint there; one
         transaction."""
         wanted = list({o for olds in old_keys.values() for o in olds})
