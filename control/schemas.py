@@ -462,9 +462,10 @@ class Suggestion(BaseModel):
     budget_flops: float
     total_flops: float = Field(description="Marginal FLOPs of all the actions together.")
     expected_interval: list[float] = Field(description="The expected 95% D* interval after all the actions.")
-    stopped: Literal["tolerance", "budget", "no_gain"] = Field(
-        description="Why no more actions: the interval reached the tolerance, nothing else fits the budget, or no "
-                    "candidate shrinks the interval.")
+    stopped: Literal["tolerance", "budget", "no_gain", "limit"] = Field(
+        description="Why no more actions: the interval reached the tolerance, nothing else fits the budget, no "
+                    "candidate shrinks the interval, or the most actions one call chooses (4: each costs a plan of "
+                    "the extended grid per candidate) were chosen; apply them and ask again for more.")
     actions: list[SuggestedAction]
     additions: dict[str, Any] = Field(description="All the actions' additions merged: the extension to apply.")
     applied: SweepCreated | None = Field(None, description="The extension sweep, with `apply`.")

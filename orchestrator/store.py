@@ -22,6 +22,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from upscale.home import private_file
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.records import (
@@ -43,7 +44,7 @@ KEYS_PER_QUERY = 10000  # bound parameters per IN (...) query: SQLite allows 327
 def make_engine(url: str) -> Engine:
     """An engine with SQLite set up for several processes: WAL, a busy timeout, foreign keys enforced."""
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        private_file(Path(url.removeprefix("sqlite:///")))  # 0600, before SQLite creates it 0644
         engine = create_engine(url, connect_args={"timeout": 60})
 
         @event.listens_for(engine, "connect")
