@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from upscale.orchestrator.store import Store
 
 
@@ -29,6 +31,7 @@ def test_the_store_is_created_private_whatever_the_umask(tmp_path) -> None:
     assert {f.name: _mode(f) for f in files} == {f.name: 0o600 for f in files}
 
 
+@pytest.mark.slow  # a CLI process creating and migrating a store: ~30 s on a busy 2-core machine
 def test_the_cli_writes_private_state(tmp_path) -> None:
     home = tmp_path / "state"
     upscale = Path(sys.executable).parent / "upscale"
