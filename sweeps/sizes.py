@@ -131,7 +131,7 @@ class TrainingMemory:
 def training_memory(s: Shape, n_expert: int, topk: int, expert_d_ff: int, shared_d_ff: int, *, vocab: int,
                     context: int, sequences: int, workers: int) -> TrainingMemory:
     """A lower estimate of one worker's memory to train a model (dense when ``n_expert`` is 0) on ``sequences``
-    sequences of ``context`` tokens per step (docs/architecture.md, "Memory at submit"): BYTES_PER_PARAM for each
+    sequences of ``context`` tokens per step (docs/architecture.md, "What a request may cost"): BYTES_PER_PARAM for each
     parameter it holds (embeddings and LM head included; the experts split over gcd(workers, n_expert) ranks, as
     expert parallelism does), and fp32 activations kept for the backward pass: per token and layer the block's
     inputs, Q/K/V and attention output (8·d + 2·d_kv) and each active FFN's gate, up and product (3·f) with the
