@@ -9,6 +9,7 @@ wherever upscale is used as a library (the SQLite store: its -wal and -shm files
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -27,8 +28,10 @@ def private_state() -> None:
 
 
 def private_file(path: Path) -> Path:
-    """``path`` created empty with mode 0600 if absent, the folders made for it 0700; an existing file keeps its
-    mode (an operator who opened it up meant to)."""
+    """``path`` created empty with mode 0600 if absent, the folders made for it 0700; an existing file is never
+    opened (closing a descriptor of an SQLite database drops every POSIX lock this process holds on it) and keeps
+    its mode (an operator who opened it up meant to)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     return path
