@@ -14,12 +14,14 @@ so the pages render on a machine without internet.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import unquote_plus
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +30,9 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from upscale.api.quotas import PerMinute
 from upscale.api.routes import analyses, calibration, fits, ops, refits, segments, sweeps, tokens
+from upscale.api.routes.deps import known_ids
 from upscale.control.analyses import AnalysisLoop, NotReady
 from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
@@ -37,6 +41,7 @@ from upscale.orchestrator.errors import ConflictError, NotFoundError
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import SpecError, excerpt
 
+log = logging.getLogger(__name__)
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
 upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz and /metrics takes a bearer token
 (`upscale token create --scope read|write|admin NAME`). A read token sees everything (a shared team store); a write
@@ -45,8 +50,9 @@ token changes anyone's."""
 
 
 def _loc(path: str) -> list[str | int]:
-    """SpecError's "tokens.d1[0]" as FastAPI's loc ["tokens", "d1", 0]."""
-    return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
+    """SpecError's "tokens.d1[0]" as FastAPI's loc ["tokens", "d1", 0]; only ASCII digits are an index (a key may be
+    "²" or "١", which str.isdigit calls digits and int() refuses or reads as another number)."""
+    return [int(p) if p.isascii() and p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
 
 
 async def _spec_error(_: Request, e: SpecError) -> JSONResponse:
@@ -95,6 +101,42 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class RefuseNul:
+    """422 for a NUL character anywhere in a request's query or body (JSON's escaped `\\u0000` or a raw byte), 404
+    in its path, before any route reads it: no id, name or value of upscale holds one, and PostgreSQL refuses one in
+    a text parameter with an error. A body is checked as it arrives, its chunks kept until the last (BodyLimit,
+    outside this, bounds them); a NUL is raised from `receive`, as BodyLimit's overflow is."""
+
+    NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # \u0000 after an even run of backslashes
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        where = ("path" if "\x00" in scope["path"] else
+                 "query" if "\x00" in unquote_plus(scope["query_string"].decode("latin-1")) else None)
+        if where is not None:
+            status = 404 if where == "path" else 422
+            detail = ("no resource has a NUL character in its path" if where == "path" else
+                      [{"loc": ["query"], "msg": "a NUL character is not allowed in a query", "type": "nul"}])
+            await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
+            return
+        body = bytearray()
+
+        async def checked() -> Message:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body") and (b"\x00" in body or self.NUL_ESCAPE.search(body)):
+                raise HTTPException(422, [{"loc": ["body"], "msg": "a NUL character (\\u0000) is not allowed in a "
+                                                                   "request body", "type": "nul"}])
+            return message
+
+        await self.app(scope, checked, send)
+
+
 async def _http_error(request: Request, e: HTTPException) -> Response:
     """FastAPI's own answer, except for a JSON body nested past what the parser can recurse through: FastAPI turns
     that RecursionError into a bare 400 "error parsing the body"; it is a malformed body, 422 at `body`."""
@@ -104,8 +146,24 @@ async def _http_error(request: Request, e: HTTPException) -> Response:
     return await http_exception_handler(request, e)
 
 
-async def _value_error(_: Request, e: ValueError) -> JSONResponse:
-    return JSONResponse({"detail": str(e)}, status_code=422)
+def _raised_by_upscale(e: BaseException) -> bool:
+    """Whether the innermost frame of ``e``'s traceback is upscale's own code (its messages are written for users)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is None or tb.tb_frame.f_globals.get("__name__", "").startswith("upscale.")
+
+
+async def _value_error(request: Request, e: ValueError) -> JSONResponse:
+    """A user error (FitError, the orchestrator's value errors, our own checks) with its message. A ValueError a
+    library raised (numpy's "Geometric sequence cannot include zero") says nothing a caller can act on, and its text
+    is an internal's: the answer names the route instead, and the log keeps the message."""
+    if _raised_by_upscale(e):
+        return JSONResponse({"detail": str(e)}, status_code=422)
+    log.warning("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
+    return JSONResponse({"detail": "a value in this request is outside what upscale can compute with: check that "
+                                   "every count, size and budget is within the bounds the API documents"},
+                        status_code=422)
 
 
 async def _not_ready(_: Request, e: NotReady) -> JSONResponse:
@@ -162,6 +220,9 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app = FastAPIOffline(title="upscale", version="1", description=DESCRIPTION, lifespan=lifespan,
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.services, app.state.loops = services, None
+    app.state.fit_quota = PerMinute("fits", settings.max_fits_per_minute, "UPSCALE_MAX_FITS_PER_MINUTE")
+    app.state.analysis_quota = PerMinute("analyses", settings.max_analyses_per_minute,
+                                         "UPSCALE_MAX_ANALYSES_PER_MINUTE")
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(RequestValidationError, _request_validation_error)
     app.add_exception_handler(HTTPException, _http_error)
@@ -170,8 +231,10 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(NotReady, _not_ready)
     app.add_exception_handler(ConflictError, _conflict)
     for router in (sweeps.router, calibration.router, analyses.router, fits.router, fits.decisions, refits.router,
-                   segments.router, tokens.router, ops.router):
-        app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+                   segments.router, tokens.router):
+        app.include_router(router, dependencies=[Depends(known_ids)])
+    app.include_router(ops.router)  # /healthz and /metrics: no token, no ids
+    app.add_middleware(RefuseNul)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # the outermost: RefuseNul keeps what it lets in
     _add_spec_schemas(app)
     return app

@@ -3,6 +3,10 @@
 read here are what the analyses read too.
 
 The numerics are fitting/'s (`report`), and so are the plots (`fit_plots`, as `upscale fit --plot`).
+
+A fit runs on a request thread, so its cost is bounded (docs/architecture.md, "What a request may cost"): inline
+rows at most MAX_INLINE_ROWS (`FitCreate`), leave-one-out over a seeded sample of LOO_HELD_OUT rows above that many,
+and a bootstrap of at most MAX_BOOTSTRAP_ROWS row-refits (draws x rows).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pandas as pd
 from sqlalchemy import select
 
 from upscale.control.records import FitRecord
-from upscale.control.schemas import FitCreate
+from upscale.control.schemas import LOO_HELD_OUT, MAX_BOOTSTRAP_ROWS, FitCreate
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
 from upscale.fitting.summary import clean, report
@@ -83,7 +87,11 @@ def create_fit(services: Services, req: FitCreate, owner: str, cache: Observatio
           else observations_table(services, req.sweep_ids, req.kind, cache))
     if df.empty:
         raise FitError(f"no {req.kind} observations in sweep(s) {', '.join(req.sweep_ids)} yet")
-    rep = clean(report(law, df, req.fixed, req.bootstrap)[0])
+    if req.bootstrap * len(df) > MAX_BOOTSTRAP_ROWS:
+        raise FitError(f"bootstrap={req.bootstrap} over {len(df)} rows refits {req.bootstrap * len(df):,} rows, over "
+                       f"the {MAX_BOOTSTRAP_ROWS:,} one request may: use bootstrap <= "
+                       f"{MAX_BOOTSTRAP_ROWS // len(df)}, or analyse the sweep (POST /sweeps/{{id}}/analysis)")
+    rep = clean(report(law, df, req.fixed, req.bootstrap, loo_held_out=LOO_HELD_OUT)[0])
 
     def draw(out: Path) -> DrawnPlots:
         with PLOT_LOCK:

@@ -144,6 +144,11 @@ class SweepExtend(BaseModel):
                               "version instead of retraining them.")
 
 
+MAX_INLINE_ROWS = 5000  # rows one POST /fits may carry: each costs every refit a residual
+LOO_HELD_OUT = 200  # above this many rows, leave-one-out leaves out a seeded sample of this many
+MAX_BOOTSTRAP_ROWS = 250_000  # bootstrap draws x rows one POST /fits may refit (~10 s on 2 cores)
+
+
 class FitCreate(BaseModel):
     """Fit one law on observations: of sweeps (filtered by kind) or given inline as rows."""
 
@@ -157,9 +162,12 @@ class FitCreate(BaseModel):
     kind: Kind = Field(description="Which observations: dense, upcycled or scratch (also labels inline rows).")
     sweep_ids: list[str] = Field(default_factory=list, description="Sweeps whose observations of `kind` to fit.")
     rows: list[dict[str, float | str | None]] | None = Field(
-        None, description="Inline table instead of sweeps: the law's columns, `loss`, optional `trunk`.")
+        None, max_length=MAX_INLINE_ROWS, description=f"Inline table instead of sweeps: the law's columns, `loss`, "
+        f"optional `trunk`; at most {MAX_INLINE_ROWS} rows. Above {LOO_HELD_OUT} rows, leave-one-out leaves out a "
+        f"seeded sample of {LOO_HELD_OUT} (`report.loo_sampled`).")
     fixed: dict[str, float] = Field(default_factory=dict, description="Parameters held fixed, e.g. {\"E\": 1.7}.")
-    bootstrap: int = Field(0, ge=0, le=500, description="Bootstrap refits over trunks (0: no intervals).")
+    bootstrap: int = Field(0, ge=0, le=500, description=f"Bootstrap refits over trunks (0: no intervals); draws x "
+                           f"rows at most {MAX_BOOTSTRAP_ROWS:,}.")
 
     @model_validator(mode="after")
     def _one_source(self) -> FitCreate:
@@ -297,8 +305,8 @@ class AnalysisCreate(BaseModel):
 
     @model_validator(mode="after")
     def _sizes(self) -> AnalysisCreate:
-        if self.n1s is not None and not all(0 < n <= MAX_N1 for n in self.n1s):
-            raise ValueError(f"n1s: every N1 must be a parameter count in (0, {MAX_N1:.0e}]")
+        if self.n1s is not None and not all(1 <= n <= MAX_N1 for n in self.n1s):
+            raise ValueError(f"n1s: every N1 must be a parameter count in [1, {MAX_N1:.0e}]")
         return self
 
 
@@ -423,7 +431,7 @@ class SuggestRequest(BaseModel):
 
     budget_flops: float = Field(gt=0, description="Training FLOPs the suggested extensions may cost in all "
                                 "(marginal: what the store holds is free).")
-    n1: float | None = Field(None, gt=0, description="Dense size N1 whose D* interval to shrink; default: the "
+    n1: float | None = Field(None, ge=1, le=1e18, description="Dense size N1 whose D* interval to shrink; default: the "
                              "analysis's largest.")
     tolerance: float | None = Field(None, gt=1, description="Stop once the expected 95% delta-method D* interval's "
                                     "hi/lo ratio is at most this (4: within a factor of 2 either way); default: "
@@ -465,9 +473,10 @@ class Suggestion(BaseModel):
     budget_flops: float
     total_flops: float = Field(description="Marginal FLOPs of all the actions together.")
     expected_interval: list[float] = Field(description="The expected 95% D* interval after all the actions.")
-    stopped: Literal["tolerance", "budget", "no_gain"] = Field(
-        description="Why no more actions: the interval reached the tolerance, nothing else fits the budget, or no "
-                    "candidate shrinks the interval.")
+    stopped: Literal["tolerance", "budget", "no_gain", "limit"] = Field(
+        description="Why no more actions: the interval reached the tolerance, nothing else fits the budget, no "
+                    "candidate shrinks the interval, or the most actions one call chooses (4: each costs a plan of "
+                    "the extended grid per candidate) were chosen; apply them and ask again for more.")
     actions: list[SuggestedAction]
     additions: dict[str, Any] = Field(description="All the actions' additions merged: the extension to apply.")
     applied: SweepCreated | None = Field(None, description="The extension sweep, with `apply`.")

@@ -44,6 +44,9 @@ from upscale.sweeps.sizes import NAMED_SIZES, dense_params
 from upscale.sweeps.spec import SpecError, SweepSpec, parse_spec
 
 NEW_SIZES = 1  # larger named sizes offered as candidates
+# Actions one call chooses: each costs a plan of the extended grid per candidate, so a call plans at most
+# (MAX_ACTIONS + 1) x its ~10 candidates; `stopped: "limit"` says to apply them and ask again for more.
+MAX_ACTIONS = 4
 
 
 class SuggestError(ValueError):
@@ -223,7 +226,8 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         before = [by_key[k] for k in chosen]
         return problem.new_flops([*before, by_key[key]]) - problem.new_flops(before)
 
-    steps, stopped = greedy(criterion, list(by_key), rows_of.__getitem__, cost_of, request.budget_flops, target_sd)
+    steps, stopped = greedy(criterion, list(by_key), rows_of.__getitem__, cost_of, request.budget_flops, target_sd,
+                            limit=MAX_ACTIONS)
     if not steps and stopped == "budget":
         cheapest = min(cost_of([], k) for k in by_key)
         raise SuggestError("budget_flops", f"budget_flops {request.budget_flops:.3g} buys no extension that shrinks "

@@ -2,16 +2,14 @@
 
 Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it, and what a
 server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data and model paths under
-the data roots, resources the cluster has. The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own
-machine and is not confined.
+the data roots, resources the cluster has and a model that fits one of its nodes' memory (`check_memory`). The
+in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own machine and is not confined.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
-import os
 from collections import Counter
 from typing import Any
 
@@ -26,7 +24,7 @@ from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
 from upscale.orchestrator.service import spec_hash
 from upscale.orchestrator.store import SweepExists
-from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, is_glob
+from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, corpus_glob, is_glob
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import BUILTIN_CORPORA
 from upscale.sweeps.spec import (
@@ -34,6 +32,7 @@ from upscale.sweeps.spec import (
     SpecError,
     SweepSpec,
     check_document,
+    check_memory,
     check_resources,
     parse_spec,
 )
@@ -63,7 +62,7 @@ def admit(services: Services, data: Any) -> SweepSpec:
         try:
             confine(spec.data.corpus, settings.data_root_paths)
             if is_glob(spec.data.corpus):  # and every match: one may be a symlink out of the roots
-                for path in glob.glob(os.path.expanduser(spec.data.corpus), recursive=True):
+                for path in corpus_glob(spec.data.corpus):
                     confine(path, settings.data_root_paths)
         except OutsideRoots as e:
             raise SpecError([("data.corpus", str(e))]) from None
@@ -75,6 +74,8 @@ def admit(services: Services, data: Any) -> SweepSpec:
     available = cluster(services)
     if available is not None:
         check_resources(spec, available)
+        if available.node_memory:
+            check_memory(spec, available.node_memory)
     return spec
 
 
@@ -87,7 +88,9 @@ def cluster(services: Services) -> ClusterResources | None:
 
     if services.settings.ray_address is None and not ray.is_initialized():
         return None
-    return cluster_resources(services.settings)
+    have = cluster_resources(services.settings)
+    memory = [n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")]
+    return have.model_copy(update={"node_memory": max(memory, default=None)})
 
 
 def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None = None,
@@ -153,6 +156,15 @@ def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: 
     old = services.store.sweep(sweep_id)
     return submit(services, admit(services, merge(old.spec, additions)), owner, extends=sweep_id,
                   reuse_stale=reuse_stale)
+
+
+def in_flight(services: Services, owner: str) -> int:
+    """How many of ``owner``'s sweeps are pending or running: one indexed count."""
+    q = (select(func.count()).select_from(SweepOwnerRecord)
+         .join(SweepRecord, SweepRecord.id == SweepOwnerRecord.sweep_id)
+         .where(SweepOwnerRecord.owner == owner, SweepRecord.status.in_(("pending", "running"))))
+    with services.store.engine.connect() as conn:
+        return conn.execute(q).scalar_one()
 
 
 def owner_of(services: Services, sweep_id: str) -> str:

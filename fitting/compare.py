@@ -60,12 +60,14 @@ class Comparison:
 @dataclass(frozen=True)
 class LeaveOneOut:
     """Leave-one-out over a table: the RMS (loss units; NaN when not reported), the 1-based rows whose refit failed
-    and, when any did, a note saying how many and what became of the RMS."""
+    and, when any did, a note saying how many and what became of the RMS; how many rows were left out when they were
+    a sample."""
 
     rms: float
     n: int
     failed_rows: tuple[int, ...] = ()
     note: str | None = None
+    sampled: int | None = None  # rows left out in turn when only a seeded sample of the n was (None: every row)
 
     @property
     def failed(self) -> int:
@@ -90,13 +92,18 @@ def _describe_rows(rows: list[int], table: pd.DataFrame | None, columns: tuple[s
 
 def leave_one_out(problem: FitProblem, best: StartResult, options: FitOptions,
                   progress: Callable[[int], None] | None = None, *, table: pd.DataFrame | None = None,
-                  columns: tuple[str, ...] = ()) -> LeaveOneOut:
+                  columns: tuple[str, ...] = (), held_out: int | None = None, seed: int = 0) -> LeaveOneOut:
     """Every row predicted by a fit without it; ``progress(1)`` is told of every refit. A refit that fails is skipped
     and counted; the RMS is over the rest, NaN when more than ``MAX_LOO_FAILED`` of the refits (or all) failed.
-    ``table`` and ``columns``: the fitted table and the law's columns, to name the failed rows by their point."""
-    errors = np.full(problem.n, np.nan)
+    ``table`` and ``columns``: the fitted table and the law's columns, to name the failed rows by their point.
+    ``held_out``: with more rows than this, only a sample of that many rows (drawn with ``seed``) is left out in
+    turn, so the cost is ``held_out`` refits however large the table; the result says so (`sampled`)."""
     everything = np.arange(problem.n)
-    for i in everything:
+    left_out = everything
+    if held_out is not None and problem.n > held_out:
+        left_out = np.sort(np.random.default_rng(seed).choice(problem.n, held_out, replace=False))
+    errors = np.full(problem.n, np.nan)
+    for i in left_out:
         t = try_refit(problem.subset(np.delete(everything, i)), best, options)
         if progress:
             progress(1)
@@ -105,17 +112,21 @@ def leave_one_out(problem: FitProblem, best: StartResult, options: FitOptions,
         row = problem.subset(np.array([i]))
         with np.errstate(over="ignore", invalid="ignore"):
             errors[i] = np.exp(row.log_predict(t)[0]) - np.exp(row.y[0])
-    bad = [int(i) + 1 for i in np.flatnonzero(~np.isfinite(errors))]
+    sampled = len(left_out) if len(left_out) < problem.n else None
+    errors = errors[left_out]
+    bad = [int(i) + 1 for i in left_out[~np.isfinite(errors)]]
     if not bad:
-        return LeaveOneOut(float(np.sqrt(np.mean(errors**2))), problem.n)
-    head = (f"{len(bad)} of {problem.n} leave-one-out refits did not converge "
+        note = f"LOO RMS over a seeded sample of {sampled} of the {problem.n} rows, left out in turn" \
+            if sampled else None
+        return LeaveOneOut(float(np.sqrt(np.mean(errors**2))), problem.n, note=note, sampled=sampled)
+    head = (f"{len(bad)} of {len(left_out)} leave-one-out refits did not converge "
             f"(without {_describe_rows(bad, table, columns)})")
-    if len(bad) == problem.n or len(bad) > MAX_LOO_FAILED * problem.n:
+    if len(bad) == len(left_out) or len(bad) > MAX_LOO_FAILED * len(left_out):
         return LeaveOneOut(float("nan"), problem.n, tuple(bad),
-                           f"{head}: more than {MAX_LOO_FAILED:.0%} of them, so LOO RMS is not reported")
+                           f"{head}: more than {MAX_LOO_FAILED:.0%} of them, so LOO RMS is not reported", sampled)
     ok = errors[np.isfinite(errors)]
     return LeaveOneOut(float(np.sqrt(np.mean(ok**2))), problem.n, tuple(bad),
-                       f"{head}: LOO RMS is over the other {len(ok)}")
+                       f"{head}: LOO RMS is over the other {len(ok)}", sampled)
 
 
 def extrapolation_rms(law: Law, table: pd.DataFrame, problem: FitProblem, options: FitOptions) -> float:

@@ -71,16 +71,20 @@ def clean(x: Any) -> Any:
 
 def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0,
            options: FitOptions | None = None, workers: int = 1, progress: Callable[[int], None] | None = None,
-           fixed_draws: list[dict[str, float] | None] | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
+           fixed_draws: list[dict[str, float] | None] | None = None,
+           loo_held_out: int | None = None) -> tuple[dict[str, Any], Bootstrap | None]:
     """Fit, LOO and (if ``n_boot``) bootstrap ``law`` on ``df``: the JSON report and the bootstrap.
     ``progress(k)`` is told of every k refits done, ``report_steps`` of them (bootstrap and LOO). ``fixed_draws``:
-    the fixed values per bootstrap draw (bootstrap.py), when they come from another fit's bootstrap."""
+    the fixed values per bootstrap draw (bootstrap.py), when they come from another fit's bootstrap.
+    ``loo_held_out``: leave out only a seeded sample of this many rows when there are more (`loo_sampled` says how
+    many were)."""
     options = options or FitOptions()
     problem, table = prepare(law, df, fixed, options)  # built once: the fit, its LOO and its bootstrap share it
     result = fit_problem(law, problem, table, fixed, options)
     boot = (bootstrap(law, df, result, n_boot, seed, options, workers, progress, problem=problem,
                       fixed_draws=fixed_draws) if n_boot > 0 else None)
-    loo = leave_one_out(problem, result.best, options, progress, table=table, columns=law.columns)
+    loo = leave_one_out(problem, result.best, options, progress, table=table, columns=law.columns,
+                        held_out=loo_held_out, seed=seed)
     boot_note = bootstrap_note(boot) if boot is not None else None
     out: dict[str, Any] = {
         "law": law.name,
@@ -98,6 +102,7 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
         "loo_failed": loo.failed,
         "loo_failed_rows": list(loo.failed_rows),
         "loo_note": loo.note,
+        "loo_sampled": loo.sampled,
         "bootstrap_failed": boot.n_failed if boot is not None else 0,
         "bootstrap_note": boot_note,
     }
@@ -126,9 +131,9 @@ def bootstrap_note(boot: Bootstrap) -> str | None:
     return f"{head}: {tail}"
 
 
-def report_steps(df: pd.DataFrame, n_boot: int) -> int:
-    """How many refits ``report`` tells its ``progress`` of: the bootstrap's and one LOO refit a row."""
-    return n_boot + len(df)
+def report_steps(df: pd.DataFrame, n_boot: int, loo_held_out: int | None = None) -> int:
+    """How many refits ``report`` tells its ``progress`` of: the bootstrap's and one LOO refit a row left out."""
+    return n_boot + min(len(df), loo_held_out or len(df))
 
 
 def group_keys(df: pd.DataFrame, by: list[str]) -> list[tuple[dict[str, Any], pd.DataFrame]]:

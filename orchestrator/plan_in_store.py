@@ -13,7 +13,7 @@ from typing import Any
 
 from upscale.orchestrator.store import Store
 from upscale.sweeps.planner import Plan, PlannedSegment
-from upscale.sweeps.reuse import other_keys, unversioned_ids
+from upscale.sweeps.reuse import other_cuts, unversioned_ids
 from upscale.sweeps.segments import TRUNK_KINDS
 
 
@@ -21,7 +21,7 @@ from upscale.sweeps.segments import TRUNK_KINDS
 class PlanInStore:
     """A plan compared with what the store holds: its segments done there, those the store holds only trained under
     another training-semantics version (stale: planned key -> the stale segment's key), and those it holds under
-    another key of the same job (other_cuts: planned key -> that key, `reuse.other_keys`: another cut of its chain;
+    another key of the same job (other_cuts: planned key -> that key, `reuse.other_cuts`: another cut of its chain;
     the same computation, so always taken over, `Store.create_sweep`)."""
 
     plan: Plan
@@ -51,8 +51,7 @@ def compare(store: Store, p: Plan, reuse_stale: bool = False) -> PlanInStore:
     """What ``store`` holds of plan ``p``: done segments, stale ones (`Store.holdings`) and those held under another
     cut of their chain (`Store.other_cut_holdings`)."""
     done, stale = store.holdings(unversioned_ids(p.segments))
-    old = other_keys(p.segments)
     ends = {s.id: s.spec.end_tokens for s in p.segments if s.spec.kind in TRUNK_KINDS}
-    other_cuts = store.other_cut_holdings({k: v for k, v in old.items() if k not in done}, ends)
-    return PlanInStore(p, frozenset(done), {k: v for k, v in stale.items() if k not in other_cuts}, reuse_stale,
-                       other_cuts)
+    cuts = other_cuts(p.segments, done, lambda asked: store.other_cut_holdings(
+        {k: v for k, v in asked.items() if k not in done}, ends))
+    return PlanInStore(p, frozenset(done), {k: v for k, v in stale.items() if k not in cuts}, reuse_stale, cuts)

@@ -4,9 +4,10 @@
 Every path defaults under `UPSCALE_HOME` (default `./.upscale`), so deleting that folder starts over; that includes
 MLflow's artifacts (`<home>/mlartifacts`) unless a tracking server keeps them. The API and
 the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.
-Limits on what one API request may ask for (`max_segments`, `max_body_bytes`), on the connections a server holds
-(`connection_limit`, `header_timeout_s`, `keep_alive_s`, `backlog`: api/connections.py) and the folders a submitted spec
-may read data from (`data_roots`) live here too, so every server sharing a store can be configured alike.
+Limits on what one API request may ask for (`max_segments`, `max_body_bytes`), per-token quotas (`max_sweeps_in_flight`,
+`max_fits_per_minute`, `max_analyses_per_minute`), the connections a server holds (`connection_limit`,
+`header_timeout_s`, `keep_alive_s`, `backlog`: api/connections.py) and the folders a submitted spec may read data from
+(`data_roots`) live here too, so every server sharing a store can be configured alike.
 The checkpoint root may be an fsspec URI (`s3://bucket/upscale`); one whose protocol cannot be opened here (unknown,
 or its package, e.g. s3fs, not installed) is refused when the settings are read.
 """
@@ -60,6 +61,13 @@ class Settings(BaseSettings):
                               "open (uvicorn's timeout_keep_alive).")
     backlog: int = Field(2048, ge=1, description="UPSCALE_BACKLOG: connections the kernel queues before `upscale "
                          "serve` accepts them (capped by the kernel's somaxconn).")
+    max_sweeps_in_flight: int = Field(100, ge=1, description="UPSCALE_MAX_SWEEPS_IN_FLIGHT: sweeps one token name "
+                                      "may have pending or running; a submission past it is refused with 429.")
+    max_fits_per_minute: int = Field(60, ge=1, description="UPSCALE_MAX_FITS_PER_MINUTE: POST /fits one token name "
+                                     "may make in any minute, per server; 429 past it.")
+    max_analyses_per_minute: int = Field(30, ge=1, description="UPSCALE_MAX_ANALYSES_PER_MINUTE: POST "
+                                         "/sweeps/{id}/analysis one token name may make in any minute, per server; "
+                                         "429 past it.")
     data_roots: str = Field("", description="UPSCALE_DATA_ROOTS: colon-separated folders a spec submitted over the "
                             "API may name in data.corpus (besides builtin: corpora); default <home>/data.")
 

@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Engine, case, create_engine, delete, event, f
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from upscale.home import private_file
 from upscale.orchestrator.errors import ConflictError, NotFoundError
 from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.records import (
@@ -45,7 +46,7 @@ KEYS_PER_QUERY = 10000  # bound parameters per IN (...) query: SQLite allows 327
 def make_engine(url: str) -> Engine:
     """An engine with SQLite set up for several processes: WAL, a busy timeout, foreign keys enforced."""
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        private_file(Path(url.removeprefix("sqlite:///")))  # 0600, before SQLite creates it 0644
         engine = create_engine(url, connect_args={"timeout": 60})
 
         @event.listens_for(engine, "connect")
@@ -173,7 +174,7 @@ class Store:
     def other_cut_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
                         ) -> dict[str, str]:
         """Planned key -> a done segment the store holds under one of its other keys (``old_keys``:
-        `reuse.other_keys`: another cut of its chain): the same job,
+        `reuse.other_cuts`: another cut of its chain): the same job,
         or for a trunk piece (``piece_ends``: its end tokens) a segment that kept a checkpoint there; one
         transaction."""
         wanted = list({o for olds in old_keys.values() for o in olds})

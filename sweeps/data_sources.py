@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 import sysconfig
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,6 +36,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja")
 FINGERPRINT_VERSION = 1  # bump when how a corpus is read into documents changes: new keys, new token caches
 HASH_BLOCK = 1 << 20
+# What reading a corpus's file list may cost: at most this many files, found within this many seconds of walking (a
+# glob holds at most one `**`, `DataSpec`'s rule, refused before any walk).
+MAX_CORPUS_FILES = 100_000
+MAX_WALK_S = 10.0
 SourceKind = Literal["text_files", "saved_dataset", "data_files"]
 
 
@@ -60,6 +66,28 @@ def _problem(field: str, message: str) -> SpecError:
 
 def is_glob(corpus: str) -> bool:
     return glob.has_magic(corpus)
+
+
+def bounded_files(found: Iterable[str | Path], corpus: str) -> list[Path]:
+    """The files of ``found`` (paths as a glob or a folder walk yields them, lazily), sorted; SpecError once more than
+    MAX_CORPUS_FILES are found or the walk has taken MAX_WALK_S, so no corpus costs a server more than that."""
+    deadline = time.monotonic() + MAX_WALK_S
+    files = []
+    for i, p in enumerate(found):
+        if i % 256 == 0 and time.monotonic() > deadline:
+            raise _problem("data.corpus", f"corpus {corpus!r}: listing its files took over {MAX_WALK_S:g} s; name "
+                                          "a narrower folder or glob")
+        if os.path.isfile(p):
+            files.append(Path(p))
+            if len(files) > MAX_CORPUS_FILES:
+                raise _problem("data.corpus", f"corpus {corpus!r} has over {MAX_CORPUS_FILES:,} files; merge them "
+                                              "into fewer (parquet or jsonl shards) or name a narrower glob")
+    return sorted(files)
+
+
+def corpus_glob(corpus: str) -> list[Path]:
+    """The files a corpus glob matches, within `bounded_files`' limits."""
+    return bounded_files(glob.iglob(os.path.expanduser(corpus), recursive=True), corpus)
 
 
 def _stdlib_files() -> list[Path]:
@@ -127,7 +155,7 @@ def corpus_source(corpus: str) -> CorpusSource:
         raise _not_local("data.corpus", corpus, "corpus")
     path = Path(corpus).expanduser()
     if is_glob(corpus):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if os.path.isfile(p))
+        files = corpus_glob(corpus)
         if not files:
             raise _problem("data.corpus", f"corpus glob {corpus!r} matches no file")
         source = CorpusSource("data_files", _glob_base(path), tuple(files), _builder_of(files, corpus))
@@ -140,10 +168,10 @@ def corpus_source(corpus: str) -> CorpusSource:
     elif path.is_file():
         source = CorpusSource("data_files", path.parent, (path,), _builder_of([path], corpus))
     elif is_saved_dataset(path):
-        source = CorpusSource("saved_dataset", path, tuple(sorted(p for p in path.rglob("*") if p.is_file())))
+        source = CorpusSource("saved_dataset", path, tuple(bounded_files(path.rglob("*"), corpus)))
     else:
-        files = tuple(sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")))
-        source = CorpusSource("text_files", path, files)
+        files = bounded_files((p for p in path.rglob("*") if not p.name.startswith(".")), corpus)
+        source = CorpusSource("text_files", path, tuple(files))
     if not source.files or all(f.stat().st_size == 0 for f in source.files):
         raise _problem("data.corpus", f"corpus {corpus!r} is empty: no non-empty files found")
     return source

@@ -13,15 +13,16 @@ orchestrator/plan_in_store.py):
 - Other cuts of a chain. A trunk is a chain of pieces cut at its branch points and ids chain through parents, so a
   grid grown by an interior budget re-keys every piece after the new cut, and everything downstream, though each is
   the same computation as a segment trained under the coarser cut: the piece ending at e of the chain cut at fewer
-  points ends in the same state (its final checkpoint). `other_keys` lists those keys; a new sweep takes them over
+  points ends in the same state (its final checkpoint). `other_cuts` finds those keys; a new sweep takes them over
   always (the same computation: no flag), training only the span up to the new branch point (docs/architecture.md,
-  "Segments and WSD reuse").
+  "Segments and WSD reuse"). `other_cuts` finds them with the store's help, so planning costs a few keys per
+  segment.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from upscale.sweeps.planner import PlannedSegment, trunk_pieces
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentSpec, fingerprint
@@ -57,36 +58,59 @@ def coarser_cuts(ends: Sequence[int]) -> Iterator[tuple[int, ...]]:
     return itertools.islice(subsets, MAX_OTHER_KEYS)
 
 
-def other_keys(segments: Sequence[PlannedSegment]) -> dict[str, tuple[str, ...]]:
-    """Segment id -> other keys the same job may be held under (at most MAX_OTHER_KEYS), for segments in topological
-    order. A trunk piece ending at e: the piece ending at e of its chain cut at `coarser_cuts` of its branch points
-    (the store holds the state at e as that piece's final checkpoint). Any other segment: its spec with each parent
-    replaced by one of that parent's other keys. Segments without other keys are absent."""
+def other_cuts(segments: Sequence[PlannedSegment], done: Collection[str],
+               held: Callable[[Mapping[str, tuple[str, ...]]], Mapping[str, str]]) -> dict[str, str]:
+    """Segment id -> the other key a store holds the same job under, for segments in topological order, ``done``
+    the ids the store holds under their own key; ``held`` answers for a batch of candidates (segment id -> its other
+    keys, at most MAX_OTHER_KEYS each) with the one found per segment. A trunk piece ending at e: the piece ending at
+    e of its chain cut at `coarser_cuts` of its branch points. Any other segment: its spec with a parent replaced by
+    the other key that parent was found under.
+
+    Candidates are built from what the store holds, not from every other key of every ancestor: a job came after its
+    parent's, so a segment can be held under a key only if the parent that key names is held (done, or found under
+    its other key). The segments are asked in waves by depth, one ``held`` call each, so a plan costs a few keys
+    per segment the store could hold, not the product of every ancestor's alternatives (an 18,000-segment plan once
+    spent minutes here)."""
     memo: dict = {}
     chains: dict[str, list[PlannedSegment]] = {}
+    depth: dict[str, int] = {}
     for s in segments:
+        depth[s.id] = 1 + max((depth[p] for p in s.spec.parent_ids if p in depth), default=0)
         if s.spec.kind in TRUNK_KINDS:
             chains.setdefault(s.trunk, []).append(s)
-    out: dict[str, tuple[str, ...]] = {}
+    found: dict[str, str] = {}
 
     def parent_options(spec: SegmentSpec) -> list[tuple[str, ...]]:
-        combos = itertools.product(*(out.get(p, (p,)) for p in spec.parent_ids))
-        return list(itertools.islice(combos, MAX_OTHER_KEYS))
+        """The parent tuples a held job may name: each parent's own key if it is done, the key it was found under."""
+        held_as = [[k for k in (p if p in done or p not in depth else None, found.get(p)) if k]
+                   for p in spec.parent_ids]
+        return list(itertools.product(*held_as))
 
-    for s in segments:
+    def candidates(s: PlannedSegment) -> dict[str, tuple[str, ...]]:
         if s.spec.kind in TRUNK_KINDS:
-            if s.id != s.trunk:
-                continue  # a later piece: found with its chain's first
             chain = [p.spec for p in chains[s.trunk]]
             piece_at = {p.spec.end_tokens: p.id for p in chains[s.trunk]}
-            found: dict[str, list[str]] = {}
+            keys: dict[str, list[str]] = {}
             for parents in parent_options(s.spec):
                 whole = chain[0].model_copy(update={"parent_ids": parents})
                 for cuts in coarser_cuts([p.end_tokens for p in chain]):
                     for old in trunk_pieces(whole, cuts, memo):
-                        found.setdefault(piece_at[old.end_tokens], []).append(fingerprint(old, memo))
-            out.update({k: tuple(dict.fromkeys(v))[:MAX_OTHER_KEYS] for k, v in found.items()})
-        elif any(p in out for p in s.spec.parent_ids):
-            out[s.id] = tuple(fingerprint(s.spec.model_copy(update={"parent_ids": parents}), memo)
-                              for parents in parent_options(s.spec))
-    return out
+                        keys.setdefault(piece_at[old.end_tokens], []).append(fingerprint(old, memo))
+            return {k: tuple(o for o in dict.fromkeys(v) if o != k)[:MAX_OTHER_KEYS] for k, v in keys.items()}
+        if any(p in found for p in s.spec.parent_ids):
+            return {s.id: tuple(fingerprint(s.spec.model_copy(update={"parent_ids": parents}), memo)
+                                for parents in parent_options(s.spec)[:MAX_OTHER_KEYS]
+                                if parents != s.spec.parent_ids)}
+        return {}
+
+    waves: dict[int, list[PlannedSegment]] = {}
+    for s in segments:
+        if s.spec.kind not in TRUNK_KINDS or s.id == s.trunk:  # a later piece: asked with its chain's first
+            waves.setdefault(depth[s.id], []).append(s)
+    for d in sorted(waves):
+        asked: dict[str, tuple[str, ...]] = {}
+        for s in waves[d]:
+            asked.update((k, v) for k, v in candidates(s).items() if v)
+        if asked:
+            found.update(held(asked))
+    return found

@@ -30,7 +30,7 @@ import json
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 # What a segment computes, as a version: bump it by hand (2, 3, ...) in the change that alters the result of training
@@ -83,14 +83,23 @@ RouterInit = Annotated[Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "ka
     "(Drop-Upcycling's torch_rand_002), or torch's kaiming-uniform (DeepSpeed's untouched default).")]
 MIN_EXPERTS = 2  # an MoE layer has at least two experts; n_expert = 0 is the dense FFN, and 1 is neither
 FFN_MULT = 4  # the dense FFN is FFN_MULT·d_model wide, as the paper's 4·d_model
-# Bounds far above any real model or run (the largest public ones train ~1e13 tokens, ~100 layers, d_model ~16k) that
-# keep every count derived from them inside the store's 64-bit integers: tokens x lr_search trials, and an MoE's
-# parameters (MAX_LAYERS x 12 x MAX_EXPERTS x MAX_WIDTH^2 ~ 3.5e18 < 2^63).
+# Bounds far above any real model or run (the largest public ones train ~1e13 tokens, ~100 layers, d_model ~16k,
+# a few hundred experts) that keep every count derived from them inside the store's 64-bit integers: tokens x
+# lr_search trials, and an MoE's parameters (MAX_LAYERS x 12 x MAX_EXPERTS x MAX_WIDTH^2 ~ 2e17 < 2^63).
 MAX_TOKENS = 10**14
 MAX_LAYERS = 1024
 MAX_WIDTH = 65536
-MAX_EXPERTS = 65536
+MAX_EXPERTS = 4096
 MAX_TRIALS = 10000
+# Bounds on what a data section makes a worker hold or compute: a context of 2**17 tokens (the longest trained
+# contexts), a vocabulary of 2**22 (the largest public tokenizers have ~2.6e5), and at most 2**30 held-out tokens per
+# evaluation (an hour of a GPU's forward passes on a large model).
+MAX_CONTEXT = 1 << 17
+MAX_VOCAB = 1 << 22
+MAX_EVAL_TOKENS = 1 << 30
+# A `**` in a corpus glob walks every folder below its base once per `**` before it; two of them cost the square of
+# the tree, ten its tenth power. One is all a corpus needs (`/data/**/*.parquet`).
+MAX_GLOB_RECURSIONS = 1
 
 
 class Shape(Frozen):
@@ -156,8 +165,8 @@ class ModelSpec(Shape):
     The one model schema: a segment hashes it, and the workers' `ModelConfig` (workers/model.py) is a ModelSpec
     plus what an upcycling method reshapes and where the model runs."""
 
-    vocab_size: int = Field(ge=2, description="Tokeniser vocabulary size (256 for bytes).")
-    context: int = Field(ge=1, description="Tokens per training sequence (the RoPE table's length).")
+    vocab_size: int = Field(ge=2, le=MAX_VOCAB, description="Tokeniser vocabulary size (256 for bytes).")
+    context: int = Field(ge=1, le=MAX_CONTEXT, description="Tokens per training sequence (the RoPE table's length).")
     n_expert: int = Field(0, ge=0, le=MAX_EXPERTS, description=f"Experts per MoE layer: 0 = dense FFN, else >= "
                           f"{MIN_EXPERTS}.")
     topk: int = Field(0, ge=0, description="Experts each token is routed to (token choice), 1..n_expert; 0 for dense.")
@@ -211,13 +220,24 @@ class DataSpec(Frozen):
                              description="Column holding the text in dataset corpora (`text_field` is an alias).")
     tokenizer: str = Field("bytes", min_length=1, description="bytes (UTF-8 bytes), bpe (a BPE trained on the "
                            "corpus), or the path of a Hugging Face tokenizer folder or tokenizer.json file.")
-    bpe_vocab_size: int = Field(4096, ge=257, description="Vocabulary size of the BPE tokeniser.")
-    eval_tokens: int = Field(65536, ge=1, description="Held-out validation tokens (split by document).")
+    bpe_vocab_size: int = Field(4096, ge=257, le=MAX_VOCAB, description="Vocabulary size of the BPE tokeniser.")
+    eval_tokens: int = Field(65536, ge=1, le=MAX_EVAL_TOKENS,
+                             description="Held-out validation tokens (split by document).")
     data_seed: int = Field(0, description="Seed of the train/validation split and of batch order.")
     fingerprint: str | None = Field(None, description="Content hash of a user corpus's and a Hugging Face "
                                     "tokenizer's files; set by the planner, leave unset.")
 
     optional_fields: ClassVar[frozenset[str]] = frozenset({"fingerprint"})
+
+    @field_validator("corpus")
+    @classmethod
+    def _one_recursion(cls, corpus: str) -> str:
+        """Refused before anything walks the glob: its cost is what the `**` count multiplies."""
+        if corpus.count("**") > MAX_GLOB_RECURSIONS:
+            raise ValueError(f"a corpus glob may hold at most {MAX_GLOB_RECURSIONS} `**` (this one has "
+                             f"{corpus.count('**')}): each `**` walks the whole tree below the ones before it; "
+                             "write one, e.g. /data/**/*.parquet")
+        return corpus
 
     def identity_omits(self) -> frozenset[str]:
         """With a fingerprint, the files' content stands for their paths: the same files anywhere give the same key,

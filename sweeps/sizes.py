@@ -18,7 +18,13 @@ the embeddings are outside N, and the LM head's FLOPs are spent either way.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from upscale.sweeps.segments import Shape, UpcycleSpec
+
+BYTES_PER_PARAM = 16  # fp32 weights and gradients (4 + 4) and AdamW's two moments (8)
+BYTES_PER_ACTIVATION = 4  # fp32
 
 # The paper's Table 3 (n_layer, d_model, n_head), then CPU-sized shapes for tests and the demo.
 NAMED_SIZES: dict[str, Shape] = {
@@ -106,3 +112,36 @@ def moe_active_params(s: Shape, n_expert: int, topk: int, expert_d_ff: int | Non
 def train_flops_per_token(s: Shape, active_params: int, context: int, vocab_size: int) -> int:
     """Training FLOPs per token: 6·(N_active + LM head) + attention scores/values (12·L·d·T, no causal halving)."""
     return 6 * (active_params + s.d_model * vocab_size) + 12 * s.n_layer * s.d_model * context
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """What one worker holds to train a model (bytes): see `training_memory`."""
+
+    params: int
+    sequences: int
+    state: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.state + self.activations
+
+
+def training_memory(s: Shape, n_expert: int, topk: int, expert_d_ff: int, shared_d_ff: int, *, vocab: int,
+                    context: int, sequences: int, workers: int) -> TrainingMemory:
+    """A lower estimate of one worker's memory to train a model (dense when ``n_expert`` is 0) on ``sequences``
+    sequences of ``context`` tokens per step (docs/architecture.md, "What a request may cost"): BYTES_PER_PARAM for each
+    parameter it holds (embeddings and LM head included; the experts split over gcd(workers, n_expert) ranks, as
+    expert parallelism does), and fp32 activations kept for the backward pass: per token and layer the block's
+    inputs, Q/K/V and attention output (8·d + 2·d_kv) and each active FFN's gate, up and product (3·f) with the
+    router's logits, and the logits over the vocabulary twice (values and their softmax's gradient). Attention
+    scores are not counted: scaled_dot_product_attention does not keep them."""
+    ffn = shared_d_ff + (topk * expert_d_ff if n_expert else s.d_ff)
+    experts = n_expert * 3 * s.d_model * expert_d_ff if n_expert else 0
+    ep = math.gcd(workers, n_expert) if n_expert else 1
+    total = moe_total_params(s, n_expert, expert_d_ff, shared_d_ff) if n_expert else dense_params(s)
+    params = total - experts + experts // ep + 2 * vocab * s.d_model
+    per_token = s.n_layer * (8 * s.d_model + 2 * s.d_kv + 3 * ffn + n_expert) + 2 * vocab
+    tokens = sequences * context
+    return TrainingMemory(params, sequences, BYTES_PER_PARAM * params, BYTES_PER_ACTIVATION * tokens * per_token)

@@ -33,8 +33,10 @@ from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, vocab_size_of
 from upscale.sweeps.errors import SpecError, SpecProblem
 from upscale.sweeps.model_dirs import DenseModelDir, read_dense_model
 from upscale.sweeps.segments import (
+    MAX_CONTEXT,
     MAX_EXPERTS,
     MAX_TOKENS,
+    MAX_VOCAB,
     MIN_EXPERTS,
     AuxLossCoef,
     DataSpec,
@@ -47,7 +49,7 @@ from upscale.sweeps.segments import (
     Shape,
     UpcycleSpec,
 )
-from upscale.sweeps.sizes import NAMED_SIZES, expert_widths
+from upscale.sweeps.sizes import NAMED_SIZES, expert_widths, training_memory
 
 # Methods whose identity varies with the `r` axis (Drop-Upcycling's re-initialised fraction, docs/methods.md). Others
 # ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.
@@ -61,6 +63,13 @@ MAX_AXIS = 1000  # entries of one grid axis (sizes, experts, topk, r, budgets): 
 MAX_DEPTH = 64  # nesting of a spec document; a real spec nests 5 deep
 MAX_INT = 2**63 - 1  # the store's integer columns are 64-bit
 EXCERPT_CHARS = 80  # of a bad value quoted in a message
+MAX_LR = 10.0  # a peak learning rate above this diverges at once: AdamW's useful range is ~1e-5..1e-1
+MAX_BATCH = 1 << 20  # sequences per optimiser step
+MIN_CPUS = 0.01  # per worker: Ray schedules fractions, but below this a segment would never finish
+MAX_CPUS = 4096.0  # per worker process, as MAX_GPUS: beyond any node
+MAX_GPUS = 64.0
+MAX_WORKERS = 4096  # processes per segment
+GIB = 1 << 30
 
 
 def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
@@ -115,7 +124,7 @@ class ModelSection(Frozen):
         "{n_layer, d_model, n_head}. Give this or `dense`.")
     dense: DenseSection | None = Field(None, description="Start from this dense model instead of training `sizes`: "
                                        "its shape is the one N1, trained_tokens the one D1.")
-    vocab_size: int | None = Field(None, ge=2, description="None: the tokeniser's (256 for bytes, "
+    vocab_size: int | None = Field(None, ge=2, le=MAX_VOCAB, description="None: the tokeniser's (256 for bytes, "
                                    "data.bpe_vocab_size for bpe); with `dense`, the model's.")
     init_std: float = Field(0.02, gt=0, description="Std of the normal weight init (per size in `per_size`).")
     _dense_model: DenseModelDir | None = PrivateAttr(None)
@@ -291,8 +300,9 @@ class TokensOverride(Frozen):
 
 
 class LrSection(Frozen):
-    dense: float | None = Field(None, gt=0, description="Peak LR of dense training (not used with model.dense).")
-    moe: float = Field(gt=0, description="Peak LR of MoE training, upcycled or from scratch (paper A.6).")
+    dense: float | None = Field(None, gt=0, le=MAX_LR, description="Peak LR of dense training (not used with "
+                                "model.dense).")
+    moe: float = Field(gt=0, le=MAX_LR, description="Peak LR of MoE training, upcycled or from scratch (paper A.6).")
 
 
 class DecaySection(Frozen):
@@ -312,8 +322,8 @@ class AdamWSection(Frozen):
 
 
 class TrainSection(Frozen):
-    context: int = Field(ge=1, description="Tokens per sequence.")
-    batch_size: int = Field(ge=1, description="Sequences per optimiser step.")
+    context: int = Field(ge=1, le=MAX_CONTEXT, description="Tokens per sequence.")
+    batch_size: int = Field(ge=1, le=MAX_BATCH, description="Sequences per optimiser step.")
     lr: LrSection | None = Field(None, description="Fixed peak LRs; or use lr_search.")
     lr_search: LrSearchSpec | None = Field(None, description="Optuna search of the peak LR per model (family, size).")
     warmup_tokens: float = Field(ge=0, le=MAX_TOKENS, description="Linear warmup (rounded to whole steps).")
@@ -330,6 +340,8 @@ class TrainSection(Frozen):
             problems.append(("lr", "give exactly one of train.lr {dense, moe} and train.lr_search"))
         if self.lr_search and self.lr_search.low >= self.lr_search.high:
             problems.append(("lr_search.low", f"low={self.lr_search.low} must be below high={self.lr_search.high}"))
+        if self.lr_search and self.lr_search.high > MAX_LR:
+            problems.append(("lr_search.high", f"{self.lr_search.high:g} is above the largest peak LR, {MAX_LR:g}"))
         _raise_if(problems)
         return self
 
@@ -337,7 +349,7 @@ class TrainSection(Frozen):
 class SizeOverride(Frozen):
     """Per-size recipe (the paper's Table 5 varies batch, warmup, init and LR with size)."""
 
-    batch_size: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
     warmup_tokens: float | None = Field(None, ge=0, le=MAX_TOKENS)
     lr: LrSection | None = None
     init_std: float | None = Field(None, gt=0)
@@ -345,9 +357,9 @@ class SizeOverride(Frozen):
 
 
 class ResourcesSection(Frozen):
-    cpus: float = Field(1, gt=0, description="CPUs per worker process.")
-    gpus: float = Field(0, ge=0, description="GPUs per worker process.")
-    workers: int = Field(1, ge=1, description="Worker processes per segment (Ray Train when > 1).")
+    cpus: float = Field(1, ge=MIN_CPUS, le=MAX_CPUS, description="CPUs per worker process.")
+    gpus: float = Field(0, ge=0, le=MAX_GPUS, description="GPUs per worker process.")
+    workers: int = Field(1, ge=1, le=MAX_WORKERS, description="Worker processes per segment (Ray Train when > 1).")
 
 
 class ClusterResources(Frozen):
@@ -355,6 +367,8 @@ class ClusterResources(Frozen):
 
     cpus: float = Field(ge=0)
     gpus: float = Field(0, ge=0)
+    node_memory: float | None = Field(None, ge=0, description="Bytes of Ray's `memory` resource on its largest "
+                                      "node: the most one worker process can hold; None when not known.")
 
 
 class SweepSpec(Frozen):
@@ -563,6 +577,44 @@ def check_resources(spec: SweepSpec, available: ClusterResources) -> None:
     _raise_if(problems)
 
 
+def check_memory(spec: SweepSpec, node_memory: float) -> None:
+    """Refuse a sweep whose largest model cannot train on one node of ``node_memory`` bytes (raises SpecError): per
+    worker, `sizes.training_memory` of each size's largest MoE (and its dense model), at that size's batch split over
+    the workers. One problem, the largest need, saying what it is made of."""
+    r, t = spec.resources, spec.train
+    vocab = spec.model.vocab_size or vocab_size_of(spec.data)
+    variants = spec.upcycling.variants()
+    worst = None
+    for label, shape in spec.model.shapes().items():
+        o = spec.per_size.get(label, SizeOverride())
+        sequences = -(-(o.batch_size or t.batch_size) // r.workers)
+        models = [(0, 0, (shape.d_ff, 0))] + [(e, k, widths) for e, k in spec.moe.configs()
+                                              for widths in {(shape.d_ff, 0)} | {_widths(up, shape, e, k)
+                                                                                for up in variants}]
+        for e, k, widths in models:
+            need = training_memory(shape, e, k, *widths, vocab=vocab, context=t.context, sequences=sequences,
+                                   workers=r.workers)
+            if worst is None or need.total > worst[0].total:
+                worst = (need, label, e, k)
+    need, label, e, k = worst
+    if need.total > node_memory:
+        model = f"{label} as {e}x{k}" if e else f"dense {label}"
+        raise SpecError([("resources", f"{model} needs about {need.total / GIB:.3g} GiB per worker "
+                                       f"({need.state / GIB:.3g} GiB of weights, gradients and AdamW state for "
+                                       f"{need.params:,} parameters, {need.activations / GIB:.3g} GiB of activations "
+                                       f"for {need.sequences} sequences of {t.context} tokens); the largest node has "
+                                       f"{node_memory / GIB:.3g} GiB: use fewer or smaller experts, a smaller size, "
+                                       "context or batch, or more resources.workers")])
+
+
+def _widths(up: UpcycleSpec, shape: Shape, n_expert: int, topk: int) -> tuple[int, int]:
+    """`expert_widths`, or the copied FFN's where the method cannot build this MoE (reported by the spec's check)."""
+    try:
+        return expert_widths(up, shape.d_ff, n_expert, topk)
+    except ValueError:
+        return shape.d_ff, 0
+
+
 def segment_bound(spec: SweepSpec) -> int:
     """At most how many segments `planner.plan` makes of ``spec``, counted from its axes without enumerating them (the
     planner's DAG per size: a dense trunk piece and a decay per D1, or one dense_import; per (experts, topk) and
@@ -661,8 +713,9 @@ def parse_document(text: str | bytes, fmt: Literal["json", "yaml"]) -> dict[str,
 
 
 def check_document(data: Any, path: str = "") -> None:
-    """SpecError for nesting beyond MAX_DEPTH or integers beyond MAX_INT in plain data (at ``path`` of a larger
-    body), found iteratively: a recursive walk is what a deep document breaks. At most one problem of each kind."""
+    """SpecError for nesting beyond MAX_DEPTH, integers beyond MAX_INT or a NUL character in a string or key (no
+    field holds one, and PostgreSQL cannot store one) in plain data (at ``path`` of a larger body), found
+    iteratively: a recursive walk is what a deep document breaks. At most one problem of each kind."""
     problems: dict[str, SpecProblem] = {}
     stack: list[tuple[Any, str, int]] = [(data, path, 0)]
     while stack:
@@ -675,7 +728,11 @@ def check_document(data: Any, path: str = "") -> None:
         if isinstance(node, int) and abs(node) > MAX_INT:
             problems.setdefault("int", (path, f"integer {excerpt(node)} is beyond what the store holds "
                                               f"(at most {MAX_INT})"))
+        elif isinstance(node, str) and "\x00" in node:
+            problems.setdefault("nul", (path, "a NUL character (\\u0000) is not allowed in a spec"))
         elif isinstance(node, dict):
+            if any("\x00" in str(k) for k in node):
+                problems.setdefault("nul", (path, "a NUL character (\\u0000) is not allowed in a key"))
             stack += [(v, _join(path, str(k)), depth + 1) for k, v in node.items()]
         elif isinstance(node, list):
             stack += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node)]

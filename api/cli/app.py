@@ -21,6 +21,7 @@ from rich.measure import Measurement
 from rich.text import Text
 
 from upscale.client import ApiError
+from upscale.home import private_state
 from upscale.orchestrator import verbosity
 
 app = typer.Typer(
@@ -115,7 +116,8 @@ def _fail(message: str) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: the state it writes is private (upscale/home.py)."""
+    private_state()
     try:
         app()
     except tuple(USER_ERRORS) as e:

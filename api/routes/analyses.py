@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer
+from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer, plot_url
 from upscale.control import analyses, sweeps
 from upscale.control.analysis_jobs import TooManyAnalyses
 from upscale.control.records import AnalysisRecord
@@ -19,7 +19,7 @@ PLOT_TYPES = {".png": "image/png", ".pdf": "application/pdf"}
 
 def _public(record: AnalysisRecord, request: Request) -> AnalysisPublic:
     sweep = record.sweep_ids[0] if record.sweep_ids else None
-    plots = ({p: str(request.url_for("analysis_plot", sweep_id=sweep, name=f"{p}.png"))
+    plots = ({p: plot_url(request, "analysis_plot", sweep_id=sweep, name=f"{p}.png")
               + f"?analysis_id={record.id}" for p in record.plots} if sweep else {})
     return analyses.public(record, plots)
 
@@ -47,6 +47,7 @@ def create_analysis(sweep_id: str, body: AnalysisCreate, request: Request, respo
     past that). Only the sweep's owner or an admin token may run it (403 otherwise): the analysis it records
     becomes the one the sweep's decisions answer from."""
     caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
+    request.app.state.analysis_quota.take(caller.name)  # 429 past UPSCALE_MAX_ANALYSES_PER_MINUTE
     try:
         record = analyses.request_analysis(services, sweep_id, n1s=body.n1s, bootstrap=body.bootstrap,
                                            seed=body.seed, owner=caller.name, jobs=services.jobs)

@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 
-from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, plot_url
 from upscale.control import analyses, fits
 from upscale.control.records import FitRecord
 from upscale.control.schemas import DecisionPublic, FitCreate, FitPublic
@@ -25,15 +25,21 @@ def _public(record: FitRecord, request: Request) -> FitPublic:
     return FitPublic(id=record.id, law=record.law, kind=record.kind, owner=record.owner,
                      created_at=record.created_at, data_hash=record.data_hash, request=record.request,
                      report=record.report,
-                     plots={p: str(request.url_for("fit_plot", fit_id=record.id, name=p)) for p in record.plots})
+                     plots={p: plot_url(request, "fit_plot", fit_id=record.id, name=p) for p in record.plots})
 
 
 @router.post("/fits", status_code=201, summary="Fit a law", response_model=FitPublic,
-             responses={422: {"description": "Unknown law, missing columns, too few points..."}})
+             responses={422: {"description": "Unknown law, missing columns, too few points, more inline rows or "
+                                              "bootstrap refits than one request may make..."},
+                        429: {"description": "The token made UPSCALE_MAX_FITS_PER_MINUTE fits in the last minute "
+                                             "(Retry-After says when to try again)."}})
 def create_fit(body: FitCreate, request: Request, services: ServicesDep, owner: Writer) -> FitPublic:
     """Huber/BFGS fit of `law` on the selected observations, with LOO RMS, bootstrap intervals over trunks when
     `bootstrap` > 0, and diagnostic plots. The fit is stored under the caller's token name and never changes; any
-    write token may fit any sweep's observations (it only reads them)."""
+    write token may fit any sweep's observations (it only reads them). Its cost is bounded: at most 5000 inline rows,
+    leave-one-out over a seeded sample of 200 rows above that many (`report.loo_sampled`), bootstrap draws x rows at
+    most 250,000, and UPSCALE_MAX_FITS_PER_MINUTE fits per token per minute (429)."""
+    request.app.state.fit_quota.take(owner.name)
     try:
         return _public(fits.create_fit(services, body, owner.name), request)
     except (FitError, OrchestratorError) as e:
@@ -86,9 +92,9 @@ def fit_plot(fit_id: str, name: str, services: ServicesDep, _: Reader) -> FileRe
                                 "segments, the analysis is running or failed, or it has no law to answer with."},
                           422: {"description": "Bad values or an unknown group."}})
 def decide_upcycle(services: ServicesDep, _: Reader,
-                   n1: float = Query(gt=0, le=MAX_COUNT, description="Dense model size (parameters)."),
-                   d1: float = Query(gt=0, le=MAX_COUNT, description="Tokens the dense model was trained on."),
-                   d2: float = Query(gt=0, le=MAX_COUNT, description="Tokens you would spend on the upcycled MoE."),
+                   n1: float = Query(ge=1, le=MAX_COUNT, description="Dense model size (parameters)."),
+                   d1: float = Query(ge=1, le=MAX_COUNT, description="Tokens the dense model was trained on."),
+                   d2: float = Query(ge=1, le=MAX_COUNT, description="Tokens you would spend on the upcycled MoE."),
                    sweep_id: str | None = Query(None, description="Answer from this sweep's newest analysis (default: "
                                                 "the newest analysis of any sweep)."),
                    group: str | None = Query(None, description="Upcycling group as the analysis labels it, e.g. "

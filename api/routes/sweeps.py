@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from upscale.api.quotas import check_in_flight
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.control import sweeps
 from upscale.control.plans import plan_summary
@@ -61,8 +62,9 @@ def _created_example() -> dict[str, Any]:
 
 def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool,
             reuse_stale: bool) -> SweepCreated:
-    """Parse, admit, plan and record: seconds for a large grid, so it runs in a worker thread, never on the event
-    loop that answers every other request."""
+    """Check the owner's quota, parse, admit, plan and record: seconds for a large grid, so it runs in a worker
+    thread, never on the event loop that answers every other request."""
+    check_in_flight(owner, sweeps.in_flight(services, owner), services.settings.max_sweeps_in_flight)
     return sweeps.submit(services, sweeps.admit(services, parse_document(raw, fmt)), owner, new=new,
                          reuse_stale=reuse_stale)
 
@@ -72,6 +74,8 @@ def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], own
                         200: {"model": SweepCreated,
                               "description": "The caller's existing sweep of this identical spec (`existing`)."},
                         413: {"description": "The body is larger than UPSCALE_MAX_BODY_BYTES."},
+                        429: {"description": "The token has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending or running "
+                                             "(Retry-After says when to try again)."},
                         422: {"description": "Invalid spec: every problem with its field path (also: a grid over "
                                              "UPSCALE_MAX_SEGMENTS, data.corpus outside the data roots, resources "
                                              "the cluster does not have, YAML aliases)."}})
@@ -133,6 +137,7 @@ def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services:
     The new sweep is the caller's, so any write token may extend any sweep (it only reads the old one's spec, which
     every read token sees). If the caller already has a sweep of the extended spec, that sweep is returned with 200
     and `existing: true`."""
+    check_in_flight(owner.name, sweeps.in_flight(services, owner.name), services.settings.max_sweeps_in_flight)
     created = sweeps.extend(services, sweep_id, body.additions, owner.name, body.reuse_stale)
     if created.existing:
         response.status_code = 200

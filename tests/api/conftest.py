@@ -1,6 +1,7 @@
 """A real uvicorn server on a free loopback port, in a thread of the test process, on a real SQLite store and a real
 MLflow SQLite store under a temporary UPSCALE_HOME; tokens are created in that store the way `upscale token create`
-does. Ray is embedded (2 CPUs, as the machine has) and started from the main thread."""
+does. Ray is embedded (2 CPUs, as the machine has) and started from the main thread. `postgres_url` (a fresh database
+on the PostgreSQL test server, tests/deploy/conftest.py) serves the tests that run a server on PostgreSQL too."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from tests.deploy.conftest import postgres_url  # noqa: F401  (a fixture: a fresh database on the test server)
 from upscale.api.app import create_app
 from upscale.api.auth import create_token
 from upscale.orchestrator.settings import Settings

@@ -246,6 +246,44 @@ def test_resources_the_cluster_lacks_are_refused_at_submit(server, ray_session) 
     assert _post_raw(server, json.dumps({**SPEC, "name": "fits"})).status_code == 201
 
 
+def test_a_model_no_node_can_hold_is_refused_at_submit_with_its_estimate(server, ray_session) -> None:
+    """The memory estimate reads the largest node's memory from Ray: 64 copies of a 1B model's FFN (52e9 parameters,
+    ~780 GiB of weights and AdamW state) is refused with what it is made of, and nothing is stored."""
+    before = _sweep_count(server)
+    big = {**SPEC, "name": "huge-moe", "model": {"sizes": ["1B"]}, "moe": {"experts": [64], "topk": [1]}}
+    r = _post_raw(server, json.dumps(big))
+    assert _locs(r) == [["body", "resources"]]
+    msg = r.json()["detail"][0]["msg"]
+    assert "1B as 64x1 needs about" in msg and "52,392,040,032 parameters" in msg and "the largest node has" in msg
+    assert _sweep_count(server) == before
+
+
+def test_a_ten_star_glob_is_refused_before_any_walk(server) -> None:
+    """Each `**` multiplies the walk by the tree: a glob holds one. The 54-byte glob is refused by the spec's rule,
+    before the data roots or the disk are looked at."""
+    root = server.settings.data_root_paths[0]
+    glob = f"{root}/" + "**/" * 10 + "*"
+    r = _post_raw(server, json.dumps({**SPEC, "name": "stars", "data": {"corpus": glob}}))
+    assert _locs(r) == [["body", "data", "corpus"]]
+    assert "at most 1 `**` (this one has 10)" in r.json()["detail"][0]["msg"]
+
+
+def test_a_glob_over_the_file_cap_is_refused(server, monkeypatch) -> None:
+    from upscale.sweeps import data_sources
+
+    root = server.settings.data_root_paths[0]
+    (root / "many").mkdir(exist_ok=True)
+    for i in range(5):
+        (root / "many" / f"{i}.txt").write_text("text\n")
+    monkeypatch.setattr(data_sources, "MAX_CORPUS_FILES", 4)
+    r = _post_raw(server, json.dumps({**SPEC, "name": "many", "data": {"corpus": f"{root}/**/*.txt"}}))
+    assert _locs(r) == [["body", "data", "corpus"]]
+    assert "has over 4 files" in r.json()["detail"][0]["msg"]
+    monkeypatch.setattr(data_sources, "MAX_CORPUS_FILES", 5)
+    assert _post_raw(server, json.dumps({**SPEC, "name": "many", "data": {"corpus": f"{root}/many/*.txt"}})) \
+        .status_code == 201
+
+
 def test_infinities_in_other_bodies_are_422_with_field_paths(server) -> None:
     schedule = '{"name": "s", "trigger": "on_new_observations", "request": {"sweep_ids": ["x"], "n1": Infinity}}'
     with server.client() as c:

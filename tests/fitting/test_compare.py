@@ -103,3 +103,19 @@ def test_one_law_losing_its_loo_leaves_the_others_compared(monkeypatch):
     assert (bad.objective, bad.aic, bad.extrapolation_rms) == (clean_rows[1].objective, clean_rows[1].aic,
                                                                clean_rows[1].extrapolation_rms)
     assert bad.to_json()["loo_rms"] is None
+
+
+def test_loo_above_its_held_out_count_leaves_out_a_seeded_sample():
+    """The cost of LOO is one refit per row left out: above ``held_out`` rows only a seeded sample is, the same one
+    for the same seed, and the result says so."""
+    law = get_law("data-mul")
+    df = generate(law, TRUTH, design(law, SMALL), noise=0.005, seed=3)
+    options = FitOptions()
+    problem, table = prepare(law, df, None, options)
+    best = fit_problem(law, problem, table, None, options).best
+    whole = leave_one_out(problem, best, options)
+    sample = leave_one_out(problem, best, options, held_out=10, seed=1)
+    assert (whole.sampled, sample.sampled, sample.n) == (None, 10, 25) and np.isfinite(sample.rms)
+    assert sample.note == "LOO RMS over a seeded sample of 10 of the 25 rows, left out in turn"
+    assert leave_one_out(problem, best, options, held_out=10, seed=1).rms == sample.rms
+    assert leave_one_out(problem, best, options, held_out=25).sampled is None  # not more rows than that: all
