@@ -47,7 +47,8 @@ def _rows(services: Services) -> list[AnalysisRecord]:
 
 
 def test_identical_requests_get_409_at_once_and_the_server_stays_responsive(tmp_path, mlflow_uri) -> None:
-    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
+    # the per-minute request quota (tests/api/test_quotas.py) would answer some of the forty 429 first
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri, max_analyses_per_minute=100)
     services = Services.open(settings)
     sid = fill(services)
     with serve(settings, scheduler=False) as live:

@@ -76,7 +76,8 @@ def test_cli_over_http_and_in_process(tmp_path, mlflow_uri) -> None:
         _stop(proc, 30)
     local = _cli(env, "status", sweep_id)  # in-process, on the same store, no token
     assert "pending" in local and "0 of" in local
-    assert _cli(env, "ui").split()[1:] == ["-m", "mlflow", "ui", "--backend-store-uri", mlflow_uri, "--port", "5000"]
+    assert _cli(env, "ui").split()[1:] == ["-m", "mlflow", "ui", "--backend-store-uri", mlflow_uri, "--port", "5000",
+                                          "--app-name", "upscale"]
 
 
 @pytest.mark.slow
