@@ -78,7 +78,7 @@ def test_sizes_too_small_for_the_arithmetic_are_refused_by_their_bound(live) -> 
     N1 and token count is now at least 1."""
     with live.client() as c:
         r = c.post("/sweeps/0123456789ab/analysis", json={"n1s": [5e-324]})
-        assert r.status_code == 422 and "[1, 1e18]" in r.text and "Geometric" not in r.text, r.text
+        assert r.status_code == 422 and "[1, 1e+18]" in r.text and "Geometric" not in r.text, r.text
         r = c.get("/decisions/upcycle", params={"n1": 5e-324, "d1": 1e9, "d2": 1e9})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "n1"], r.text
         r = c.post("/sweeps/0123456789ab/suggest", json={"budget_flops": 1e15, "n1": 5e-324})
