@@ -9,7 +9,8 @@ UPSCALE_MAX_BODY_BYTES is refused with 413 before it is read whole (`BodyLimit`)
 excerpt of a bad value.
 
 /docs (Swagger UI) and /redoc load their scripts and styles from the app itself (fastapi-offline's bundled copies),
-so the pages render on a machine without internet.
+so the pages render on a machine without internet, and their Content-Security-Policy keeps the browser from fetching
+anything else (api/docs_pages.py). The schema's version is the package's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from upscale import __version__
+from upscale.api.docs_pages import SameOriginDocs
 from upscale.api.quotas import PerMinute
 from upscale.api.routes import analyses, calibration, fits, ops, refits, segments, sweeps, tokens
 from upscale.api.routes.deps import known_ids
@@ -43,7 +46,7 @@ from upscale.sweeps.spec import SpecError, excerpt
 
 log = logging.getLogger(__name__)
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
-upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz and /metrics takes a bearer token
+upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz, /metrics and these pages takes a bearer token
 (`upscale token create --scope read|write|admin NAME`). A read token sees everything (a shared team store); a write
 token also creates sweeps, fits, analyses and refit schedules, which its name owns, and changes only those; an admin
 token changes anyone's."""
@@ -217,7 +220,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
                 loop.stop()
 
     # validatorUrl None: Swagger UI would otherwise send the schema to an online validator for its badge.
-    app = FastAPIOffline(title="upscale", version="1", description=DESCRIPTION, lifespan=lifespan,
+    app = FastAPIOffline(title="upscale", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.services, app.state.loops = services, None
     app.state.fit_quota = PerMinute("fits", settings.max_fits_per_minute, "UPSCALE_MAX_FITS_PER_MINUTE")
@@ -235,6 +238,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
         app.include_router(router, dependencies=[Depends(known_ids)])
     app.include_router(ops.router)  # /healthz and /metrics: no token, no ids
     app.add_middleware(RefuseNul)
+    app.add_middleware(SameOriginDocs)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # the outermost: RefuseNul keeps what it lets in
     _add_spec_schemas(app)
     return app

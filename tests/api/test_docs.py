@@ -55,3 +55,23 @@ def test_swagger_ui_sends_the_schema_to_no_online_validator(live) -> None:
     """Swagger UI's default validator badge posts the schema to an outside service: switched off."""
     html = httpx.get(f"{live.url}/docs", timeout=30).text
     assert '"validatorUrl": null' in html
+
+
+def test_the_docs_pages_let_the_browser_fetch_only_from_this_server(live) -> None:
+    """ReDoc's bundle draws a logo from Redocly's CDN whatever the page says: the pages' policy keeps every fetch
+    (images included) on this server, so the browser never asks the CDN."""
+
+    bundle = httpx.get(f"{live.url}/static-offline-docs/redoc.standalone.js", timeout=30).text
+    assert "https://cdn.redoc.ly/" in bundle  # what the policy is for
+    for page in ("/docs", "/redoc"):
+        policy = httpx.get(f"{live.url}{page}", timeout=30).headers["content-security-policy"]
+        directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+        assert directives["default-src"] == "'self'" and directives["img-src"] == "'self' data:"
+        assert all("http" not in sources and "*" not in sources for sources in directives.values()), policy
+    assert "content-security-policy" not in httpx.get(f"{live.url}/healthz", timeout=30).headers  # the pages only
+
+
+def test_the_schema_carries_the_package_version(live) -> None:
+    import upscale
+
+    assert httpx.get(f"{live.url}/openapi.json", timeout=30).json()["info"]["version"] == upscale.__version__
