@@ -47,9 +47,9 @@ from upscale.sweeps.spec import SpecError, excerpt
 log = logging.getLogger(__name__)
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
 upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz, /metrics and these pages takes a
-bearer token (`upscale token create --scope read|write|admin NAME`). A read token sees everything (a shared team store); a write
-token also creates sweeps, fits, analyses and refit schedules, which its name owns, and changes only those; an admin
-token changes anyone's."""
+bearer token (`upscale token create --scope read|write|admin NAME`). A read token sees everything (a shared team
+store); a write token also creates sweeps, fits, analyses and refit schedules, which its name owns, and changes only
+those; an admin token changes anyone's."""
 
 
 def _loc(path: str) -> list[str | int]:
