@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import time
 import traceback
 import uuid
@@ -33,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from upscale.control.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.control.records import AnalysisRecord
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic, DecisionPublic
+from upscale.control.supervised import SupervisedLoop
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.records import as_utc, utcnow
 
@@ -365,7 +365,7 @@ def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_A
                         trigger="completed" if latest is None else "observations", tables=tables)
 
 
-class AnalysisLoop(threading.Thread):
+class AnalysisLoop(SupervisedLoop):
     """Every ``tick_s``, analyses each settled sweep (done, failed or cancelled) whose observations changed since
     its latest analysis: a sweep that just completed, was extended or got late segments. ``policy`` `off` (the
     setting UPSCALE_ANALYSIS_POLICY) runs none. A failure is recorded on the analysis row, never fatal to the loop;
@@ -373,14 +373,9 @@ class AnalysisLoop(threading.Thread):
 
     def __init__(self, services: Services, tick_s: float = 5.0, policy: str | None = None,
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP) -> None:
-        super().__init__(name="upscale-analyses", daemon=True)
+        super().__init__("upscale-analyses", tick_s, stuck_after_s=STALE_RUNNING_S)
         self.services, self.tick_s, self.bootstrap = services, tick_s, bootstrap
         self.policy = policy if policy is not None else services.settings.analysis_policy
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.wait(self.tick_s):
-            self.tick()
 
     def tick(self) -> None:
         if self.policy == "off":
@@ -395,6 +390,3 @@ class AnalysisLoop(threading.Thread):
                 analyse_if_new(self.services, sweep.id, self.bootstrap, cache)
             except Exception as e:  # recorded on the row by run_analysis; the loop goes on
                 log.warning("analysis of sweep %s failed: %s", sweep.id, _one_line(e))
-
-    def stop(self) -> None:
-        self.stopping.set()

@@ -11,7 +11,6 @@ minute.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import datetime
 from typing import Any
@@ -20,7 +19,6 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from upscale.control.analyses import (
-    NotReady,
     analysis_params,
     inputs_hash,
     observations_hash,
@@ -32,9 +30,10 @@ from upscale.control.fits import ObservationCache
 from upscale.control.records import AnalysisRecord, RefitRecord, RefitScheduleRecord
 from upscale.control.schemas import RefitRequest, RefitScheduleCreate
 from upscale.control.services import Services
-from upscale.fitting.errors import FitError
-from upscale.orchestrator.errors import OrchestratorError
+from upscale.control.supervised import SupervisedLoop
 from upscale.orchestrator.records import utcnow
+
+STUCK_AFTER_S = 3600.0  # a refit runs one analysis: longer than any of them takes
 
 
 def create_schedule(services: Services, body: RefitScheduleCreate, owner: str) -> RefitScheduleRecord:
@@ -175,17 +174,13 @@ def claim_minute(services: Services, schedule_id: str, minute: datetime) -> bool
     return claimed.rowcount == 1
 
 
-class RefitLoop(threading.Thread):
-    """Fires due schedules every ``tick_s``; a failing refit is noted on its schedule, never fatal to the loop."""
+class RefitLoop(SupervisedLoop):
+    """Fires due schedules every ``tick_s``; a failing refit is noted on its schedule, never fatal to the loop
+    (control/supervised.py: nor is a failing store)."""
 
     def __init__(self, services: Services, tick_s: float = 5.0) -> None:
-        super().__init__(name="upscale-refits", daemon=True)
+        super().__init__("upscale-refits", tick_s, stuck_after_s=STUCK_AFTER_S)
         self.services, self.tick_s = services, tick_s
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.wait(self.tick_s):
-            self.tick()
 
     def tick(self) -> None:
         now = utcnow().replace(second=0, microsecond=0)
@@ -198,8 +193,5 @@ class RefitLoop(threading.Thread):
                 continue
             try:
                 run_refit(self.services, schedule, force=schedule.trigger == "cron", cache=cache)
-            except (FitError, NotReady, OrchestratorError, ValueError) as e:
+            except Exception as e:  # any refit's failure is its schedule's, never the others'
                 fail(self.services, schedule.id, str(e))
-
-    def stop(self) -> None:
-        self.stopping.set()
