@@ -90,6 +90,7 @@ GCS_RECONNECT_S = 365 * 24 * 3600
 RAY_VITAL = ("raylet", "gcs_server")  # embedded Ray's processes without which no task runs
 NODE_PROBE_S = 5.0  # how long a RAY_ADDRESS cluster's GCS may take to list its nodes before it counts as down
 _RAY_LOCK = threading.RLock()  # one thread starts, restarts or probes Ray at a time (the loops and request threads)
+_RESTARTING = threading.Event()  # `restart_ray` is under way: Ray is down even while `ray.is_initialized()` says not
 _RETIRED: set[str] = set()  # owners of the schedulers of this process that have stopped (`owner_alive`)
 
 
@@ -139,9 +140,18 @@ def ray_problem(settings: Settings, wait: bool = True) -> str | None:
 
 def restart_ray(settings: Settings) -> None:
     """Shut down a Ray that died and start embedded Ray again, or connect to RAY_ADDRESS anew."""
-    with _RAY_LOCK:
-        ray.shutdown()
-        ensure_ray(settings)
+    _RESTARTING.set()
+    try:
+        with _RAY_LOCK:
+            ray.shutdown()
+            ensure_ray(settings)
+    finally:
+        _RESTARTING.clear()
+
+
+def ray_restarting() -> bool:
+    """Whether this process is restarting Ray now (it has no cluster until that ends)."""
+    return _RESTARTING.is_set()
 
 
 def _loopback_only() -> None:
@@ -161,8 +171,10 @@ def _loopback_only() -> None:
 def cluster_resources(settings: Settings) -> ClusterResources:
     """The CPUs and GPUs of the cluster sweeps run on (embedded Ray, started if need be, or RAY_ADDRESS's);
     ClusterUnavailable while Ray is down, rather than the zero CPUs a dead node leaves."""
-    ensure_ray(settings)
-    problem = ray_problem(settings)
+    problem = "Ray is being restarted" if ray_restarting() else None
+    if problem is None:
+        ensure_ray(settings)
+        problem = ray_problem(settings)
     if problem is not None:
         raise ClusterUnavailable(f"the cluster is unavailable ({problem}); it is being restarted: try again shortly")
     have = ray.cluster_resources()

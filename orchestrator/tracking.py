@@ -27,7 +27,6 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, Param, RunTag
@@ -187,7 +186,6 @@ class BestEffortTracker:
 
     def _open(self) -> RunTree:
         if self._tree is None:
-            forget_lost_sqlite(self.settings.mlflow_tracking_uri)
             self._tree = RunTree.for_settings(self.settings)
         return self._tree
 
@@ -222,17 +220,19 @@ class BestEffortTracker:
         log.warning("MLflow %s skipped (the dashboard misses it, training goes on): %s", name,
                     traceback.format_exception_only(e)[-1].strip()[:500])
         self._tree = None
+        forget_sqlite_store(self.settings.mlflow_tracking_uri)
 
 
-def forget_lost_sqlite(tracking_uri: str) -> None:
-    """Drop MLflow's cached engine of a SQLite tracking file that has been deleted: the engine keeps the unlinked
-    file open (reads work, every write fails) for as long as the process lives; without it the next client creates
-    the file and its schema anew."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix) or Path(tracking_uri.removeprefix(prefix)).exists():
+def forget_sqlite_store(tracking_uri: str) -> None:
+    """Drop MLflow's cached store and engine of a SQLite tracking file after a failure: once the file is deleted,
+    the cached engine keeps the unlinked file open (reads work, every write fails) or opens an empty file in its
+    place, for as long as the process lives. Without them the next client makes the file and its schema anew."""
+    if not tracking_uri.startswith("sqlite:"):
         return
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
+    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
     engine = SqlAlchemyStore._engine_map.pop(tracking_uri, None)
     if engine is not None:
         engine.dispose()
