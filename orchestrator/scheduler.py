@@ -269,7 +269,8 @@ class Scheduler:
             if is_infrastructure(e):
                 self.store.set_sweep(sweep_id, status="pending",
                                      error=f"paused: {_one_line(e)}; it resumes by itself when this is mended")
-                raise InfrastructureError(_one_line(e)) from e
+                if not isinstance(e, InfrastructureError):
+                    raise InfrastructureError(_one_line(e)) from e
             raise
         if out.status == "interrupted":  # the server stops: the next start resumes it, its MLflow run still open
             self.store.set_sweep(sweep_id, status="pending", error="the server stopped; it resumes on its next start")
