@@ -185,3 +185,25 @@ def test_a_tracking_store_deleted_mid_sweep_costs_only_the_dashboard(tmp_path) -
     assert mlflow_db.exists()
     run = MlflowClient(settings.mlflow_tracking_uri).get_run(store.sweep(again.id).mlflow_run_id)
     assert run.info.status == "FINISHED"
+
+
+def test_stopping_the_loop_mid_sweep_leaves_it_pending_and_the_next_loop_finishes_it(settings) -> None:
+    services = Services.open(settings)
+    store = services.store
+    knobs(settings, step_s=0.05)
+    sweep = services.orch.submit(load_spec(TINY_NAIVE_SPEC))
+    loop = start_loop(services)
+    try:
+        wait_for(lambda: done_count(store, sweep.id) >= 2, 60, "a few segments to finish")
+    finally:
+        loop.stop()  # what the server's shutdown (SIGTERM) does
+    stopped = store.sweep(sweep.id)
+    assert stopped.status == "pending" and stopped.runner is None, stopped  # nobody cancelled it
+    assert "the server stopped" in stopped.error
+    assert not any(s.status == "running" for s, _ in store.members(sweep.id))  # released, nothing left running
+    loop = start_loop(services)
+    try:
+        wait_for(lambda: store.sweep(sweep.id).status == "done", 120, "the next loop to finish the sweep")
+    finally:
+        loop.stop()
+    assert spent(store, sweep.id) == [] and max(ends(settings).values()) == 1
