@@ -30,7 +30,8 @@ class LoopHealth(BaseModel):
     alive: bool
     last_progress_s_ago: float = Field(description="Seconds since it last finished an iteration or made progress.")
     consecutive_failures: int = Field(description="Iterations in a row that raised; each is retried with a backoff.")
-    last_error: str | None = Field(description="The last iteration's error while failures continue.")
+    last_error: str | None = Field(description="The type of the last iteration's error while failures continue (the "
+                                               "server's log has its message and traceback).")
 
 
 class Health(BaseModel):

@@ -6,8 +6,8 @@ an exponential backoff (``interval_s`` doubled per consecutive failure, at most 
 resets it. So a full disk, a locked store or a dead Ray costs retries, never the loop.
 
 `health()` is what /healthz reports of each loop: whether its thread lives, when it last showed progress (a tick
-ended, or work inside a long tick called `beat`), its consecutive failures and last error. A loop is *down* when its
-thread has died or it has shown no progress for ``stuck_after_s``.
+ended, or work inside a long tick called `beat`), its consecutive failures and the type of its last error. A loop
+is *down* when its thread has died or it has shown no progress for ``stuck_after_s``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ class SupervisedLoop(threading.Thread):
         return None
 
     def health(self) -> dict[str, Any]:
-        """The loop as /healthz shows it."""
+        """The loop as /healthz shows it, to anyone: of its last error only the type (the log has the rest, which
+        may name paths or SQL)."""
         return {"ok": self.down() is None, "problem": self.down(), "alive": self.is_alive(),
                 "last_progress_s_ago": round(time.monotonic() - self.last_beat, 1),
-                "consecutive_failures": self.failures, "last_error": self.last_error}
+                "consecutive_failures": self.failures,
+                "last_error": self.last_error.split(":")[0] if self.last_error else None}

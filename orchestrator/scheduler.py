@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import ray
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
 from upscale import storage
 from upscale.orchestrator import verbosity
@@ -130,9 +131,9 @@ def ray_problem(settings: Settings, wait: bool = True) -> str | None:
         try:
             nodes = ray._private.worker.global_worker.gcs_client.get_all_node_info(timeout=NODE_PROBE_S)
         except Exception as e:  # whatever the GCS client raises, the cluster is unreachable
-            return f"the Ray cluster at {settings.ray_address} does not answer: {_one_line(e)}"
-        if not any(info.state == 0 for info in nodes.values()):  # GcsNodeInfo.ALIVE
-            return f"the Ray cluster at {settings.ray_address} has no live node"
+            return f"the Ray cluster (RAY_ADDRESS) does not answer: {type(e).__name__}"
+        if not any(info.state == GcsNodeInfo.ALIVE for info in nodes.values()):
+            return "the Ray cluster (RAY_ADDRESS) has no live node"
         return None
     finally:
         _RAY_LOCK.release()
