@@ -20,7 +20,11 @@ DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 RAY_DOWN = (ray.exceptions.RaySystemError, ray.exceptions.LocalRayletDiedError, ray.exceptions.NodeDiedError,
             ray.exceptions.GetTimeoutError, ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError,
             ray.exceptions.RpcError)
-STORE_DOWN = (OperationalError, InterfaceError)  # locked, full, unreachable: SQLite's and PostgreSQL's wording alike
+# An OperationalError is the store failing only with one of these (SQLite's and PostgreSQL's wording); others, e.g.
+# two workers creating Optuna's tables at once ("table trials already exists"), are the work's own.
+STORE_DOWN = ("database is locked", "database or disk is full", "disk i/o error", "unable to open database",
+              "readonly database", "no space left", "could not connect", "connection refused", "server closed",
+              "terminating connection", "connection reset", "could not receive data", "the database system is")
 # A bad value in the spec or a checkpoint: the same attempt fails the same way (WorkerError and StorageError are
 # ValueErrors).
 DETERMINISTIC = (ValueError, TypeError)
@@ -50,7 +54,9 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
 def is_infrastructure(e: BaseException) -> bool:
     """Whether ``e`` (or what caused it) is Ray, the disk or the store failing rather than the work."""
     for x in _chain(e):
-        if isinstance(x, (InfrastructureError, *RAY_DOWN, *STORE_DOWN)):
+        if isinstance(x, (InfrastructureError, *RAY_DOWN, InterfaceError)):
+            return True
+        if isinstance(x, OperationalError) and any(m in str(x).lower() for m in STORE_DOWN):
             return True
         if isinstance(x, OSError) and x.errno in DISK_ERRNOS:
             return True
