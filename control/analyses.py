@@ -374,7 +374,7 @@ class AnalysisLoop(SupervisedLoop):
     def __init__(self, services: Services, tick_s: float = 5.0, policy: str | None = None,
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP) -> None:
         super().__init__("upscale-analyses", tick_s, stuck_after_s=STALE_RUNNING_S)
-        self.services, self.tick_s, self.bootstrap = services, tick_s, bootstrap
+        self.services, self.bootstrap = services, bootstrap
         self.policy = policy if policy is not None else services.settings.analysis_policy
 
     def tick(self) -> None:

@@ -180,7 +180,7 @@ class RefitLoop(SupervisedLoop):
 
     def __init__(self, services: Services, tick_s: float = 5.0) -> None:
         super().__init__("upscale-refits", tick_s, stuck_after_s=STUCK_AFTER_S)
-        self.services, self.tick_s = services, tick_s
+        self.services = services
 
     def tick(self) -> None:
         now = utcnow().replace(second=0, microsecond=0)

@@ -265,13 +265,14 @@ class Scheduler:
             self._cancel(inflight)
             self.store.set_sweep(sweep_id, status="cancelled", error="interrupted; run it again to resume")
             raise
-        except BaseException as e:  # the infrastructure failed, or a bug: stop the workers, leave it resumable
+        except BaseException as e:  # the infrastructure failed, the process stops, or a bug: leave it resumable
             self._abandon(inflight)
-            if is_infrastructure(e):
-                self.store.set_sweep(sweep_id, status="pending",
-                                     error=f"paused: {_one_line(e)}; it resumes by itself when this is mended")
-                if not isinstance(e, InfrastructureError):
-                    raise InfrastructureError(_one_line(e)) from e
+            infrastructure = is_infrastructure(e)
+            self.store.set_sweep(sweep_id, status="pending", error=(
+                f"paused: {_one_line(e)}; it resumes by itself when this is mended" if infrastructure
+                else f"interrupted: {_one_line(e)}; run it again to resume"))
+            if infrastructure and not isinstance(e, InfrastructureError):
+                raise InfrastructureError(_one_line(e)) from e
             raise
         if out.status == "interrupted":  # the server stops: the next start resumes it, its MLflow run still open
             self.store.set_sweep(sweep_id, status="pending", error="the server stopped; it resumes on its next start")
@@ -494,6 +495,10 @@ class Scheduler:
             result = read_result(self.segment_dir(key), key)
             if result is None or not self.store.complete(key, attempt, result, adopted=True):
                 self.store.release(key, attempt, "cancelled")
+                continue
+            seg = self.store.segment(key)
+            if seg.mlflow_run_id:
+                self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
         inflight.clear()
 
     def _abandon(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
