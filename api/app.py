@@ -4,9 +4,9 @@ and the analysis loop running in background threads of the same process unless `
 
 Errors a caller can fix come back as `{"detail": ...}`: a bad spec as 422 with one entry per problem whose `loc`
 is the field path, a fitting problem as 422 with its message, a missing resource as 404, and nothing to answer
-with yet (no observations, no analysis) as 409 saying what is missing. Every error is small: a body over
-UPSCALE_MAX_BODY_BYTES is refused with 413 before it is read whole (`BodyLimit`), and a message quotes at most an
-excerpt of a bad value.
+with yet (no observations, no analysis) as 409 saying what is missing; a submission while the Ray cluster is down is
+a 503 saying so (it is being restarted: try again). Every error is small: a body over UPSCALE_MAX_BODY_BYTES is
+refused with 413 before it is read whole (`BodyLimit`), and a message quotes at most an excerpt of a bad value.
 
 /docs (Swagger UI) and /redoc load their scripts and styles from the app itself (fastapi-offline's bundled copies),
 so the pages render on a machine without internet, and their Content-Security-Policy keeps the browser from fetching
@@ -41,6 +41,7 @@ from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
 from upscale.control.sweep_loop import SweepLoop
 from upscale.orchestrator.errors import ConflictError, NotFoundError
+from upscale.orchestrator.infra import ClusterUnavailable
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import SpecError, excerpt
 
@@ -177,6 +178,9 @@ async def _not_ready(_: Request, e: NotReady) -> JSONResponse:
 async def _conflict(_: Request, e: ConflictError) -> JSONResponse:
     """The state forbids it now (a segment running): 409 with what to wait for or do first."""
     return JSONResponse({"detail": str(e)}, status_code=409)
+async def _cluster_unavailable(_: Request, e: ClusterUnavailable) -> JSONResponse:
+    """Ray is down (being restarted): 503, saying so and to try again, not a 422 blaming the spec."""
+    return JSONResponse({"detail": str(e)}, status_code=503, headers={"Retry-After": "30"})
 
 
 async def _not_found(_: Request, e: NotFoundError) -> JSONResponse:
@@ -233,6 +237,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
     app.add_exception_handler(NotReady, _not_ready)
     app.add_exception_handler(ConflictError, _conflict)
+    app.add_exception_handler(ClusterUnavailable, _cluster_unavailable)
     for router in (sweeps.router, calibration.router, analyses.router, fits.router, fits.decisions, refits.router,
                    segments.router, tokens.router):
         app.include_router(router, dependencies=[Depends(known_ids)])

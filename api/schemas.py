@@ -22,6 +22,23 @@ class TokenPublic(BaseModel):
     state: Literal["active", "expired", "revoked"]
 
 
+class LoopHealth(BaseModel):
+    """One background loop of the server (control/supervised.py)."""
+
+    ok: bool = Field(description="Its thread runs and has shown progress lately.")
+    problem: str | None = Field(description="Why it is not ok: its thread died, or it is stuck; null when ok.")
+    alive: bool
+    last_progress_s_ago: float = Field(description="Seconds since it last finished an iteration or made progress.")
+    consecutive_failures: int = Field(description="Iterations in a row that raised; each is retried with a backoff.")
+    last_error: str | None = Field(description="The type of the last iteration's error while failures continue (the "
+                                               "server's log has its message and traceback).")
+
+
 class Health(BaseModel):
-    status: Literal["ok"]
+    """200 with status ok, or 503 with status unavailable and this same body saying what is down."""
+
+    status: Literal["ok", "unavailable"]
     scheduler: bool = Field(description="Whether this process runs the sweep and refit schedulers.")
+    loops: dict[str, LoopHealth] = Field(default_factory=dict, description="Each background loop, by name.")
+    ray: str | None = Field(None, description="What is wrong with the Ray cluster sweeps run on; null when it is up "
+                                              "or this process runs no scheduler.")

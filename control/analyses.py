@@ -40,6 +40,7 @@ from sqlalchemy.exc import IntegrityError
 from upscale.control.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.control.records import AnalysisRecord
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic, DecisionPublic
+from upscale.control.supervised import SupervisedLoop
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.records import as_utc, utcnow
 
@@ -549,7 +550,7 @@ def stop_when(event: threading.Event) -> Callable[..., None]:
     return check
 
 
-class AnalysisLoop(threading.Thread):
+class AnalysisLoop(SupervisedLoop):
     """Every ``tick_s``, analyses each settled sweep (done, failed or cancelled) whose observations changed since
     its latest analysis: a sweep that just completed, was extended or got late segments. ``policy`` `off` (the
     setting UPSCALE_ANALYSIS_POLICY) runs none. Each tick first ends the rows whose runner is gone (failed,
@@ -559,14 +560,9 @@ class AnalysisLoop(threading.Thread):
 
     def __init__(self, services: Services, tick_s: float = 5.0, policy: str | None = None,
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP) -> None:
-        super().__init__(name="upscale-analyses", daemon=True)
-        self.services, self.tick_s, self.bootstrap = services, tick_s, bootstrap
+        super().__init__("upscale-analyses", tick_s, stuck_after_s=STALE_RUNNING_S)
+        self.services, self.bootstrap = services, bootstrap
         self.policy = policy if policy is not None else services.settings.analysis_policy
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.wait(self.tick_s):
-            self.tick()
 
     def tick(self) -> None:
         if self.policy == "off":
@@ -583,6 +579,3 @@ class AnalysisLoop(threading.Thread):
                 analyse_if_new(self.services, sweep.id, self.bootstrap, cache, stop_when(self.stopping))
             except Exception as e:  # recorded on the row by run_analysis; the loop goes on
                 log.warning("analysis of sweep %s failed: %s", sweep.id, _one_line(e))
-
-    def stop(self) -> None:
-        self.stopping.set()

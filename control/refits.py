@@ -15,7 +15,6 @@ their inputs hash includes the owner, decisions never answer from them, and in M
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import datetime
 from typing import Any
@@ -25,7 +24,6 @@ from sqlalchemy.orm import Session
 
 from upscale.control.analyses import (
     AnalysisRunning,
-    NotReady,
     analysis_params,
     inputs_hash,
     observations_hash,
@@ -37,9 +35,10 @@ from upscale.control.fits import ObservationCache
 from upscale.control.records import AnalysisRecord, RefitRecord, RefitScheduleRecord
 from upscale.control.schemas import RefitRequest, RefitScheduleCreate
 from upscale.control.services import Services
-from upscale.fitting.errors import FitError
-from upscale.orchestrator.errors import OrchestratorError
+from upscale.control.supervised import SupervisedLoop
 from upscale.orchestrator.records import utcnow
+
+STUCK_AFTER_S = 3600.0  # a refit runs one analysis: longer than any of them takes
 
 
 def create_schedule(services: Services, body: RefitScheduleCreate, owner: str) -> RefitScheduleRecord:
@@ -189,17 +188,13 @@ def claim_minute(services: Services, schedule_id: str, minute: datetime) -> bool
     return claimed.rowcount == 1
 
 
-class RefitLoop(threading.Thread):
-    """Fires due schedules every ``tick_s``; a failing refit is noted on its schedule, never fatal to the loop."""
+class RefitLoop(SupervisedLoop):
+    """Fires due schedules every ``tick_s``; a failing refit is noted on its schedule, never fatal to the loop
+    (control/supervised.py: nor is a failing store)."""
 
     def __init__(self, services: Services, tick_s: float = 5.0) -> None:
-        super().__init__(name="upscale-refits", daemon=True)
-        self.services, self.tick_s = services, tick_s
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.wait(self.tick_s):
-            self.tick()
+        super().__init__("upscale-refits", tick_s, stuck_after_s=STUCK_AFTER_S)
+        self.services = services
 
     def tick(self) -> None:
         now = utcnow().replace(second=0, microsecond=0)
@@ -212,8 +207,5 @@ class RefitLoop(threading.Thread):
                 continue
             try:
                 run_refit(self.services, schedule, force=schedule.trigger == "cron", cache=cache)
-            except (FitError, NotReady, OrchestratorError, ValueError) as e:
+            except Exception as e:  # any refit's failure is its schedule's, never the others'
                 fail(self.services, schedule.id, str(e))
-
-    def stop(self) -> None:
-        self.stopping.set()

@@ -80,13 +80,14 @@ def admit(services: Services, data: Any) -> SweepSpec:
 
 
 def cluster(services: Services) -> ClusterResources | None:
-    """What the cluster offers: RAY_ADDRESS's, or the embedded Ray this process runs (its sweep loop starts it);
-    None when neither is there to ask (`upscale serve --no-scheduler` beside an embedded `upscale scheduler`)."""
+    """What the cluster offers: RAY_ADDRESS's, or the embedded Ray this process runs (its sweep loop starts it, and
+    restarts it if it dies); None when neither is there to ask (`upscale serve --no-scheduler` beside an embedded
+    `upscale scheduler`). ClusterUnavailable (503) while the cluster is down."""
     import ray
 
-    from upscale.orchestrator.scheduler import cluster_resources
+    from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
 
-    if services.settings.ray_address is None and not ray.is_initialized():
+    if services.settings.ray_address is None and not ray.is_initialized() and not ray_restarting():
         return None
     have = cluster_resources(services.settings)
     memory = [n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")]

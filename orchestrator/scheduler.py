@@ -12,6 +12,14 @@ The scheduler driving a sweep records itself as the sweep's `runner` and refresh
 so a sweep loop that starts later can tell a sweep whose runner died (`runner_gone`) and adopt it: resume it with
 `Scheduler.run`, or, if it was cancelling, end it with `Scheduler.finish_cancelling`. Ray itself never retries a
 segment (orchestrator/task.py): the store's attempts are the only retries.
+
+Failures are sorted by whose they are (orchestrator/infra.py): a bad value is one failed attempt, never retried; a
+crash is retried within the attempts; Ray dying, a full disk or a failing store count against nothing: the attempt
+is released, the run stops with `InfrastructureError` and the sweep goes back to `pending` to resume once the
+infrastructure is back (the sweep loop restarts Ray). A scheduler that stops for any reason is *retired*: its
+process lives on, yet the segments and sweep it left `running` count as orphaned (`owner_alive`), so the next
+scheduler adopts or re-queues them instead of waiting for ever. MLflow is the dashboard, never a dependency: every
+tracking call is best effort (`BestEffortTracker`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import functools
 import math
 import os
 import socket
+import threading
 import time
 import traceback
 import uuid
@@ -28,21 +37,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import ray
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
 from upscale import storage
 from upscale.orchestrator import verbosity
 from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_running
 from upscale.orchestrator.errors import OrchestratorError
+from upscale.orchestrator.infra import ClusterUnavailable, InfrastructureError, is_deterministic, is_infrastructure
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, as_utc, utcnow
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store, checkpoint_at
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
-from upscale.orchestrator.tracking import RunTree, SegmentRun
+from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.sweeps.spec import ClusterResources, ResourcesSection
-from upscale.workers.errors import WorkerError
 
 
 @dataclass
@@ -73,6 +83,16 @@ class SweepOutcome:
 
 STALE_AFTER_S = 120.0  # a scheduler on another host whose heartbeat is older than this is taken for dead
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray's driver exits the whole process (C++ QuickExit) once its GCS has been unreachable this long, 60 s by default:
+# a `ray stop` anywhere on the host would end `upscale serve`. A year instead: the sweep loop notices the dead GCS
+# (`ray_problem`) and restarts Ray itself.
+GCS_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+GCS_RECONNECT_S = 365 * 24 * 3600
+RAY_VITAL = ("raylet", "gcs_server")  # embedded Ray's processes without which no task runs
+NODE_PROBE_S = 5.0  # how long a RAY_ADDRESS cluster's GCS may take to list its nodes before it counts as down
+_RAY_LOCK = threading.RLock()  # one thread starts, restarts or probes Ray at a time (the loops and request threads)
+_RESTARTING = threading.Event()  # `restart_ray` is under way: Ray is down even while `ray.is_initialized()` says not
+_RETIRED: set[str] = set()  # owners of the schedulers of this process that have stopped (`owner_alive`)
 
 
 def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
@@ -80,8 +100,11 @@ def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
 
     Unless verbose (`upscale -v`), Ray's banners are off and workers' output stays in Ray's session logs
     (log_to_driver=False): the CLI's stdout carries only its results (`upscale run --json`), and a failure reaches
-    the store through the task's exception."""
-    if not ray.is_initialized():
+    the store through the task's exception. The driver outlives a lost GCS (GCS_RECONNECT_ENV)."""
+    with _RAY_LOCK:
+        if ray.is_initialized():
+            return
+        os.environ.setdefault(GCS_RECONNECT_ENV, str(GCS_RECONNECT_S))
         local = settings.ray_address is None
         if local:
             _loopback_only()
@@ -89,6 +112,47 @@ def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
         ray.init(address=settings.ray_address or "local", num_cpus=num_cpus if local else None,
                  include_dashboard=False, logging_level=verbosity.ray_logging_level(),
                  log_to_driver=verbosity.is_verbose(), **({"_node_ip_address": "127.0.0.1"} if local else {}))
+
+
+def ray_problem(settings: Settings, wait: bool = True) -> str | None:
+    """What keeps Ray from running segments now, in one line, or None while it can. Never blocks on a dead GCS (a
+    call to it would hang): embedded Ray's vital processes are looked at directly, a RAY_ADDRESS cluster's GCS is
+    asked for its nodes with a timeout. Unless ``wait``, a Ray being started or restarted by another thread is
+    reported as such at once."""
+    if not _RAY_LOCK.acquire(blocking=wait):
+        return "Ray is being started or restarted"
+    try:
+        if not ray.is_initialized():
+            return "Ray is not running"
+        if settings.ray_address is None:
+            node = ray._private.worker._global_node  # None: this process joined a Ray it did not start
+            dead = sorted({kind for kind, _ in node.dead_processes() if kind in RAY_VITAL}) if node else []
+            return f"embedded Ray's {' and '.join(dead)} died" if dead else None
+        try:
+            nodes = ray._private.worker.global_worker.gcs_client.get_all_node_info(timeout=NODE_PROBE_S)
+        except Exception as e:  # whatever the GCS client raises, the cluster is unreachable
+            return f"the Ray cluster (RAY_ADDRESS) does not answer: {type(e).__name__}"
+        if not any(info.state == GcsNodeInfo.ALIVE for info in nodes.values()):
+            return "the Ray cluster (RAY_ADDRESS) has no live node"
+        return None
+    finally:
+        _RAY_LOCK.release()
+
+
+def restart_ray(settings: Settings) -> None:
+    """Shut down a Ray that died and start embedded Ray again, or connect to RAY_ADDRESS anew."""
+    _RESTARTING.set()
+    try:
+        with _RAY_LOCK:
+            ray.shutdown()
+            ensure_ray(settings)
+    finally:
+        _RESTARTING.clear()
+
+
+def ray_restarting() -> bool:
+    """Whether this process is restarting Ray now (it has no cluster until that ends)."""
+    return _RESTARTING.is_set()
 
 
 def _loopback_only() -> None:
@@ -106,8 +170,14 @@ def _loopback_only() -> None:
 
 
 def cluster_resources(settings: Settings) -> ClusterResources:
-    """The CPUs and GPUs of the cluster sweeps run on (embedded Ray, started if need be, or RAY_ADDRESS's)."""
-    ensure_ray(settings)
+    """The CPUs and GPUs of the cluster sweeps run on (embedded Ray, started if need be, or RAY_ADDRESS's);
+    ClusterUnavailable while Ray is down, rather than the zero CPUs a dead node leaves."""
+    problem = "Ray is being restarted" if ray_restarting() else None
+    if problem is None:
+        ensure_ray(settings)
+        problem = ray_problem(settings)
+    if problem is not None:
+        raise ClusterUnavailable(f"the cluster is unavailable ({problem}); it is being restarted: try again shortly")
     have = ray.cluster_resources()
     return ClusterResources(cpus=have.get("CPU", 0), gpus=have.get("GPU", 0))
 
@@ -118,11 +188,12 @@ def owner_id() -> str:
 
 
 def owner_alive(owner: str | None, heartbeat_at: datetime | None, stale_after_s: float) -> bool:
-    """Whether the scheduler ``owner`` (host:pid:nonce) still runs: its pid on this host, its heartbeat
-    ``heartbeat_at`` elsewhere. Segments and sweeps both record the scheduler that runs them this way."""
+    """Whether the scheduler ``owner`` (host:pid:nonce) still runs: its pid on this host (unless it is one of this
+    process's retired schedulers), its heartbeat ``heartbeat_at`` elsewhere. Segments and sweeps both record the
+    scheduler that runs them this way."""
     host, pid, _ = (owner or "::").split(":")
     if host == socket.gethostname():
-        return pid_alive(int(pid))
+        return pid_alive(int(pid)) and owner not in _RETIRED
     return heartbeat_at is not None and _age_s(heartbeat_at) < stale_after_s
 
 
@@ -150,49 +221,74 @@ class Scheduler:
         self.max_concurrent, self.max_attempts = max_concurrent, max_attempts
         self.poll_s, self.stale_after_s, self.heartbeat_s = poll_s, stale_after_s, heartbeat_s
         self.checkpoint_every_tokens = checkpoint_every_tokens
-        self.tracker = tracker if tracker is not None else RunTree.for_settings(settings)
+        self.tracker = BestEffortTracker(settings, tracker)
         self.on_progress = on_progress
         self.owner = owner_id()
+        self.interrupted = threading.Event()  # `interrupt`: the process stops; the sweep resumes on its next start
+
+    def interrupt(self) -> None:
+        """Stop soon without cancelling: running segments are released and the sweep goes back to pending."""
+        self.interrupted.set()
+
+    def retire(self) -> None:
+        """This scheduler drives nothing any more: what it left `running` is orphaned for the next one to adopt."""
+        _RETIRED.add(self.owner)
 
     def run(self, sweep_id: str) -> SweepOutcome:
         """Train every segment of the sweep that is not done yet; returns when all are done, one has failed for
-        good, or the sweep is cancelled."""
-        ensure_ray(self.settings)
-        self.store.set_sweep(sweep_id, runner=self.owner, runner_heartbeat_at=utcnow())
+        good, the sweep is cancelled or interrupted. InfrastructureError (the sweep back to pending) when Ray, the
+        disk or the store failed under it."""
         try:
+            ensure_ray(self.settings)
+            self.store.set_sweep(sweep_id, runner=self.owner, runner_heartbeat_at=utcnow())
             return self._run(sweep_id)
         finally:
+            self.retire()
             self.store.release_sweep(sweep_id, self.owner)
 
     def _run(self, sweep_id: str) -> SweepOutcome:
         t0 = time.perf_counter()
         sweep = self.store.sweep(sweep_id)
         self.store.reset_failed([s.key for s, _ in self.store.members(sweep_id)])  # each run: a fresh retry budget
-        if sweep.mlflow_run_id is None:
-            sweep.mlflow_run_id = self.tracker.start_sweep(sweep.id, sweep.name, sweep.spec)
+        if not self.tracker.exists(sweep.mlflow_run_id):  # none yet, or lost with the tracking store
+            sweep.mlflow_run_id = self.tracker.start_sweep(sweep.id, sweep.name, sweep.spec) or sweep.mlflow_run_id
             self.store.set_sweep(sweep_id, mlflow_run_id=sweep.mlflow_run_id)
         self.store.start_sweep(sweep_id)  # unless cancelling: then the loop's first poll stops it
-        if sweep.reuse_stale:
+        if sweep.reuse_stale and sweep.mlflow_run_id:
             self.tracker.tag_reused_stale(sweep.mlflow_run_id, len(sweep.stale_segments or {}))
         self._show_reused(sweep)
         out = SweepOutcome(sweep_id, "running")
         inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]] = {}
         try:
             self._loop(sweep, out, inflight)
-        except BaseException:  # Ctrl-C or a bug: stop the workers and leave every segment resumable
+        except KeyboardInterrupt:  # Ctrl-C of `upscale run`: stop the workers and leave every segment resumable
             self._cancel(inflight)
             self.store.set_sweep(sweep_id, status="cancelled", error="interrupted; run it again to resume")
             raise
+        except BaseException as e:  # the infrastructure failed, the process stops, or a bug: leave it resumable
+            self._abandon(inflight)
+            infrastructure = is_infrastructure(e)
+            self.store.set_sweep(sweep_id, status="pending", error=(
+                f"paused: {_one_line(e)}; it resumes by itself when this is mended" if infrastructure
+                else f"interrupted: {_one_line(e)}; run it again to resume"))
+            if infrastructure and not isinstance(e, InfrastructureError):
+                raise InfrastructureError(_one_line(e)) from e
+            raise
+        if out.status == "interrupted":  # the server stops: the next start resumes it, its MLflow run still open
+            self.store.set_sweep(sweep_id, status="pending", error="the server stopped; it resumes on its next start")
+            return out
         out.wall_s = time.perf_counter() - t0
         segs = {s.key: s for s, _ in self.store.members(sweep_id)}
         failed = [s.key for s in segs.values() if s.status == "failed"]
         self._show_reused(sweep)  # segments another sweep finished while this one waited for them
         mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
         done = sum(s.status == "done" for s in segs.values())
-        self.tracker.log_metrics(sweep.mlflow_run_id, self.store.hooks.sweep_metrics(self.store, sweep_id), done)
-        self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status,
-                               {"wall_s": out.wall_s, "compute_s": out.compute_s, "segments_trained": len(out.trained)},
-                               table(self.store.observations(sweep_id)), segments_done=done)
+        if sweep.mlflow_run_id:
+            self.tracker.log_metrics(sweep.mlflow_run_id, self.store.hooks.sweep_metrics(self.store, sweep_id), done)
+            self.tracker.end_sweep(sweep.mlflow_run_id, mlflow_status,
+                                   {"wall_s": out.wall_s, "compute_s": out.compute_s,
+                                    "segments_trained": len(out.trained)},
+                                   table(self.store.observations(sweep_id)), segments_done=done)
         # the status last: whoever sees the sweep ended finds its MLflow run ended too
         self.store.set_sweep(sweep_id, status=out.status,
                              error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
@@ -232,6 +328,10 @@ class Scheduler:
                 self._cancel(inflight)
                 out.status = "cancelled"
                 return
+            if self.interrupted.is_set():
+                self._cancel(inflight)
+                out.status = "interrupted"
+                return
             self._recover(segs, out)
             progress = self._progress(segs, out)
             if progress.done == len(segs):
@@ -260,9 +360,15 @@ class Scheduler:
             else:
                 time.sleep(self.poll_s)  # waiting on segments another live scheduler runs
             if time.monotonic() - last_beat > self.heartbeat_s:
+                self._check_ray()
                 self.store.heartbeat(self.owner)
                 self.store.sweep_heartbeat(sweep.id, self.owner)
                 last_beat = time.monotonic()
+
+    def _check_ray(self) -> None:
+        problem = ray_problem(self.settings)
+        if problem is not None:
+            raise ClusterUnavailable(problem)
 
     def _show_reused(self, sweep: SweepRecord) -> None:
         """Show the segments this sweep shares with sweeps that trained them under this sweep's run too."""
@@ -270,7 +376,7 @@ class Scheduler:
         segs = {s.key: s for s, _ in members}
         done = [SegmentRun(s.key, resolve_lr(SegmentSpec.model_validate(s.config), segs), link.axes, s.mlflow_run_id)
                 for s, link in members if s.status == "done" and s.mlflow_run_id]
-        if done:
+        if done and sweep.mlflow_run_id:
             self.tracker.show_reused(sweep.mlflow_run_id, sweep.id, done)
 
     def _slots(self, sweep: SweepRecord) -> int:
@@ -290,10 +396,11 @@ class Scheduler:
             raise OrchestratorError(f"segment {seg.key}: stored config hashes to {spec.id}; refusing to train it")
         resolved = resolve_lr(spec, segs)  # the LR an lr_search found: the run's params carry it from the start
         run_id = seg.mlflow_run_id
-        if run_id is None:
+        if sweep.mlflow_run_id and not self.tracker.exists(run_id):  # none yet, or lost with the tracking store
             run_id = self.tracker.start_segment(sweep.mlflow_run_id, sweep.id, seg.key, resolved, axes)
-            self.store.set_segment_run(seg.key, run_id)
-            seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
+            if run_id is not None:  # MLflow down: the segment trains without a run
+                self.store.set_segment_run(seg.key, run_id)
+                seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
         res = ResourcesSection.model_validate(sweep.resources)
         # Upcycles and imports do not train and an LR search's trials are short single-process runs: one worker each.
         workers = 1 if spec.kind in ("upcycle", "dense_import", "lr_search") else res.workers
@@ -301,7 +408,7 @@ class Scheduler:
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))
                                 for p in spec.parent_ids},
-            mlflow_tracking_uri=self.tracker.tracking_uri, mlflow_run_id=run_id,
+            mlflow_tracking_uri=self.settings.mlflow_tracking_uri, mlflow_run_id=run_id,
             num_threads=max(1, math.floor(res.cpus)), workers=workers,
             device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
             data_cache_dir=str(self.settings.data_cache_dir),
@@ -327,10 +434,13 @@ class Scheduler:
             result = SegmentResult.model_validate(ray.get(ref))
         except Exception as e:  # the worker's exception, re-raised by ray.get as a RayTaskError
             error = _one_line(e)
-            # A WorkerError or StorageError is a bad value (spec, checkpoint, NaN loss, a location nothing can open):
-            # the same attempt would fail the same way.
-            retry = not isinstance(getattr(e, "cause", None), (WorkerError, storage.StorageError))
-            status = self.store.fail(key, attempt, error, self.max_attempts, retry=retry)
+            if is_infrastructure(e) or ray_problem(self.settings) is not None:  # not the segment's fault
+                self.store.release(key, attempt, "infrastructure")
+                self._report_msg(f"paused {seg.kind} {key}: {error}")
+                raise InfrastructureError(error) from e
+            # A bad value (spec, checkpoint, NaN loss, a location nothing can open): the same attempt would fail the
+            # same way.
+            status = self.store.fail(key, attempt, error, self.max_attempts, retry=not is_deterministic(e))
             if status == "pending":
                 out.retried += 1
             elif seg.mlflow_run_id:
@@ -378,10 +488,34 @@ class Scheduler:
         return requeued
 
     def _cancel(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
-        for ref, (key, attempt) in inflight.items():
-            ray.cancel(ref, force=True)
-            self.store.release(key, attempt, "cancelled")
+        """Stop the running segments: each goes back to pending, or is recorded done if its worker finished first
+        (its result file landed), so nothing finished is trained again."""
+        self._stop_tasks(inflight)
+        for key, attempt in list(inflight.values()):
+            result = read_result(self.segment_dir(key), key)
+            if result is None or not self.store.complete(key, attempt, result, adopted=True):
+                self.store.release(key, attempt, "cancelled")
+                continue
+            seg = self.store.segment(key)
+            if seg.mlflow_run_id:
+                self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
         inflight.clear()
+
+    def _abandon(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
+        """Stop the running segments after a failure of the store or of Ray, best effort: what cannot be released
+        now stays `running` under this (retired) scheduler and the next one adopts or re-queues it (`_recover`)."""
+        try:
+            self._cancel(inflight)
+        except Exception as e:  # the store or Ray is down: the next scheduler tidies up
+            self._report_msg(f"left {len(inflight)} segment(s) for the next run to recover: {_one_line(e)}")
+
+    @staticmethod
+    def _stop_tasks(inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
+        for ref in inflight:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # Ray is down: its tasks died with it
+                continue
 
     def _progress(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> Progress:
         statuses = [s.status for s in segs.values()]

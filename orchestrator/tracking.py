@@ -14,13 +14,18 @@
 * A segment shared by several sweeps is trained once, under the sweep that trained it; every other sweep's parent
   gets a "(reused)" child with the same params, the trained run's summary metrics and a link to it, so each
   sweep's tree is complete.
+* MLflow is the dashboard, never a dependency: the scheduler makes its calls through `BestEffortTracker`, which logs
+  and skips a failing call, re-creates a run the tracking store no longer has, and opens a SQLite tracking file
+  anew once it has been deleted. Losing mlflow.db loses the dashboard's history, nothing else.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import traceback
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from upscale.orchestrator.settings import Settings
+
+log = logging.getLogger(__name__)
 
 SUMMARY = "summary/"  # a segment's result, logged once: its own names, so the curves stay curves
 NOTE = "mlflow.note.content"  # MLflow's run description (markdown), shown on the run's overview
@@ -167,6 +174,68 @@ class RunTree:
             token = page.token
             if not token:
                 return
+
+
+class BestEffortTracker:
+    """The scheduler's `RunTree`, best effort: any of its methods called here that fails (a read-only, locked or
+    deleted mlflow.db, a tracking server down) is logged and skipped, returning None, and the tree is opened again
+    on the next call. Training and a sweep's status never wait on the dashboard."""
+
+    def __init__(self, settings: Settings, tree: RunTree | None = None) -> None:
+        self.settings, self._tree = settings, tree
+
+    def _open(self) -> RunTree:
+        if self._tree is None:
+            self._tree = RunTree.for_settings(self.settings)
+        return self._tree
+
+    def exists(self, run_id: str | None) -> bool:
+        """Whether the tracking store still has run ``run_id`` (False for None: there is none to log into). True
+        when the store cannot say (unreachable), so an outage never makes duplicate runs."""
+        if run_id is None:
+            return False
+        try:
+            self._open().client.get_run(run_id)
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            self._skipped("get_run", e)
+        except Exception as e:  # MLflow unreachable: assume the run is there
+            self._skipped("get_run", e)
+        return True
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(RunTree, name)  # only RunTree's methods: an unknown name is an AttributeError
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self._open(), *args, **kwargs)
+            except Exception as e:  # whatever MLflow raises, training goes on
+                self._skipped(name, e)
+                return None
+
+        return call
+
+    def _skipped(self, name: str, e: BaseException) -> None:
+        log.warning("MLflow %s skipped (the dashboard misses it, training goes on): %s", name,
+                    traceback.format_exception_only(e)[-1].strip()[:500])
+        self._tree = None
+        forget_sqlite_store(self.settings.mlflow_tracking_uri)
+
+
+def forget_sqlite_store(tracking_uri: str) -> None:
+    """Drop MLflow's cached store and engine of a SQLite tracking file after a failure: once the file is deleted,
+    the cached engine keeps the unlinked file open (reads work, every write fails) or opens an empty file in its
+    place, for as long as the process lives. Without them the next client makes the file and its schema anew."""
+    if not tracking_uri.startswith("sqlite:"):
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    engine = SqlAlchemyStore._engine_map.pop(tracking_uri, None)
+    if engine is not None:
+        engine.dispose()
 
 
 def _params(values: dict[str, str]) -> list[Param]:

@@ -139,6 +139,8 @@ class Client:
             return f"{message}; use a token of scope {needed!r} (`upscale token create --scope {needed}`)"
         if status == 404 and detail == "Not Found":  # FastAPI's own answer: no such route, not no such sweep
             return f"{message}; is {self.url} the upscale API?"
+        if status == 503:  # the server works but something it needs is down (Ray restarting): the detail says what
+            return message
         if status >= 500:
             return f"{message}; the server failed: its log has the traceback"
         return message
@@ -146,7 +148,8 @@ class Client:
     # -- operations --------------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        """{status: ok, scheduler: whether the server also trains sweeps}; needs no token."""
+        """{status: ok, scheduler: whether the server also trains sweeps, loops: each background loop's liveness, ray:
+        what is wrong with Ray or null}; needs no token. ApiError (503) with that report when a loop or Ray is down."""
         return self.request("GET", "/healthz")
 
     # -- sweeps ------------------------------------------------------------------------------------------------

@@ -15,14 +15,21 @@ curve in step order. The run is the orchestrator's (`SegmentRuntime.mlflow_run_i
 already set) or, when
 the segment runs alone, a new run in the `upscale` experiment with the name, params and tags given here. With no
 tracking URI every call is a no-op, so the training loop never branches on whether MLflow is on.
+
+Logging is best effort: a tracking store that cannot be opened, read or written (read-only, deleted, a server down)
+costs the dashboard its points, never the segment: the failure is logged once and the logger goes on as a no-op.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+import traceback
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
 EXPERIMENT = "upscale"
@@ -95,14 +102,17 @@ class MetricLogger:
             return
         from mlflow.entities import Param, RunTag
 
-        self.client = client_for(tracking_uri)
-        if run_id is not None:
-            self.logged_through = last_step(self.client, run_id)
-        else:
-            exp_id = ensure_experiment(self.client, artifact_root_for(tracking_uri))
-            self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
-            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted((params or {}).items())],
-                                  tags=[RunTag(k, str(v)) for k, v in sorted((tags or {}).items())])
+        try:
+            self.client = client_for(tracking_uri)
+            if run_id is not None:
+                self.logged_through = last_step(self.client, run_id)
+            else:
+                exp_id = ensure_experiment(self.client, artifact_root_for(tracking_uri))
+                self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+                self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted((params or {}).items())],
+                                      tags=[RunTag(k, str(v)) for k, v in sorted((tags or {}).items())])
+        except Exception as e:  # whatever MLflow raises, the segment trains on
+            self._give_up("open", e)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Queue one point per metric at `step` (tokens seen), under its chart name; sent when the buffer is full
@@ -121,13 +131,25 @@ class MetricLogger:
     def flush(self) -> None:
         while self._points and self.client is not None:
             batch, self._points = self._points[:MAX_BATCH], self._points[MAX_BATCH:]
-            self.client.log_batch(self.run_id, metrics=batch)
+            try:
+                self.client.log_batch(self.run_id, metrics=batch)
+            except Exception as e:  # whatever MLflow raises, the segment trains on
+                self._give_up("log_batch", e)
 
     def close(self, status: str = "FINISHED") -> None:
         """Flush, and end the run if this logger created it (an orchestrator's run is ended by the orchestrator)."""
         self.flush()
         if self.client is not None and self.owns_run:
-            self.client.set_terminated(self.run_id, status=status)
+            try:
+                self.client.set_terminated(self.run_id, status=status)
+            except Exception as e:  # whatever MLflow raises, the segment's result stands
+                self._give_up("set_terminated", e)
+
+    def _give_up(self, call: str, e: BaseException) -> None:
+        """MLflow failed: say so once and log nothing more (the dashboard misses this segment's curves)."""
+        log.warning("MLflow %s failed; this segment's metrics are not logged: %s", call,
+                    traceback.format_exception_only(e)[-1].strip()[:500])
+        self.client, self._points = None, []
 
     def __enter__(self) -> MetricLogger:
         return self

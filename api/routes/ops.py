@@ -1,22 +1,34 @@
-"""/healthz and /metrics: for load balancers and Prometheus, so neither needs a token."""
+"""/healthz and /metrics: for load balancers and Prometheus, so neither needs a token. /healthz is supervision's
+report (control/supervised.py): each background loop's liveness and Ray's health, 503 when any is down."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from upscale.api.metrics import render
 from upscale.api.routes.deps import ServicesDep
 from upscale.api.schemas import Health
+from upscale.orchestrator.scheduler import ray_problem
 
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz", summary="Liveness", response_model=Health)
-def healthz(request: Request) -> Health:
-    """200 while the process serves; says whether it also runs the schedulers."""
-    return Health(status="ok", scheduler=request.app.state.loops is not None)
+@router.get("/healthz", summary="Liveness", response_model=Health,
+            responses={503: {"model": Health, "description": "A background loop is dead or stuck, or Ray is down."}})
+def healthz(request: Request, services: ServicesDep) -> Health | JSONResponse:
+    """200 while the process serves and, where it runs the schedulers, each loop lives and Ray is up; otherwise 503
+    with the same body saying what is down. Cheap: it never waits on a dead Ray (`ray_problem`)."""
+    loops = request.app.state.loops
+    if loops is None:
+        return Health(status="ok", scheduler=False)
+    health = Health(status="ok", scheduler=True, loops={loop.name: loop.health() for loop in loops},
+                    ray=ray_problem(services.settings, wait=False))
+    if health.ray is None and all(loop.ok for loop in health.loops.values()):
+        return health
+    health.status = "unavailable"
+    return JSONResponse(health.model_dump(mode="json"), status_code=503)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

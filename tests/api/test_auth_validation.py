@@ -21,7 +21,7 @@ def test_no_token_is_401_and_read_token_cannot_write(live) -> None:
         r = c.get("/sweeps")
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         assert c.get("/sweeps", headers={"Authorization": "Bearer ups_nope"}).status_code == 401
-        assert c.get("/healthz").json() == {"status": "ok", "scheduler": False}
+        assert c.get("/healthz").json() == {"status": "ok", "scheduler": False, "loops": {}, "ray": None}
     with live.client(live.read) as c:
         assert c.get("/sweeps").status_code == 200
         r = c.post("/sweeps", json=SPEC)

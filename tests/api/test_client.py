@@ -22,7 +22,7 @@ def test_submit_read_observe_cancel(live, tmp_path: Path) -> None:
     spec = tmp_path / "flow.yaml"
     spec.write_text(FLOW_SPEC)
     with Client(live.url, _token(live.write)) as api:
-        assert api.health() == {"status": "ok", "scheduler": False}
+        assert api.health() == {"status": "ok", "scheduler": False, "loops": {}, "ray": None}
         created = api.submit(spec)
         assert created["owner"] == "alice" and created["plan"]["segments"] == 18
         detail = api.sweep(created["id"])
