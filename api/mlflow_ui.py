@@ -6,8 +6,8 @@ charts) from the page's `workflowType` URL parameter, else from the browser's lo
 says, beside an assistant panel that opens by itself. This app is MLflow's (registered as the `mlflow.app` plugin
 `upscale`, run with `mlflow ui --app-name upscale`); it only adds to its landing page a line that sets model
 training as the view and the assistant as shut where the browser has chosen nothing. A user's own choice (the view
-switch in the UI) stays theirs. Links upscale prints carry the
-parameter as well (`MLFLOW_VIEW`), so they open in that view from any MLflow server.
+switch in the UI) stays theirs. Links upscale writes carry the parameter as well (workers/tracking.py `run_link`),
+so they open in that view from any MLflow server.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-VIEW = "machine_learning"
-MLFLOW_VIEW = f"workflowType={VIEW}"  # the URL parameter that opens a page in the model-training view
+from upscale.workers.tracking import MODEL_TRAINING_VIEW
+
 # The browser settings a fresh profile starts with, by MLflow's local-storage keys (the setting's name, "_v", its
 # version): the model-training view, and the assistant panel counted as already auto-opened once, so it stays shut.
-DEFAULTS = {"mlflow.workflowType_v1": VIEW, "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": True}
+DEFAULTS = {"mlflow.workflowType_v1": MODEL_TRAINING_VIEW, "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": True}
 DEFAULTS_SCRIPT = "<script>try{" + "".join(
     f"if(!localStorage.getItem({json.dumps(k)}))localStorage.setItem({json.dumps(k)},{json.dumps(json.dumps(v))});"
     for k, v in DEFAULTS.items()) + "}catch(e){}</script>"

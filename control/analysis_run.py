@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from mlflow.entities import RunTag
 
 from upscale.fitting.groups import group_label, group_slug
-from upscale.orchestrator.tracking import NOTE, RunTree, metrics_at
+from upscale.orchestrator.tracking import NOTE, RunTree, metrics_at, run_link
 from upscale.sweeps import run_tags
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def _log_own_run(tree: RunTree, sweep_runs: Sequence[tuple[str, str]], meta: Ana
     _log_files(tree, run_id, meta, record, observations, plot_dir)
     tree.client.log_batch(run_id, metrics=metrics_at(headline(record), 0))
     tree.client.set_terminated(run_id, "FINISHED")
-    link = f"#/experiments/{tree.experiment_id}/runs/{run_id}"
+    link = run_link(tree.experiment_id, run_id)
     for _, parent in others:
         linked = {**tags, run_tags.ROLE: "analysis-link",
                   NOTE: f"Logged under sweep {first_sweep}'s run, in run [{what}]({link}) (its files are there).\n\n"

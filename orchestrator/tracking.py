@@ -34,7 +34,7 @@ from mlflow.exceptions import MlflowException
 
 from upscale.sweeps import run_tags
 from upscale.sweeps.segments import SegmentSpec
-from upscale.workers.tracking import EXPERIMENT, client_for, ensure_experiment
+from upscale.workers.tracking import EXPERIMENT, client_for, ensure_experiment, run_link
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,7 +114,7 @@ class RunTree:
             if seg.run_id in shown:
                 continue
             trained = self.client.get_run(seg.run_id)
-            link = f"#/experiments/{trained.info.experiment_id}/runs/{seg.run_id}"
+            link = run_link(trained.info.experiment_id, seg.run_id)
             tags = {"mlflow.parentRunId": parent_run_id, **run_tags.segment_tags(seg.key, sweep_id, "reused"),
                     run_tags.TRAINED_IN_RUN: seg.run_id, run_tags.STATUS: "reused",
                     NOTE: f"Trained by an earlier sweep ({trained.data.tags.get(run_tags.SWEEP_ID, '?')}) in run "

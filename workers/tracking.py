@@ -36,6 +36,14 @@ EXPERIMENT = "upscale"
 # MLflow 3 opens an experiment in the view its kind names; this one is the model-training view (not GenAI's).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+# Its UI does not read that tag: a page opens in the view its `workflowType` URL parameter names, else the browser's
+# last choice, else GenAI's. Links upscale writes carry the parameter (`run_link`); api/mlflow_ui.py sets the default.
+MODEL_TRAINING_VIEW = "machine_learning"
+
+
+def run_link(experiment_id: str, run_id: str) -> str:
+    """A link to a run inside the MLflow UI (relative: it works on whatever server shows it), in its training view."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType={MODEL_TRAINING_VIEW}"
 CHART_NAMES = {"train_loss": "loss/train", "val_loss": "loss/val", "aux_loss": "moe/aux_loss",
                "load_max_over_mean": "moe/load_max_over_mean", "lr": "optim/lr", "grad_norm": "optim/grad_norm",
                "nan_step": "optim/nan_step", "tokens_per_s": "speed/tokens_per_s"}

@@ -34,3 +34,10 @@ def test_mlflow_finds_the_upscale_app_and_its_landing_page_sets_the_defaults_fir
         # the rest is MLflow's app: its API answers through the same server
         found = client.get("/ajax-api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": "Default"})
         assert found.status_code == 200 and found.json()["experiment"]["experiment_id"] == "0"
+
+
+def test_links_upscale_writes_open_in_the_same_view() -> None:
+    from upscale.workers.tracking import run_link
+
+    assert run_link("3", "abc") == "#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert mlflow_ui.DEFAULTS["mlflow.workflowType_v1"] == "machine_learning"
