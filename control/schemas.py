@@ -123,6 +123,28 @@ class SegmentsInvalidated(BaseModel):
     by: str = Field(description="Who invalidated them (recorded as an `invalidated` attempt on each).")
 
 
+class SweepTiming(BaseModel):
+    """How far the sweep has got in time, counting only what it trains: segments that were already done when it was
+    recorded (shared with earlier sweeps, or taken over) are neither work done nor work left (control/timing.py)."""
+
+    segments_to_train: int = Field(description="Segments it trains: not done when it was recorded, or trained since.")
+    segments_trained: int = Field(description="Of those, the ones done.")
+    segments_reused: int = Field(description="Segments done before it was recorded: not trained for it.")
+    planned_s: float = Field(description="The plan's estimate of what it trains, one segment at a time (`upscale "
+                             "plan`'s; basis in `basis`).")
+    basis: str = Field(description="The throughput the planned time assumes.")
+    elapsed_s: float | None = Field(description="Seconds since the first of its segments started training, until "
+                                    "`as_of` or its last segment's end (null: none has started).")
+    time_left_s: float | None = Field(description="Seconds left at `as_of`: the planned time counted down until a "
+                                      "segment finishes, then the plan's remainder at the pace measured so far "
+                                      "(0 once nothing is left to train; null while only running segments remain "
+                                      "and they have outrun the plan: no pace to go by yet).")
+    tokens_trained: int = Field(description="Tokens its trained segments processed.")
+    tokens_per_s: float | None = Field(description="tokens_trained over the seconds the workers measured training "
+                                       "them: one segment's throughput (null before one finishes).")
+    as_of: Timestamp = Field(description="When these figures were computed: count `time_left_s` down from it.")
+
+
 class SweepDetail(SweepSummary):
     error: str | None
     mlflow_run_id: str | None = Field(description="The sweep's parent run in MLflow.")
@@ -132,6 +154,7 @@ class SweepDetail(SweepSummary):
     stale_segments: dict[str, str] = Field(description="Its segment key -> a done segment of the same job trained "
                                            "under an older training-semantics version, found when it was recorded.")
     reuse_stale: bool = Field(description="True: it took over those stale results instead of retraining them.")
+    timing: SweepTiming
     segments: list[SegmentProgress]
 
 
