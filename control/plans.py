@@ -35,9 +35,8 @@ def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None
         k.tokens += s.tokens
         k.flops += s.flops
         k.seconds += seconds[s.id]
-    basis = (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
-             else "throughput measured on a 2-core CPU (give --tokens-per-s for your machine)")
-    estimate = PlanEstimate(basis=basis, serial_s=sum(to_wait.values()), critical_path_s=critical_path_s(p, to_wait),
+    estimate = PlanEstimate(basis=estimate_basis(tokens_per_s, flops_per_s), serial_s=sum(to_wait.values()),
+                            critical_path_s=critical_path_s(p, to_wait),
                             gpu_hours_at_400_tflops=f["new_flops"] / GPU_FLOPS_PER_S / 3600)
     checks = [LawCheckPublic(**c.as_dict()) for c in identifiability(planned_grid(p))]
     return PlanSummary(
@@ -47,3 +46,9 @@ def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None
         independent_flops=f["independent_flops"], saving=f["saving"], estimate=estimate, identifiability=checks,
         notes=list(p.notes), stale_segments=f["stale"], reuse_stale=f["reuse_stale"],
         other_cut_segments=f["other_cut_segments"])
+
+
+def estimate_basis(tokens_per_s: float | None = None, flops_per_s: float | None = None) -> str:
+    """The throughput a time estimate assumes, in words: the plan's and a stored sweep's (control/timing.py)."""
+    return (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
+            else "throughput measured on a 2-core CPU (give --tokens-per-s for your machine)")

@@ -108,8 +108,9 @@ class SegmentProgress(BaseModel):
     tokens: int
     flops: float
     axes: dict[str, Any] = Field(description="This sweep's grid coordinates of the segment.")
-    val_loss: float | None = Field(description="Final validation loss, once done (decays).")
-    error: str | None
+    # nullable fields default to None: FastAPI drops the nulls from the OpenAPI page's examples
+    val_loss: float | None = Field(None, description="Final validation loss, once done (decays).")
+    error: str | None = None
     reused_from: str | None = Field(None, description="The stale segment (older training-semantics version) whose "
                                     "result it was recorded done with.")
 
@@ -123,8 +124,30 @@ class SegmentsInvalidated(BaseModel):
     by: str = Field(description="Who invalidated them (recorded as an `invalidated` attempt on each).")
 
 
+class SweepTiming(BaseModel):
+    """How far the sweep has got in time, counting only what it trains: segments that were already done when it was
+    recorded (shared with earlier sweeps, or taken over) are neither work done nor work left (control/timing.py)."""
+
+    segments_to_train: int = Field(description="Segments it trains: not done when it was recorded, or trained since.")
+    segments_trained: int = Field(description="Of those, the ones done.")
+    segments_reused: int = Field(description="Segments done before it was recorded: not trained for it.")
+    planned_s: float = Field(description="The plan's estimate of what it trains, one segment at a time (`upscale "
+                             "plan`'s; basis in `basis`).")
+    basis: str = Field(description="The throughput the planned time assumes.")
+    elapsed_s: float | None = Field(description="Seconds since the first of its segments started training, until "
+                                    "`as_of` or its last segment's end (null: none has started).")
+    time_left_s: float | None = Field(description="Seconds left at `as_of`: the planned time counted down until a "
+                                      "segment finishes, then the plan's remainder at the pace measured so far "
+                                      "(0 once nothing is left to train; null while only running segments remain "
+                                      "and they have outrun the plan: no pace to go by yet).")
+    tokens_trained: int = Field(description="Tokens its trained segments processed.")
+    tokens_per_s: float | None = Field(description="tokens_trained over the seconds the workers measured training "
+                                       "them: one segment's throughput (null before one finishes).")
+    as_of: Timestamp = Field(description="When these figures were computed: count `time_left_s` down from it.")
+
+
 class SweepDetail(SweepSummary):
-    error: str | None
+    error: str | None = None
     mlflow_run_id: str | None = Field(description="The sweep's parent run in MLflow.")
     by_status: dict[str, int] = Field(description="Segment count per status.")
     flops_done: float = Field(description="FLOPs of the segments done so far.")
@@ -132,14 +155,20 @@ class SweepDetail(SweepSummary):
     stale_segments: dict[str, str] = Field(description="Its segment key -> a done segment of the same job trained "
                                            "under an older training-semantics version, found when it was recorded.")
     reuse_stale: bool = Field(description="True: it took over those stale results instead of retraining them.")
+    timing: SweepTiming
     segments: list[SegmentProgress]
 
 
 class SweepExtend(BaseModel):
     """Grid points to add: spec sections whose lists are unioned with the sweep's."""
 
-    additions: dict[str, Any] = Field(description="Partial spec; lists are unioned, scalars replaced.",
-                                      examples=[{"tokens": {"d2": [1024]}}])
+    # Whole bodies: Swagger UI would build `additions` as {"additionalProp1": {}}, which is no spec section. Each
+    # extends POST /sweeps' examples to a grid that plans (tests/api/test_schema.py).
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"additions": {"tokens": {"d2": [983040]}}, "reuse_stale": False},
+        {"additions": {"tokens": {"d1": [983040]}, "upcycling": {"methods": ["drop"], "r": [0.25]}}}]})
+
+    additions: dict[str, Any] = Field(description="Partial spec; lists are unioned, scalars replaced.")
     reuse_stale: bool = Field(False, description="Take over segments trained under an older training-semantics "
                               "version instead of retraining them.")
 
@@ -293,7 +322,9 @@ MAX_N1 = 1e18  # the largest dense size N1 an analysis or a refit may find D* at
 class AnalysisCreate(BaseModel):
     """What to analyse a sweep's observations with; every field has a default."""
 
-    model_config = ConfigDict(allow_inf_nan=False)  # JSON's Infinity is no model size
+    # JSON's Infinity is no model size; the example is a whole body (the default is an empty one)
+    model_config = ConfigDict(allow_inf_nan=False, json_schema_extra={"examples": [
+        {"n1s": [1e8, 1e9], "bootstrap": DEFAULT_ANALYSIS_BOOTSTRAP, "seed": 0}]})
 
     n1s: list[float] | None = Field(None, max_length=MAX_N1S, examples=[[1e8, 1e9]],
                                     description=f"Dense sizes N1 to find D* at (default: the sweep's sizes; at most "
@@ -344,6 +375,10 @@ class RefitRequest(BaseModel):
 
 
 class RefitScheduleCreate(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"name": "nightly", "trigger": "cron", "cron": "0 3 * * *",
+         "request": {"sweep_ids": ["3f9c2a1b7d04"], "bootstrap": 100}}]})
+
     name: str = Field(max_length=200)
     trigger: Literal["cron", "on_new_observations"]
     cron: str | None = Field(None, description="5-field cron (minute hour day month weekday) for trigger=cron.",
@@ -428,6 +463,9 @@ class CalibrationPublic(CalibrationCounts):
 
 class SuggestRequest(BaseModel):
     """What `POST /sweeps/{id}/suggest` weighs: one FLOP budget, the N1 whose D* matters, when to stop."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"budget_flops": 1e15, "n1": 1e9, "tolerance": 4, "apply": False}]})
 
     budget_flops: float = Field(gt=0, description="Training FLOPs the suggested extensions may cost in all "
                                 "(marginal: what the store holds is free).")

@@ -19,6 +19,7 @@ from upscale.control.plans import plan_summary
 from upscale.control.records import SweepOwnerRecord
 from upscale.control.schemas import SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from upscale.control.services import LOCAL_OWNER, Services
+from upscale.control.timing import timing
 from upscale.data_roots import OutsideRoots, confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
@@ -256,7 +257,7 @@ def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes]:
 
 
 def detail(services: Services, sweep_id: str) -> SweepDetail:
-    """Status, per-segment progress and FLOPs done vs planned."""
+    """Status, per-segment progress, FLOPs done vs planned, and its timing (control/timing.py)."""
     sweep = services.store.sweep(sweep_id)
     members = services.store.members(sweep_id)
     segs = [SegmentProgress(key=seg.key, kind=seg.kind, status=seg.status, attempts=seg.attempts, tokens=seg.tokens,
@@ -270,4 +271,5 @@ def detail(services: Services, sweep_id: str) -> SweepDetail:
         segments_done=by_status["done"], segments_total=len(segs), created_at=sweep.created_at, error=sweep.error,
         mlflow_run_id=sweep.mlflow_run_id, by_status=dict(by_status),
         flops_done=sum(s.flops for s in segs if s.status == "done"), flops_planned=sum(s.flops for s in segs),
-        stale_segments=sweep.stale_segments or {}, reuse_stale=sweep.reuse_stale, segments=segs)
+        stale_segments=sweep.stale_segments or {}, reuse_stale=sweep.reuse_stale,
+        timing=timing(services, sweep, members), segments=segs)

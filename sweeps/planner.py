@@ -289,22 +289,27 @@ def gpu_flops_per_s(spec: SweepSpec) -> float | None:
 
 
 def segment_seconds(p: Plan, tokens_per_s: float | None = None, flops_per_s: float | None = None) -> dict[str, float]:
-    """Estimated seconds per segment: tokens / tokens_per_s, or FLOPs / flops_per_s, or else the CPU facts above,
-    plus the per-segment overhead and, for decays, one forward pass over the held-out set (1/3 of training FLOPs)."""
-    out = {}
-    for s in p.segments:
-        m = s.spec.model
-        if s.spec.kind == "upcycle":
-            out[s.id] = SEGMENT_OVERHEAD_S
-            continue
-        if s.spec.kind == "dense_import":  # trains nothing: the evaluation below at the model's training rate
-            per_token = train_flops_per_token(m, dense_params(m), m.context, m.vocab_size)
-        else:
-            per_token = s.flops / s.tokens
-        work = s.flops + (per_token / 3 * s.spec.data.eval_tokens if s.observation else 0.0)
-        rate = per_token * tokens_per_s if tokens_per_s else flops_per_s or cpu_flops_per_s(m)
-        out[s.id] = work / rate + SEGMENT_OVERHEAD_S
-    return out
+    """Estimated seconds per segment of the plan (`seconds_of`)."""
+    return {s.id: seconds_of(s.spec, s.flops, s.tokens, s.observation is not None, tokens_per_s, flops_per_s)
+            for s in p.segments}
+
+
+def seconds_of(spec: SegmentSpec, flops: float, tokens: int, observed: bool, tokens_per_s: float | None = None,
+               flops_per_s: float | None = None) -> float:
+    """Estimated seconds of one segment (``flops`` and ``tokens`` its training's, ``observed`` when it yields an
+    observation): tokens / tokens_per_s, or FLOPs / flops_per_s, or else the CPU facts above, plus the per-segment
+    overhead and, for decays, one forward pass over the held-out set (1/3 of training FLOPs). Takes the segment
+    rather than a plan so that a stored sweep's segments are estimated without planning its spec again."""
+    m = spec.model
+    if spec.kind == "upcycle":
+        return SEGMENT_OVERHEAD_S
+    if spec.kind == "dense_import":  # trains nothing: the evaluation below at the model's training rate
+        per_token = train_flops_per_token(m, dense_params(m), m.context, m.vocab_size)
+    else:
+        per_token = flops / tokens
+    work = flops + (per_token / 3 * spec.data.eval_tokens if observed else 0.0)
+    rate = per_token * tokens_per_s if tokens_per_s else flops_per_s or cpu_flops_per_s(m)
+    return work / rate + SEGMENT_OVERHEAD_S
 
 
 def critical_path_s(p: Plan, seconds: dict[str, float]) -> float:
@@ -315,10 +320,14 @@ def critical_path_s(p: Plan, seconds: dict[str, float]) -> float:
     return max(finish.values(), default=0.0)
 
 
-def eta_s(planned_s: float, planned_done_s: float, elapsed_s: float) -> float:
+def eta_s(planned_s: float, planned_done_s: float, elapsed_s: float, planned_waiting_s: float = 0.0) -> float | None:
     """Seconds left of a run whose segments the plan estimates at ``planned_s`` in all, of which segments estimated at
-    ``planned_done_s`` have finished ``elapsed_s`` seconds after the start: the plan's figure counted down until a
-    segment finishes, then the plan's remainder at the pace measured so far (elapsed seconds per planned second)."""
+    ``planned_done_s`` have finished ``elapsed_s`` seconds after the start: the plan's remainder at the pace measured
+    so far (elapsed seconds per planned second) once a segment has finished. Before that, the plan's figure counted
+    down, but never below ``planned_waiting_s``, the plan's figure for the segments not yet started (what has not
+    begun has not got faster); None when only segments already running remain and they have outrun the plan's
+    figure: there is no pace to go by yet, and 0 would be a false promise."""
     if planned_done_s <= 0:
-        return max(planned_s - elapsed_s, 0.0)
+        left = max(planned_s - elapsed_s, planned_waiting_s)
+        return left if left > 0 or planned_s <= 0 else None
     return max(planned_s - planned_done_s, 0.0) * elapsed_s / planned_done_s

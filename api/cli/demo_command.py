@@ -82,13 +82,12 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
 
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
-    from upscale.api.cli.run_commands import run_sweep
+    from upscale.api.cli.run_commands import run_sweep, trained_line
     from upscale.sweeps.spec import load_spec
 
     spec = load_spec(spec_path)
     services, outcome = run_sweep(spec, str(spec_path))
-    console.print(f"sweep {outcome.sweep_id}: {len(outcome.trained)} segment(s) trained this run (the rest reused), "
-                  f"{outcome.wall_s:.0f} s wall")
+    console.print(trained_line(services.orch, outcome), highlight=False)
     print_analysis(analyse(services, [outcome.sweep_id], n_boot, out_dir))
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     # `upscale ui` runs MLflow through this interpreter: a bare `mlflow` is on PATH only with the venv activated

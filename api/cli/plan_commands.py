@@ -67,7 +67,8 @@ def stale_lines(stale: dict[str, str], reuse_stale: bool) -> list[str]:
     return [f"{n} segment(s) trained under an older training-semantics version are stale: {what}: {keys}"]
 
 
-def _duration(s: float) -> str:
+def duration(s: float) -> str:
+    """Seconds in the largest unit that fits: `upscale plan`'s estimates, `upscale status`'s timing."""
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if s >= size:
             return f"{s / size:.1f} {unit}"
@@ -103,15 +104,15 @@ def print_plan(summary: dict) -> None:
     for col in ("kind", "count", "tokens", "FLOPs", "est. time"):
         table.add_column(col, justify="left" if col == "kind" else "right")
     for kind, k in summary["by_kind"].items():
-        table.add_row(kind, str(k["count"]), f"{k['tokens']:.3g}", f"{k['flops']:.3g}", _duration(k["seconds"]))
+        table.add_row(kind, str(k["count"]), f"{k['tokens']:.3g}", f"{k['flops']:.3g}", duration(k["seconds"]))
     console.print(table)
     est = summary["estimate"]
     console.print(f"total {summary['total_flops']:.3g} FLOPs; as independent runs {summary['independent_flops']:.3g} "
                   f"FLOPs: saving x{summary['saving']:.2f}")
     console.print(f"not yet in the store: {summary['new_segments']} of {summary['segments']} segments, "
                   f"{summary['new_tokens']:.3g} of {summary['tokens']:.3g} tokens, {summary['new_flops']:.3g} FLOPs")
-    console.print(f"estimate at {est['basis']}: {_duration(est['serial_s'])} one segment at a time, "
-                  f"{_duration(est['critical_path_s'])} along the critical path; "
+    console.print(f"estimate at {est['basis']}: {duration(est['serial_s'])} one segment at a time, "
+                  f"{duration(est['critical_path_s'])} along the critical path; "
                   f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s per GPU (paper, A.10)")
     for line in stale_lines(summary["stale_segments"], summary["reuse_stale"]):
         console.print(Text.assemble(("warning: ", "bold yellow") if summary["stale_segments"] else "", line))

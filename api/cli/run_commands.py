@@ -116,6 +116,14 @@ def trained_report(orch: Orchestrator, out: SweepOutcome) -> dict:
             "stale": {"segments": sorted(sweep.stale_segments or {}), "reused": sweep.reuse_stale}}
 
 
+def trained_line(orch: Orchestrator, out: SweepOutcome) -> str:
+    """What a run trained and reused, in words: "the rest reused" only when something was."""
+    report = trained_report(orch, out)
+    trained, reused = report["trained"]["segments"], report["reused"]["segments"]
+    return (f"sweep {out.sweep_id}: {trained} segment(s) trained this run"
+            + (f", {reused} reused (already in the store)" if reused else "") + f", {out.wall_s:.0f} s wall")
+
+
 def gc_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be deleted.")] = False,
     everything: Annotated[bool, typer.Option("--all", help="Also delete checkpoints new grid points would likely "

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from typing import Annotated
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
@@ -51,10 +52,28 @@ def serve_command(
     given = {"connection_limit": connection_limit, "header_timeout_s": header_timeout, "keep_alive_s": keep_alive,
              "backlog": backlog}
     settings = get_settings().model_copy(update={k: v for k, v in given.items() if v is not None})
+    # What it starts, on stderr, before each slow step: Ray alone can take tens of seconds to say anything.
+    say(f"store {without_password(settings.db_url)}; MLflow {without_password(settings.mlflow_tracking_uri)}")
     if not no_scheduler:
         start_ray(settings)  # from the main thread: Ray installs signal handlers
-    uvicorn.run(create_app(settings, scheduler=not no_scheduler, refit_tick_s=refit_tick_s), host=host, port=port,
-                **server_options(settings))
+    say("opening the store (migrating it if need be)" + ("" if no_scheduler else
+                                                        " and starting the sweep, analysis and refit loops"))
+    app = create_app(settings, scheduler=not no_scheduler, refit_tick_s=refit_tick_s)
+    say(f"starting the API on http://{host}:{port} (OpenAPI page at /docs); Ctrl-C stops it")
+    uvicorn.run(app, host=host, port=port, **server_options(settings))
+
+
+def say(message: str) -> None:
+    """One line of what `upscale serve` is doing, on stderr: stdout and the access log stay the server's."""
+    err_console.print(f"upscale serve: {message}", highlight=False, soft_wrap=True)
+
+
+def without_password(url: str) -> str:
+    """``url`` safe to print: a password in it (a PostgreSQL URL's, an MLflow server's) shown as ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 def scheduler_command(

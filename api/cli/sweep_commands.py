@@ -55,8 +55,9 @@ def submit_command(
 
 
 def _wait(c: Client | Local, sweep_id: str, spec: Path) -> None:
-    """A progress bar until the sweep ends; in-process nobody else trains it, so the orchestrator's scheduler runs
-    it here, on the same store (and its hooks)."""
+    """A progress bar (lines when stderr is no terminal) until the sweep ends, with the time left the server computes
+    from what the sweep trains (control/timing.py); in-process nobody else trains it, so the orchestrator's
+    scheduler runs it here, on the same store (and its hooks)."""
     from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
     from upscale.sweeps.spec import load_spec
 
@@ -72,7 +73,8 @@ def _wait(c: Client | Local, sweep_id: str, spec: Path) -> None:
             Scheduler(c.services.store, c.services.settings, on_progress=bar.show).run(sweep_id)
         while True:
             d = c.sweep(sweep_id)
-            bar.update({s["key"] for s in d["segments"] if s["status"] == "done"}, d["segments_total"], d["status"])
+            bar.update({s["key"] for s in d["segments"] if s["status"] == "done"}, d["segments_total"], d["status"],
+                       time_left_s=d["timing"]["time_left_s"], told=True)
             if d["status"] in FINAL:
                 break
             time.sleep(2.0)
@@ -106,9 +108,26 @@ def status_command(
         t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
                   "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
     console.print(t)
+    console.print(timing_line(d["timing"], d["status"]), highlight=False, soft_wrap=True)
     if d["stale_segments"]:
         console.print(f"{len(d['stale_segments'])} segment(s) were stale (trained under an older training-semantics "
                       f"version) when it was recorded: {'reused (--reuse-stale)' if d['reuse_stale'] else 'retrained'}")
+
+
+def timing_line(t: dict[str, Any], status: str) -> str:
+    """A sweep's `timing` (GET /sweeps/{id}) in a line: what it trains and reuses, the plan's time, the time left."""
+    from upscale.api.cli.plan_commands import duration
+    from upscale.api.cli.progress import left_text
+
+    parts = [f"trains {t['segments_to_train']} segment(s) ({t['segments_trained']} done), reuses "
+             f"{t['segments_reused']}", f"planned {duration(t['planned_s'])} one at a time ({t['basis']})"]
+    if t["elapsed_s"] is not None:
+        parts.append(f"{duration(t['elapsed_s'])} elapsed")
+    if t["tokens_per_s"] is not None:
+        parts.append(f"{t['tokens_per_s']:.3g} tokens/s per segment")
+    if status not in FINAL and t["segments_trained"] < t["segments_to_train"]:
+        parts.append(f"time left {left_text(t['time_left_s'])} (at {t['as_of'][11:19]} UTC)")
+    return "; ".join(parts)
 
 
 def sweeps_command() -> None:

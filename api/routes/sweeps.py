@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -11,11 +14,21 @@ from starlette.concurrency import run_in_threadpool
 from upscale.api.quotas import check_in_flight
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.control import sweeps
-from upscale.control.plans import plan_summary
-from upscale.control.schemas import Suggestion, SuggestRequest, SweepCreated, SweepDetail, SweepExtend, SweepSummary
+from upscale.control.plans import estimate_basis, plan_summary
+from upscale.control.schemas import (
+    SegmentProgress,
+    Suggestion,
+    SuggestRequest,
+    SweepCreated,
+    SweepDetail,
+    SweepExtend,
+    SweepSummary,
+    SweepTiming,
+)
 from upscale.orchestrator.observations import as_row, table
 from upscale.orchestrator.plan_in_store import PlanInStore
-from upscale.sweeps.planner import plan
+from upscale.orchestrator.records import ObservationRecord
+from upscale.sweeps.planner import eta_s, plan, segment_seconds
 from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
@@ -44,6 +57,7 @@ _SPEC_EXAMPLES: dict[str, dict[str, Any]] = {
                                                "lr_search": {"trials": 2, "low": 0.0001, "high": 0.01,
                                                              "tokens": 512}}}},
 }
+_EXAMPLE_ID = "3f9c2a1b7d04"
 _SPEC_MEDIA = {"schema": {"$ref": "#/components/schemas/SweepSpec"}, "examples": _SPEC_EXAMPLES}
 SPEC_BODY = {"requestBody": {
     "required": True,
@@ -56,8 +70,54 @@ def _created_example() -> dict[str, Any]:
     """What submitting the tiny example to an empty store answers: its plan summary computed here, not written out."""
     spec = SweepSpec.model_validate(_TINY)
     summary = plan_summary(PlanInStore(plan(spec)), spec)
-    return SweepCreated(id="3f9c2a1b7d04", name=spec.name, status="pending", owner="alice",
+    return SweepCreated(id=_EXAMPLE_ID, name=spec.name, status="pending", owner="alice",
                         plan=summary).model_dump(mode="json")
+
+
+def _json_example(value: Any) -> dict[str, Any]:
+    """A response's JSON example: a real body instead of the one Swagger UI makes up (`additionalProp1`)."""
+    return {"content": {"application/json": {"example": value}}}
+
+
+def _detail_example() -> dict[str, Any]:
+    """The tiny example's sweep running on an empty store, its first half of segments done: its real plan's
+    segments, axes and planned times (control/timing.py's figures, the pace 1.5x slower than planned)."""
+    spec = SweepSpec.model_validate(_TINY)
+    p = plan(spec)
+    seconds = segment_seconds(p)
+    half = len(p.segments) // 2
+    status = ["done"] * half + ["running"] + ["pending"] * (len(p.segments) - half - 1)
+    segs = [SegmentProgress(key=s.id, kind=s.spec.kind, status=st, attempts=int(st != "pending"), tokens=s.tokens,
+                            flops=s.flops, axes=s.axes, val_loss=3.41 if st == "done" and s.observation else None,
+                            error=None) for s, st in zip(p.segments, status, strict=True)]
+    planned, planned_done = sum(seconds.values()), sum(seconds[s.key] for s in segs if s.status == "done")
+    waiting = sum(seconds[s.key] for s in segs if s.status == "pending")
+    created = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
+    timing = SweepTiming(segments_to_train=len(segs), segments_trained=half, segments_reused=0, planned_s=planned,
+                         basis=estimate_basis(), elapsed_s=1.5 * planned_done,
+                         time_left_s=eta_s(planned, planned_done, 1.5 * planned_done, waiting),
+                         tokens_trained=sum(s.tokens for s in segs if s.status == "done"), tokens_per_s=2400.0,
+                         as_of=created + timedelta(seconds=1.5 * planned_done))
+    return SweepDetail(id=_EXAMPLE_ID, name=spec.name, status="running", owner="alice", segments_done=half,
+                       segments_total=len(segs), created_at=created, error=None, mlflow_run_id="8d1c0b6e5f2a4e21",
+                       by_status=dict(Counter(status)), flops_done=sum(s.flops for s in segs if s.status == "done"),
+                       flops_planned=sum(s.flops for s in segs), stale_segments={}, reuse_stale=False,
+                       timing=timing, segments=segs).model_dump(mode="json")
+
+
+def _summary_example(status: str) -> dict[str, Any]:
+    d = _detail_example()
+    return SweepSummary.model_validate({**{k: d[k] for k in SweepSummary.model_fields}, "status": status}
+                                       ).model_dump(mode="json")
+
+
+def _observations_example() -> list[dict[str, Any]]:
+    """Two rows of the tiny example's table, as GET /sweeps/{id}/observations returns them once trained."""
+    rows = [ObservationRecord(segment_key=s.id, loss=loss, trunk=s.trunk, mlflow_run_id="2b7e91c04d3f4a58",
+                              **dataclasses.asdict(s.observation))
+            for s, loss in zip((s for s in plan(SweepSpec.model_validate(_TINY)).segments if s.observation),
+                               (3.52, 3.38), strict=False)]
+    return [as_row(o) for o in rows]
 
 
 def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool,
@@ -101,7 +161,8 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
     return created
 
 
-@router.get("", summary="List sweeps", response_model=list[SweepSummary])
+@router.get("", summary="List sweeps", response_model=list[SweepSummary],
+            responses={200: _json_example([_summary_example("running")])})
 def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
     """Every sweep of every owner, oldest first, with its status, owner and segments done: a read token sees all
     sweeps (a shared team store); only their owner (or an admin token) may change them."""
@@ -109,7 +170,8 @@ def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
 
 
 @router.get("/{sweep_id}", summary="A sweep's status and progress", response_model=SweepDetail,
-            responses={**NOT_FOUND, 304: {"description": "Unchanged since the ETag sent in If-None-Match."}})
+            responses={**NOT_FOUND, 304: {"description": "Unchanged since the ETag sent in If-None-Match."},
+                       200: _json_example(_detail_example())})
 def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader) -> Response:
     """Status, every segment's state and attempts, and FLOPs done so far vs planned. Pollers can send the
     `ETag` back as `If-None-Match`: 304 with no body until something changes."""
@@ -119,7 +181,8 @@ def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader)
     return Response(body, media_type="application/json", headers={"ETag": etag})
 
 
-@router.post("/{sweep_id}/cancel", summary="Cancel a sweep", response_model=SweepSummary, responses=NOT_FOUND)
+@router.post("/{sweep_id}/cancel", summary="Cancel a sweep", response_model=SweepSummary,
+             responses={**NOT_FOUND, 200: _json_example(_summary_example("cancelling"))})
 def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepSummary:
     """A running sweep stops after releasing its running segments (they resume if it is submitted again); a pending
     one is cancelled at once. Only the sweep's owner or an admin token may cancel it (403 otherwise)."""
@@ -130,7 +193,8 @@ def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepS
 @router.post("/{sweep_id}/extend", status_code=201, summary="Add grid points to a sweep",
              response_model=SweepCreated,
              responses={**NOT_FOUND, 200: {"model": SweepCreated, "description": "The caller's existing sweep of the "
-                                           "extended spec (`existing`): nothing was added."}})
+                                           "extended spec (`existing`): nothing was added."},
+                        201: _json_example(_created_example())})
 def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services: ServicesDep,
                  owner: Writer) -> SweepCreated:
     """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train.
@@ -146,7 +210,8 @@ def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services:
 
 @router.get("/{sweep_id}/observations", summary="A sweep's observations (JSON or CSV)",
             response_model=list[dict[str, Any]],
-            responses={**NOT_FOUND, 200: {"content": {"text/csv": {}}}})
+            responses={**NOT_FOUND, 200: {"content": {"text/csv": {}, "application/json": {
+                "example": _observations_example()}}}})
 def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _: Reader,
                        format: Literal["json", "csv"] | None = Query(
                            None, description="csv: the table `upscale fit --data` reads; default from Accept."),

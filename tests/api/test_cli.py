@@ -26,11 +26,13 @@ def _env(home: Path, mlflow_uri: str) -> dict[str, str]:
     return {**os.environ, "UPSCALE_HOME": str(home), "MLFLOW_TRACKING_URI": mlflow_uri, "UPSCALE_TOKEN": ""}
 
 
-def _stop(proc: subprocess.Popen, timeout_s: float) -> None:
-    """SIGTERM; uvicorn shuts down gracefully, then re-raises the signal (so the exit status is -15)."""
+def _stop(proc: subprocess.Popen, timeout_s: float) -> str:
+    """SIGTERM; uvicorn shuts down gracefully, then re-raises the signal (so the exit status is -15). Returns what
+    the server printed."""
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=timeout_s)
     assert "Application shutdown complete" in out, out[-3000:]
+    return out
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
@@ -67,13 +69,19 @@ def test_cli_over_http_and_in_process(tmp_path, mlflow_uri) -> None:
         assert "plan api-flow: 18 segments" in out and "not yet in the store: 18 of 18 segments" in out
         sweep_id = out.split()[1]
         assert sweep_id in _cli(env, "status", "--api", url, "--token", token)
+        # queued, nothing reused: all 18 to train, the time left the plan's whole estimate
+        status = _cli(env, "status", sweep_id, "--api", url, "--token", token)
+        assert "trains 18 segment(s) (0 done), reuses 0; planned " in status and "time left 0:" in status, status
         assert "carol" in httpx.get(f"{url}/sweeps/{sweep_id}", headers={"Authorization": f"Bearer {token}"}).text
         # Nothing trained yet (no scheduler): the table `upscale fit` reads, with its header and no rows.
         csv = _cli(env, "observations", sweep_id, "--csv", "--kind", "upcycled", "--api", url, "--token", token)
         assert csv.splitlines()[0].startswith("kind,N,D,N1,D1,D2") and len(csv.splitlines()) == 1
         assert _cli(env, "cancel", sweep_id, "--api", url, "--token", token).strip() == f"sweep {sweep_id}: cancelled"
     finally:
-        _stop(proc, 30)
+        served = _stop(proc, 30)
+    # what `upscale serve` starts, said before it listens
+    assert served.index("upscale serve: store sqlite:///") < served.index("upscale serve: starting the API on "
+                                                                         f"{url}"), served[-3000:]
     local = _cli(env, "status", sweep_id)  # in-process, on the same store, no token
     assert "pending" in local and "0 of" in local
     assert _cli(env, "ui").split()[1:] == ["-m", "mlflow", "ui", "--backend-store-uri", mlflow_uri, "--port", "5000",

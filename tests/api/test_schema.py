@@ -134,14 +134,72 @@ def test_every_example_validates_against_its_model(schema) -> None:
         for status, response in op.get("responses", {}).items():  # a response's example is what its model returns
             for media_type, media in response.get("content", {}).items():
                 if _examples(media):
-                    model = models[media["schema"]["$ref"].rsplit("/", 1)[1]]
+                    adapter = _response_adapter(models, media["schema"])
                     for example in _examples(media):
-                        _check(TypeAdapter(model), example)
+                        _check(adapter, example)
                     checked.append(f"#/paths/{path}/{method}/responses/{status}/content/{media_type}")
     # Nothing carries an example this test did not check (a parameter's, a response's, a nested schema's).
     everywhere = [p.rsplit("/", 1)[0] for p, _ in _walk(schema) if p.endswith(("/example", "/examples"))]
     assert sorted(set(everywhere) - set(checked)) == []
     assert "#/components/schemas/FitCreate/properties/law" in checked
+
+
+def _response_adapter(models: dict[str, type[BaseModel]], schema: dict[str, Any]) -> TypeAdapter[Any]:
+    """What a response's schema holds: a model, a list of models, or (the observation rows) a list of objects."""
+    if "$ref" in schema:
+        return TypeAdapter(models[schema["$ref"].rsplit("/", 1)[1]])
+    assert schema["type"] == "array", schema
+    items = schema["items"]
+    if "$ref" not in items:
+        return TypeAdapter(list[dict[str, Any]])
+    model = models[items["$ref"].rsplit("/", 1)[1]]
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
+
+def test_every_request_body_has_a_whole_example(schema) -> None:
+    """Swagger UI's "Try it out" starts from a body's example, or else builds one from the fields, which for a
+    `dict` field is `{"additionalProp1": {}}` and for FitCreate gives both sources: every body with a schema carries
+    whole examples of its own (validated against the model above), none of them made up of placeholders."""
+    bodies = []
+    for path, method, op in _operations(schema):
+        for media_type, media in op.get("requestBody", {}).get("content", {}).items():
+            component = schema["components"]["schemas"][media["schema"]["$ref"].rsplit("/", 1)[1]]
+            examples = _examples(media) or _examples(component)
+            assert examples, f"{method.upper()} {path} ({media_type}) has no whole-body example"
+            assert "additionalProp" not in json.dumps(examples)
+            bodies.append(path)
+    assert {"/sweeps/{sweep_id}/extend", "/sweeps/{sweep_id}/suggest", "/sweeps/{sweep_id}/analysis"} <= set(bodies)
+
+
+def test_extension_examples_plan_on_every_sweep_example(schema) -> None:
+    """An extension's example, applied to each of POST /sweeps' examples as POST .../extend applies it, is a grid
+    that plans, with more segments than the sweep it extends."""
+    from upscale.control.sweeps import merge
+
+    extensions = _examples(schema["components"]["schemas"]["SweepExtend"])
+    specs = _examples(schema["paths"]["/sweeps"]["post"]["requestBody"]["content"]["application/json"])
+    assert extensions and specs
+    for extension in extensions:
+        for spec in specs:
+            grown = plan(parse_spec(merge(spec, extension["additions"])))
+            assert len(grown.segments) > len(plan(parse_spec(spec)).segments), (extension, spec["name"])
+
+
+def test_sweep_responses_have_real_examples(schema) -> None:
+    """Every JSON success answer of the sweep routes (but the suggestion's) shows a body built from a real plan."""
+    for path, method, op in _operations(schema):
+        if not path.startswith("/sweeps") or path.endswith(("/suggest", "/calibration", "/analysis", "/analyses")):
+            continue
+        for status in {"200", "201"} & set(op["responses"]):
+            media = op["responses"][status].get("content", {}).get("application/json")
+            if media is None or (status == "200" and "201" in op["responses"]):  # an `existing` 200: the 201's body
+                continue
+            assert _examples(media), f"{method.upper()} {path} {status}"
+            assert "additionalProp" not in json.dumps(_examples(media))
+    detail = schema["paths"]["/sweeps/{sweep_id}"]["get"]["responses"]["200"]["content"]["application/json"]
+    (example,) = _examples(detail)
+    t = example["timing"]
+    assert 0 < t["segments_trained"] < t["segments_to_train"] and t["time_left_s"] > 0
 
 
 def test_fit_examples_name_real_laws(schema) -> None:

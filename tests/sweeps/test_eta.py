@@ -10,7 +10,11 @@ from upscale.sweeps.planner import eta_s
 def test_before_any_segment_finishes_the_plan_counts_down() -> None:
     assert eta_s(600.0, 0.0, 0.0) == 600.0
     assert eta_s(600.0, 0.0, 150.0) == 450.0
-    assert eta_s(600.0, 0.0, 900.0) == 0.0  # slower than planned: never negative
+    # slower than planned: never 0 while segments wait to start (their planned time stands) ...
+    assert eta_s(600.0, 0.0, 900.0, planned_waiting_s=120.0) == 120.0
+    # ... and unknown, not 0, when only running segments remain past the plan's figure
+    assert eta_s(600.0, 0.0, 900.0) is None
+    assert eta_s(0.0, 0.0, 5.0) == 0.0  # nothing to train
 
 
 def test_finished_segments_set_the_pace() -> None:
