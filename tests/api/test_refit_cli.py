@@ -81,8 +81,9 @@ def test_the_readme_refit_commands_over_the_api(world, tmp_path) -> None:
     assert f"deleted refit schedule {sid}" in err
 
 
-@pytest.mark.slow  # two analyses and six console-script starts (~30 s on 2 cores); tests/control/test_refits.py
-def test_new_observations_make_the_next_version_and_the_lag_follows_them(world, tmp_path) -> None:  # has it fast
+# Two analyses and six console-script starts, ~30 s on 2 cores (tests/control/test_refits.py: the lag, in-process).
+@pytest.mark.slow
+def test_new_observations_make_the_next_version_and_the_lag_follows_them(world, tmp_path) -> None:
     live, services, sweep = world
     env = _env(live, tmp_path)
     api = ("--api", live.url)
