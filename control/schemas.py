@@ -388,7 +388,8 @@ class RefitSchedulePublic(BaseModel):
     request: RefitRequest = Field(description="What each refit runs, its defaults filled in.")
     owner: str = Field(description="The token name that created it: only it (or an admin token) deletes or runs it.")
     active: bool = Field(description="False once deleted (its versions are kept).")
-    last_error: str | None = Field(description="Why its latest refit failed; null once one succeeds.")
+    # Defaults where null: FastAPI leaves nulls out of the OpenAPI document, so its examples lack them.
+    last_error: str | None = Field(None, description="Why its latest refit failed; null once one succeeds.")
     created_at: Timestamp
 
     @field_validator("request", mode="before")

@@ -1,6 +1,7 @@
 """Refit versions on a real SQLite store, fired by the refit loop as `upscale serve` runs it: a cron minute on
-unchanged observations records nothing and runs no analysis, and each schedule's lag (`upscale_refit_age_seconds`) is 0 while its latest version has every observation, however long
-nothing new arrives. Observations are written as the scheduler writes them (tests/api/test_analysis.py `fill`)."""
+unchanged observations records nothing and runs no analysis, and each schedule's lag (`upscale_refit_age_seconds`)
+is 0 while its latest version has every observation, however long nothing new arrives. Observations are written as
+the scheduler writes them (tests/api/test_analysis.py `fill`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from sqlalchemy import func, select, update
 
 from tests.api.test_analysis import add_last_observation, fill
 from upscale.api.metrics import render
-from upscale.control.refits import RefitLoop, create_schedule, lag_s, refits
 from upscale.control.records import AnalysisRecord, RefitScheduleRecord
+from upscale.control.refits import RefitLoop, create_schedule, lag_s, refits
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, RefitRequest, RefitScheduleCreate
 from upscale.control.services import Services
 from upscale.orchestrator.settings import Settings
@@ -42,7 +43,7 @@ def test_a_cron_firing_on_unchanged_observations_records_nothing(services) -> No
     assert lag_s(services)[schedule.id] > 0  # observations no version has seen
 
     loop.tick()
-    (v1,) = refits(services, schedule.id)
+    assert [r.version for r in refits(services, schedule.id)] == [1]
     assert lag_s(services) == {schedule.id: 0.0}
     analysed = _analyses(services)
 
