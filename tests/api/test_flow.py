@@ -65,7 +65,8 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     planned = plan(load_spec(FLOW_SPEC))
     assert created["plan"]["segments"] == len(planned.segments) == 18
     schedule = c.post("/refit-schedules", json={
-        "name": "analysis on arrival", "trigger": "on_new_observations", "request": {"sweep_ids": [sid]}}).json()
+        "name": "analysis on arrival", "trigger": "on_new_observations",
+        "request": {"sweep_ids": [sid], "bootstrap": 0}}).json()
 
     seen = set()
 
@@ -147,7 +148,8 @@ def test_cron_schedule_fires_once_per_matching_minute(flow) -> None:
     c = flow.client()
     sid = next(s["id"] for s in c.get("/sweeps").json() if s["status"] == "done")
     schedule = c.post("/refit-schedules", json={
-        "name": "every minute", "trigger": "cron", "cron": "* * * * *", "request": {"sweep_ids": [sid]}}).json()
+        "name": "every minute", "trigger": "cron", "cron": "* * * * *",
+        "request": {"sweep_ids": [sid], "bootstrap": 0}}).json()
     first = wait_for(lambda: c.get("/refits", params={"schedule_id": schedule["id"]}).json(), 30, "the cron refit")
     time.sleep(2.0)  # four more ticks of the server's refit loop
     versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()
