@@ -62,7 +62,7 @@ def test_the_readme_refit_commands_over_the_api(world, tmp_path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
     with live.client() as c:
-        (schedule,) = c.get("/refit-schedules", params={"all": True}).json()
+        (schedule,) = [s for s in c.get("/refit-schedules", params={"all": True}).json() if s["name"] == "nightly"]
         versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()
     sid = schedule["id"]
     assert (schedule["name"], schedule["trigger"], schedule["cron"]) == ("nightly", "cron", "0 3 * * *")
@@ -112,3 +112,41 @@ def test_new_observations_make_the_next_version_and_the_lag_follows_them(world, 
     bad = subprocess.run([str(BIN / "upscale"), "refit", "schedule", "create", sweep, "--cron", "61 * * * *", *api],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "minute" in bad.stderr, bad.stderr
+
+
+def test_in_process_the_same_commands_act_on_the_local_store(world, mlflow_uri, monkeypatch) -> None:
+    """Without --api the commands call control/ on this machine's store (UPSCALE_HOME, here the server's): what they
+    create, the server lists alike; errors say what to fix."""
+    from typer.testing import CliRunner
+
+    from upscale.api.cli import app
+    from upscale.api.cli.app import CommandError
+    from upscale.client import Client
+    from upscale.orchestrator.settings import get_settings
+
+    live, _, sweep = world
+    monkeypatch.setenv("UPSCALE_HOME", str(live.settings.home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        created = runner.invoke(app, ["refit", "schedule", "create", sweep, "--n1", "2e4", "--json"])
+        assert created.exit_code == 0, created.output
+        schedule = json.loads(created.stdout)
+        assert schedule["owner"] == "local" and schedule["request"] == {"sweep_ids": [sweep], "bootstrap": 100,
+                                                                        "n1": 2e4}
+        with Client(live.url, live.read["Authorization"].split()[1]) as api:
+            assert schedule in api.refit_schedules()
+        listed = runner.invoke(app, ["refit", "schedule", "list", "--json"])
+        assert schedule in json.loads(listed.stdout)
+        assert json.loads(runner.invoke(app, ["refit", "history", schedule["id"], "--json"]).stdout) == []
+        assert runner.invoke(app, ["refit", "schedule", "delete", schedule["id"]]).exit_code == 0
+        assert schedule["id"] not in {s["id"] for s in json.loads(runner.invoke(
+            app, ["refit", "schedule", "list", "--json"]).stdout)}
+        for args, fix in ((["schedule", "delete", "0" * 12], "`upscale refit schedule list --all` lists them"),
+                          (["schedule", "create", sweep, "--cron", "* * *"], "needs 5 fields"),
+                          (["run", "0" * 12], "no refit schedule '000000000000'")):
+            failed = runner.invoke(app, ["refit", *args])
+            assert isinstance(failed.exception, CommandError) and fix in str(failed.exception), failed.output
+    finally:
+        get_settings.cache_clear()
