@@ -103,7 +103,8 @@ def delete_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> 
              responses={**NOT_FOUND,
                         201: _example(RefitRun(**_VERSION.model_dump(), unchanged=False).model_dump(mode="json")),
                         200: {"model": RefitRun, "description": "The inputs are the latest version's: that version, "
-                              "`unchanged` true; nothing was recorded and no analysis ran."},
+                              "`unchanged` true; nothing was recorded and no analysis ran.",
+                              **_example(RefitRun(**_VERSION.model_dump(), unchanged=True).model_dump(mode="json"))},
                         409: {"description": "The sweeps have no observations yet, or the analysis of these inputs is "
                               "running for another of the owner's triggers."},
                         422: {"description": "A fit failed."},
