@@ -16,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.api.conftest import serve
+from upscale.control.analysis_run import ANALYSIS_ID
 from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
 from upscale.fitting.data import read_table
@@ -118,7 +119,10 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {r.info.run_id for r in children} >= {s["mlflow_run_id"] for s in rows}
-    assert len(children) == 18 and all(r.info.status == "FINISHED" for r in children)
+    segment_runs = [r for r in children if ANALYSIS_ID not in r.data.tags]  # each refit's analysis has a run too
+    assert len(segment_runs) == 18 and all(r.info.status == "FINISHED" for r in segment_runs)
+    assert {r.data.tags[ANALYSIS_ID] for r in children if ANALYSIS_ID in r.data.tags} == {
+        v["analysis_id"] for v in versions}
     metrics = c.get("/metrics").text
     assert 'upscale_segments{state="done"} 18.0' in metrics and "upscale_refit_age_seconds NaN" not in metrics
 
