@@ -126,6 +126,9 @@ class RefitRecord(Base):
     analysis_id: Mapped[str] = mapped_column(String(16), doc="The analysis this version ran.")
     dstar_group: Mapped[str | None] = mapped_column(String(200), doc="The upcycling group `dstar` is of.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Not a column: on the record run_refit returns, True when that call recorded it, False when it is the latest
+    # version again (the inputs had not changed since).
+    new = False
 
 
 class PredictionRecord(Base):

@@ -4,9 +4,10 @@ A refit runs the analysis on the schedule's sweeps (control/analyses.py `run_ana
 default the largest the sweeps trained: the one procedure, no second copy) and records version n+1 with the
 analysis's id and inputs hash, D* of the upcycling group from-scratch takes longest to catch (with the analysis's
 whole answer there: intervals, extrapolation, health), the diff from version n per law and parameter, and
-`left_interval` when D* falls outside version n's interval. Identical inputs reuse the analysis already made.
-`on_new_observations` schedules fire when the inputs hash changes; `cron` schedules fire once in each matching
-minute.
+`left_interval` when D* falls outside version n's interval. A version is recorded only when the inputs changed:
+on the latest version's inputs a refit runs nothing and answers with that version. `on_new_observations` schedules
+fire when the inputs hash changes; `cron` schedules fire once in each matching minute. `lag_s` (the
+`upscale_refit_age_seconds` metric) says how long each schedule's latest version has lagged behind its inputs.
 
 A schedule may name anyone's sweeps (it only reads their observations), and its analyses are its owner's alone:
 their inputs hash includes the owner, decisions never answer from them, and in MLflow they are runs of their own
@@ -19,7 +20,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from upscale.control.analyses import (
@@ -33,10 +34,10 @@ from upscale.control.analyses import (
 from upscale.control.cron import fires_at
 from upscale.control.fits import ObservationCache
 from upscale.control.records import AnalysisRecord, RefitRecord, RefitScheduleRecord
-from upscale.control.schemas import RefitRequest, RefitScheduleCreate
+from upscale.control.schemas import RefitPublic, RefitRequest, RefitRun, RefitScheduleCreate
 from upscale.control.services import Services
 from upscale.control.supervised import SupervisedLoop
-from upscale.orchestrator.records import utcnow
+from upscale.orchestrator.records import ObservationRecord, SweepSegmentRecord, as_utc, utcnow
 
 STUCK_AFTER_S = 3600.0  # a refit runs one analysis: longer than any of them takes
 
@@ -123,10 +124,17 @@ def _diff(s: Session, old: RefitRecord | None, params: dict[str, dict[str, float
     return out
 
 
+def _latest(s: Session, schedule_id: str) -> RefitRecord | None:
+    return s.scalar(select(RefitRecord).where(RefitRecord.schedule_id == schedule_id)
+                    .order_by(RefitRecord.version.desc()).limit(1))
+
+
 def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = False,
               cache: ObservationCache | None = None) -> RefitRecord | None:
-    """Run the analysis on the schedule's sweeps (control/analyses.py; D* at its n1) and record the next version; None
-    when the inputs are those last tried and not ``force``. FitError if the analysis fails, NotReady when the
+    """Record the next version when the inputs changed since the latest one: the analysis of the schedule's sweeps
+    (control/analyses.py; D* at its n1). Unchanged inputs run and record nothing: the latest version comes back,
+    ``.new`` False (a new one has ``.new`` True). None when not ``force`` and these inputs are the ones last tried,
+    failed tries included (the loop's on_new_observations check). FitError if the analysis fails, NotReady when the
     sweeps have no observations.
 
     ``cache`` (one refit tick's) shares observation reads between schedules; the analysis then uses the very tables
@@ -142,6 +150,10 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
                                   RefitScheduleRecord.last_checked_hash != digest))
         if s.execute(mark).rowcount == 0:
             return None
+        latest = _latest(s, schedule.id)
+        if latest is not None and latest.inputs_hash == digest:  # a cron minute or a request on unchanged inputs
+            s.get(RefitScheduleRecord, schedule.id).last_error = None
+            return latest
     tried, schedule.last_checked_hash = schedule.last_checked_hash, digest
     try:
         analysis = run_analysis(services, req.sweep_ids, n1s=[req.n1] if req.n1 else None, bootstrap=req.bootstrap,
@@ -156,18 +168,46 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     answer, group = _best_dstar(analysis, req.n1)
     dstar, ci = (answer or {}).get("dstar"), _ci95(answer)
     with services.store.transaction() as s:
-        prev = s.scalar(select(RefitRecord).where(RefitRecord.schedule_id == schedule.id)
-                        .order_by(RefitRecord.version.desc()).limit(1))
+        s.get(RefitScheduleRecord, schedule.id).last_error = None
+        prev = _latest(s, schedule.id)
+        if prev is not None and prev.inputs_hash == digest:  # a racing refit recorded these inputs meanwhile
+            return prev
         diff = _diff(s, prev, _law_params(analysis), dstar)
         left = bool(prev and prev.dstar_ci and dstar is not None and None not in prev.dstar_ci
                     and not prev.dstar_ci[0] <= dstar <= prev.dstar_ci[1])
         record = RefitRecord(schedule_id=schedule.id, version=(prev.version if prev else 0) + 1, inputs_hash=digest,
                              analysis_id=analysis.id, dstar=dstar, dstar_ci=ci, dstar_answer=answer,
-                             dstar_group=group,
-                             diff=diff, left_interval=left)
+                             dstar_group=group, diff=diff, left_interval=left)
         s.add(record)
-        s.get(RefitScheduleRecord, schedule.id).last_error = None
+    record.new = True
     return record
+
+
+def run_answer(record: RefitRecord) -> RefitRun:
+    """What refitting now answers (POST /refit-schedules/{id}/run, `upscale refit run`): the version, and whether
+    it is the latest one again."""
+    public = RefitPublic.model_validate(record, from_attributes=True)
+    return RefitRun(**public.model_dump(), unchanged=not record.new)
+
+
+def lag_s(services: Services) -> dict[str, float]:
+    """Per active schedule, seconds since its sweeps first had an observation its latest version has not seen (its
+    analysis started before it): how far its refits lag behind their inputs. 0 while the latest version has every
+    observation, and while there are none, however long nothing new arrives; before a first version, since the
+    oldest observation."""
+    now, out = utcnow(), {}
+    with services.store.transaction() as s:
+        for schedule in s.scalars(select(RefitScheduleRecord).where(RefitScheduleRecord.active)):
+            seen = s.scalar(select(AnalysisRecord.created_at)
+                            .join(RefitRecord, RefitRecord.analysis_id == AnalysisRecord.id)
+                            .where(RefitRecord.schedule_id == schedule.id)
+                            .order_by(RefitRecord.version.desc()).limit(1))
+            first = (select(func.min(ObservationRecord.created_at))
+                     .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == ObservationRecord.segment_key)
+                     .where(SweepSegmentRecord.sweep_id.in_(schedule.request.get("sweep_ids", []))))
+            unseen = s.scalar(first if seen is None else first.where(ObservationRecord.created_at > seen))
+            out[schedule.id] = 0.0 if unseen is None else max(0.0, (now - as_utc(unseen)).total_seconds())
+    return out
 
 
 def fail(services: Services, schedule_id: str, error: str) -> None:

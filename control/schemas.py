@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from upscale.orchestrator.records import as_utc
 
@@ -367,22 +367,37 @@ class RefitRequest(BaseModel):
     # JSON's Infinity is no model size; an unknown field (a law to fit, a parameter to fix) is refused, not ignored
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    sweep_ids: list[str] = Field(min_length=1)
-    bootstrap: int = Field(0, ge=0, le=MAX_BOOTSTRAP, description="Bootstrap refits per fit (0: no intervals).")
+    sweep_ids: list[str] = Field(min_length=1, description="The sweeps whose observations each refit analyses "
+                                 "(anyone's: a refit only reads them).")
+    bootstrap: int = Field(DEFAULT_ANALYSIS_BOOTSTRAP, ge=0, le=MAX_BOOTSTRAP,
+                           description="Cluster-bootstrap refits per fit, as for analyses (0: no interval on D*, so "
+                           "`left_interval` is never set).")
     n1: float | None = Field(None, gt=0, le=MAX_N1, description="Dense size (a parameter count) at which D* is "
-                             "reported (default: the largest size the sweeps trained, so that the answer stays where "
-                             "the data are).")
+                             "reported (default null: the analysis runs at every size the sweeps trained, and D* is "
+                             "reported at the largest, so that the answer stays where the data are).")
+
+
+# Whole bodies for Swagger UI's "Try it out": the one it would build from the fields is refused (a made-up sweep
+# id aside, it sends `cron` with `on_new_observations`).
+REFIT_SCHEDULE_EXAMPLES = [
+    {"name": "nightly D*", "trigger": "cron", "cron": "0 3 * * *", "request": {"sweep_ids": ["3f9c2a1b7d04"]}},
+    {"name": "on arrival", "trigger": "on_new_observations",
+     "request": {"sweep_ids": ["3f9c2a1b7d04", "9b1e77c0a2f5"], "n1": 1.0e9, "bootstrap": 200}},
+]
 
 
 class RefitScheduleCreate(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"name": "nightly", "trigger": "cron", "cron": "0 3 * * *",
-         "request": {"sweep_ids": ["3f9c2a1b7d04"], "bootstrap": 100}}]})
+    """When to refit (a cron, or whenever the sweeps' observations change) and what (`request`)."""
 
-    name: str = Field(max_length=200)
-    trigger: Literal["cron", "on_new_observations"]
-    cron: str | None = Field(None, description="5-field cron (minute hour day month weekday) for trigger=cron.",
-                             examples=["*/15 * * * *"])
+    model_config = ConfigDict(json_schema_extra={"examples": REFIT_SCHEDULE_EXAMPLES})
+
+    name: str = Field(max_length=200, description="What the schedule is for, as `upscale refit schedule list` shows "
+                      "it.")
+    trigger: Literal["cron", "on_new_observations"] = Field(
+        description="cron: in each minute `cron` names (UTC), recording a version only when the inputs changed; "
+        "on_new_observations: whenever the sweeps' observations change.")
+    cron: str | None = Field(None, description="5-field cron (minute hour day month weekday, UTC) for trigger=cron; "
+                             "null otherwise.", examples=["*/15 * * * *"])
     request: RefitRequest
 
     @model_validator(mode="after")
@@ -397,20 +412,30 @@ class RefitScheduleCreate(BaseModel):
 
 
 class RefitSchedulePublic(BaseModel):
-    id: str
+    id: str = Field(description="Schedule id: POST /refit-schedules/{id}/run, GET /refits?schedule_id=.")
     name: str
-    trigger: str
+    trigger: Literal["cron", "on_new_observations"]
     cron: str | None
-    request: dict[str, Any]
-    owner: str
-    active: bool
-    last_error: str | None
+    request: RefitRequest = Field(description="What each refit runs, its defaults filled in.")
+    owner: str = Field(description="The token name that created it: only it (or an admin token) deletes or runs it.")
+    active: bool = Field(description="False once deleted (its versions are kept).")
+    # Defaults where null: FastAPI leaves nulls out of the OpenAPI document, so its examples lack them.
+    last_error: str | None = Field(None, description="Why its latest refit failed; null once one succeeds.")
     created_at: Timestamp
+
+    @field_validator("request", mode="before")
+    @classmethod
+    def _read_fields(cls, stored: Any) -> Any:
+        """Only the fields a refit reads: a schedule stored before the analysis chose its own laws also kept `laws`
+        and `fixed`, which its refits refuse (its `last_error` says so)."""
+        return {k: v for k, v in stored.items() if k in RefitRequest.model_fields} if isinstance(stored, dict) \
+            else stored
 
 
 class RefitPublic(BaseModel):
     schedule_id: str
-    version: int = Field(description="1, 2, ...: a refit never overwrites an earlier one.")
+    version: int = Field(description="1, 2, ...: a refit never overwrites an earlier one, and a version is recorded "
+                         "only when the inputs changed.")
     inputs_hash: str = Field(description="sha256 of the analysis's inputs: the observation tables and parameters.")
     analysis_id: str = Field(description="The analysis this version ran: GET /analyses lists them.")
     dstar: float | None = Field(description="D* at the schedule's n1 of the upcycling group from-scratch takes "
@@ -419,10 +444,18 @@ class RefitPublic(BaseModel):
                                          "intervals, how far from the data, the health of the fits under it (null "
                                          "for versions made before it was kept).")
     dstar_group: str | None = Field(description="The upcycling group `dstar` is of.")
-    diff: dict[str, Any] = Field(description="Changes from the previous version: per law (scratch, upcycled <group>) "
-                                 "per parameter, and D*.")
-    left_interval: bool = Field(description="D* left the previous version's interval.")
+    diff: dict[str, dict[str, float] | float] = Field(
+        description="Changes from the previous version (empty for version 1): per law (`scratch`, `upcycled "
+        "<group>`) new minus old per parameter, and `dstar`: new minus old D*.")
+    left_interval: bool = Field(description="D* left the previous version's 95% interval.")
     created_at: Timestamp
+
+
+class RefitRun(RefitPublic):
+    """What POST /refit-schedules/{id}/run answers: the version it recorded, or the latest one again."""
+
+    unchanged: bool = Field(description="True: the inputs are this version's, the latest; nothing new was recorded "
+                            "and no analysis ran (HTTP 200). False: a new version (HTTP 201).")
 
 
 class CalibrationCounts(BaseModel):

@@ -282,12 +282,13 @@ class Client:
     # -- refits ------------------------------------------------------------------------------------------------
 
     def refit_schedules(self, include_deleted: bool = False) -> list[dict[str, Any]]:
-        """Refit schedules (active ones unless ``include_deleted``)."""
+        """Refit schedules (active ones unless ``include_deleted``), every owner's."""
         return self.request("GET", "/refit-schedules", params={"all": include_deleted})
 
     def create_refit_schedule(self, name: str, request: Mapping[str, Any], trigger: str = "on_new_observations",
                               cron: str | None = None) -> dict[str, Any]:
-        """Refit ``request`` ({sweep_ids, laws: {kind: law}, ...}) on a cron or whenever observations change."""
+        """Rerun the analysis of ``request`` ({sweep_ids, bootstrap (default 100), n1 (default: the largest size
+        trained)}) whenever the sweeps' observations change, or on a 5-field UTC ``cron`` with trigger="cron"."""
         return self.request("POST", "/refit-schedules",
                             json={"name": name, "trigger": trigger, "cron": cron, "request": dict(request)})
 
@@ -296,9 +297,10 @@ class Client:
         self.request("DELETE", f"/refit-schedules/{schedule_id}")
 
     def run_refit(self, schedule_id: str) -> dict[str, Any]:
-        """Refit now: the new version with its fits, D* and whether D* left the previous interval."""
+        """Refit now: the new version (D*, its interval, whether it left the previous one), or the latest version
+        with ``unchanged`` true when the observations have not changed since it."""
         return self.request("POST", f"/refit-schedules/{schedule_id}/run")
 
     def refits(self, schedule_id: str | None = None) -> list[dict[str, Any]]:
-        """Every refit version (of one schedule with ``schedule_id``)."""
+        """Every refit version, oldest first (of one schedule with ``schedule_id``)."""
         return self.request("GET", "/refits", params={"schedule_id": schedule_id} if schedule_id else {})

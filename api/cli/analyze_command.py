@@ -1,7 +1,6 @@
-"""`upscale analyze SWEEP_ID`: the paper's analysis of a sweep's observations, as the service keeps it; `upscale
-refit`: run refit schedules now.
+"""`upscale analyze SWEEP_ID`: the paper's analysis of a sweep's observations, as the service keeps it.
 
-Both are one code path through `connect` (api/cli/local.py): in-process `analyze` runs control/analyses.py
+It is one code path through `connect` (api/cli/local.py): in-process `analyze` runs control/analyses.py
 `run_analysis` on this machine's store (a bar per stage; identical inputs give the analysis already made); with
 `--api` the server runs it (POST /sweeps/{id}/analysis). Either way it prints what `upscale demo` prints
 (api/cli/analysis_view.py) or, with --json, the stored analysis as the API shows it (plots: their names).
@@ -15,11 +14,10 @@ from typing import Annotated
 
 import typer
 
-from upscale.api.cli.app import CommandError, console, err_console
-from upscale.api.cli.fit_commands import JsonOpt, flags_text, fmt, interval_text, print_json, row_notes
+from upscale.api.cli.app import console, err_console
+from upscale.api.cli.fit_commands import JsonOpt, print_json
 from upscale.api.cli.local import ApiOpt, Local, TokenOpt, connect
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, MAX_BOOTSTRAP
-from upscale.fitting import display
 
 
 def analyze_command(
@@ -62,26 +60,3 @@ def analyze_command(
     print_analysis(Analysis.from_json(out["analysis"]))
     if plot is not None:
         console.print(f"plots: {len(out['plots'])} in {plot}/" if out["plots"] else "no plots in this analysis")
-
-
-def refit_command(
-    schedule: Annotated[str | None, typer.Argument(help="Refit schedule id; none: every active schedule.")] = None,
-    api: ApiOpt = None, token: TokenOpt = None,
-) -> None:
-    """Refit now: the analysis on each schedule's sweeps, a new version with D*, its interval and whether it left
-    the previous one."""
-    with connect(api, token) as c:
-        ids = [schedule] if schedule else [s["id"] for s in c.refit_schedules()]
-        if not ids:
-            raise CommandError("no refit schedules; POST /refit-schedules creates one")
-        for sid in ids:
-            r = c.run_refit(sid)
-            answer = r["dstar_answer"]
-            star = ("no D* (the analysis has no from-scratch and upcycled laws to compare)" if answer is None
-                    else f"D* at N1={fmt(answer['n1'])}: {display.dstar(answer)} ({r['dstar_group'] or 'upcycled'}; "
-                         f"95% {interval_text((answer['intervals'] or {}).get('95'))}; {flags_text(answer)})")
-            flag = "  [bold red]D* left the previous interval[/]" if r["left_interval"] else ""
-            console.print(f"schedule {sid} v{r['version']}: analysis {r['analysis_id']}, {star}{flag}",
-                          highlight=False, soft_wrap=True)
-            for note in row_notes(answer or {}):
-                console.print(f"[yellow]{note}[/]", highlight=False, soft_wrap=True)

@@ -225,16 +225,49 @@ class Local:
         return [_dump(RefitSchedulePublic.model_validate(r, from_attributes=True))
                 for r in refits.schedules(self.services, active_only=not include_deleted)]
 
-    def run_refit(self, schedule_id: str) -> dict[str, Any]:
+    def create_refit_schedule(self, name: str, request: Mapping[str, Any], trigger: str = "on_new_observations",
+                              cron: str | None = None) -> dict[str, Any]:
+        from pydantic import ValidationError
+
         from upscale.control import refits
-        from upscale.control.schemas import RefitPublic
+        from upscale.control.schemas import RefitScheduleCreate, RefitSchedulePublic
+        from upscale.control.services import LOCAL_OWNER
+
+        try:
+            body = RefitScheduleCreate.model_validate({"name": name, "trigger": trigger, "cron": cron,
+                                                       "request": dict(request)})
+        except ValidationError as e:  # the API's 422, each problem at its field path
+            raise CommandError("; ".join(f"{'.'.join(map(str, err['loc'])) or '<body>'}: {err['msg']}"
+                                         for err in e.errors())) from None
+        return _dump(RefitSchedulePublic.model_validate(refits.create_schedule(self.services, body, LOCAL_OWNER),
+                                                        from_attributes=True))
+
+    def _schedule(self, schedule_id: str) -> Any:
+        from upscale.control import refits
 
         schedule = refits.get_schedule(self.services, schedule_id)
         if schedule is None:
-            raise CommandError(f"no refit schedule {schedule_id!r}")
+            raise CommandError(f"no refit schedule {schedule_id!r}: `upscale refit schedule list --all` lists them")
+        return schedule
+
+    def delete_refit_schedule(self, schedule_id: str) -> None:
+        from upscale.control import refits
+
+        refits.deactivate(self.services, self._schedule(schedule_id).id)
+
+    def run_refit(self, schedule_id: str) -> dict[str, Any]:
+        from upscale.control import refits
+
+        schedule = self._schedule(schedule_id)
         with _user_errors():
-            record = refits.run_refit(self.services, schedule, force=True)
-        return _dump(RefitPublic.model_validate(record, from_attributes=True))
+            return _dump(refits.run_answer(refits.run_refit(self.services, schedule, force=True)))
+
+    def refits(self, schedule_id: str | None = None) -> list[dict[str, Any]]:
+        from upscale.control import refits
+        from upscale.control.schemas import RefitPublic
+
+        return [_dump(RefitPublic.model_validate(r, from_attributes=True))
+                for r in refits.refits(self.services, schedule_id)]
 
 
 def connect(api: str | None, token: str | None) -> Client | Local:

@@ -1,17 +1,49 @@
-"""/refit-schedules and /refits: when to refit, forcing one now, and the versioned history."""
+"""/refit-schedules and /refits: when to refit, refitting now, and the versioned history."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Response
 
 from upscale.api.auth import Principal
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
 from upscale.control import refits
 from upscale.control.analysis_jobs import TooManyAnalyses
 from upscale.control.records import RefitRecord, RefitScheduleRecord
-from upscale.control.schemas import RefitPublic, RefitScheduleCreate, RefitSchedulePublic
+from upscale.control.schemas import (
+    REFIT_SCHEDULE_EXAMPLES,
+    RefitPublic,
+    RefitRequest,
+    RefitRun,
+    RefitScheduleCreate,
+    RefitSchedulePublic,
+)
 
 router = APIRouter(tags=["refits"], responses=AUTH_ERRORS)
+
+# The responses' examples, built through their models (a wrong one fails at import): what a schedule of the first
+# request example and its second version look like.
+_CREATED = datetime(2026, 1, 31, 3, 0, 0, 412000, tzinfo=UTC)
+_SCHEDULE = RefitSchedulePublic(id="5c0d9e2a7b13", owner="alice", active=True, last_error=None, created_at=_CREATED,
+                                **{**REFIT_SCHEDULE_EXAMPLES[0],
+                                   "request": RefitRequest(**REFIT_SCHEDULE_EXAMPLES[0]["request"])})
+_VERSION = RefitPublic(
+    schedule_id=_SCHEDULE.id, version=2, inputs_hash="9d4c1f0e" * 8, analysis_id="a41f0c9e27b3",
+    dstar=3.1e10, dstar_group="naive 8x2", left_interval=False, created_at=_CREATED,
+    diff={"scratch": {"A": -12.5, "alpha": -0.004}, "upcycled naive 8x2": {"A": 3.2, "alpha1": 0.002}, "dstar": 2.4e9},
+    dstar_answer={"n1": 1.0e9, "dstar": 3.1e10, "dstar_state": "crossing", "search_range": [2.0e8, 4.1e12],
+                  "intervals": {"80": {"low": 2.2e10, "high": 4.6e10, "low_open": False, "high_open": False},
+                                "95": {"low": 1.8e10, "high": 6.0e10, "low_open": False, "high_open": False}},
+                  "interval_note": "", "health": "ok", "health_problems": [],
+                  "extrapolation": {"n1_factor": 1.0, "tokens_factor": 1.5, "interval_factor": 2.9,
+                                    "interval_open": False, "factor": 10.0, "flagged": False,
+                                    "note": "D2=3.1e+10 is 1.5x above the range trained (2e+09–2.05e+10)"}})
+
+
+def _example(model: Any) -> dict[str, Any]:
+    return {"content": {"application/json": {"example": model}}}
 
 
 def _schedule(r: RefitScheduleRecord) -> RefitSchedulePublic:
@@ -25,7 +57,7 @@ def _refit(r: RefitRecord) -> RefitPublic:
 def _schedule_or_404(services: ServicesDep, schedule_id: str) -> RefitScheduleRecord:
     record = refits.get_schedule(services, schedule_id)
     if record is None:
-        raise HTTPException(404, f"no refit schedule {schedule_id!r}")
+        raise HTTPException(404, f"no refit schedule {schedule_id!r}: GET /refit-schedules?all=true lists them")
     return record
 
 
@@ -37,16 +69,20 @@ def _owned_schedule(services: ServicesDep, schedule_id: str, caller: Principal) 
 
 
 @router.post("/refit-schedules", status_code=201, summary="Create a refit schedule",
-             response_model=RefitSchedulePublic, responses=NOT_FOUND)
+             response_model=RefitSchedulePublic,
+             responses={**NOT_FOUND, 201: _example(_SCHEDULE.model_dump(mode="json"))})
 def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Writer) -> RefitSchedulePublic:
-    """Run the analysis on the sweeps' observations on a 5-field cron, or whenever they change, each run a new
-    versioned refit with D* at `request.n1` (a parameter count up to 1e18, as for analyses). The schedule is the
-    caller's; its sweeps may be anyone's (it only reads their observations), and its analyses stay its own: they
-    never become the analysis a sweep's decisions answer from."""
+    """Rerun the analysis on the sweeps' observations on a 5-field cron (UTC) or whenever they change, recording a
+    new version each time the inputs changed. `request.n1` (a parameter count up to 1e18) is where D* is reported,
+    by default the largest size the sweeps trained; `request.bootstrap` defaults to the analyses' 100 refits per fit,
+    so that each version has D*'s interval. The schedule is the caller's; its sweeps may be anyone's (it only reads
+    their observations), and its analyses stay its own: they never become the analysis a sweep's decisions answer
+    from. `upscale refit schedule create` does the same from the command line."""
     return _schedule(refits.create_schedule(services, body, owner.name))
 
 
-@router.get("/refit-schedules", summary="List refit schedules", response_model=list[RefitSchedulePublic])
+@router.get("/refit-schedules", summary="List refit schedules", response_model=list[RefitSchedulePublic],
+            responses={200: _example([_SCHEDULE.model_dump(mode="json")])})
 def list_schedules(services: ServicesDep, _: Reader,
                    all: bool = Query(False, description="Include deleted (inactive) schedules.")
                    ) -> list[RefitSchedulePublic]:
@@ -63,28 +99,39 @@ def delete_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> 
 
 
 @router.post("/refit-schedules/{schedule_id}/run", status_code=201, summary="Refit now",
-             response_model=RefitPublic,
-             responses={**NOT_FOUND, 409: {"description": "The sweeps have no observations yet, or the analysis of "
-                                           "these inputs is running for another of the owner's triggers."},
+             response_model=RefitRun,
+             responses={**NOT_FOUND,
+                        201: _example(RefitRun(**_VERSION.model_dump(), unchanged=False).model_dump(mode="json")),
+                        200: {"model": RefitRun, "description": "The inputs are the latest version's: that version, "
+                              "`unchanged` true; nothing was recorded and no analysis ran.",
+                              **_example(RefitRun(**_VERSION.model_dump(), unchanged=True).model_dump(mode="json"))},
+                        409: {"description": "The sweeps have no observations yet, or the analysis of these inputs is "
+                              "running for another of the owner's triggers."},
                         422: {"description": "A fit failed."},
                         429: {"description": "The caller has as many requested analyses running as one token name "
                               "may."}})
-def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> RefitPublic:
-    """Refit at once and record the next version, whether or not the inputs changed; it counts as one of the
+def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer, response: Response) -> RefitRun:
+    """Refit at once: when the sweeps' observations changed since the latest version, run the analysis and record
+    the next version (201), else answer with the latest version (200, `unchanged`). It counts as one of the
     caller's requested analyses while it runs (429 past the bound). Only the schedule's owner or an admin token may
     (403 otherwise)."""
     schedule = _owned_schedule(services, schedule_id, caller)
     try:
         with services.jobs.reserve(caller.name):
-            return _refit(refits.run_refit(services, schedule, force=True))
+            record = refits.run_refit(services, schedule, force=True)
     except TooManyAnalyses as e:
         raise HTTPException(429, str(e)) from None
+    if not record.new:
+        response.status_code = 200
+    return refits.run_answer(record)
 
 
-@router.get("/refits", summary="Refit history", response_model=list[RefitPublic])
+@router.get("/refits", summary="Refit history", response_model=list[RefitPublic],
+            responses={200: _example([_VERSION.model_dump(mode="json")])})
 def list_refits(services: ServicesDep, _: Reader,
                 schedule_id: str | None = Query(None, description="Only this schedule's versions.")
                 ) -> list[RefitPublic]:
-    """Every refit version: inputs hash, the analysis it ran, D* and interval, diff from the previous version,
-    interval flag."""
+    """Every refit version, oldest first: inputs hash, the analysis it ran, D* with its whole answer (interval,
+    extrapolation, health), the diff from the previous version per law and parameter, and whether D* left the
+    previous 95% interval."""
     return [_refit(r) for r in refits.refits(services, schedule_id)]

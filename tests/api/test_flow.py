@@ -16,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.api.conftest import serve
+from upscale.control.analysis_run import ANALYSIS_ID
 from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
 from upscale.fitting.data import read_table
@@ -65,7 +66,8 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     planned = plan(load_spec(FLOW_SPEC))
     assert created["plan"]["segments"] == len(planned.segments) == 18
     schedule = c.post("/refit-schedules", json={
-        "name": "analysis on arrival", "trigger": "on_new_observations", "request": {"sweep_ids": [sid]}}).json()
+        "name": "analysis on arrival", "trigger": "on_new_observations",
+        "request": {"sweep_ids": [sid], "bootstrap": 0}}).json()
 
     seen = set()
 
@@ -108,10 +110,8 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     assert len(last["inputs_hash"]) == 64
     refit_analysis = next(a for a in c.get(f"/sweeps/{sid}/analyses").json() if a["id"] == last["analysis_id"])
     assert refit_analysis["trigger"] == "refit" and refit_analysis["status"] == "done"
-    again = c.post(f"/refit-schedules/{schedule['id']}/run").json()
-    assert again["version"] == last["version"] + 1 and again["inputs_hash"] == last["inputs_hash"]
-    assert again["analysis_id"] == last["analysis_id"]  # the same inputs: the same analysis, not a second one
-    assert not again["left_interval"]
+    again = c.post(f"/refit-schedules/{schedule['id']}/run")
+    assert again.status_code == 200 and again.json() == {**last, "unchanged": True}  # the same inputs: no new version
 
     client = MlflowClient(flow.settings.mlflow_tracking_uri)
     parent = client.get_run(detail["mlflow_run_id"])
@@ -119,7 +119,10 @@ def test_submit_train_observe_fit_refit_decide(flow) -> None:
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {r.info.run_id for r in children} >= {s["mlflow_run_id"] for s in rows}
-    assert len(children) == 18 and all(r.info.status == "FINISHED" for r in children)
+    segment_runs = [r for r in children if ANALYSIS_ID not in r.data.tags]  # each refit's analysis has a run too
+    assert len(segment_runs) == 18 and all(r.info.status == "FINISHED" for r in segment_runs)
+    assert {r.data.tags[ANALYSIS_ID] for r in children if ANALYSIS_ID in r.data.tags} == {
+        v["analysis_id"] for v in versions}
     metrics = c.get("/metrics").text
     assert 'upscale_segments{state="done"} 18.0' in metrics and "upscale_refit_age_seconds NaN" not in metrics
 
@@ -149,7 +152,8 @@ def test_cron_schedule_fires_once_per_matching_minute(flow) -> None:
     c = flow.client()
     sid = next(s["id"] for s in c.get("/sweeps").json() if s["status"] == "done")
     schedule = c.post("/refit-schedules", json={
-        "name": "every minute", "trigger": "cron", "cron": "* * * * *", "request": {"sweep_ids": [sid]}}).json()
+        "name": "every minute", "trigger": "cron", "cron": "* * * * *",
+        "request": {"sweep_ids": [sid], "bootstrap": 0}}).json()
     first = wait_for(lambda: c.get("/refits", params={"schedule_id": schedule["id"]}).json(), 30, "the cron refit")
     time.sleep(2.0)  # four more ticks of the server's refit loop
     versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()

@@ -127,25 +127,45 @@ def test_every_example_validates_against_its_model(schema) -> None:
     for path, method, op in _operations(schema):
         for media_type, media in op.get("requestBody", {}).get("content", {}).items():
             if _examples(media):
-                model = models[media["schema"]["$ref"].rsplit("/", 1)[1]]
                 for example in _examples(media):
-                    _check(TypeAdapter(model), example)
+                    _check(_adapter(models, media["schema"]), example)
                 checked.append(f"#/paths/{path}/{method}/requestBody/content/{media_type}")
         for status, response in op.get("responses", {}).items():  # a response's example is what its model returns
             for media_type, media in response.get("content", {}).items():
                 if _examples(media):
-                    adapter = _response_adapter(models, media["schema"])
                     for example in _examples(media):
-                        _check(adapter, example)
+                        _check(_adapter(models, media["schema"]), example)
                     checked.append(f"#/paths/{path}/{method}/responses/{status}/content/{media_type}")
     # Nothing carries an example this test did not check (a parameter's, a response's, a nested schema's).
     everywhere = [p.rsplit("/", 1)[0] for p, _ in _walk(schema) if p.endswith(("/example", "/examples"))]
     assert sorted(set(everywhere) - set(checked)) == []
     assert "#/components/schemas/FitCreate/properties/law" in checked
+    assert {"#/components/schemas/RefitScheduleCreate", "#/paths//refits/get/responses/200/content/application/json",
+            "#/paths//refit-schedules/{schedule_id}/run/post/responses/201/content/application/json"} <= set(checked)
 
 
-def _response_adapter(models: dict[str, type[BaseModel]], schema: dict[str, Any]) -> TypeAdapter[Any]:
-    """What a response's schema holds: a model, a list of models, or (the observation rows) a list of objects."""
+def test_the_refit_schedule_examples_are_accepted(live, schema) -> None:
+    """Each whole-body example of POST /refit-schedules, sent with a real sweep id, creates a schedule; no body
+    field names a law or a fixed parameter (a refit runs the analysis, which chooses its laws)."""
+    from tests.api.test_analysis import fill
+
+    body = schema["components"]["schemas"]["RefitScheduleCreate"]
+    request = schema["components"]["schemas"]["RefitRequest"]
+    assert set(request["properties"]) == {"sweep_ids", "bootstrap", "n1"} and not request["additionalProperties"]
+    assert request["properties"]["bootstrap"]["default"] == schemas.DEFAULT_ANALYSIS_BOOTSTRAP
+    sweep = fill(live.app.state.services)
+    with live.client() as c:
+        for example in _examples(body):
+            sent = {**example, "request": {**example["request"], "sweep_ids": [sweep]}}
+            r = c.post("/refit-schedules", json=sent)
+            assert r.status_code == 201, r.text
+            assert r.json()["request"] == {"n1": None, "bootstrap": 100, **sent["request"]}
+            assert c.delete(f"/refit-schedules/{r.json()['id']}").status_code == 204
+
+
+def _adapter(models: dict[str, type[BaseModel]], schema: dict[str, Any]) -> TypeAdapter[Any]:
+    """What a body's or a response's schema holds: a model, a list of models (GET /refits' answer), or (the
+    observation rows) a list of objects."""
     if "$ref" in schema:
         return TypeAdapter(models[schema["$ref"].rsplit("/", 1)[1]])
     assert schema["type"] == "array", schema
