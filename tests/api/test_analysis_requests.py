@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from tests.api.conftest import serve
@@ -93,6 +94,7 @@ def _settled(services: Services, timeout_s: float = 60) -> list[AnalysisRecord]:
     return _rows(services)
 
 
+@pytest.mark.slow  # a real server stopped mid-analysis, restarted with Ray, then a full analysis: ~100 s on 2 cores
 def test_sigterm_during_an_analysis_then_restart_makes_a_fresh_analysis(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
     services = Services.open(settings)
@@ -126,6 +128,7 @@ def test_sigterm_during_an_analysis_then_restart_makes_a_fresh_analysis(tmp_path
     assert sum(fresh.record["points"].values()) == sum(older.record["points"].values()) + 1  # the whole sweep
 
 
+@pytest.mark.slow  # three analyses with bootstrap on a real server: ~55 s on 2 cores
 def test_bobs_refit_of_alices_sweep_leaves_her_decision_alone(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
     services = Services.open(settings)
