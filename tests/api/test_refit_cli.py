@@ -51,6 +51,7 @@ def _cli(env: dict[str, str], *args: str) -> str:
     return r.stdout
 
 
+@pytest.mark.slow  # a real server, the README block run by bash, two analyses: ~25 s on 2 cores
 def test_the_readme_refit_commands_over_the_api(world, tmp_path) -> None:
     live, _, sweep = world
     block = readme_refit_block()

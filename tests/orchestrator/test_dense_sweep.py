@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 D1 = 4096
 
 
+@pytest.mark.slow  # a real sweep of an imported HF model on HF data, trained: ~35 s on 2 cores
 def test_a_sweep_from_an_imported_hf_model_on_hf_data_gives_dense_upcycled_and_scratch_observations(
         settings, tmp_path) -> None:
     from upscale.workers.hf_models import import_hf
