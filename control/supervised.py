@@ -73,7 +73,8 @@ class SupervisedLoop(threading.Thread):
     def health(self) -> dict[str, Any]:
         """The loop as /healthz shows it, to anyone: of its last error only the type (the log has the rest, which
         may name paths or SQL)."""
-        return {"ok": self.down() is None, "problem": self.down(), "alive": self.is_alive(),
+        problem = self.down()
+        return {"ok": problem is None, "problem": problem, "alive": self.is_alive(),
                 "last_progress_s_ago": round(time.monotonic() - self.last_beat, 1),
                 "consecutive_failures": self.failures,
                 "last_error": self.last_error.split(":")[0] if self.last_error else None}

@@ -455,8 +455,7 @@ class Scheduler:
         if self.store.complete(key, attempt, result):
             out.trained.append(key)
             out.compute_s += result.wall_s
-            if seg.mlflow_run_id:
-                self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
+            self._end_finished(seg, result)
             self._report_msg(f"done {seg.kind} {key}" + (f" loss {result.val_loss:.4f}" if result.val_loss else ""))
 
     def _recover(self, segs: dict[str, SegmentRecord], out: SweepOutcome) -> list[str]:
@@ -475,8 +474,7 @@ class Scheduler:
             if result is not None and self.store.complete(seg.key, attempt, result, adopted=True):
                 out.adopted.append(seg.key)
                 out.compute_s += result.wall_s
-                if seg.mlflow_run_id:
-                    self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
+                self._end_finished(seg, result)
                 self._report_msg(f"adopted {seg.kind} {seg.key}")
             elif result is None and worker_running(directory):
                 continue  # its worker outlived the scheduler: adopt the result when it lands
@@ -496,10 +494,13 @@ class Scheduler:
             if result is None or not self.store.complete(key, attempt, result, adopted=True):
                 self.store.release(key, attempt, "cancelled")
                 continue
-            seg = self.store.segment(key)
-            if seg.mlflow_run_id:
-                self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
+            self._end_finished(self.store.segment(key), result)
         inflight.clear()
+
+    def _end_finished(self, seg: SegmentRecord, result: SegmentResult) -> None:
+        """End a segment's MLflow run FINISHED with its summary, once the store records it done."""
+        if seg.mlflow_run_id:
+            self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
 
     def _abandon(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
         """Stop the running segments after a failure of the store or of Ray, best effort: what cannot be released
