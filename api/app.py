@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote_plus
@@ -170,22 +170,16 @@ async def _value_error(request: Request, e: ValueError) -> JSONResponse:
                         status_code=422)
 
 
-async def _not_ready(_: Request, e: NotReady) -> JSONResponse:
-    """Nothing can answer yet (no observations, no analysis): 409 with what is missing."""
-    return JSONResponse({"detail": str(e)}, status_code=409)
+Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
 
 
-async def _conflict(_: Request, e: ConflictError) -> JSONResponse:
-    """The state forbids it now (a segment running): 409 with what to wait for or do first."""
-    return JSONResponse({"detail": str(e)}, status_code=409)
-async def _cluster_unavailable(_: Request, e: ClusterUnavailable) -> JSONResponse:
-    """Ray is down (being restarted): 503, saying so and to try again, not a 422 blaming the spec."""
-    return JSONResponse({"detail": str(e)}, status_code=503, headers={"Retry-After": "30"})
+def _answer(status: int, headers: dict[str, str] | None = None) -> Handler:
+    """A handler answering ``status`` with the exception's message as the detail, as HTTPException(status, message)
+    would have."""
+    async def handler(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=status, headers=headers)
 
-
-async def _not_found(_: Request, e: NotFoundError) -> JSONResponse:
-    """The store has no such sweep: 404, the body HTTPException(404, message) would have had."""
-    return JSONResponse({"detail": str(e)}, status_code=404)
+    return handler
 
 
 def _add_spec_schemas(app: FastAPI) -> None:
@@ -234,10 +228,14 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(RequestValidationError, _request_validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ValueError, _value_error)  # FitError and the orchestrator's value errors
-    app.add_exception_handler(NotFoundError, _not_found)  # a subclass of ValueError: the closer handler wins
-    app.add_exception_handler(NotReady, _not_ready)
-    app.add_exception_handler(ConflictError, _conflict)
-    app.add_exception_handler(ClusterUnavailable, _cluster_unavailable)
+    # The store has no such resource (a subclass of ValueError: the closer handler wins).
+    app.add_exception_handler(NotFoundError, _answer(404))
+    # Nothing can answer yet (no observations, no analysis, one running): what is missing.
+    app.add_exception_handler(NotReady, _answer(409))
+    # The state forbids it now (a segment running): what to wait for or do first.
+    app.add_exception_handler(ConflictError, _answer(409))
+    # Ray is down (being restarted): say so and to try again, not a 422 blaming the spec.
+    app.add_exception_handler(ClusterUnavailable, _answer(503, {"Retry-After": "30"}))
     for router in (sweeps.router, calibration.router, analyses.router, fits.router, fits.decisions, refits.router,
                    segments.router, tokens.router):
         app.include_router(router, dependencies=[Depends(known_ids)])
