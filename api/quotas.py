@@ -15,6 +15,9 @@ from collections import deque
 
 from fastapi import HTTPException
 
+from upscale.control import sweeps
+from upscale.control.services import Services
+
 WINDOW_S = 60.0
 IN_FLIGHT_RETRY_S = 60  # what Retry-After says of a sweep quota: a sweep's segments take about this long at least
 
@@ -44,8 +47,9 @@ class PerMinute:
             calls.append(now)
 
 
-def check_in_flight(name: str, in_flight: int, limit: int) -> None:
-    """429 when ``name`` already has ``limit`` sweeps pending or running."""
+def check_in_flight(services: Services, name: str) -> None:
+    """429 when ``name`` already has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending or running (counted in the store)."""
+    in_flight, limit = sweeps.in_flight(services, name), services.settings.max_sweeps_in_flight
     if in_flight >= limit:
         raise too_many(f"token {name!r} has {in_flight} sweeps pending or running, the most this server allows "
                        f"(UPSCALE_MAX_SWEEPS_IN_FLIGHT={limit}); wait for one to finish or cancel one "

@@ -50,6 +50,12 @@ def known_ids(request: Request, _: Reader) -> None:
             raise HTTPException(404, f"no {what} {excerpt(value)}; {listing} lists them")
 
 
+def json_example(value: Any) -> dict[str, Any]:
+    """A response's JSON example (for a route's `responses`): a real body instead of the one Swagger UI makes up
+    (`additionalProp1`)."""
+    return {"content": {"application/json": {"example": value}}}
+
+
 def plot_url(request: Request, route: str, **params: Any) -> str:
     """The absolute path of a plot route on this server, under the root path it is served at (uvicorn's
     --root-path), with no scheme or host."""

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Response
 
 from upscale.api.auth import Principal
-from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, json_example
 from upscale.control import refits
 from upscale.control.analysis_jobs import TooManyAnalyses
 from upscale.control.records import RefitRecord, RefitScheduleRecord
@@ -42,8 +42,8 @@ _VERSION = RefitPublic(
                                     "note": "D2=3.1e+10 is 1.5x above the range trained (2e+09–2.05e+10)"}})
 
 
-def _example(model: Any) -> dict[str, Any]:
-    return {"content": {"application/json": {"example": model}}}
+def _run_example(unchanged: bool) -> dict[str, Any]:
+    return RefitRun(**_VERSION.model_dump(), unchanged=unchanged).model_dump(mode="json")
 
 
 def _schedule(r: RefitScheduleRecord) -> RefitSchedulePublic:
@@ -70,7 +70,7 @@ def _owned_schedule(services: ServicesDep, schedule_id: str, caller: Principal) 
 
 @router.post("/refit-schedules", status_code=201, summary="Create a refit schedule",
              response_model=RefitSchedulePublic,
-             responses={**NOT_FOUND, 201: _example(_SCHEDULE.model_dump(mode="json"))})
+             responses={**NOT_FOUND, 201: json_example(_SCHEDULE.model_dump(mode="json"))})
 def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Writer) -> RefitSchedulePublic:
     """Rerun the analysis on the sweeps' observations on a 5-field cron (UTC) or whenever they change, recording a
     new version each time the inputs changed. `request.n1` (a parameter count up to 1e18) is where D* is reported,
@@ -82,7 +82,7 @@ def create_schedule(body: RefitScheduleCreate, services: ServicesDep, owner: Wri
 
 
 @router.get("/refit-schedules", summary="List refit schedules", response_model=list[RefitSchedulePublic],
-            responses={200: _example([_SCHEDULE.model_dump(mode="json")])})
+            responses={200: json_example([_SCHEDULE.model_dump(mode="json")])})
 def list_schedules(services: ServicesDep, _: Reader,
                    all: bool = Query(False, description="Include deleted (inactive) schedules.")
                    ) -> list[RefitSchedulePublic]:
@@ -101,10 +101,10 @@ def delete_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> 
 @router.post("/refit-schedules/{schedule_id}/run", status_code=201, summary="Refit now",
              response_model=RefitRun,
              responses={**NOT_FOUND,
-                        201: _example(RefitRun(**_VERSION.model_dump(), unchanged=False).model_dump(mode="json")),
+                        201: json_example(_run_example(unchanged=False)),
                         200: {"model": RefitRun, "description": "The inputs are the latest version's: that version, "
                               "`unchanged` true; nothing was recorded and no analysis ran.",
-                              **_example(RefitRun(**_VERSION.model_dump(), unchanged=True).model_dump(mode="json"))},
+                              **json_example(_run_example(unchanged=True))},
                         409: {"description": "The sweeps have no observations yet, or the analysis of these inputs is "
                               "running for another of the owner's triggers."},
                         422: {"description": "A fit failed."},
@@ -127,7 +127,7 @@ def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer, respon
 
 
 @router.get("/refits", summary="Refit history", response_model=list[RefitPublic],
-            responses={200: _example([_VERSION.model_dump(mode="json")])})
+            responses={200: json_example([_VERSION.model_dump(mode="json")])})
 def list_refits(services: ServicesDep, _: Reader,
                 schedule_id: str | None = Query(None, description="Only this schedule's versions.")
                 ) -> list[RefitPublic]:

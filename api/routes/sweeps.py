@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from upscale.api.quotas import check_in_flight
-from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer
+from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, json_example
 from upscale.control import sweeps
 from upscale.control.plans import estimate_basis, plan_summary
 from upscale.control.schemas import (
@@ -74,11 +74,6 @@ def _created_example() -> dict[str, Any]:
                         plan=summary).model_dump(mode="json")
 
 
-def _json_example(value: Any) -> dict[str, Any]:
-    """A response's JSON example: a real body instead of the one Swagger UI makes up (`additionalProp1`)."""
-    return {"content": {"application/json": {"example": value}}}
-
-
 def _detail_example() -> dict[str, Any]:
     """The tiny example's sweep running on an empty store, its first half of segments done: its real plan's
     segments, axes and planned times (control/timing.py's figures, the pace 1.5x slower than planned)."""
@@ -105,8 +100,11 @@ def _detail_example() -> dict[str, Any]:
                        timing=timing, segments=segs).model_dump(mode="json")
 
 
+_CREATED_EXAMPLE, _DETAIL_EXAMPLE = _created_example(), _detail_example()  # planned once, at import
+
+
 def _summary_example(status: str) -> dict[str, Any]:
-    d = _detail_example()
+    d = _DETAIL_EXAMPLE
     return SweepSummary.model_validate({**{k: d[k] for k in SweepSummary.model_fields}, "status": status}
                                        ).model_dump(mode="json")
 
@@ -124,13 +122,13 @@ def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], own
             reuse_stale: bool) -> SweepCreated:
     """Check the owner's quota, parse, admit, plan and record: seconds for a large grid, so it runs in a worker
     thread, never on the event loop that answers every other request."""
-    check_in_flight(owner, sweeps.in_flight(services, owner), services.settings.max_sweeps_in_flight)
+    check_in_flight(services, owner)
     return sweeps.submit(services, sweeps.admit(services, parse_document(raw, fmt)), owner, new=new,
                          reuse_stale=reuse_stale)
 
 
 @router.post("", status_code=201, summary="Submit a sweep", response_model=SweepCreated, openapi_extra=SPEC_BODY,
-             responses={201: {"content": {"application/json": {"example": _created_example()}}},
+             responses={201: json_example(_CREATED_EXAMPLE),
                         200: {"model": SweepCreated,
                               "description": "The caller's existing sweep of this identical spec (`existing`)."},
                         413: {"description": "The body is larger than UPSCALE_MAX_BODY_BYTES."},
@@ -162,7 +160,7 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
 
 
 @router.get("", summary="List sweeps", response_model=list[SweepSummary],
-            responses={200: _json_example([_summary_example("running")])})
+            responses={200: json_example([_summary_example("running")])})
 def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
     """Every sweep of every owner, oldest first, with its status, owner and segments done: a read token sees all
     sweeps (a shared team store); only their owner (or an admin token) may change them."""
@@ -171,7 +169,7 @@ def list_sweeps(services: ServicesDep, _: Reader) -> list[SweepSummary]:
 
 @router.get("/{sweep_id}", summary="A sweep's status and progress", response_model=SweepDetail,
             responses={**NOT_FOUND, 304: {"description": "Unchanged since the ETag sent in If-None-Match."},
-                       200: _json_example(_detail_example())})
+                       200: json_example(_DETAIL_EXAMPLE)})
 def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader) -> Response:
     """Status, every segment's state and attempts, and FLOPs done so far vs planned. Pollers can send the
     `ETag` back as `If-None-Match`: 304 with no body until something changes."""
@@ -182,7 +180,7 @@ def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader)
 
 
 @router.post("/{sweep_id}/cancel", summary="Cancel a sweep", response_model=SweepSummary,
-             responses={**NOT_FOUND, 200: _json_example(_summary_example("cancelling"))})
+             responses={**NOT_FOUND, 200: json_example(_summary_example("cancelling"))})
 def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepSummary:
     """A running sweep stops after releasing its running segments (they resume if it is submitted again); a pending
     one is cancelled at once. Only the sweep's owner or an admin token may cancel it (403 otherwise)."""
@@ -194,14 +192,14 @@ def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepS
              response_model=SweepCreated,
              responses={**NOT_FOUND, 200: {"model": SweepCreated, "description": "The caller's existing sweep of the "
                                            "extended spec (`existing`): nothing was added."},
-                        201: _json_example(_created_example())})
+                        201: json_example(_CREATED_EXAMPLE)})
 def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services: ServicesDep,
                  owner: Writer) -> SweepCreated:
     """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train.
     The new sweep is the caller's, so any write token may extend any sweep (it only reads the old one's spec, which
     every read token sees). If the caller already has a sweep of the extended spec, that sweep is returned with 200
     and `existing: true`."""
-    check_in_flight(owner.name, sweeps.in_flight(services, owner.name), services.settings.max_sweeps_in_flight)
+    check_in_flight(services, owner.name)
     created = sweeps.extend(services, sweep_id, body.additions, owner.name, body.reuse_stale)
     if created.existing:
         response.status_code = 200
