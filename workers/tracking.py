@@ -40,13 +40,14 @@ EXPERIMENT_KIND = "custom_model_development"
 # last choice, else GenAI's. Links upscale writes carry the parameter (`run_link`); api/mlflow_ui.py sets the default.
 MODEL_TRAINING_VIEW = "machine_learning"
 
+CHART_NAMES = {"train_loss": "loss/train", "val_loss": "loss/val", "aux_loss": "moe/aux_loss",
+               "load_max_over_mean": "moe/load_max_over_mean", "lr": "optim/lr", "grad_norm": "optim/grad_norm",
+               "nan_step": "optim/nan_step", "tokens_per_s": "speed/tokens_per_s"}
+
 
 def run_link(experiment_id: str, run_id: str) -> str:
     """A link to a run inside the MLflow UI (relative: it works on whatever server shows it), in its training view."""
     return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType={MODEL_TRAINING_VIEW}"
-CHART_NAMES = {"train_loss": "loss/train", "val_loss": "loss/val", "aux_loss": "moe/aux_loss",
-               "load_max_over_mean": "moe/load_max_over_mean", "lr": "optim/lr", "grad_norm": "optim/grad_norm",
-               "nan_step": "optim/nan_step", "tokens_per_s": "speed/tokens_per_s"}
 
 
 def chart_name(key: str) -> str:
