@@ -234,7 +234,8 @@ def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
         same = c.post(f"/sweeps/{sid}/analysis", json={"bootstrap": 10, "n1s": [2e4]})
         assert same.status_code == 200 and same.json()["id"] == body["id"]
         assert c.get(f"/sweeps/{sid}/analysis").json()["id"] == body["id"]
-        # ...and it is on the sweep's MLflow parent run, with its plots
+        # ...and it is on the sweep's MLflow parent run, with its plots (logged just after the row is done)
+        wait_logged(tree, parent, body["id"])
         in_mlflow = f"analyses/{body['id']}"
         logged = {f.path for f in tree.client.list_artifacts(parent, in_mlflow)}
         assert {f"{in_mlflow}/analysis.json", f"{in_mlflow}/dstar.csv", f"{in_mlflow}/plots"} <= logged, logged
@@ -306,6 +307,15 @@ def wait_done(c, analysis_id: str, timeout_s: float = 300) -> dict:
         assert time.monotonic() < deadline, f"analysis {analysis_id} still running"
         time.sleep(0.2)
     return record
+
+
+def wait_logged(tree: RunTree, run_id: str, analysis_id: str, timeout_s: float = 60) -> None:
+    """Poll the sweep's MLflow run until it shows ``analysis_id``: the row is done before MLflow has it, and the
+    pointer tag is the last thing control/analysis_run.py logs."""
+    deadline = time.monotonic() + timeout_s
+    while tree.client.get_run(run_id).data.tags.get("upscale.analysis.latest") != analysis_id:
+        assert time.monotonic() < deadline, f"analysis {analysis_id} never reached MLflow run {run_id}"
+        time.sleep(0.2)
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:

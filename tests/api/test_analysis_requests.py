@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.api.conftest import serve
-from tests.api.test_analysis import GRID, add_last_observation, fill
+from tests.api.test_analysis import GRID, add_last_observation, fill, wait_logged
 from tests.api.test_recovery import upscale_serve, wait_for
 from upscale.api.auth import create_token
 from upscale.client import Client
@@ -158,7 +158,7 @@ def test_bobs_refit_of_alices_sweep_leaves_her_decision_alone(tmp_path, mlflow_u
         after = alice.get("/decisions/upcycle", params=question).json()
         assert after["analysis"]["id"] == mine["id"] and after["verdict"] == before["verdict"]
         assert alice.get(f"/sweeps/{sid}/analysis").json()["id"] == mine["id"]
-        assert tree.client.get_run(parent).data.tags["upscale.analysis.latest"] == mine["id"]  # her run's, too
+        wait_logged(tree, parent, mine["id"])  # her run's, too
 
         # Her loop still analyses the observations bob's refit saw: the new analysis is hers.
         AnalysisLoop(services, bootstrap=0).tick()
