@@ -118,6 +118,24 @@ def _observations_example() -> list[dict[str, Any]]:
     return [as_row(o) for o in rows]
 
 
+# A real answer (trimmed to its first two actions) of the suggestion on a planned 3-size naive 4x2 grid whose losses
+# follow a known law (tests/api/test_suggest.py's): D* near the grid, each action's interval narrower than the last.
+_SUGGESTION_EXAMPLE = {
+    "sweep_id": "3a1d007e9db7", "analysis_id": "4c8c34fab10a", "group": "naive 4x2", "n1": 16480.0,
+    "dstar": 3.31e6, "interval": [2.29e4, 5.13e6], "delta_interval": [1.98e6, 5.54e6],
+    "profile_interval": [2.31e6, None],
+    "noise": {"point_sd": 0.0024, "trunk_sd": 0.0025}, "budget_flops": 6e12, "total_flops": 5.78e12,
+    "expected_interval": [2.37e6, 4.63e6], "stopped": "budget",
+    "actions": [
+        {"rank": 1, "kind": "d1", "description": "dense budget D1 4e+06 tokens",
+         "additions": {"tokens": {"d1": [4e6]}}, "marginal_flops": 2.56e12, "new_observations": 9,
+         "expected_interval": [2.30e6, 4.76e6]},
+        {"rank": 2, "kind": "d1", "description": "dense budget D1 8e+06 tokens",
+         "additions": {"tokens": {"d1": [8e6]}}, "marginal_flops": 3.22e12, "new_observations": 9,
+         "expected_interval": [2.37e6, 4.63e6]}],
+    "additions": {"tokens": {"d1": [4e6, 8e6]}}, "applied": None}
+
+
 def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool,
             reuse_stale: bool) -> SweepCreated:
     """Check the owner's quota, parse, admit, plan and record: seconds for a large grid, so it runs in a worker
@@ -224,8 +242,9 @@ def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _
 
 @router.post("/{sweep_id}/suggest", summary="Suggest grid extensions that shrink the D* interval",
              response_model=Suggestion,
-             responses={**NOT_FOUND, 409: {"description": "The sweep was cancelled, or no analysis can answer yet "
-                                                         "(the detail says what to run)."},
+             responses={**NOT_FOUND, 200: json_example(_SUGGESTION_EXAMPLE),
+                        409: {"description": "The sweep was cancelled, or no analysis can answer yet (the detail "
+                                             "says what to run)."},
                         422: {"description": "A budget too small for any extension (at `budget_flops`)."}})
 def suggest_extensions(sweep_id: str, body: SuggestRequest, services: ServicesDep, caller: Reader) -> Suggestion:
     """Candidate extensions of the sweep (new D1, D2 or from-scratch budgets on its trunks, a larger dense size),

@@ -5,6 +5,7 @@ store. Bounded: a few examples per operation, one worker, no background loops (n
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from tests.api.conftest import Live, serve
 from upscale.control import schemas
+from upscale.control.sweeps import merge
 from upscale.fitting.laws import get_law
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.planner import plan
@@ -194,8 +196,6 @@ def test_every_request_body_has_a_whole_example(schema) -> None:
 def test_extension_examples_plan_on_every_sweep_example(schema) -> None:
     """An extension's example, applied to each of POST /sweeps' examples as POST .../extend applies it, is a grid
     that plans, with more segments than the sweep it extends."""
-    from upscale.control.sweeps import merge
-
     extensions = _examples(schema["components"]["schemas"]["SweepExtend"])
     specs = _examples(schema["paths"]["/sweeps"]["post"]["requestBody"]["content"]["application/json"])
     assert extensions and specs
@@ -216,6 +216,10 @@ def test_sweep_responses_have_real_examples(schema) -> None:
                 continue
             assert _examples(media), f"{method.upper()} {path} {status}"
             assert "additionalProp" not in json.dumps(_examples(media))
+    suggestion = schema["paths"]["/sweeps/{sweep_id}/suggest"]["post"]["responses"]["200"]["content"]
+    (example,) = _examples(suggestion["application/json"])  # its actions add up as the route's answers do
+    assert example["total_flops"] == pytest.approx(sum(a["marginal_flops"] for a in example["actions"]))
+    assert example["additions"] == functools.reduce(merge, (a["additions"] for a in example["actions"]), {})
     detail = schema["paths"]["/sweeps/{sweep_id}"]["get"]["responses"]["200"]["content"]["application/json"]
     (example,) = _examples(detail)
     t = example["timing"]
