@@ -82,7 +82,7 @@ def run_name(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> str:
     phase = PHASE.get(spec.kind, spec.kind.rsplit("_", 1)[-1])
     if spec.kind in TRUNK_KINDS or (phase == "decay" and len(parts) == 2):
         phase += f" {si(spec.start_tokens)}–{si(spec.end_tokens)} tok"
-    return " · ".join(parts + [phase] if phase else parts)
+    return " · ".join([*parts, phase] if phase else parts)
 
 
 def segment_params(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> dict[str, str]:
