@@ -11,14 +11,14 @@
   creates it and hands its id to the worker (`SegmentRuntime.mlflow_run_id`), which logs the curves (step = tokens
   seen); when it ends the orchestrator logs the result once, as `summary/*` at the segment's last token count, so
   no curve gets a point back at step 0.
-* A decay's run (one observation) also holds its whole training path as one curve per loss, `path/train_loss` and
-  `path/val_loss`: the losses its ancestors' runs logged (dense trunk pieces, dense decay, upcycle, MoE trunk
+* A decay's run (one observation) also holds its whole training path as one curve per loss, `loss/path_train`
+  and `loss/path_val`: the losses its ancestors' runs logged (dense trunk pieces, dense decay, upcycle, MoE trunk
   pieces), then its own, at step = tokens the model has seen since its random init (orchestrator/training_path.py),
   and a description listing the path; so the chart view compares observations as whole curves. Each ancestor is
   copied into every observation it leads to.
 * A segment shared by several sweeps is trained once, under the sweep that trained it; every other sweep's parent
   gets a "(reused)" child with the same params, the trained run's summary metrics and a link to it, so each
-  sweep's tree is complete (a decay's `path/*` curves too).
+  sweep's tree is complete (a decay's path curves too).
 * MLflow is the dashboard, never a dependency: the scheduler makes its calls through `BestEffortTracker`, which logs
   and skips a failing call, re-creates a run the tracking store no longer has, and opens a SQLite tracking file
   anew once it has been deleted. Losing mlflow.db loses the dashboard's history, nothing else.
@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SUMMARY = "summary/"  # a segment's result, logged once: its own names, so the curves stay curves
-PATH = "path/"  # on a decay's run: the losses of its whole training path, step = tokens since the random init
-PATH_CURVES = {"loss/train": PATH + "train_loss", "loss/val": PATH + "val_loss"}
+# On a decay's run: the losses of its whole training path, step = tokens since the random init. Under `loss/`, named
+# so that MLflow's UI (charts of a section in name order) shows them before the segment's own `loss/train`.
+PATH_CURVES = {"loss/train": "loss/path_train", "loss/val": "loss/path_val"}
 NOTE = "mlflow.note.content"  # MLflow's run description (markdown), shown on the run's overview
 
 
@@ -113,9 +114,9 @@ class RunTree:
         self.client.set_terminated(run_id, status)
 
     def log_path(self, run_id: str, path: Sequence[PathStep]) -> None:
-        """Log onto a decay's run (``run_id``, the path's last step) the losses of its whole ``path`` as `path/*`
-        curves over tokens since the random init, one point per step (the first segment's where two meet), and
-        describe the path in the run's description."""
+        """Log onto a decay's run (``run_id``, the path's last step) the losses of its whole ``path`` as
+        `loss/path_*` curves over tokens since the random init, one point per step (the first segment's where two
+        meet), and describe the path in the run's description."""
         curves: dict[str, dict[int, Metric]] = {name: {} for name in PATH_CURVES.values()}
         lines = []
         for step in path:
@@ -130,7 +131,7 @@ class RunTree:
             lines.append(f"1. [{run}]({run_link(self.experiment_id, step.run_id)}): tokens "
                          f"{step.offset + step.start_tokens:,}–{step.offset + step.end_tokens:,}")
         points = [m for name in sorted(curves) for _, m in sorted(curves[name].items())]
-        note = ("**The path to this observation**, as one curve over tokens in `path/train_loss` and `path/val_loss` "
+        note = ("**The path to this observation**, as one curve over tokens in `loss/path_train` and `loss/path_val` "
                 "(step = tokens the model has seen since its random init; `loss/*` count this segment's own "
                 "schedule):\n\n" + "\n".join(lines))
         self._log_points(run_id, points)
@@ -157,7 +158,7 @@ class RunTree:
                           f"[{trained.info.run_name}]({link}); shown here because this sweep uses it."}
             run_id = self.client.create_run(self.experiment_id, run_name=f"{run_tags.run_name(seg.spec, seg.axes)} "
                                                                           f"(reused)", tags=tags).info.run_id
-            copied = [m for key in trained.data.metrics if key.startswith((SUMMARY, PATH))
+            copied = [m for key in trained.data.metrics if key.startswith(SUMMARY) or key in PATH_CURVES.values()
                       for m in self.client.get_metric_history(seg.run_id, key)]
             self.client.log_batch(run_id, params=_params(run_tags.segment_params(seg.spec, seg.axes)))
             self._log_points(run_id, copied)

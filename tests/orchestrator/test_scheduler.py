@@ -81,7 +81,7 @@ def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(set
     assert not {"upscale.kind", "upscale.method"} & set(run.data.tags)
     # its whole path as one curve over tokens since the random init: dense trunk 0-448, dense decay to 512, then
     # the upcycled MoE's trunk 0-192 and decay to 256, each 512 tokens on
-    path = client.get_metric_history(run.info.run_id, "path/train_loss")
+    path = client.get_metric_history(run.info.run_id, "loss/path_train")
     assert [m.step for m in path] == list(range(64, 512 + 256 + 1, 64))
     moe_trunk = next(s.spec for s in p.segments if s.spec.kind == "moe_trunk" and s.axes["method"] == "drop"
                      and s.axes["D1"] == 512)
@@ -89,7 +89,7 @@ def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(set
     assert path[-1].value == client.get_metric_history(run.info.run_id, "loss/train")[-1].value
     trunk_run = next(r for r in children if r.info.run_name == "dense · nano N1 32.9k · trunk 0–448 tok")
     assert trunk_run.info.run_id in run.data.tags["mlflow.note.content"]
-    assert not any(k.startswith("path/") for k in trunk_run.data.metrics)  # only observations have a path
+    assert not any(k.startswith("loss/path_") for k in trunk_run.data.metrics)  # only observations have a path
 
 
 def test_an_injected_failure_is_retried_and_resumes_from_its_checkpoint(settings) -> None:
