@@ -5,10 +5,10 @@ Where an analysis lands depends on whose it is:
 * **The sweep's own** (its sweep set is exactly that sweep, and no refit schedule made it: the analysis loop, a
   request, `upscale analyze`): on the sweep's parent run, its files under `analyses/<analysis id>/`. Only when it
   is newer (created later) than the analysis the run shows does it become the run's description (tag NOTE of
-  orchestrator/tracking.py), its `upscale.analysis.latest` pointer, its health tags and its headline metrics at step
-  n, the n-th analysis shown; so a late-finishing older analysis keeps its files but never replaces a newer one.
+  orchestrator/tracking.py), its `upscale.analysis.latest` pointer, its health tags, its numbers and its curves; so a
+  late-finishing older analysis keeps its files but never replaces a newer one.
 * **Any other** (several sweeps, or a refit): a run of its own, nested under the first of its sweeps' runs, with the
-  same files under `analyses/<analysis id>/`, its summary as description and its headline metrics; every other
+  same files under `analyses/<analysis id>/`, its summary as description, its numbers and curves; every other
   sweep of it gets a small child run linking there. A refit of several sweeps by another owner therefore never
   touches the description or files of a sweep's run.
 
@@ -16,27 +16,33 @@ The summary lists, beside each D* and verdict, its health and whether it is extr
 problems; tags `analysis.health` (ok | unhealthy) and `analysis.problems` (a count) let the runs table filter on
 them. The run tree itself (orchestrator/tracking.py) knows nothing of analyses; this is where the control layer
 writes them. Records written before fit health and D* states read as "–" where a key is absent.
+
+What MLflow charts is what varies along an axis: D* and its interval ends per upcycled group as one curve over N1,
+P(upcycle) per N1 and D1 as one curve over D2 (`curves`). A single number per analysis (E, a fit's parameters) would
+chart as one point, so it is a tag (`headline`), a column the runs table can show. A later analysis shown on the same
+run logs its points again at the same N1 and D2, later in time.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlflow.entities import RunTag
+from mlflow.entities import Metric, RunTag
 
 from upscale.fitting.groups import group_label, group_slug
-from upscale.orchestrator.tracking import NOTE, RunTree, metrics_at, run_link
+from upscale.orchestrator.tracking import NOTE, RunTree, run_link
 from upscale.sweeps import run_tags
 
 if TYPE_CHECKING:
     import pandas as pd
 
-ANALYSIS_COUNT = "analysis/number"  # analyses a sweep's run has shown so far: the step of every analysis metric
+ANALYSIS_COUNT = run_tags.PREFIX + "analysis.count"  # on a sweep's run: how many analyses it has shown
 ANALYSIS_ID = run_tags.PREFIX + "analysis_id"  # on an analysis's own run and its link children
 LATEST = run_tags.PREFIX + "analysis.latest"  # on a sweep's run: the id of the analysis its description shows
 LATEST_CREATED = run_tags.PREFIX + "analysis.latest_created_at"  # ... and when that analysis was created (UTC ISO)
@@ -91,11 +97,10 @@ def show_on_sweep_run(tree: RunTree, run_id: str, meta: AnalysisMeta, record: di
     shown = run.data.tags.get(LATEST_CREATED)
     if shown is not None and shown >= meta.stamp:
         return False
-    step = int(run.data.metrics.get(ANALYSIS_COUNT, 0)) + 1
-    tags = {NOTE: summary_markdown(record, meta, f"Analysis {step} of this sweep"), LATEST: meta.id,
-            LATEST_CREATED: meta.stamp, **health_tags(record)}
-    tree.client.log_batch(run_id, metrics=metrics_at({ANALYSIS_COUNT: step, **headline(record)}, step),
-                          tags=[RunTag(k, v) for k, v in tags.items()])
+    number = int(run.data.tags.get(ANALYSIS_COUNT, 0)) + 1
+    tags = {NOTE: summary_markdown(record, meta, f"Analysis {number} of this sweep"), LATEST: meta.id,
+            LATEST_CREATED: meta.stamp, ANALYSIS_COUNT: str(number), **health_tags(record), **headline(record)}
+    tree.client.log_batch(run_id, metrics=curves(record), tags=[RunTag(k, v) for k, v in tags.items()])
     return True
 
 
@@ -106,13 +111,13 @@ def _log_own_run(tree: RunTree, sweep_runs: Sequence[tuple[str, str]], meta: Ana
     of = f"{len(meta.sweep_ids)} sweeps" if len(meta.sweep_ids) > 1 else "1 sweep"
     note = summary_markdown(record, meta, f"{meta.trigger.capitalize()} of {of} ({', '.join(meta.sweep_ids)})")
     tags = {run_tags.ROLE: "analysis", ANALYSIS_ID: meta.id, run_tags.SWEEP_ID: ",".join(meta.sweep_ids),
-            NOTE: note, **health_tags(record)}
+            NOTE: note, **health_tags(record), **headline(record)}
     (first_sweep, first_run), others = sweep_runs[0], sweep_runs[1:]
     run = tree.client.create_run(tree.experiment_id, run_name=what,
                                  tags={"mlflow.parentRunId": first_run, **tags})
     run_id = run.info.run_id
     _log_files(tree, run_id, meta, record, observations, plot_dir)
-    tree.client.log_batch(run_id, metrics=metrics_at(headline(record), 0))
+    tree.client.log_batch(run_id, metrics=curves(record))
     tree.client.set_terminated(run_id, "FINISHED")
     link = run_link(tree.experiment_id, run_id)
     for _, parent in others:
@@ -188,33 +193,48 @@ def _problem_names(d: dict[str, Any]) -> list[str]:
     return [f"{p.get('fit', p.get('law'))}: {p.get('kind')}" for p in d.get("health_problems") or []]
 
 
-def headline(record: dict) -> dict[str, float]:
-    """E, each fit's parameters, D* with its intervals per group and N1 (only a D* that is a crossing; only bounded
-    ends), and P(upcycle) per verdict; a group is named in metrics as its plots' folder is (fitting/groups.py's
-    slug). None and open ends are left out."""
-    out: dict[str, Any] = {}
-    if record.get("E") is not None:
-        out["analysis/E"] = record["E"]
+def headline(record: dict) -> dict[str, str]:
+    """The analysis's single numbers as tags (a chart of one point per analysis says nothing): `analysis.E` and
+    each fit's parameters, `analysis.fit.<group>.<name>` (a group named as its plots' folder, fitting/groups.py's
+    slug), in 4 significant digits; None left out."""
+    out: dict[str, Any] = {"analysis.E": record.get("E")}
     for k, v in ((record.get("scratch") or {}).get("params") or {}).items():
-        out[f"fit/scratch/{k}"] = v
+        out[f"analysis.fit.scratch.{k}"] = v
     for up in record.get("upcycled") or []:
         slug = group_slug(up.get("group") or {})
         for k, v in ((up.get("fit") or {}).get("params") or {}).items():
-            out[f"fit/{slug}/{k}"] = v
+            out[f"analysis.fit.{slug}.{k}"] = v
+    return {k: f"{v:.4g}" for k, v in out.items() if _number(v)}
+
+
+def curves(record: dict) -> list[Metric]:
+    """The analysis's numbers that vary along an axis, as curves: per upcycled group, D* and its interval ends over
+    N1 (`dstar/<group>`, `dstar/<group>/low_80`, ...: step = N1; only a D* that is a crossing, only bounded ends),
+    and P(upcycle) over D2 per N1 and D1 (`verdict/<group>/p_upcycle_N1_<n1>_D1_<d1>`: step = D2)."""
+    points: list[tuple[str, float, int]] = []
+    for up in record.get("upcycled") or []:
+        slug = group_slug(up.get("group") or {})
         for res in (up.get("dstar") or {}).get("results", []):
             if res.get("dstar_state", "crossing") != "crossing" or res.get("n1") is None:
                 continue
-            base = f"dstar/{slug}/N1_{run_tags.compact(res['n1'])}"
-            ci = res.get("ci") or [None, None]
-            out |= {base: res.get("dstar"), base + "/ci_low": ci[0], base + "/ci_high": ci[1]}
-            for level in ("80", "95"):
-                if res.get("intervals"):
-                    lo, hi = _interval(res, level)
-                    out |= {f"{base}/low_{level}": lo, f"{base}/high_{level}": hi}
+            base, ci = f"dstar/{slug}", res.get("ci") or [None, None]
+            values = {base: res.get("dstar"), base + "/ci_low": ci[0], base + "/ci_high": ci[1]}
+            for level in ("80", "95") if res.get("intervals") else ():
+                lo, hi = _interval(res, level)
+                values |= {f"{base}/low_{level}": lo, f"{base}/high_{level}": hi}
+            points += [(k, v, int(res["n1"])) for k, v in values.items()]
         for d in up.get("decisions") or []:
-            at = "_".join(f"{k}_{run_tags.compact(d[k.lower()])}" for k in ("N1", "D1", "D2") if d.get(k.lower()))
-            out[f"verdict/{slug}/{at}/p_upcycle"] = d.get("probability_upcycle")
-    return {k: v for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+            if d.get("d2") is None:
+                continue
+            at = "_".join(f"{k}_{run_tags.compact(d[k.lower()])}" for k in ("N1", "D1") if d.get(k.lower()))
+            points.append((f"verdict/{slug}/p_upcycle_{at}", d.get("probability_upcycle"), int(d["d2"])))
+    now = int(time.time() * 1000)
+    return [Metric(k, float(v), now, step) for k, v, step in sorted(points, key=lambda p: (p[0], p[2]))
+            if _number(v)]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def health_tags(record: dict) -> dict[str, str]:

@@ -51,7 +51,8 @@ from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store, checkpoint_at
 from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
 from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
-from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.orchestrator.training_path import training_path
+from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.sweeps.spec import ClusterResources, ResourcesSection
 
 
@@ -498,7 +499,10 @@ class Scheduler:
         inflight.clear()
 
     def _end_finished(self, seg: SegmentRecord, result: SegmentResult) -> None:
-        """End a segment's MLflow run FINISHED with its summary, once the store records it done."""
+        """End a segment's MLflow run FINISHED with its summary, once the store records it done; a decay's run
+        first gets its whole training path (`RunTree.log_path`)."""
+        if seg.mlflow_run_id and seg.kind in DECAY_KINDS:
+            self.tracker.log_path(seg.mlflow_run_id, training_path(seg.key, self.store.segment))
         if seg.mlflow_run_id:
             self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
 

@@ -11,9 +11,14 @@
   creates it and hands its id to the worker (`SegmentRuntime.mlflow_run_id`), which logs the curves (step = tokens
   seen); when it ends the orchestrator logs the result once, as `summary/*` at the segment's last token count, so
   no curve gets a point back at step 0.
+* A decay's run (one observation) also holds its whole training path as one curve per loss, `loss/path_train`
+  and `loss/path_val`: the losses its ancestors' runs logged (dense trunk pieces, dense decay, upcycle, MoE trunk
+  pieces), then its own, at step = tokens the model has seen since its random init (orchestrator/training_path.py),
+  and a description listing the path; so the chart view compares observations as whole curves. Each ancestor is
+  copied into every observation it leads to.
 * A segment shared by several sweeps is trained once, under the sweep that trained it; every other sweep's parent
   gets a "(reused)" child with the same params, the trained run's summary metrics and a link to it, so each
-  sweep's tree is complete.
+  sweep's tree is complete (a decay's path curves too).
 * MLflow is the dashboard, never a dependency: the scheduler makes its calls through `BestEffortTracker`, which logs
   and skips a failing call, re-creates a run the tracking store no longer has, and opens a SQLite tracking file
   anew once it has been deleted. Losing mlflow.db loses the dashboard's history, nothing else.
@@ -25,16 +30,17 @@ import logging
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
+from upscale.orchestrator.training_path import PathStep
 from upscale.sweeps import run_tags
 from upscale.sweeps.segments import SegmentSpec
-from upscale.workers.tracking import EXPERIMENT, client_for, ensure_experiment, run_link
+from upscale.workers.tracking import EXPERIMENT, MAX_BATCH, client_for, ensure_experiment, run_link
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SUMMARY = "summary/"  # a segment's result, logged once: its own names, so the curves stay curves
+# On a decay's run: the losses of its whole training path, step = tokens since the random init. Under `loss/`, named
+# so that MLflow's UI (charts of a section in name order) shows them before the segment's own `loss/train`.
+PATH_CURVES = {"loss/train": "loss/path_train", "loss/val": "loss/path_val"}
 NOTE = "mlflow.note.content"  # MLflow's run description (markdown), shown on the run's overview
 
 
@@ -104,6 +113,34 @@ class RunTree:
         self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(run_tags.STATUS, status.lower())])
         self.client.set_terminated(run_id, status)
 
+    def log_path(self, run_id: str, path: Sequence[PathStep]) -> None:
+        """Log onto a decay's run (``run_id``, the path's last step) the losses of its whole ``path`` as
+        `loss/path_*` curves over tokens since the random init, one point per step (the first segment's where two
+        meet), and describe the path in the run's description."""
+        curves: dict[str, dict[int, Metric]] = {name: {} for name in PATH_CURVES.values()}
+        lines = []
+        for step in path:
+            if step.run_id is None:
+                continue
+            for key, name in PATH_CURVES.items():
+                for m in self.client.get_metric_history(step.run_id, key):
+                    if step.start_tokens <= m.step <= step.end_tokens:
+                        curves[name].setdefault(m.step + step.offset, Metric(name, m.value, m.timestamp,
+                                                                             m.step + step.offset))
+            run = self.client.get_run(step.run_id).info.run_name
+            lines.append(f"1. [{run}]({run_link(self.experiment_id, step.run_id)}): tokens "
+                         f"{step.offset + step.start_tokens:,}–{step.offset + step.end_tokens:,}")
+        points = [m for name in sorted(curves) for _, m in sorted(curves[name].items())]
+        note = ("**The path to this observation**, as one curve over tokens in `loss/path_train` and `loss/path_val` "
+                "(step = tokens the model has seen since its random init; `loss/*` count this segment's own "
+                "schedule):\n\n" + "\n".join(lines))
+        self._log_points(run_id, points)
+        self.client.set_tag(run_id, NOTE, note)
+
+    def _log_points(self, run_id: str, points: Sequence[Metric]) -> None:
+        for at in range(0, len(points), MAX_BATCH):
+            self.client.log_batch(run_id, metrics=points[at:at + MAX_BATCH])
+
     def show_reused(self, parent_run_id: str, sweep_id: str, done: Iterable[SegmentRun]) -> int:
         """Give the sweep's run a "(reused)" child for every done segment another sweep trained, once each; returns
         how many were added."""
@@ -121,9 +158,10 @@ class RunTree:
                           f"[{trained.info.run_name}]({link}); shown here because this sweep uses it."}
             run_id = self.client.create_run(self.experiment_id, run_name=f"{run_tags.run_name(seg.spec, seg.axes)} "
                                                                           f"(reused)", tags=tags).info.run_id
-            summary = [m for key in trained.data.metrics if key.startswith(SUMMARY)
-                       for m in self.client.get_metric_history(seg.run_id, key)]
-            self.client.log_batch(run_id, metrics=summary, params=_params(run_tags.segment_params(seg.spec, seg.axes)))
+            copied = [m for key in trained.data.metrics if key.startswith(SUMMARY) or key in PATH_CURVES.values()
+                      for m in self.client.get_metric_history(seg.run_id, key)]
+            self.client.log_batch(run_id, params=_params(run_tags.segment_params(seg.spec, seg.axes)))
+            self._log_points(run_id, copied)
             self.client.set_terminated(run_id, "FINISHED")
             shown.add(seg.run_id)
             added += 1

@@ -3,7 +3,8 @@
 A segment's run is created by the orchestrator (a child of its sweep's run) or, for a segment trained alone
 (`upscale train-segment`), by the worker; either way it gets the same three things from this module:
 
-* a **name** a person can read: its kind and grid axes, e.g. `moe_decay nano naive 4x2 D1=6.4e4 D2=1.3e5`;
+* a **name** a person can read, what sets it apart first: e.g. `upcycled naive 4x2 · nano N1 1.2M · D1 64k · D2 128k ·
+  decay`, a trunk piece with its token span (`dense · nano N1 1.2M · trunk 0–64k tok`);
 * **params**, MLflow's place for configuration: what the segment is (kind, size, N1, D1, D2, method, r, n_expert,
   topk, lr, batch size, context, seed, parents, shape, schedule, data), so the UI's Parameters table and
   `params.method = 'naive'` searches work. MLflow params are immutable, so they are logged once, with the LR an LR
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from upscale.sweeps.segments import SegmentSpec
+from upscale.sweeps.segments import TRUNK_KINDS, SegmentSpec
 from upscale.sweeps.spec import R_METHODS
 
 PREFIX = "upscale."
@@ -43,26 +44,45 @@ def compact(x: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
+FAMILY = {"dense_trunk": "dense", "dense_decay": "dense", "dense_import": "dense", "upcycle": "upcycled",
+          "moe_trunk": "upcycled", "moe_decay": "upcycled", "scratch_trunk": "scratch", "scratch_decay": "scratch",
+          "lr_search": "lr search"}
+PHASE = {"dense_import": "imported", "upcycle": "upcycle", "lr_search": ""}  # else the kind's suffix: trunk, decay
+
+
+def si(x: float) -> str:
+    """A token or parameter count as people write it: 512, 64k, 1.25M, 40M, 3B."""
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= size:
+            return f"{x / size:.3g}{unit}"
+    return f"{x:g}"
+
+
 def run_name(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> str:
-    """Kind and axes: `moe_decay nano naive 4x2 D1=6.4e4 D2=1.3e5`, `dense_decay nano D1=512`,
-    `lr_search nano moe 4x1`. A segment trained alone has no plan: its shape and last token count stand in."""
+    """What sets the run apart first, so the runs table never cuts it off: the family, method and experts, the size
+    and N1, the budgets, then the phase, a trunk piece with its token span. E.g.
+    `upcycled drop r=0.5 4x1 · nano N1 1.2M · D1 512 · D2 256 · decay`, `dense · nano N1 1.2M · trunk 0–448 tok`.
+    A segment trained alone has no plan: its shape stands in for the size, its span for the budgets."""
     axes = axes or {}
     m = spec.model
-    parts = [spec.kind, str(axes.get("size") or f"L{m.n_layer}-d{m.d_model}")]
+    head = [FAMILY[spec.kind]]
     if axes.get("family"):
-        parts.append(str(axes["family"]))
+        head.append(str(axes["family"]))
     method = spec.upcycle.method if spec.upcycle is not None else axes.get("method")
     if method:
         r = spec.upcycle.r if spec.upcycle is not None and method in R_METHODS else axes.get("r")
-        parts.append(f"{method} r={r:g}" if r is not None else method)
+        head.append(f"{method} r={r:g}" if r is not None else method)
     if m.n_expert:
-        parts.append(f"{m.n_expert}x{m.topk}")
-    budgets = [f"{k}={compact(axes[k])}" for k in ("D1", "D2") if axes.get(k) is not None]
-    if not budgets and axes.get("D") is not None:
-        budgets = [f"D={compact(axes['D'])}"]
-    if not axes and spec.kind != "upcycle":
-        budgets = [f"T={compact(spec.end_tokens)}"]
-    return " ".join(parts + budgets)
+        head.append(f"{m.n_expert}x{m.topk}")
+    size = str(axes.get("size") or f"L{m.n_layer}-d{m.d_model}")
+    parts = [" ".join(head), f"{size} N1 {si(axes['N1'])}" if axes.get("N1") else size]
+    parts += [f"{k} {si(axes[k])}" for k in ("D1", "D2") if axes.get(k) is not None]
+    if not any(axes.get(k) is not None for k in ("D1", "D2")) and axes.get("D") is not None:
+        parts.append(f"D {si(axes['D'])}")
+    phase = PHASE.get(spec.kind, spec.kind.rsplit("_", 1)[-1])
+    if spec.kind in TRUNK_KINDS or (phase == "decay" and len(parts) == 2):
+        phase += f" {si(spec.start_tokens)}–{si(spec.end_tokens)} tok"
+    return " · ".join([*parts, phase] if phase else parts)
 
 
 def segment_params(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> dict[str, str]:

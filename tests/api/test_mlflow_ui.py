@@ -31,6 +31,10 @@ def test_mlflow_finds_the_upscale_app_and_its_landing_page_sets_the_defaults_fir
             "mlflow.workflowType_v1": "machine_learning", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": True}
         for key in sets:  # set only where the browser has no value: a user's own choice stays
             assert f"if(!localStorage.getItem({key}))localStorage.setItem({key}," in scripts[0]
+        # an experiment the browser keeps no view of opens with the final loss as a runs-table column
+        (view,) = re.findall(r'v===null&&/(.+?)/\.test\(k\)\?("(?:[^"\\]|\\.)*"):v', scripts[0])
+        assert re.match(view[0], 'MLflowLocalStorage-1.1-ExperimentPage-["7"]-ReactComponentState')
+        assert "metrics.`summary/val_loss`" in json.loads(json.loads(view[1]))["selectedColumns"]
         # the rest is MLflow's app: its API answers through the same server
         found = client.get("/ajax-api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": "Default"})
         assert found.status_code == 200 and found.json()["experiment"]["experiment_id"] == "0"

@@ -30,6 +30,7 @@ from upscale.control.analysis_run import (
     LATEST,
     PROBLEMS,
     AnalysisMeta,
+    curves,
     headline,
     log_analysis,
     summary_markdown,
@@ -88,7 +89,7 @@ def test_a_sweeps_run_shows_its_own_newest_analysis_and_every_analysis_keeps_its
                                          f"'analysis-link'")
         assert [r.data.tags["mlflow.parentRunId"] for r in links] == [runs[s] for s in sweeps[1:]]
         assert all(own.info.run_id in r.data.tags[NOTE] for r in links)
-        assert "analysis/E" in own.data.metrics
+        assert "analysis.E" in own.data.tags
     observed = pd.read_csv(client.download_artifacts(own.info.run_id, f"analyses/{ad_hoc.id}/observations.csv",
                                                      str(tmp_path)))
     assert len(observed) == len(services.store.observations(a)) + len(services.store.observations(b))
@@ -101,7 +102,7 @@ def test_a_sweeps_run_shows_its_own_newest_analysis_and_every_analysis_keeps_its
     for done in (first, second):
         back = client.download_artifacts(runs[a], f"analyses/{done.id}/analysis.json", str(tmp_path / done.id))
         assert json.loads(Path(back).read_text())["n1s"] == done.record["n1s"]
-    assert [m.step for m in client.get_metric_history(runs[a], ANALYSIS_COUNT)] == [1, 2]
+    assert client.get_run(runs[a]).data.tags[ANALYSIS_COUNT] == "2"
 
     # an older analysis of A that finishes late keeps its files but does not replace the newer one shown
     late = AnalysisMeta("late0000", [a], "request", "dave", as_utc(second.created_at) - timedelta(seconds=1))
@@ -109,7 +110,7 @@ def test_a_sweeps_run_shows_its_own_newest_analysis_and_every_analysis_keeps_its
     tags = client.get_run(runs[a]).data.tags
     assert tags[LATEST] == second.id and "late0000" not in tags[NOTE]
     assert "analyses/late0000/analysis.json" in files(client, runs[a], "analyses/late0000")
-    assert [m.step for m in client.get_metric_history(runs[a], ANALYSIS_COUNT)] == [1, 2]
+    assert client.get_run(runs[a]).data.tags[ANALYSIS_COUNT] == "2"
 
 
 def test_where_each_analysis_lands(settings, tmp_path) -> None:
@@ -135,7 +136,7 @@ def test_where_each_analysis_lands(settings, tmp_path) -> None:
     assert len({refit, adhoc, refit_a, runs["sweep-a"]}) == 4
     a = client.get_run(runs["sweep-a"])
     assert a.data.tags[LATEST] == "own1" and "own1" in a.data.tags[NOTE] and "Shared E = 1.5" in a.data.tags[NOTE]
-    assert a.data.tags[HEALTH] == "unhealthy" and a.data.tags[PROBLEMS] == "1" and a.data.metrics["analysis/E"] == 1.5
+    assert a.data.tags[HEALTH] == "unhealthy" and a.data.tags[PROBLEMS] == "1" and a.data.tags["analysis.E"] == "1.5"
     assert NOTE not in client.get_run(runs["sweep-b"]).data.tags
     assert files(client, runs["sweep-a"], "analyses") == {"analyses/own1"}
     assert "analyses/own1/plots/naive_4x2" in files(client, runs["sweep-a"], "analyses/own1/plots")
@@ -154,8 +155,9 @@ def test_where_each_analysis_lands(settings, tmp_path) -> None:
     a = client.get_run(runs["sweep-a"])
     assert a.data.tags[LATEST] == "own5" and "Shared E = 1.7" in a.data.tags[NOTE] and a.data.tags[HEALTH] == "ok"
     assert files(client, runs["sweep-a"], "analyses") == {"analyses/own1", "analyses/own5", "analyses/own0"}
-    assert [(m.step, m.value) for m in client.get_metric_history(runs["sweep-a"], "analysis/E")] == [(1, 1.5),
-                                                                                                   (2, 1.7)]
+    assert a.data.tags["analysis.E"] == "1.7" and a.data.tags[ANALYSIS_COUNT] == "2"
+    # D* as one curve over N1 (step = N1), never one single-point metric per N1
+    assert [(m.step, m.value) for m in client.get_metric_history(runs["sweep-a"], "dstar/all")] == [(10000, 2e9)]
     back = client.download_artifacts(runs["sweep-a"], "analyses/own0/analysis.json", str(tmp_path))
     assert json.loads(Path(back).read_text())["E"] == 9.9
 
@@ -201,10 +203,11 @@ def test_the_summary_shows_health_extrapolation_and_tells_open_from_missing() ->
     assert "⚠ unhealthy" in verdict and "⚠ extrapolated" in verdict and "| – |" in verdict  # P(upcycle) missing
     assert "Trained on: upcycled N1 1e+04–3e+04" in text and "alpha1=0 at its bound" in text
     assert "N1 is 40 times the largest trained" in text and "Health: ⚠ unhealthy, 1 problem(s)" in text
-    metrics = headline(RECORD_NEW)
-    assert not any(k.startswith("dstar/all/N1_2e4") for k in metrics)  # beyond the range: no D* number
-    assert metrics["dstar/all/N1_1e4"] == 2e9 and metrics["dstar/all/N1_1e4/high_80"] == 4e9
-    assert "dstar/all/N1_1e4/low_95" not in metrics and all(v is not None for v in metrics.values())
+    points = {(m.key, m.step): m.value for m in curves(RECORD_NEW)}
+    assert not any(step == 20000 for _, step in points)  # beyond the range: no D* number, P(upcycle) missing
+    assert points[("dstar/all", 10000)] == 2e9 and points[("dstar/all/high_80", 10000)] == 4e9
+    assert ("dstar/all/low_95", 10000) not in points
+    assert headline(RECORD_NEW) == {"analysis.E": "1.8", "analysis.fit.all.A": "1"}
     assert analysis_run.health_tags(RECORD_NEW) == {HEALTH: "unhealthy", PROBLEMS: "1",
                                                     analysis_run.EXTRAPOLATED: "2"}
 

@@ -69,7 +69,7 @@ def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(set
     assert len(children) == len(p.segments) == 26 and all(r.info.status == "FINISHED" for r in children)
     o = next(o for o in obs if o.kind == "upcycled" and o.method == "drop" and o.D1 == 512 and o.D2 == 256)
     run = client.get_run(o.mlflow_run_id)
-    assert run.info.run_name == "moe_decay nano drop r=0.5 4x1 D1=512 D2=256"
+    assert run.info.run_name == "upcycled drop r=0.5 4x1 · nano N1 32.9k · D1 512 · D2 256 · decay"
     assert {k: run.data.params[k] for k in ("kind", "size", "method", "r", "n_expert", "topk", "D1", "D2")} == {
         "kind": "moe_decay", "size": "nano", "method": "drop", "r": "0.5", "n_expert": "4", "topk": "1",
         "D1": "512", "D2": "256"}
@@ -79,6 +79,17 @@ def test_a_sweep_trains_every_segment_once_and_records_observations_and_runs(set
     # tags only for ids and state
     assert run.data.tags["upscale.segment_id"] == o.segment_key and run.data.tags["upscale.status"] == "finished"
     assert not {"upscale.kind", "upscale.method"} & set(run.data.tags)
+    # its whole path as one curve over tokens since the random init: dense trunk 0-448, dense decay to 512, then
+    # the upcycled MoE's trunk 0-192 and decay to 256, each 512 tokens on
+    path = client.get_metric_history(run.info.run_id, "loss/path_train")
+    assert [m.step for m in path] == list(range(64, 512 + 256 + 1, 64))
+    moe_trunk = next(s.spec for s in p.segments if s.spec.kind == "moe_trunk" and s.axes["method"] == "drop"
+                     and s.axes["D1"] == 512)
+    assert next(m.value for m in path if m.step == 512 + 64) == pytest.approx(loss_of(moe_trunk) + 1 / 64)
+    assert path[-1].value == client.get_metric_history(run.info.run_id, "loss/train")[-1].value
+    trunk_run = next(r for r in children if r.info.run_name == "dense · nano N1 32.9k · trunk 0–448 tok")
+    assert trunk_run.info.run_id in run.data.tags["mlflow.note.content"]
+    assert not any(k.startswith("loss/path_") for k in trunk_run.data.metrics)  # only observations have a path
 
 
 def test_an_injected_failure_is_retried_and_resumes_from_its_checkpoint(settings) -> None:

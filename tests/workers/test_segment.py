@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from upscale.sweeps.run_tags import si
 from upscale.sweeps.segments import (
     DataSpec,
     ModelSpec,
@@ -145,7 +146,8 @@ def test_mlflow_receives_metrics_and_tags(home: Path, runs: dict) -> None:
     [run] = client.search_runs([client.get_experiment_by_name("upscale").experiment_id])
     assert run.data.tags["upscale.segment_id"] == TRUNK.id and run.data.params["kind"] == "dense_trunk"
     assert run.data.tags["sweep"] == "test" and run.data.params["d_model"] == "32"
-    assert run.info.run_name.startswith("dense_trunk ") and run.info.status == "FINISHED"
+    assert run.info.run_name.startswith("dense · L") and run.info.status == "FINISHED"
+    assert run.info.run_name.endswith(f" · trunk 0–{si(20 * TPS)} tok")  # alone: its shape and span name it
     val = client.get_metric_history(run.info.run_id, "loss/val")
     assert [m.step for m in val] == [0, 8 * TPS, 16 * TPS, 20 * TPS]  # start, every 8 steps, end
     assert val[0].value > val[1].value > val[2].value
