@@ -49,7 +49,7 @@ from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, as_utc, utcnow
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store, checkpoint_at
-from upscale.orchestrator.task import SegmentFn, run_segment_task, train_segment
+from upscale.orchestrator.task import SegmentFn, segment_task, train_segment
 from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
 from upscale.orchestrator.training_path import training_path
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
@@ -416,13 +416,11 @@ class Scheduler:
         )
         self.store.hooks.before_launch(self.store, sweep.id, seg)  # e.g. the ledger's prediction, scored when done
         self._report_msg(f"start {seg.kind} {seg.key}")
-        # A multi-worker task only drives its Ray Train group, whose workers hold the CPUs and GPUs.
-        options = ({"num_cpus": 0} if workers > 1 else
-                   {"num_cpus": res.cpus, "num_gpus": res.gpus})
+        task, options = segment_task(workers, res.cpus, res.gpus)
         fn = self.segment_fn
         if spec.kind == "lr_search":
             fn = functools.partial(run_lr_search, storage=self.store.url, train=self.segment_fn)
-        return run_segment_task.options(**options).remote(fn, resolved, runtime, seg.key)
+        return task.options(**options).remote(fn, resolved, runtime, seg.key)
 
     def segment_dir(self, key: str) -> str:
         return storage.join(self.settings.checkpoint_dir, key)  # a path, or a URI ('/'-joined)

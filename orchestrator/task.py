@@ -1,4 +1,5 @@
-"""The Ray task around one segment: run it in a reused worker and leave its result on disk next to its checkpoints.
+"""The Ray task around one segment: run it in a reused worker (one used once on GPUs) and leave its result on disk
+next to its checkpoints.
 
 While it runs, the task leaves `worker.json` in the segment's folder, and when the segment function returns it
 leaves `result.json` (orchestrator/attempt_files.py says how a restarted scheduler uses them).
@@ -12,6 +13,7 @@ import socket
 from collections.abc import Callable
 
 import ray
+from ray.remote_function import RemoteFunction
 
 from upscale import storage
 from upscale.orchestrator.attempt_files import WORKER_FILE, finish_attempt
@@ -29,12 +31,7 @@ def train_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResult:
     return run_segment(spec, runtime)
 
 
-# max_calls=0: a worker process is reused for any number of segments, so torch/deepspeed are imported once per
-# worker (~5 s each, docs/architecture.md "Measured facts"), not once per segment.
-# max_retries=0: Ray would rerun a task whose worker died (3 times by default) without the store knowing; a dead
-# worker must be one failed attempt, which the scheduler retries from the segment's checkpoint and counts.
-@ray.remote(max_calls=0, max_retries=0)
-def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> dict:
+def run_segment_in_worker(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentRuntime, key: str) -> dict:
     """Run ``spec`` and leave its result, filed under the segment's key ``key`` (which differs from spec.id when
     the scheduler filled in an LR found by a search), in the segment's folder. With ``runtime.workers > 1`` this
     task only drives a Ray Train worker group (orchestrator/worker_group.py), which holds the resources."""
@@ -48,3 +45,21 @@ def run_segment_task(segment_fn: SegmentFn, spec: SegmentSpec, runtime: SegmentR
     finally:
         storage.delete(directory, WORKER_FILE)
     return result.model_dump(mode="json")
+
+
+# max_calls=0: a CPU worker process is reused for any number of segments, so torch/deepspeed are imported once per
+# worker (~5 s each, docs/architecture.md "Measured facts"), not once per segment. max_calls=1 (Ray's default for
+# GPU tasks, which max_calls=0 overrides; `.options()` cannot set it): a worker that ran a segment on GPUs exits,
+# so its CUDA context and the allocator's cached blocks do not stay on a GPU the next segment placed there expects
+# free. max_retries=0: Ray would rerun a task whose worker died (3 times by default) without the store knowing; a
+# dead worker must be one failed attempt, which the scheduler retries from the segment's checkpoint and counts.
+run_segment_task = ray.remote(max_calls=0, max_retries=0)(run_segment_in_worker)
+run_gpu_segment_task = ray.remote(max_calls=1, max_retries=0)(run_segment_in_worker)
+
+
+def segment_task(workers: int, cpus: float, gpus: float) -> tuple[RemoteFunction, dict]:
+    """The Ray task for one segment and its options. A task that drives a Ray Train group holds nothing itself (the
+    group's workers hold the CPUs and GPUs, and end with the group); a task on GPUs runs in a worker used once."""
+    if workers > 1:
+        return run_segment_task, {"num_cpus": 0}
+    return (run_gpu_segment_task if gpus else run_segment_task), {"num_cpus": cpus, "num_gpus": gpus}

@@ -10,7 +10,8 @@ way tokens reach the experts and come back:
 1. the k·S (token, expert) pairs are sorted by expert (stable), so each expert's rows are contiguous;
 2. with expert parallelism the per-expert counts are exchanged first, then one all-to-all with per-rank split sizes
    sends each rank exactly the rows of its local experts (no padding), and the rows are regrouped by local expert;
-3. each local expert runs on its rows only: one GEMM chain per expert on CPU, `torch._grouped_mm` on CUDA in bf16;
+3. each local expert runs on its rows only: one GEMM chain per expert on CPU, `torch._grouped_mm` on CUDA in bf16
+   where the widths meet its 16-byte alignment (`grouped_mm_dtype`), the GEMM chains otherwise;
 4. the rows go back (the reverse all-to-all), are unsorted, and are summed over the k routes weighted by the gate
    in fp32, the same arithmetic as DeepSpeed's `_sparse_decode`.
 
@@ -33,12 +34,24 @@ def _inverse(perm: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-def _grouped_mm_dtype(rows: torch.Tensor) -> torch.dtype | None:
-    """bf16 where `torch._grouped_mm` is the fast path (CUDA, bf16 input or bf16 autocast); None = loop of GEMMs."""
-    if not rows.is_cuda or not hasattr(torch, "_grouped_mm"):
+def grouped_mm_dtype(device_type: str, dtype: torch.dtype, d_model: int, d_expert: int) -> torch.dtype | None:
+    """bf16 where `torch._grouped_mm` is the fast path for experts of widths d_model -> d_expert -> d_model computing
+    in `dtype` on `device_type`; None = the loop of GEMMs.
+
+    The fast path needs CUDA, bf16, and every operand's row stride a multiple of 16 bytes (torch's check, also on
+    its meta kernel: "strides should be multiple of 16 bytes"): the input rows and stacked weights have strides
+    d_model and d_expert, so both widths must be multiples of 8 bf16 values. An imported model or a fine expert
+    split (d_model 36, a d_ff/n slice) runs the loop rather than failing."""
+    if device_type != "cuda" or dtype != torch.bfloat16 or not hasattr(torch, "_grouped_mm"):
         return None
-    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else rows.dtype
-    return dtype if dtype == torch.bfloat16 else None
+    per_row = 16 // dtype.itemsize
+    return dtype if d_model % per_row == 0 and d_expert % per_row == 0 else None
+
+
+def _compute_dtype(rows: torch.Tensor) -> torch.dtype:
+    """The dtype the experts' GEMMs run in: the autocast dtype when autocast is on for the rows' device."""
+    device = rows.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype
 
 
 def experts_loop(experts: list[nn.Module], rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -105,7 +118,8 @@ def grouped_moe_layer_class() -> type:
         def _local_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
             experts = list(self.experts.deepspeed_experts)
             sizes = counts.tolist()
-            dtype = _grouped_mm_dtype(rows)
+            dtype = grouped_mm_dtype(rows.device.type, _compute_dtype(rows), rows.shape[-1],
+                                     experts[0].w_gate.out_features)
             if dtype is None:
                 return experts_loop(experts, rows, sizes)
             return experts_grouped_mm(experts, rows, sizes, dtype)

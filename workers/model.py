@@ -240,7 +240,8 @@ class MLPRouter(nn.Module):
 
 
 class LinearRouter(nn.Module):
-    """DeepSpeed's router (`wg.weight`, n x d) with the logits computed the way TopKGate does (fp32)."""
+    """DeepSpeed's router (`wg.weight`, n x d) with the logits computed the way TopKGate does (fp32: the gate runs
+    it with autocast off)."""
 
     def __init__(self, d_model: int, n_expert: int) -> None:
         super().__init__()
@@ -266,9 +267,15 @@ def _router_gate_class() -> type:
         routing: Routing = "softmax_topk"
 
         # Same dispatch as TopKGate.forward in deepspeed 0.19.8, minus timers and Jitter (never enabled here);
-        # only the logits come from `self.wg`, which may be any router module.
+        # only the logits come from `self.wg`, which may be any router module. Autocast is off for all of it:
+        # under bf16 autocast the router's linear (even on fp32 inputs) and DeepSpeed's gating einsums would run
+        # in bf16, and near-tied logits would pick other experts than the fp32 routing the paper specifies.
         def forward(self, input, used_token=None, sparse_routes=False, use_tutel=False):  # type: ignore[override]
-            logits = self.wg(input.float())
+            with torch.autocast(input.device.type, enabled=False):
+                return self._gate(input.float(), used_token, sparse_routes, use_tutel)
+
+        def _gate(self, x, used_token, sparse_routes, use_tutel):
+            logits = self.wg(x)
             cf = self.capacity_factor if self.training else self.eval_capacity_factor
             if self.k == 1:
                 out = top1gating(logits, cf, self.min_capacity, used_token,

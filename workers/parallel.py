@@ -12,6 +12,10 @@ the full model (experts gathered from every rank, global expert ids), and a mode
 (a fresh init, an upcycled MoE) gives each rank its slice. Only DeepSpeed's own engine state (per-rank optimiser
 shards of the experts) depends on ep_size; the checkpoint sidecar records it and a resume with another ep_size is
 refused (workers/checkpoints.py).
+
+A collective's tensors must sit on the device of the group's backend (NCCL refuses CPU tensors): small reductions
+go through `Ranks`, which moves them to `collective_device()` and back; the MoE all-to-alls move activations, which
+are on the model's device, the group's device by construction.
 """
 
 from __future__ import annotations
@@ -48,12 +52,13 @@ class Ranks:
         return values if self.world == 1 else self.sum(values) / self.world
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of a small tensor (every rank gets it)."""
+        """The sum over ranks of a small tensor (every rank gets it, on the tensor's own device); it travels on the
+        process group's device (`collective_device`), so a CPU tensor may be summed over NCCL."""
         if self.world == 1:
             return values
-        values = values.clone()
-        torch.distributed.all_reduce(values)
-        return values
+        moved = values.to(collective_device(), copy=True)
+        torch.distributed.all_reduce(moved)
+        return moved.to(values.device)
 
     def rows(self, batch: torch.Tensor) -> torch.Tensor:
         """This rank's share of a global batch: an equal, contiguous block of rows."""
@@ -66,6 +71,17 @@ class Ranks:
 
 
 SINGLE = Ranks()
+
+
+def backend_device(backend: str) -> torch.device:
+    """Where a collective's tensors must live for a torch.distributed backend: NCCL accepts CUDA tensors only (on
+    the device this process was given: Ray Train and torchrun set it), gloo is upscale's CPU backend."""
+    return torch.device("cuda") if "nccl" in backend else torch.device("cpu")
+
+
+def collective_device(group: object = None) -> torch.device:
+    """`backend_device` of a process group (the default one when None)."""
+    return backend_device(str(torch.distributed.get_backend(group)))
 
 
 def current_ranks(workers: int) -> Ranks:
@@ -111,6 +127,7 @@ def full_state_dict(module: torch.nn.Module, cfg: ModelConfig, ep_size: int) -> 
     from deepspeed.utils import groups
 
     group = groups._get_expert_parallel_group(_group_name(ep_size))
+    device = collective_device(group)
     local = cfg.n_expert // ep_size
     out = {}
     for key in sorted(state):  # the same order on every rank: the all_gathers pair up
@@ -119,10 +136,10 @@ def full_state_dict(module: torch.nn.Module, cfg: ModelConfig, ep_size: int) -> 
         if m is None:
             out[key] = value
             continue
-        parts = [torch.empty_like(value) for _ in range(ep_size)]
-        torch.distributed.all_gather(parts, value.contiguous(), group=group)
+        parts = [torch.empty_like(value, device=device) for _ in range(ep_size)]
+        torch.distributed.all_gather(parts, value.to(device).contiguous(), group=group)
         for ep_rank, part in enumerate(parts):
-            out[f"{m[1]}{ep_rank * local + int(m[2])}{m[3]}"] = part
+            out[f"{m[1]}{ep_rank * local + int(m[2])}{m[3]}"] = part.to(value.device)
     return out
 
 

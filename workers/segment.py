@@ -38,7 +38,7 @@ from upscale.sweeps.model_dirs import weights_fingerprint
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers import checkpoints
 from upscale.workers.data import TokenData, load_tokens
-from upscale.workers.engine import NonFiniteLoss, build_engine, train_step
+from upscale.workers.engine import NonFiniteLoss, build_engine, release_device_memory, train_step
 from upscale.workers.errors import WorkerError
 from upscale.workers.evaluate import expert_load, reduce_expert_counts, val_loss
 from upscale.workers.hf_models import SOURCE_FILE
@@ -93,11 +93,14 @@ def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | 
     if spec.kind == "lr_search":
         raise WorkerError("lr_search segments are run by the orchestrator (orchestrator/lr_search.py: an Optuna "
                           "study whose trials call run_segment); give optim.lr to train a segment alone")
-    if spec.kind in ("upcycle", "dense_import"):
-        if ranks.world > 1:
-            raise WorkerError(f"a {spec.kind} segment does not train: run it with workers=1")
-        return _upcycle(spec, runtime, t0) if spec.kind == "upcycle" else _import_dense(spec, runtime, t0)
-    return _train(spec, runtime, on_step, t0, ranks)
+    try:
+        if spec.kind in ("upcycle", "dense_import"):
+            if ranks.world > 1:
+                raise WorkerError(f"a {spec.kind} segment does not train: run it with workers=1")
+            return _upcycle(spec, runtime, t0) if spec.kind == "upcycle" else _import_dense(spec, runtime, t0)
+        return _train(spec, runtime, on_step, t0, ranks)
+    finally:  # the engine and model went with the returning frame (a failed one's are the traceback's until it goes)
+        release_device_memory(runtime.device)
 
 
 def _meta(spec: SegmentSpec) -> dict:
