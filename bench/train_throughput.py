@@ -17,11 +17,13 @@ default from the device name). Target for dense: >= 35%.
 
     .venv/bin/python bench/train_throughput.py            # CPU
     .venv/bin/python bench/train_throughput.py --gpu      # one CUDA device
+    .venv/bin/python bench/train_throughput.py --json throughput.json   # the figures as JSON too
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -123,6 +125,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the 2-core machine is shared)")
     ap.add_argument("--wall", action="store_true", help="CPU: wall-clock instead of process CPU time")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the card's bf16 dense peak (GPU mode)")
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.gpu:
@@ -148,6 +151,7 @@ def main() -> None:
     clock = time.perf_counter if args.gpu or args.wall else time.process_time
     print(f"device: {name}; {steps} steps x {batch_size} x {dense.context} tokens, median of {args.repeats}, "
           f"clock: {clock.__name__}")
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, model in (("dense", dense), ("moe 8x2", moe)):
             row = measure(label.replace(" ", ""), segment(model, steps, batch_size, lr), device, args.repeats,
@@ -156,9 +160,16 @@ def main() -> None:
                     f"ratio {row['ratio']:.3f}x")
             if peak:
                 flops = model_flops_per_token(model)
-                line += (f"   MFU worker {flops * row['ours'] / (peak * 1e12):.1%}  "
-                         f"plain {flops * row['plain'] / (peak * 1e12):.1%}")
+                row |= {"flops_per_token": flops, "mfu_worker": flops * row["ours"] / (peak * 1e12),
+                        "mfu_plain": flops * row["plain"] / (peak * 1e12)}
+                line += f"   MFU worker {row['mfu_worker']:.1%}  plain {row['mfu_plain']:.1%}"
+            rows.append(row)
             print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "peak_tflops": peak, "steps": steps, "batch_size": batch_size,
+                       "context": dense.context, "repeats": args.repeats, "clock": clock.__name__, "rows": rows},
+                      f, indent=2)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,19 @@ PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
 FOLDERS = [f for f in PACKAGE_DIR.values() if f != "upscale"]
 
 
-def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
-    # Built from a copy of the tracked files: setuptools writes build/ and *.egg-info beside the sources.
+def copy_tracked(src: Path) -> Path:
+    """A copy of the tracked files at `src`, to build from: setuptools writes build/ and *.egg-info beside the
+    sources, which must not land in the checkout."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    src = tmp_path / "src"
     for name in tracked:
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
+    return src
+
+
+def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
+    src = copy_tracked(tmp_path / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("upscale-*.whl")
