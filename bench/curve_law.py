@@ -67,13 +67,12 @@ def train_micro(out: Path) -> None:
             tps = 8 * model.context
             base = dict(model=model, data=DataSpec(eval_tokens=64 * 64), optim=OptimSpec(lr=PEAK_LR, batch_size=8))
 
-            def run(spec: SegmentSpec, parents: dict[str, str], name: str) -> tuple[str, object]:
+            def run(spec: SegmentSpec, parents: dict[str, str], name: str, every: int = 8 * tps) -> tuple[str, object]:
                 run_id = client.create_run(exp, run_name=name).info.run_id
                 rt = SegmentRuntime(checkpoint_dir=f"{tmp}/{spec.id}", data_cache_dir=f"{tmp}/cache",
-                                    eval_every_tokens=8 * tps, mlflow_tracking_uri=uri, mlflow_run_id=run_id,
+                                    eval_every_tokens=every, mlflow_tracking_uri=uri, mlflow_run_id=run_id,
                                     parent_checkpoints=parents)
-                result = run_segment(spec, rt)
-                return run_id, result
+                return run_id, run_segment(spec, rt)
 
             trunk = SegmentSpec(kind="dense_trunk", **base, schedule=ScheduleSpec(warmup_tokens=WARMUP * tps),
                                 end_tokens=TRUNK_END * tps, save_at_tokens=tuple(sorted({d[0] * tps for d in DECAYS
@@ -117,7 +116,7 @@ def real_cases(path: Path) -> list[dict]:
         curves = by[width]
         trunk = _curve(curves["trunk"], since=WARMUP + 1)
         fit = fit_curves([trunk], fixed={k: fits[other].params[k] for k in DECAY_PARAMS})
-        out += _score(f"real d{width}", "stable only (decay params of d%d)" % other, fit.params, trunk, curves,
+        out += _score(f"real d{width}", f"stable only (decay params of d{other})", fit.params, trunk, curves,
                       next(c for c in curves if c != "trunk"), reference=by[other])
     return out
 
@@ -179,7 +178,7 @@ def sim_cases(seed: int = 0) -> list[dict]:
     rows = []
     for start in (4000, 6000, 10000):
         for frac in (0.1, 0.2):
-            end = int(round(start / (1 - frac) / 20)) * 20
+            end = round(start / (1 - frac) / 20) * 20
             for shape in ("linear", "cosine", "1-sqrt"):
                 lr = wsd(end, SIM_WARMUP, start, shape)
                 true = float(noise_floor_law(lr, np.array([end]), rng)[0])
