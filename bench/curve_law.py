@@ -1,17 +1,21 @@
 """Held-out decay prediction by the multi-power law (fitting/curve_law.py), on simulated and on real curves.
 
-Each case fits the law on a trunk's constant-LR curve and one of its decays (``stable+1 decay``), or on the trunk
-curve alone with the decay parameters taken from another model size's fit (``stable only``, the real grid), and
-predicts the loss at the end of every other decay. Baselines on the same decays:
+Each case fits the law on a trunk's constant-LR curve and its earliest decay (``stable+1 decay``) or two earliest
+(``stable+2 decays``), or on the trunk curve alone with the decay parameters of another model size's one-decay fit
+(``stable only``, real grids), and predicts the loss at the end of every other decay. Baselines on the same decays:
 
 - ``last stable``: the trunk's loss at the decay start (what a design that ignores decays assumes);
-- ``same drop``: that loss times the relative drop the fitted decay showed (a decay gains a fixed share).
+- ``same drop``: that loss times the mean relative drop the fitted decays showed (a decay gains a fixed share).
 
-Real curves (``--train`` writes bench/data/curve_law_micro.csv, ~5 min on 2 CPU cores): the project's worker
-(`run_segment`, DeepSpeed on CPU) trains two tiny dense trunks (2 layers, d_model 32 and 64, 320 steps of 8×64
-tokens at constant LR after 16 warmup steps) and from each four decay branches to 10% of the peak LR: at step 160
-linear to 200, at 240 cosine to 300, at 320 1-sqrt to 400 and at 320 linear to 356; validation loss every 8 steps,
-read back from the MLflow run each segment logged into.
+Real curves (``--train`` retrains them into bench/data/curve_law_<grid>.csv; the CSVs are what a run without it reads):
+the project's worker (`run_segment`, DeepSpeed on CPU) trains per size one dense trunk at constant LR and decay
+branches from it to 10% of the peak LR, validation loss every few steps, read back from the MLflow run each segment
+logged into (``GRIDS``):
+
+- micro (~3 min on 2 cores): 2 layers, d_model 32 and 64, 320 steps of 8×64 tokens after 16 warmup steps; decays at
+  step 160 linear to 200, at 240 cosine to 300, at 320 1-sqrt to 400 and at 320 linear to 356; every 8 steps;
+- demo (~5 min): sweeps/examples/demo.yaml's dense side (nano, 2×48, micro; 16×128 tokens a step, LR 3e-3, 10 warmup
+  steps) with its D1 budgets of 60, 120 and 240 steps, each decayed linearly over its last 10%; every 6 steps.
 
 Simulation: curves from a *different* law, so the fit is not circular: L = E + A·S1^−a + K·m(t), where m is an
 exponential moving average of the LR (time constant τ steps): SGD's noise floor proportional to the LR, relaxing
@@ -19,14 +23,15 @@ after a drop; 0.3% log-normal noise per point. Schedules are the paper's shapes:
 decays of 10% and 20% of the run, linear, cosine and 1-sqrt, branched at 4,000 to 10,000 steps; the fitted decays
 branch at 2,000 (to 2,500) and 3,000 (to 4,000).
 
-    .venv/bin/python bench/curve_law.py            # both tables, real curves from the CSV
-    .venv/bin/python bench/curve_law.py --train    # retrain the micro grid first
+    .venv/bin/python bench/curve_law.py            # every case, real curves from the CSVs
+    .venv/bin/python bench/curve_law.py --train    # retrain the real grids first
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +39,42 @@ import pandas as pd
 
 from upscale.fitting.curve_law import DECAY_PARAMS, Curve, fit_curves, predict
 
-MICRO = Path(__file__).parent / "data" / "curve_law_micro.csv"
-PEAK_LR = 3e-3
-WARMUP, TRUNK_END = 16, 320
-DECAYS = ((160, 200, "linear"), (240, 300, "cosine"), (320, 400, "1-sqrt"), (320, 356, "linear"))
-FINAL = 0.1
+FINAL = 0.1  # the decays end at 10% of the peak LR
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Real curves to train: per size, one dense trunk at constant LR and decay branches (start, end, shape) from it,
+    in steps; validation loss every ``eval_every`` steps."""
+
+    name: str
+    sizes: dict[str, dict]  # label -> ModelSpec shape fields
+    context: int
+    batch_size: int
+    lr: float
+    warmup: int
+    trunk_end: int
+    decays: tuple[tuple[int, int, str], ...]
+    eval_every: int
+    eval_tokens: int
+
+    @property
+    def csv(self) -> Path:
+        return Path(__file__).parent / "data" / f"curve_law_{self.name}.csv"
+
+
+GRIDS = (
+    Grid("micro", {"d32": dict(n_layer=2, d_model=32, n_head=2), "d64": dict(n_layer=2, d_model=64, n_head=2)},
+         context=64, batch_size=8, lr=3e-3, warmup=16, trunk_end=320,
+         decays=((160, 200, "linear"), (240, 300, "cosine"), (320, 400, "1-sqrt"), (320, 356, "linear")),
+         eval_every=8, eval_tokens=64 * 64),
+    # sweeps/examples/demo.yaml's dense side: its sizes, batch, LR, warmup and its D1 budgets (60, 120, 240 steps)
+    # decayed over their last 10%, linearly
+    Grid("demo", {"nano": dict(n_layer=2, d_model=32, n_head=2), "d48": dict(n_layer=2, d_model=48, n_head=4),
+                  "micro": dict(n_layer=2, d_model=64, n_head=4)},
+         context=128, batch_size=16, lr=3e-3, warmup=10, trunk_end=216,
+         decays=((54, 60, "linear"), (108, 120, "linear"), (216, 240, "linear")), eval_every=6, eval_tokens=16384),
+)
 
 
 def wsd(end: int, warmup: int, decay_start: int | None, shape: str = "linear", peak: float = 1.0) -> np.ndarray:
@@ -52,8 +88,8 @@ def wsd(end: int, warmup: int, decay_start: int | None, shape: str = "linear", p
 
 # --- real curves -------------------------------------------------------------------------------------------------
 
-def train_micro(out: Path) -> None:
-    """Train the micro grid with the worker and write every curve's LR per step and validation losses."""
+def train(grid: Grid) -> None:
+    """Train ``grid`` with the worker and write every curve's LR per step and validation losses to its CSV."""
     from upscale.sweeps.segments import DataSpec, ModelSpec, OptimSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
     from upscale.workers.segment import run_segment
     from upscale.workers.tracking import client_for, ensure_experiment
@@ -63,37 +99,38 @@ def train_micro(out: Path) -> None:
         uri = f"sqlite:///{tmp}/mlflow.db"
         client = client_for(uri)
         exp = ensure_experiment(client, f"{tmp}/artifacts")
-        for width in (32, 64):
-            model = ModelSpec(n_layer=2, d_model=width, n_head=2, vocab_size=256, context=64)
-            tps = 8 * model.context
-            base = dict(model=model, data=DataSpec(eval_tokens=64 * 64), optim=OptimSpec(lr=PEAK_LR, batch_size=8))
+        for label, shape in grid.sizes.items():
+            model = ModelSpec(**shape, vocab_size=256, context=grid.context)
+            tps = grid.batch_size * grid.context
+            base = dict(model=model, data=DataSpec(eval_tokens=grid.eval_tokens),
+                        optim=OptimSpec(lr=grid.lr, batch_size=grid.batch_size))
 
-            def run(spec: SegmentSpec, parents: dict[str, str], name: str, every: int = 8 * tps) -> tuple[str, object]:
+            def run(spec: SegmentSpec, parents: dict[str, str], name: str, tps: int = tps) -> tuple[str, object]:
                 run_id = client.create_run(exp, run_name=name).info.run_id
                 rt = SegmentRuntime(checkpoint_dir=f"{tmp}/{spec.id}", data_cache_dir=f"{tmp}/cache",
-                                    eval_every_tokens=every, mlflow_tracking_uri=uri, mlflow_run_id=run_id,
-                                    parent_checkpoints=parents)
+                                    eval_every_tokens=grid.eval_every * tps, mlflow_tracking_uri=uri,
+                                    mlflow_run_id=run_id, parent_checkpoints=parents)
                 return run_id, run_segment(spec, rt)
 
-            trunk = SegmentSpec(kind="dense_trunk", **base, schedule=ScheduleSpec(warmup_tokens=WARMUP * tps),
-                                end_tokens=TRUNK_END * tps, save_at_tokens=tuple(sorted({d[0] * tps for d in DECAYS
-                                                                                         if d[0] < TRUNK_END})))
-            run_id, result = run(trunk, {}, f"trunk d{width}")
-            curves = {"trunk": (run_id, wsd(TRUNK_END, WARMUP, None, peak=PEAK_LR))}
-            for start, end, shape in DECAYS:
-                sched = ScheduleSpec(warmup_tokens=WARMUP * tps, decay_shape=shape, final_lr_fraction=FINAL)
+            branches = tuple(sorted({d[0] * tps for d in grid.decays if d[0] < grid.trunk_end}))
+            trunk = SegmentSpec(kind="dense_trunk", **base, schedule=ScheduleSpec(warmup_tokens=grid.warmup * tps),
+                                end_tokens=grid.trunk_end * tps, save_at_tokens=branches)
+            run_id, result = run(trunk, {}, f"trunk {label}")
+            curves = {"trunk": (run_id, wsd(grid.trunk_end, grid.warmup, None, peak=grid.lr))}
+            for start, end, shape_name in grid.decays:
+                sched = ScheduleSpec(warmup_tokens=grid.warmup * tps, decay_shape=shape_name, final_lr_fraction=FINAL)
                 spec = SegmentSpec(kind="dense_decay", **base, schedule=sched, start_tokens=start * tps,
                                    end_tokens=end * tps, decay_start_tokens=start * tps, parent_ids=(trunk.id,))
-                name = f"{shape}@{start}-{end}"
+                name = f"{shape_name}@{start}-{end}"
                 ckpt = result.branch_checkpoints.get(start * tps, result.checkpoint)
                 curves[name] = (run(spec, {trunk.id: str(ckpt)}, name)[0],
-                                wsd(end, WARMUP, start, shape, peak=PEAK_LR))
+                                wsd(end, grid.warmup, start, shape_name, peak=grid.lr))
             for name, (rid, lr) in curves.items():
                 val = {m.step // tps: m.value for m in client.get_metric_history(rid, "loss/val")}
-                rows += [{"width": width, "curve": name, "step": s, "lr": lr[s - 1], "loss": val.get(s, np.nan)}
+                rows += [{"size": label, "curve": name, "step": s, "lr": lr[s - 1], "loss": val.get(s, np.nan)}
                          for s in range(1, len(lr) + 1)]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out, index=False)
+    grid.csv.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(grid.csv, index=False)
 
 
 def _curve(df: pd.DataFrame, since: int = 0) -> Curve:
@@ -101,26 +138,28 @@ def _curve(df: pd.DataFrame, since: int = 0) -> Curve:
     return Curve(df["lr"].to_numpy(), seen["step"].to_numpy(), seen["loss"].to_numpy())
 
 
-def real_cases(path: Path) -> list[dict]:
-    """Per width: fit on the trunk and its earliest decay, or its two earliest; then the trunk alone with the decay
-    parameters of the other width's one-decay fit."""
-    data = pd.read_csv(path)
-    by = {w: {c: g.sort_values("step") for c, g in d.groupby("curve")} for w, d in data.groupby("width")}
+def real_cases(grid: Grid) -> list[dict]:
+    """Per size: fit on the trunk and its earliest decay, or its two earliest; then the trunk alone with the decay
+    parameters of the next size's one-decay fit."""
+    data = pd.read_csv(grid.csv)
+    by = {size: {c: g.sort_values("step") for c, g in d.groupby("curve")}
+          for size, d in data.groupby("size", sort=False)}
     out, fits = [], {}
-    for width, curves in by.items():
-        trunk = _curve(curves["trunk"], since=WARMUP + 1)
+    for size, curves in by.items():
+        trunk = _curve(curves["trunk"], since=grid.warmup + 1)
         earliest = sorted((c for c in curves if c != "trunk"), key=_span)
         for k, mode in ((1, "stable+1 decay"), (2, "stable+2 decays")):
             seen = [trunk, *(_curve(curves[c], since=_span(c)[0]) for c in earliest[:k])]
             fit = fit_curves(seen)
-            fits.setdefault(width, fit)
-            out += _score(f"real d{width}", mode, fit.params, curves, earliest[:k], fit_rms(fit.params, seen))
-    for width, other in ((32, 64), (64, 32)):
-        curves = by[width]
-        trunk = _curve(curves["trunk"], since=WARMUP + 1)
+            fits.setdefault(size, fit)
+            out += _score(f"{grid.name} {size}", mode, fit.params, curves, earliest[:k], fit_rms(fit.params, seen))
+    sizes = list(by)
+    for size, other in zip(sizes, sizes[1:] + sizes[:1], strict=True):
+        curves = by[size]
+        trunk = _curve(curves["trunk"], since=grid.warmup + 1)
         fit = fit_curves([trunk], fixed={k: fits[other].params[k] for k in DECAY_PARAMS})
         fitted = sorted((c for c in by[other] if c != "trunk"), key=_span)[:1]
-        out += _score(f"real d{width}", f"stable only (decay params of d{other})", fit.params, curves, fitted,
+        out += _score(f"{grid.name} {size}", f"stable only (decay params of {other})", fit.params, curves, fitted,
                       fit_rms(fit.params, [trunk]), reference=by[other])
     return out
 
@@ -217,11 +256,13 @@ def sim_cases(seed: int = 0) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--train", action="store_true", help=f"retrain the micro grid into {MICRO}")
+    ap.add_argument("--train", action="store_true", help="retrain the real grids into bench/data/curve_law_*.csv")
     args = ap.parse_args()
-    if args.train or not MICRO.exists():
-        train_micro(MICRO)
-    rows = sim_cases() + real_cases(MICRO)
+    rows = sim_cases()
+    for grid in GRIDS:
+        if args.train or not grid.csv.exists():
+            train(grid)
+        rows += real_cases(grid)
     table = pd.DataFrame(rows)
     pd.set_option("display.width", 200)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))

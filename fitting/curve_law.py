@@ -9,8 +9,9 @@ A WSD trunk's curve at constant LR and its decay branches are one law apart (Luo
 At constant LR, LD = 0 and the law is a power law in the area; every LR drop adds a loss reduction that grows
 with the area trained after it. The curve laws of fitting/laws.py are sums of power laws in table columns; this one
 reads whole schedules, so it has its own numerics, fitted the way the fitter fits the others (summed Huber(δ=1e-3) of
-log L̂ − log L, exact gradient, BFGS from the best points of a screened start grid whose scales L0, A, B are solved
-by linear least squares, best converged run or FitError). LRs are rescaled by the largest one given (areas in steps
+log L̂ − log L, exact gradient, runs from the best points of a screened start grid whose scales L0, A, B are solved
+by linear least squares, best converged run or FitError); the optimiser is L-BFGS-B, holding the exponents in their
+boxes (``_Problem.minimize`` says why). LRs are rescaled by the largest one given (areas in steps
 at the peak LR) so that one start grid serves every LR; parameters are reported in the units the LRs were given in.
 
 The decay parameters (B, C, beta, gamma) are identified only by curves that decay: a fit on constant-LR curves alone
@@ -31,6 +32,8 @@ from upscale.fitting.fit import FITTER_VERSION, FitOptions, FitProvenance, FitRe
 from upscale.fitting.laws import Param
 
 DECAY_PARAMS = ("B", "C", "beta", "gamma")
+# A decay to LR 0 reaches η_k^−gamma = ∞ (G at its limit, 1); it counts as this fraction of the peak LR instead
+ZERO_LR = 1e-8
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ def _terms(curves: list[Curve], scale: float) -> _Terms:
             t = c.steps[seen][:, None]
             live = (ks[None, :] + 1) <= t
             decays.append(_Decays(first + seen, np.where(live, delta[ks][None, :], 0.0),
-                                  np.where(live, cum[t] - cum[ks][None, :], 0.0), np.log(lr[ks])))
+                                  np.where(live, cum[t] - cum[ks][None, :], 0.0),
+                                  np.log(np.maximum(lr[ks], ZERO_LR))))
             decay_areas.append(cum[-1] - cum[ks[0]])
         first += c.steps.size
     return _Terms(np.concatenate(areas), tuple(decays), float(np.median(decay_areas)) if decay_areas else 0.0)

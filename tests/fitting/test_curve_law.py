@@ -47,6 +47,18 @@ def test_constant_schedule_has_no_decay_term():
     assert 0 < gain[0] < gain[1] < gain[2]
 
 
+def test_decay_to_zero_lr_is_finite():
+    lr = wsd(500, 400, "1-sqrt")
+    lr[-2:] = 0.0
+    problem = _Problem(MULTI_POWER, _terms([Curve(lr, np.array([450, 500]), np.array([4.5, 4.4]))], PEAK),
+                       np.array([4.5, 4.4]), {}, 1e-3)
+    f, g = problem.value_and_grad(problem.starts()[0])
+    assert np.isfinite(f) and np.all(np.isfinite(g))
+    # a step at LR 0 trains nothing, so it changes nothing: its own drop counts from the area after it (none yet)
+    last = predict(TRUTH, Curve(lr, np.array([497, 498, 499, 500])))
+    assert last[0] > last[1] and last[1] == pytest.approx(last[2]) and last[2] == pytest.approx(last[3])
+
+
 def test_gradient_is_exact():
     trunk, decay = trunk_and_decay(0.003)
     problem = _Problem(MULTI_POWER, _terms([trunk, decay], PEAK), np.concatenate([trunk.loss, decay.loss]), {}, 1e-3)
