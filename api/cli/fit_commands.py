@@ -83,13 +83,18 @@ def print_plots(drawn: DrawnPlots, folder: Path, to_stdout: bool = True) -> None
 
 
 def laws_command() -> None:
-    """The registry: one law a line with its formula, the columns it needs and its source in the paper."""
+    """The registry: one law a line with its formula, the columns it needs and its source in the paper; then the laws
+    of loss curves (fitting/curve_law.py), which read a run's LR schedule and losses along it."""
+    from upscale.fitting.curve_law import CURVE_LAWS
     from upscale.fitting.laws import LAWS
 
-    width = max(map(len, LAWS))
+    width = max(map(len, [*LAWS, *CURVE_LAWS]))
     for name, law in LAWS.items():
         console.print(f"{name:<{width}}  {law.formula}  [dim]columns: {', '.join(law.columns)} · {law.source}[/]",
                       soft_wrap=True, highlight=False)
+    for name, curve_law in CURVE_LAWS.items():
+        console.print(f"{name:<{width}}  {curve_law.formula}  [dim]reads: the LR of every step and losses along the "
+                      f"run · {curve_law.source}[/]", soft_wrap=True, highlight=False)
 
 
 def fit_table(rep: dict[str, Any], title: str, truth: dict[str, float] | None = None) -> Table:

@@ -60,7 +60,8 @@ def moe_csv(tmp_path: Path) -> Path:
 
 def test_laws_lists_one_law_a_line():
     out = run("laws", cwd=Path.cwd()).stdout.splitlines()
-    assert len(out) == 17 and out[0].split()[0] == "chinchilla" and "L = A·D^−alpha + B·N^−beta + E" in out[0]
+    assert len(out) == 18 and out[0].split()[0] == "chinchilla" and "L = A·D^−alpha + B·N^−beta + E" in out[0]
+    assert out[-1].split()[0] == "multi-power" and "the LR of every step" in out[-1]
 
 
 def test_fit_dstar_decide_optimal_json_contracts(tmp_path):
