@@ -68,6 +68,8 @@ MAX_BATCH = 1 << 20  # sequences per optimiser step
 MIN_CPUS = 0.01  # per worker: Ray schedules fractions, but below this a segment would never finish
 MAX_CPUS = 4096.0  # per worker process, as MAX_GPUS: beyond any node
 MAX_GPUS = 64.0
+MAX_GPU_MEMORY = 1 << 16  # GiB of one GPU: far above any made
+GPU_MEMORY_GIB = 80.0  # what the plan assumes one GPU holds when resources.gpu_memory is not given: an H100's
 MAX_WORKERS = 4096  # processes per segment
 GIB = 1 << 30
 
@@ -332,6 +334,16 @@ class TrainSection(Frozen):
     seed: int = Field(0, description="Seed of model init and training randomness.")
     round_tokens: Literal["nearest", "exact"] = Field(
         "nearest", description="Budgets not a multiple of batch_size*context: round to the nearest step, or refuse.")
+    micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, description="Sequences per forward pass on each "
+                                         "worker, gradients accumulated over a step: must divide batch_size / "
+                                         "resources.workers. None = the largest that fits the device's memory "
+                                         "(docs/training.md). Changes memory, not results.")
+    activation_checkpointing: bool = Field(False, description="Recompute each block's activations in the backward "
+                                           "pass instead of keeping them: less memory for ~1/3 more compute. "
+                                           "Changes memory, not results.")
+
+    # Options that change how a step is computed, not what it computes: absent at their default from the spec's hash.
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"micro_batch_size", "activation_checkpointing"})
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:
@@ -350,16 +362,23 @@ class SizeOverride(Frozen):
     """Per-size recipe (the paper's Table 5 varies batch, warmup, init and LR with size)."""
 
     batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, description="train.micro_batch_size for this size.")
     warmup_tokens: float | None = Field(None, ge=0, le=MAX_TOKENS)
     lr: LrSection | None = None
     init_std: float | None = Field(None, gt=0)
     tokens: TokensOverride | None = None
+
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"micro_batch_size"})
 
 
 class ResourcesSection(Frozen):
     cpus: float = Field(1, ge=MIN_CPUS, le=MAX_CPUS, description="CPUs per worker process.")
     gpus: float = Field(0, ge=0, le=MAX_GPUS, description="GPUs per worker process.")
     workers: int = Field(1, ge=1, le=MAX_WORKERS, description="Worker processes per segment (Ray Train when > 1).")
+    gpu_memory: float | None = Field(None, gt=0, le=MAX_GPU_MEMORY, description="GiB of memory of one GPU, for the "
+                                     "plan's memory check and micro-batch; None = GPU_MEMORY_GIB (80, an H100's).")
+
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"gpu_memory"})
 
 
 class ClusterResources(Frozen):
@@ -404,6 +423,8 @@ class SweepSpec(Frozen):
                      for path, bs in [("train.batch_size", self.train.batch_size)] +
                      [(f"per_size.{k}.batch_size", o.batch_size) for k, o in self.per_size.items() if o.batch_size]
                      if bs % w]
+        if not problems:
+            problems += self._micro_batch_problems()
         if self.model.dense is not None:
             problems += self._dense_problems((info.context or {}).get("check_path"))
         else:
@@ -421,6 +442,24 @@ class SweepSpec(Frozen):
                                          f"{up.method} cannot build {label} as {e}x{k}: {err}"))
         _raise_if(list(dict.fromkeys(problems)))
         return self
+
+    def micro_batch_size(self, label: str) -> int | None:
+        """The micro-batch the spec gives size ``label`` (its per_size override, else train's); None = fit memory."""
+        o = self.per_size.get(label)
+        return o.micro_batch_size if o and o.micro_batch_size else self.train.micro_batch_size
+
+    def _micro_batch_problems(self) -> list[SpecProblem]:
+        """A micro-batch divides each worker's share of its size's batch (a step is whole micro-batches)."""
+        w, problems = self.resources.workers, []
+        for label in self.model.shapes():
+            o = self.per_size.get(label, SizeOverride())
+            rows = (o.batch_size or self.train.batch_size) // w
+            micro = self.micro_batch_size(label)
+            if micro and rows % micro:
+                path = f"per_size.{label}.micro_batch_size" if o.micro_batch_size else "train.micro_batch_size"
+                problems.append((path, f"{micro} does not divide the {rows} sequences each of {w} worker(s) takes per "
+                                       f"step of {label}; use a divisor of {rows}"))
+        return problems
 
     def _sizes_problems(self) -> list[SpecProblem]:
         """Dense models trained here need their budgets and, without an LR search, their LR."""
