@@ -144,7 +144,7 @@ def training_memory(s: Shape, n_expert: int, topk: int, expert_d_ff: int, shared
     checkpointing per block) a layer keeps only its input (d per token) and one block's activations exist at a time,
     while the backward pass recomputes it."""
     ffn = shared_d_ff + (topk * expert_d_ff if n_expert else s.d_ff)
-    experts = n_expert * 3 * s.d_model * expert_d_ff if n_expert else 0
+    experts = s.n_layer * n_expert * 3 * s.d_model * expert_d_ff if n_expert else 0
     ep = math.gcd(workers, n_expert) if n_expert else 1
     total = moe_total_params(s, n_expert, expert_d_ff, shared_d_ff) if n_expert else dense_params(s)
     params = total - experts + experts // ep + 2 * vocab * s.d_model
