@@ -32,8 +32,8 @@ def test_a_micro_batch_must_divide_a_workers_share(spec_data: dict) -> None:
     spec_data["resources"] = {"workers": 2}
     with pytest.raises(SpecError) as e:
         parse_spec(spec_data)
-    assert list(e.value.problems) == [("train.micro_batch_size", "3 does not divide the 8 sequences each of 2 worker(s) "
-                                                           "takes per step of nano; use a divisor of 8")]
+    assert list(e.value.problems) == [("train.micro_batch_size", "3 does not divide the 8 sequences each of 2 "
+                                       "worker(s) takes per step of nano; use a divisor of 8")]
 
 
 def test_liew_joint_fits_80_gib_gpus_with_accumulation() -> None:

@@ -109,3 +109,25 @@ def test_activation_checkpointing_gives_the_same_gradients(cfg: ModelConfig) -> 
     assert kept_recomputed < kept_plain / 2  # only the blocks' inputs were kept
     with torch.no_grad():  # evaluation keeps nothing either way: no recomputation wrapper
         torch.testing.assert_close(recomputed(batch(1)[:, :-1])[0], plain(batch(1)[:, :-1])[0])
+
+
+@pytest.mark.slow  # ~5 s: two segments, each tokenising the built-in corpus into its own cache
+def test_a_segment_in_micro_batches_takes_the_same_steps_and_lrs(tmp_path) -> None:
+    from upscale.sweeps.segments import DataSpec, ModelSpec, ScheduleSpec, SegmentRuntime, SegmentSpec
+    from upscale.workers.segment import run_segment
+
+    tps = 8 * 32
+    spec = SegmentSpec(kind="dense_decay", model=ModelSpec(n_layer=2, d_model=32, n_head=2, vocab_size=256,
+                                                           context=32),
+                       data=DataSpec(eval_tokens=2048), optim=OptimSpec(lr=3e-3, batch_size=8),
+                       schedule=ScheduleSpec(warmup_tokens=2 * tps), end_tokens=6 * tps, decay_start_tokens=4 * tps)
+    runs = []
+    for name, options in (("whole", {}), ("micro", {"micro_batch_size": 2, "activation_checkpointing": True})):
+        steps: list[tuple[int, float, float]] = []
+        rt = SegmentRuntime(checkpoint_dir=str(tmp_path / name), data_cache_dir=str(tmp_path / "cache"), **options)
+        result = run_segment(spec, rt, on_step=lambda s, steps=steps: steps.append((s.step, s.lr, s.loss)))
+        runs.append((steps, result.val_loss))
+    (whole, loss_whole), (micro, loss_micro) = runs
+    assert [(s, lr) for s, lr, _ in micro] == [(s, lr) for s, lr, _ in whole] and len(whole) == 6
+    assert [x for *_, x in micro] == pytest.approx([x for *_, x in whole], rel=1e-5)
+    assert loss_micro == pytest.approx(loss_whole, rel=1e-5)
