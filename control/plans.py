@@ -6,21 +6,22 @@ what to add (fitting/identifiability.py on the planned coordinates)."""
 from __future__ import annotations
 
 from upscale.control.identifiability import planned_grid
-from upscale.control.schemas import KindTotals, LawCheckPublic, PlanEstimate, PlanSummary
+from upscale.control.schemas import KindTotals, LawCheckPublic, PlanEstimate, PlanSummary, SizeMemoryPublic
 from upscale.fitting.identifiability import identifiability
 from upscale.orchestrator.plan_in_store import PlanInStore
 from upscale.sweeps.planner import GPU_FLOPS_PER_S, critical_path_s, gpu_flops_per_s, segment_seconds
-from upscale.sweeps.spec import SweepSpec
+from upscale.sweeps.spec import GIB, SweepSpec, memory_plan, worker_memory
 
 KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
               "scratch_trunk", "scratch_decay")
 
 
 def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None = None,
-                 flops_per_s: float | None = None) -> PlanSummary:
+                 flops_per_s: float | None = None, node_memory: float | None = None) -> PlanSummary:
     """``check``'s plan (of ``spec``) summarised. Without a throughput, a GPU sweep (resources.gpus > 0) is estimated
     at 400 TFLOP/s per GPU of a segment, a CPU sweep from the figures measured on a 2-core CPU (docs/architecture.md,
-    "Measured facts"); the estimate counts only what would train (done segments take no time)."""
+    "Measured facts"); the estimate counts only what would train (done segments take no time). The memory per worker
+is estimated on one GPU of a GPU sweep, on a node of ``node_memory`` bytes of a CPU sweep."""
     p = check.plan
     if not tokens_per_s and not flops_per_s and (gpu := gpu_flops_per_s(spec)):
         flops_per_s = gpu
@@ -43,7 +44,8 @@ def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None
         name=p.name, segments=f["segments"], new_segments=f["new_segments"],
         by_kind={k: kinds[k] for k in KIND_ORDER if k in kinds}, observations=len(p.observations()),
         tokens=f["tokens"], new_tokens=f["new_tokens"], total_flops=f["flops"], new_flops=f["new_flops"],
-        independent_flops=f["independent_flops"], saving=f["saving"], estimate=estimate, identifiability=checks,
+        independent_flops=f["independent_flops"], saving=f["saving"], estimate=estimate,
+        memory=memory_summary(spec, node_memory), identifiability=checks,
         notes=list(p.notes), stale_segments=f["stale"], reuse_stale=f["reuse_stale"],
         other_cut_segments=f["other_cut_segments"])
 
@@ -52,3 +54,14 @@ def estimate_basis(tokens_per_s: float | None = None, flops_per_s: float | None 
     """The throughput a time estimate assumes, in words: the plan's and a stored sweep's (control/timing.py)."""
     return (f"{tokens_per_s:g} tokens/s" if tokens_per_s else f"{flops_per_s:g} FLOP/s per segment" if flops_per_s
             else "throughput measured on a 2-core CPU (give --tokens-per-s for your machine)")
+
+
+def memory_summary(spec: SweepSpec, node_memory: float | None = None) -> list[SizeMemoryPublic]:
+    """`memory_plan` of ``spec`` on the device one of its workers fills."""
+    memory = worker_memory(spec, node_memory)
+    return [SizeMemoryPublic(size=m.label, model=m.model, sequences_per_step=m.rows,
+                             micro_batch_size=m.micro_batch_size,
+                             accumulation_steps=m.rows // m.micro_batch_size if m.micro_batch_size else None,
+                             memory_gib=m.need.total / GIB, state_gib=m.need.state / GIB,
+                             device_gib=memory / GIB if memory else None, fits=m.fits)
+            for m in memory_plan(spec, memory)]

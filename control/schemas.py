@@ -38,6 +38,22 @@ class PlanEstimate(BaseModel):
                                            "paper's assumption).")
 
 
+class SizeMemoryPublic(BaseModel):
+    """One size's largest model as one worker trains it (sweeps/spec.py `memory_plan`; docs/training.md)."""
+
+    size: str
+    model: str = Field(description="The size's model that needs the most memory: `dense 0.1B` or `0.1B as 8x2`.")
+    sequences_per_step: int = Field(description="Sequences one worker takes per optimiser step.")
+    micro_batch_size: int | None = Field(description="Sequences per forward pass: the spec's, else the largest that "
+                                         "fits; None when not even one fits.")
+    accumulation_steps: int | None = Field(description="Micro-batches per optimiser step.")
+    memory_gib: float = Field(description="Estimated GiB one worker holds at that micro-batch.")
+    state_gib: float = Field(description="Of which weights, gradients and AdamW state.")
+    device_gib: float | None = Field(description="GiB of the device it must fit (one GPU, or the largest node); None "
+                                     "when not known (a CPU sweep planned offline).")
+    fits: bool
+
+
 class LawCheckPublic(BaseModel):
     """One law of the analysis on the planned grid (fitting/identifiability.py)."""
 
@@ -65,6 +81,8 @@ class PlanSummary(BaseModel):
     independent_flops: float = Field(description="FLOPs of the same grid as independent runs.")
     saving: float = Field(description="independent_flops / total_flops.")
     estimate: PlanEstimate
+    memory: list[SizeMemoryPublic] = Field(description="Per size, the memory one worker (one GPU) needs for its "
+                                           "largest model and the micro-batch it trains with.")
     identifiability: list[LawCheckPublic] = Field(description="Each law of the analysis on the planned grid: a law "
                                                   "that is not identifiable says why and what to add.")
     notes: list[str] = Field(description="How budgets were rounded to whole steps.")

@@ -2,8 +2,9 @@
 
 Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it, and what a
 server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data and model paths under
-the data roots, resources the cluster has and a model that fits one of its nodes' memory (`check_memory`). The
-in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own machine and is not confined.
+the data roots, resources the cluster has and models that fit one of its nodes' memory or one GPU's
+(`check_memory`). The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own machine and is not
+confined.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ def admit(services: Services, data: Any) -> SweepSpec:
     available = cluster(services)
     if available is not None:
         check_resources(spec, available)
-        if available.node_memory:
-            check_memory(spec, available.node_memory)
+        check_memory(spec, available.node_memory)
     return spec
 
 

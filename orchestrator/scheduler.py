@@ -53,7 +53,7 @@ from upscale.orchestrator.task import SegmentFn, segment_task, train_segment
 from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
 from upscale.orchestrator.training_path import training_path
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.sweeps.spec import ClusterResources, ResourcesSection
+from upscale.sweeps.spec import ClusterResources, ResourcesSection, SizeOverride, TrainSection
 
 
 @dataclass
@@ -168,6 +168,15 @@ def _loopback_only() -> None:
 
     os.environ[LOOPBACK_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def step_options(spec: dict, size: str | None) -> dict:
+    """How a segment of size ``size`` of the stored sweep ``spec`` computes a step (memory, not results): the spec's
+    micro-batch for the size (None: the worker fits one to its device) and activation checkpointing."""
+    train = TrainSection.model_validate(spec["train"])
+    override = SizeOverride.model_validate(spec.get("per_size", {}).get(size, {}))
+    return {"micro_batch_size": override.micro_batch_size or train.micro_batch_size,
+            "activation_checkpointing": train.activation_checkpointing}
 
 
 def cluster_resources(settings: Settings) -> ClusterResources:
@@ -412,7 +421,7 @@ class Scheduler:
             mlflow_tracking_uri=self.settings.mlflow_tracking_uri, mlflow_run_id=run_id,
             num_threads=max(1, math.floor(res.cpus)), workers=workers,
             device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
-            data_cache_dir=str(self.settings.data_cache_dir),
+            data_cache_dir=str(self.settings.data_cache_dir), **step_options(sweep.spec, axes.get("size")),
         )
         self.store.hooks.before_launch(self.store, sweep.id, seg)  # e.g. the ledger's prediction, scored when done
         self._report_msg(f"start {seg.kind} {seg.key}")

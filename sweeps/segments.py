@@ -484,6 +484,11 @@ class SegmentRuntime(BaseModel):
     checkpoint_every_tokens: int | None = Field(None, description="Periodic resume checkpoints; None = none.")
     log_every_steps: int = Field(10, ge=1, description="Training metrics cadence.")
     zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage (0-2; MoE does not support 3).")
+    micro_batch_size: int | None = Field(None, ge=1, description="Sequences per forward pass on each worker, "
+                                         "gradients accumulated over a step's; None = the largest that fits the "
+                                         "device's memory (docs/training.md).")
+    activation_checkpointing: bool = Field(False, description="Recompute each block's activations in the backward "
+                                           "pass instead of keeping them: less memory, ~1/3 more compute.")
     data_cache_dir: str | None = Field(None, description="Token cache folder; None = <UPSCALE_HOME>/data.")
 
 

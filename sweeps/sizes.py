@@ -19,12 +19,16 @@ the embeddings are outside N, and the LM head's FLOPs are spent either way.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from upscale.sweeps.segments import Shape, UpcycleSpec
 
 BYTES_PER_PARAM = 16  # fp32 weights and gradients (4 + 4) and AdamW's two moments (8)
 BYTES_PER_ACTIVATION = 4  # fp32
+# Of a device's memory, what the estimate may fill: the rest is for what it does not count (a CUDA context,
+# allocator fragmentation, the temporaries of one operation).
+MEMORY_HEADROOM = 0.8
 
 # The paper's Table 3 (n_layer, d_model, n_head), then CPU-sized shapes for tests and the demo.
 NAMED_SIZES: dict[str, Shape] = {
@@ -129,19 +133,31 @@ class TrainingMemory:
 
 
 def training_memory(s: Shape, n_expert: int, topk: int, expert_d_ff: int, shared_d_ff: int, *, vocab: int,
-                    context: int, sequences: int, workers: int) -> TrainingMemory:
+                    context: int, sequences: int, workers: int, checkpointing: bool = False) -> TrainingMemory:
     """A lower estimate of one worker's memory to train a model (dense when ``n_expert`` is 0) on ``sequences``
-    sequences of ``context`` tokens per step (docs/architecture.md, "What a request may cost"): BYTES_PER_PARAM for each
+    sequences of ``context`` tokens per forward pass (a micro-batch; docs/training.md): BYTES_PER_PARAM for each
     parameter it holds (embeddings and LM head included; the experts split over gcd(workers, n_expert) ranks, as
     expert parallelism does), and fp32 activations kept for the backward pass: per token and layer the block's
     inputs, Q/K/V and attention output (8·d + 2·d_kv) and each active FFN's gate, up and product (3·f) with the
     router's logits, and the logits over the vocabulary twice (values and their softmax's gradient). Attention
-    scores are not counted: scaled_dot_product_attention does not keep them."""
+    scores are not counted: scaled_dot_product_attention does not keep them. With ``checkpointing`` (activation
+    checkpointing per block) a layer keeps only its input (d per token) and one block's activations exist at a time,
+    while the backward pass recomputes it."""
     ffn = shared_d_ff + (topk * expert_d_ff if n_expert else s.d_ff)
-    experts = n_expert * 3 * s.d_model * expert_d_ff if n_expert else 0
+    experts = s.n_layer * n_expert * 3 * s.d_model * expert_d_ff if n_expert else 0
     ep = math.gcd(workers, n_expert) if n_expert else 1
     total = moe_total_params(s, n_expert, expert_d_ff, shared_d_ff) if n_expert else dense_params(s)
     params = total - experts + experts // ep + 2 * vocab * s.d_model
-    per_token = s.n_layer * (8 * s.d_model + 2 * s.d_kv + 3 * ffn + n_expert) + 2 * vocab
+    per_layer = 8 * s.d_model + 2 * s.d_kv + 3 * ffn + n_expert
+    kept = s.n_layer * s.d_model + per_layer if checkpointing else s.n_layer * per_layer
     tokens = sequences * context
-    return TrainingMemory(params, sequences, BYTES_PER_PARAM * params, BYTES_PER_ACTIVATION * tokens * per_token)
+    return TrainingMemory(params, sequences, BYTES_PER_PARAM * params,
+                          BYTES_PER_ACTIVATION * tokens * (kept + 2 * vocab))
+
+
+def largest_micro_batch(rows: int, budget: float, need: Callable[[int], TrainingMemory]) -> int | None:
+    """The largest micro-batch dividing a worker's ``rows`` sequences per step whose ``need(micro)`` fits in
+    ``budget`` bytes; None when not even one sequence fits (the weights and optimiser state alone may not)."""
+    divisors = sorted({d for m in range(1, math.isqrt(rows) + 1) if rows % m == 0 for d in (m, rows // m)},
+                      reverse=True)
+    return next((m for m in divisors if need(m).total <= budget), None)

@@ -19,6 +19,7 @@ before the heavier cross-section checks and before any planning.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -49,7 +50,14 @@ from upscale.sweeps.segments import (
     Shape,
     UpcycleSpec,
 )
-from upscale.sweeps.sizes import NAMED_SIZES, expert_widths, training_memory
+from upscale.sweeps.sizes import (
+    MEMORY_HEADROOM,
+    NAMED_SIZES,
+    TrainingMemory,
+    expert_widths,
+    largest_micro_batch,
+    training_memory,
+)
 
 # Methods whose identity varies with the `r` axis (Drop-Upcycling's re-initialised fraction, docs/methods.md). Others
 # ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.
@@ -68,6 +76,8 @@ MAX_BATCH = 1 << 20  # sequences per optimiser step
 MIN_CPUS = 0.01  # per worker: Ray schedules fractions, but below this a segment would never finish
 MAX_CPUS = 4096.0  # per worker process, as MAX_GPUS: beyond any node
 MAX_GPUS = 64.0
+MAX_GPU_MEMORY = 1 << 16  # GiB of one GPU: far above any made
+GPU_MEMORY_GIB = 80.0  # what the plan assumes one GPU holds when resources.gpu_memory is not given: an H100's
 MAX_WORKERS = 4096  # processes per segment
 GIB = 1 << 30
 
@@ -332,6 +342,16 @@ class TrainSection(Frozen):
     seed: int = Field(0, description="Seed of model init and training randomness.")
     round_tokens: Literal["nearest", "exact"] = Field(
         "nearest", description="Budgets not a multiple of batch_size*context: round to the nearest step, or refuse.")
+    micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, description="Sequences per forward pass on each "
+                                         "worker, gradients accumulated over a step: must divide batch_size / "
+                                         "resources.workers. None = the largest that fits the device's memory "
+                                         "(docs/training.md). Changes memory, not results.")
+    activation_checkpointing: bool = Field(False, description="Recompute each block's activations in the backward "
+                                           "pass instead of keeping them: less memory for ~1/3 more compute. "
+                                           "Changes memory, not results.")
+
+    # Options that change how a step is computed, not what it computes: absent at their default from the spec's hash.
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"micro_batch_size", "activation_checkpointing"})
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:
@@ -350,16 +370,23 @@ class SizeOverride(Frozen):
     """Per-size recipe (the paper's Table 5 varies batch, warmup, init and LR with size)."""
 
     batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, description="train.micro_batch_size for this size.")
     warmup_tokens: float | None = Field(None, ge=0, le=MAX_TOKENS)
     lr: LrSection | None = None
     init_std: float | None = Field(None, gt=0)
     tokens: TokensOverride | None = None
+
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"micro_batch_size"})
 
 
 class ResourcesSection(Frozen):
     cpus: float = Field(1, ge=MIN_CPUS, le=MAX_CPUS, description="CPUs per worker process.")
     gpus: float = Field(0, ge=0, le=MAX_GPUS, description="GPUs per worker process.")
     workers: int = Field(1, ge=1, le=MAX_WORKERS, description="Worker processes per segment (Ray Train when > 1).")
+    gpu_memory: float | None = Field(None, gt=0, le=MAX_GPU_MEMORY, description="GiB of memory of one GPU, for the "
+                                     "plan's memory check and micro-batch; None = GPU_MEMORY_GIB (80, an H100's).")
+
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"gpu_memory"})
 
 
 class ClusterResources(Frozen):
@@ -404,6 +431,8 @@ class SweepSpec(Frozen):
                      for path, bs in [("train.batch_size", self.train.batch_size)] +
                      [(f"per_size.{k}.batch_size", o.batch_size) for k, o in self.per_size.items() if o.batch_size]
                      if bs % w]
+        if not problems:
+            problems += self._micro_batch_problems()
         if self.model.dense is not None:
             problems += self._dense_problems((info.context or {}).get("check_path"))
         else:
@@ -421,6 +450,24 @@ class SweepSpec(Frozen):
                                          f"{up.method} cannot build {label} as {e}x{k}: {err}"))
         _raise_if(list(dict.fromkeys(problems)))
         return self
+
+    def micro_batch_size(self, label: str) -> int | None:
+        """The micro-batch the spec gives size ``label`` (its per_size override, else train's); None = fit memory."""
+        o = self.per_size.get(label)
+        return o.micro_batch_size if o and o.micro_batch_size else self.train.micro_batch_size
+
+    def _micro_batch_problems(self) -> list[SpecProblem]:
+        """A micro-batch divides each worker's share of its size's batch (a step is whole micro-batches)."""
+        w, problems = self.resources.workers, []
+        for label in self.model.shapes():
+            o = self.per_size.get(label, SizeOverride())
+            rows = (o.batch_size or self.train.batch_size) // w
+            micro = self.micro_batch_size(label)
+            if micro and rows % micro:
+                path = f"per_size.{label}.micro_batch_size" if o.micro_batch_size else "train.micro_batch_size"
+                problems.append((path, f"{micro} does not divide the {rows} sequences each of {w} worker(s) takes per "
+                                       f"step of {label}; use a divisor of {rows}"))
+        return problems
 
     def _sizes_problems(self) -> list[SpecProblem]:
         """Dense models trained here need their budgets and, without an LR search, their LR."""
@@ -577,34 +624,82 @@ def check_resources(spec: SweepSpec, available: ClusterResources) -> None:
     _raise_if(problems)
 
 
-def check_memory(spec: SweepSpec, node_memory: float) -> None:
-    """Refuse a sweep whose largest model cannot train on one node of ``node_memory`` bytes (raises SpecError): per
-    worker, `sizes.training_memory` of each size's largest MoE (and its dense model), at that size's batch split over
-    the workers. One problem, the largest need, saying what it is made of."""
+@dataclass(frozen=True)
+class SizeMemory:
+    """One size's largest model as one worker trains it (`memory_plan`)."""
+
+    label: str
+    model: str  # "dense 0.1B" or "0.1B as 8x2"
+    rows: int  # sequences the worker takes per step
+    micro_batch_size: int | None  # per forward pass: the spec's, else the largest that fits; None: none fits
+    need: TrainingMemory  # at micro_batch_size (at one sequence when none fits)
+    fits: bool
+
+
+def worker_memory(spec: SweepSpec, node_memory: float | None = None) -> float | None:
+    """Bytes one worker may fill: one GPU's (resources.gpu_memory, else GPU_MEMORY_GIB) for a GPU sweep, else the
+    node's RAM when known."""
+    if spec.resources.gpus:
+        return (spec.resources.gpu_memory or GPU_MEMORY_GIB) * GIB
+    return node_memory
+
+
+def memory_plan(spec: SweepSpec, memory: float | None) -> list[SizeMemory]:
+    """Per size, its largest model (its MoEs' and its dense model's `sizes.training_memory`) on one worker of
+    ``memory`` bytes (None: not known, the whole share of a step is one micro-batch): the spec's micro-batch, or the
+    largest dividing a worker's share of the batch that fits MEMORY_HEADROOM of ``memory``, and what it needs."""
     r, t = spec.resources, spec.train
     vocab = spec.model.vocab_size or vocab_size_of(spec.data)
     variants = spec.upcycling.variants()
-    worst = None
+    out = []
     for label, shape in spec.model.shapes().items():
         o = spec.per_size.get(label, SizeOverride())
-        sequences = -(-(o.batch_size or t.batch_size) // r.workers)
+        rows = (o.batch_size or t.batch_size) // r.workers
         models = [(0, 0, (shape.d_ff, 0))] + [(e, k, widths) for e, k in spec.moe.configs()
                                               for widths in {(shape.d_ff, 0)} | {_widths(up, shape, e, k)
                                                                                 for up in variants}]
-        for e, k, widths in models:
-            need = training_memory(shape, e, k, *widths, vocab=vocab, context=t.context, sequences=sequences,
-                                   workers=r.workers)
-            if worst is None or need.total > worst[0].total:
-                worst = (need, label, e, k)
-    need, label, e, k = worst
-    if need.total > node_memory:
-        model = f"{label} as {e}x{k}" if e else f"dense {label}"
-        raise SpecError([("resources", f"{model} needs about {need.total / GIB:.3g} GiB per worker "
-                                       f"({need.state / GIB:.3g} GiB of weights, gradients and AdamW state for "
-                                       f"{need.params:,} parameters, {need.activations / GIB:.3g} GiB of activations "
-                                       f"for {need.sequences} sequences of {t.context} tokens); the largest node has "
-                                       f"{node_memory / GIB:.3g} GiB: use fewer or smaller experts, a smaller size, "
-                                       "context or batch, or more resources.workers")])
+        memory_of = [functools.partial(training_memory, shape, e, k, *widths, vocab=vocab, context=t.context,
+                                       workers=r.workers, checkpointing=t.activation_checkpointing)
+                     for e, k, widths in models]
+        worst = max(range(len(models)), key=lambda i: memory_of[i](sequences=rows).total)
+        (e, k, _), need = models[worst], memory_of[worst]
+        budget = MEMORY_HEADROOM * memory if memory else None
+        micro = spec.micro_batch_size(label) or (
+            largest_micro_batch(rows, budget, lambda m, need=need: need(sequences=m)) if budget else rows)
+        held = need(sequences=micro or 1)
+        out.append(SizeMemory(label, f"{label} as {e}x{k}" if e else f"dense {label}", rows, micro, held,
+                              micro is not None and (budget is None or held.total <= budget)))
+    return out
+
+
+def check_memory(spec: SweepSpec, node_memory: float | None = None) -> None:
+    """Refuse a sweep a worker cannot train (raises SpecError): per size, its largest model at its micro-batch
+    (`memory_plan`) on one GPU (a GPU sweep) or one node of ``node_memory`` bytes; each problem names the knobs."""
+    memory = worker_memory(spec, node_memory)
+    if memory is None:
+        return
+    where = "a GPU" if spec.resources.gpus else "the largest node"
+    problems: list[SpecProblem] = []
+    for size in memory_plan(spec, memory):
+        if size.fits:
+            continue
+        n = size.need
+        what = (f"{size.model} needs about {n.total / GIB:.3g} GiB per worker at {n.sequences} sequence(s) per "
+                f"micro-batch ({n.state / GIB:.3g} GiB of weights, gradients and AdamW state for {n.params:,} "
+                f"parameters, {n.activations / GIB:.3g} GiB of activations); {where} has {memory / GIB:.3g} GiB, "
+                f"{MEMORY_HEADROOM:.0%} of it usable")
+        if size.micro_batch_size is not None:  # the spec's micro-batch is too large
+            path = (f"per_size.{size.label}.micro_batch_size" if size.label in spec.per_size and
+                    spec.per_size[size.label].micro_batch_size else "train.micro_batch_size")
+            problems.append((path, f"{what}: lower it, or leave it unset to take the largest that fits"))
+            continue
+        knobs = ["more resources.workers (experts split over them)", "a smaller size or context"]
+        if not spec.train.activation_checkpointing:
+            knobs.insert(0, "train.activation_checkpointing: true")
+        if spec.resources.gpus:
+            knobs.append("resources.gpu_memory if your GPUs hold more")
+        problems.append(("resources", f"{what}: no sequence fits; use {', '.join(knobs)}"))
+    _raise_if(problems)
 
 
 def _widths(up: UpcycleSpec, shape: Shape, n_expert: int, topk: int) -> tuple[int, int]:

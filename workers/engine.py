@@ -8,7 +8,10 @@ LR is set on the optimiser's groups before every step from the pure schedule fun
 state exists to save or to drift. The loss is cross-entropy plus `aux_loss_coef` times the summed DeepSpeed
 load-balancing loss. On several processes (workers/parallel.py) each rank steps on its rows of the global batch and
 DeepSpeed averages the gradients (expert gradients over the expert-data-parallel group, scaled by the whole
-data-parallel size).
+data-parallel size). A rank's rows may pass in micro-batches (docs/training.md): DeepSpeed accumulates their
+gradients (each micro-batch's loss scaled by 1/N) and steps once at the accumulation boundary, so an optimiser step,
+the LR and the schedule's step count stay per batch; the cross-entropy's gradient is the whole batch's, the
+load-balancing loss is each micro-batch's own, averaged (as it is each rank's own).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ def param_groups(model: UpscaleLM, weight_decay: float) -> list[dict]:
 
 
 def build_engine(model: UpscaleLM, optim: OptimSpec, zero_stage: int = 0, device: str = "cpu",
-                 ranks: Ranks = SINGLE):
+                 ranks: Ranks = SINGLE, micro_batch_size: int | None = None):
     """A DeepSpeed engine around `model` with AdamW over the process group of `ranks` (created here for a single
-    process); each rank steps on `batch_size / world` rows of the global batch. Returns the engine."""
+    process); each rank steps on `batch_size / world` rows of the global batch, `micro_batch_size` rows per forward
+    pass (default: all of them). Returns the engine."""
     import deepspeed
 
     if zero_stage not in (0, 1, 2):
@@ -52,6 +56,11 @@ def build_engine(model: UpscaleLM, optim: OptimSpec, zero_stage: int = 0, device
     if optim.batch_size % ranks.world:
         raise WorkerError(f"batch_size={optim.batch_size} is not divisible by workers={ranks.world}: each worker "
                           f"takes an equal share of the batch")
+    rows = optim.batch_size // ranks.world
+    micro = micro_batch_size or rows
+    if rows % micro:
+        raise WorkerError(f"micro_batch_size={micro} does not divide the {rows} sequences each of {ranks.world} "
+                          f"worker(s) takes per step (batch_size={optim.batch_size}); use a divisor of {rows}")
     if ranks.world == 1:
         init_single_process("nccl" if device.startswith("cuda") else "gloo")
     model.to(device)
@@ -59,8 +68,8 @@ def build_engine(model: UpscaleLM, optim: OptimSpec, zero_stage: int = 0, device
                             betas=(optim.beta1, optim.beta2), eps=optim.eps)
     config = {
         "train_batch_size": optim.batch_size,
-        "train_micro_batch_size_per_gpu": optim.batch_size // ranks.world,
-        "gradient_accumulation_steps": 1,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": rows // micro,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": {"stage": zero_stage},
         "steps_per_print": 2**31 - 1,
@@ -116,14 +125,20 @@ class NonFiniteLoss(WorkerError):
 
 def train_step(engine, tokens: torch.Tensor, lr: float, aux_coef: float, device: str,
                ranks: Ranks = SINGLE) -> StepStats:
-    """Forward, backward and AdamW step at `lr` on this rank's rows of `tokens`; the reported losses are means over
-    ranks, and a non-finite loss on any rank raises on every rank before anything is updated."""
+    """Forward, backward and AdamW step at `lr` on this rank's rows of `tokens`, in the engine's micro-batches (one
+    optimiser step at the last); the reported losses are means over micro-batches and ranks, and a non-finite loss on
+    any rank raises on every rank before anything is updated."""
     set_lr(engine, lr)
-    ce, aux = lm_loss(engine, ranks.rows(tokens), device)
-    loss, aux_loss = ranks.mean(torch.stack([ce.detach(), aux.detach()])).tolist()  # one device sync
-    if not math.isfinite(loss + aux_coef * aux_loss):
-        raise NonFiniteLoss(f"loss is {loss} (aux {aux_loss})")
-    engine.backward(ce + aux_coef * aux)
-    engine.step()
+    micros = ranks.rows(tokens).split(engine.train_micro_batch_size_per_gpu())
+    total = torch.zeros(2, device=device)
+    for i, micro in enumerate(micros):
+        ce, aux = lm_loss(engine, micro, device)
+        total += torch.stack([ce.detach(), aux.detach()])
+        if i == len(micros) - 1:  # one device sync per step, before the backward pass that steps
+            loss, aux_loss = (ranks.mean(total) / len(micros)).tolist()
+            if not math.isfinite(loss + aux_coef * aux_loss):
+                raise NonFiniteLoss(f"loss is {loss} (aux {aux_loss})")
+        engine.backward(ce + aux_coef * aux)  # DeepSpeed scales by 1 / len(micros) and counts the boundary
+        engine.step()  # steps the optimiser at the boundary only
     norm = engine.get_global_grad_norm()
     return StepStats(loss=loss, aux_loss=aux_loss, grad_norm=float(norm) if norm is not None else None)

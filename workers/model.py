@@ -25,6 +25,8 @@ Public interface (kept small and stable for the trainer; everything else here is
   RNG is left untouched. `device="meta"` builds without allocating (parameter counting of the Table 3 sizes).
 * `UpscaleLM.forward(tokens[B, T]) -> (logits[B, T, V], aux_loss)`: aux_loss is the sum over MoE layers of
   DeepSpeed's l_aux (a zero tensor for a dense model); the trainer adds `cfg.aux_loss_coef * aux_loss`.
+  `model.activation_checkpointing = True` recomputes each block in the backward pass (torch.utils.checkpoint,
+  non-reentrant) instead of keeping its activations: the same gradients for less memory.
   After a forward, `model.expert_counts` holds one `[n_expert]` tensor per MoE layer (token->expert assignments
   before any dropping, every one of the k choices counted), for load metrics.
 * `UpscaleLM.n1() / n2() / n_total()`: non-embedding parameter counts (dense counterpart, active per token,
@@ -59,6 +61,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from upscale.sweeps import sizes
 from upscale.sweeps.segments import FFN_MULT, ModelSpec, Routing
@@ -354,6 +357,16 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module = MoEFFN(cfg) if cfg.is_moe else SwiGLU(cfg.d_model, cfg.d_ff)
 
+    def forward(self, x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(output, the MoE's l_aux, its expert counts); None for a dense FFN."""
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        h = self.ffn_norm(x)
+        if isinstance(self.ffn, MoEFFN):
+            y, l_aux, counts = self.ffn(h)
+            return x + y, l_aux, counts
+        return x + self.ffn(h), None, None
+
 
 class UpscaleLM(nn.Module):
     """Decoder LM; see the module docstring for the interface."""
@@ -371,6 +384,9 @@ class UpscaleLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.expert_counts: list[torch.Tensor] = []
+        # Recompute each block's activations in the backward pass instead of keeping them (docs/training.md): set by
+        # the trainer, not part of the config, as it changes no result.
+        self.activation_checkpointing = False
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t = tokens.shape[1]
@@ -380,16 +396,15 @@ class UpscaleLM(nn.Module):
         x = self.tok_emb(tokens)
         aux = torch.zeros((), device=x.device)
         counts: list[torch.Tensor] = []
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            x = x + block.attn(block.attn_norm(x), cos, sin)
-            h = block.ffn_norm(x)
-            if isinstance(block.ffn, MoEFFN):
-                y, l_aux, c = block.ffn(h)
+            if recompute:
+                x, l_aux, c = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x, l_aux, c = block(x, cos, sin)
+            if l_aux is not None:
                 aux = aux + l_aux
                 counts.append(c)
-            else:
-                y = block.ffn(h)
-            x = x + y
         self.expert_counts = counts
         return self.lm_head(self.norm(x)), aux
 

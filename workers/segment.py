@@ -42,6 +42,7 @@ from upscale.workers.engine import NonFiniteLoss, build_engine, release_device_m
 from upscale.workers.errors import WorkerError
 from upscale.workers.evaluate import expert_load, reduce_expert_counts, val_loss
 from upscale.workers.hf_models import SOURCE_FILE
+from upscale.workers.memory import device_memory, fitting_micro_batch
 from upscale.workers.model import ModelConfig, UpscaleLM, build_model
 from upscale.workers.parallel import Ranks, current_ranks, ep_size_for, expert_parallel_rank, expert_slice
 from upscale.workers.schedule import check_schedule, lr_multiplier
@@ -269,7 +270,11 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
         raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but its parent checkpoint "
                           f"{parent} is at {start.meta['tokens']} tokens: the branch point is not one the trunk "
                           f"saved")
-    engine = build_engine(start.model, optim, runtime.zero_stage, runtime.device, ranks)
+    start.model.activation_checkpointing = runtime.activation_checkpointing
+    micro = runtime.micro_batch_size or fitting_micro_batch(
+        cfg, optim.batch_size // ranks.world, ranks.world, runtime.activation_checkpointing,
+        device_memory(runtime.device, runtime.num_threads))
+    engine = build_engine(start.model, optim, runtime.zero_stage, runtime.device, ranks, micro)
     ep_size = start.model.cfg.ep_size
     if start.weights is not None:  # in place, after the engine made the expert groups: DeepSpeed's params stay
         engine.module.load_state_dict(expert_slice(start.weights, cfg, ep_size, expert_parallel_rank(ep_size)))

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from upscale.api.cli.app import console, register_user_error
 from upscale.sweeps.planner import Plan, plan
-from upscale.sweeps.spec import SpecError, load_spec
+from upscale.sweeps.spec import SpecError, check_memory, load_spec
 
 if TYPE_CHECKING:
     from upscale.orchestrator.plan_in_store import PlanInStore
@@ -94,8 +94,9 @@ def plan_command(
     summary = plan_summary(in_store(p, reuse_stale), sweep, tokens_per_s, flops_per_s)
     if as_json:
         print(json.dumps(summary.model_dump(mode="json") | {"segment_list": segment_list(p)}))
-        return
-    print_plan(summary.model_dump(mode="json"))
+    else:
+        print_plan(summary.model_dump(mode="json"))
+    check_memory(sweep)  # a GPU sweep whose model does not fit one GPU: refused, naming the knobs
 
 
 def print_plan(summary: dict) -> None:
@@ -114,6 +115,7 @@ def print_plan(summary: dict) -> None:
     console.print(f"estimate at {est['basis']}: {duration(est['serial_s'])} one segment at a time, "
                   f"{duration(est['critical_path_s'])} along the critical path; "
                   f"{est['gpu_hours_at_400_tflops']:.3g} GPU-hours at 400 TFLOP/s per GPU (paper, A.10)")
+    print_memory(summary["memory"])
     for line in stale_lines(summary["stale_segments"], summary["reuse_stale"]):
         console.print(Text.assemble(("warning: ", "bold yellow") if summary["stale_segments"] else "", line))
     notes = summary["notes"]
@@ -125,3 +127,18 @@ def print_plan(summary: dict) -> None:
         if not c["identifiable"]:  # Text: the reasons hold brackets-free user data, but no markup is intended
             console.print(Text.assemble(("warning: ", "bold yellow"), f"{c['law']} on {c['fit']}: {c['reason']}; "
                                         f"{c['add']}"))
+
+
+def print_memory(sizes: list[dict]) -> None:
+    """Per size, the memory one worker needs for its largest model at the micro-batch it trains with."""
+    device = sizes[0]["device_gib"] if sizes else None
+    table = Table(title="memory per worker" + (f" (of {device:.3g} GiB)" if device else " (device not known: "
+                                                "micro-batches are fitted when a segment starts)"))
+    for col in ("size", "largest model", "seqs/step", "micro-batch", "accum.", "GiB", "of which state", "fits"):
+        table.add_column(col, justify="left" if col in ("size", "largest model") else "right")
+    for m in sizes:
+        micro = m["micro_batch_size"]
+        table.add_row(m["size"], m["model"], str(m["sequences_per_step"]), "-" if micro is None else str(micro),
+                      "-" if micro is None else str(m["accumulation_steps"]), f"{m['memory_gib']:.3g}",
+                      f"{m['state_gib']:.3g}", "yes" if m["fits"] else "[bold red]no[/]")
+    console.print(table)
