@@ -196,7 +196,7 @@ def test_the_mlflow_ui_shows_each_sweep_its_params_curves_analysis_and_reused_se
     parent = client.get_run(run_id)
     assert parent.data.tags["upscale.analysis.count"] == "2"
     assert float(parent.data.tags["analysis.E"]) == pytest.approx(record["E"], rel=1e-3)
-    dstar = [k for k in parent.data.metrics if k.startswith("dstar/") and k.endswith("/ci_high")]
+    dstar = [k for k in parent.data.metrics if k.startswith("dstar/") and k.endswith("/low_80")]
     assert dstar and "D*" in parent.data.tags["mlflow.note.content"] and "second1" in parent.data.tags[
         "mlflow.note.content"]
     assert {d.dataset.name for d in parent.inputs.dataset_inputs} == {"observations"}
