@@ -216,11 +216,11 @@ class _Start:
     meta: dict | None
 
 
-def _initial_model(spec: SegmentSpec, parent: Path | None, ranks: Ranks) -> _Start:
-    """The model to train. Its config comes from the parent when there is one (an upcycling method may have
-    reshaped the MoE), else from the spec; on several processes the MoE is built expert parallel. Only a fresh init
-    draws weights (on several processes, this rank's experts only); a model whose weights come from the parent is
-    allocated and left for them."""
+def _initial_model(spec: SegmentSpec, parent: Path | None, ranks: Ranks, device: str) -> _Start:
+    """The model to train, allocated on `device`. Its config comes from the parent when there is one (an upcycling
+    method may have reshaped the MoE), else from the spec; on several processes the MoE is built expert parallel.
+    Only a fresh init draws weights (on several processes, this rank's experts only); a model whose weights come
+    from the parent is allocated and left for them."""
     meta, weights = None, None
     if parent is None:
         cfg = ModelConfig.from_spec(spec.model)
@@ -234,8 +234,8 @@ def _initial_model(spec: SegmentSpec, parent: Path | None, ranks: Ranks) -> _Sta
     ep_size = ep_size_for(cfg, ranks.world)
     local_cfg = cfg.model_copy(update={"ep_size": ep_size})
     if parent is None:  # each rank's experts are its slice of the single-process init
-        return _Start(cfg, build_model(local_cfg, spec.seed, ep_rank=_expected_ep_rank(ranks, ep_size)), None, meta)
-    model = empty_model(local_cfg)
+        return _Start(cfg, build_model(local_cfg, spec.seed, device, _expected_ep_rank(ranks, ep_size)), None, meta)
+    model = empty_model(local_cfg, device)
     if weights is not None and ep_size == 1:
         model.load_state_dict(weights)
         weights = None
@@ -267,7 +267,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     root = folder.pull(spec.id)  # a URI: its local mirror, holding the newest checkpoint it published
     own = checkpoints.complete(root, spec.id)
     resume = max(own.items())[1] if own else None  # our own newest checkpoint beats the parent's
-    start = _initial_model(spec, resume or parent, ranks)
+    start = _initial_model(spec, resume or parent, ranks, runtime.device)
     cfg = start.cfg
     if start.meta is not None and not resume and start.meta["tokens"] != spec.start_tokens:
         raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but its parent checkpoint "
