@@ -21,8 +21,11 @@ Public interface (kept small and stable for the trainer; everything else here is
   else >= 2), topk, routing, ...) plus the fields an upcycling method sets (expert_d_ff, shared_d_ff, router_type,
   n_routers) and ep_size; `ModelConfig.from_size(size, **overrides)`; `ModelConfig.from_spec(segment_model_spec)`;
   `cfg.dense()` is the dense model of the same trunk.
-* `build_model(cfg, seed, device=None) -> UpscaleLM`. Same (cfg, seed) -> bit-identical weights; the global torch
-  RNG is left untouched. `device="meta"` builds without allocating (parameter counting of the Table 3 sizes).
+* `build_model(cfg, seed, device=None, ep_rank=0) -> UpscaleLM`. Same (cfg, seed) -> bit-identical weights, on any
+  device and thread count; the global torch RNG is left untouched. `device="meta"` builds without allocating
+  (parameter counting of the Table 3 sizes). With `cfg.ep_size` > 1 it builds expert-parallel rank `ep_rank`'s
+  experts only, holding exactly their slice of the single-process init. `empty_model(cfg, device)` allocates
+  without drawing, for weights loaded next.
 * `UpscaleLM.forward(tokens[B, T]) -> (logits[B, T, V], aux_loss)`: aux_loss is the sum over MoE layers of
   DeepSpeed's l_aux (a zero tensor for a dense model); the trainer adds `cfg.aux_loss_coef * aux_loss`.
   `model.activation_checkpointing = True` recomputes each block in the backward pass (torch.utils.checkpoint,
@@ -54,6 +57,8 @@ router module; the gating functions (top-1/top-2/top-k, capacity, aux loss) are 
 from __future__ import annotations
 
 import math
+import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
@@ -71,6 +76,9 @@ RouterType = Literal["linear", "mixture", "mlp"]
 
 # Table 5 of the upcycling-scaling-laws paper: std of the normal init per model size. CPU sizes use 0.02.
 _PAPER_INIT_STD = {"15M": 0.035, "44M": 0.029, "0.1B": 0.025, "0.2B": 0.022, "0.5B": 0.019, "1B": 0.016}
+
+# An expert's parameter name: (prefix up to the expert id, the id, the rest); ids are local to an expert-parallel rank.
+EXPERT_KEY = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 
 
 class ModelConfig(ModelSpec):
@@ -180,8 +188,9 @@ class SwiGLU(nn.Module):
 
 
 def _rope_tables(context: int, d_head: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
-    ang = torch.outer(torch.arange(context, dtype=torch.float64), inv)
+    """cos and sin tables, computed on the CPU even inside a meta-device build (they are not in the state dict)."""
+    inv = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.float64, device="cpu") / d_head)
+    ang = torch.outer(torch.arange(context, dtype=torch.float64, device="cpu"), inv)
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().float(), ang.sin().float()
 
@@ -374,7 +383,9 @@ class UpscaleLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        # _weight skips the default N(0, 1) draw: build_model draws every weight, and on the meta device that one op
+        # imports sympy (seconds)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -457,26 +468,84 @@ def init_router(cfg: ModelConfig, gen: torch.Generator) -> dict[str, torch.Tenso
     return {"queries": q, "keys": draw(n, d // m)}
 
 
-def build_model(cfg: ModelConfig, seed: int, device: str | torch.device | None = None) -> UpscaleLM:
+def build_model(cfg: ModelConfig, seed: int, device: str | torch.device | None = None,
+                ep_rank: int = 0) -> UpscaleLM:
     """A freshly initialised model: N(0, init_std) weights, Megatron's std/sqrt(2L) on the residual outputs
-    (wo, w_down; the paper trains with Megatron), RMSNorm weights 1, routers per `cfg.router_init`."""
+    (wo, w_down; the paper trains with Megatron), RMSNorm weights 1, routers per `cfg.router_init`; with
+    `cfg.ep_size` > 1, expert-parallel rank `ep_rank`'s slice of them. `device="meta"` allocates nothing."""
+    model = empty_model(cfg, device)
+    if model.tok_emb.weight.device.type != "meta":
+        _init_weights(model, seed, ep_rank)
+    return model
+
+
+def empty_model(cfg: ModelConfig, device: str | torch.device | None = None) -> UpscaleLM:
+    """The model with uninitialised weights on `device` (CPU by default), for a caller that fills them next (a
+    state dict, a checkpoint, `build_model`'s draws). Built on the meta device, so module constructors run no
+    default init and DeepSpeed's per-expert deep copies copy nothing, then allocated once on `device`: no host
+    memory for a CUDA device."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    # module constructors draw default inits from the global RNG; fork it so a caller's stream is untouched
-    with torch.random.fork_rng(devices=[]), torch.device(device):
+    with torch.device("meta"):
         model = UpscaleLM(cfg)
     if device.type == "meta":
         return model
+    for p in model.parameters():  # each Parameter once (a tied embedding stays one), swapped in place
+        attrs = dict(vars(p))  # DeepSpeed marks expert parameters (allreduce, group_name); swap_tensors swaps them
+        torch.utils.swap_tensors(p, nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                                 p.requires_grad))
+        vars(p).update(attrs)
+    return model.to(device)  # the RoPE tables (computed on the CPU whatever the ambient device)
+
+
+def _init_weights(model: UpscaleLM, seed: int, ep_rank: int = 0) -> None:
+    """Draws `build_model`'s initial weights into `model` in place; an expert-parallel model (`cfg.ep_size` > 1) gets
+    the draws of expert-parallel rank `ep_rank`'s experts, so that every rank holds its slice of the single-process
+    model's init without building the rest. Each parameter is drawn on the CPU from its own generator, seeded by its
+    index in the single-process model's parameter order, so the draws run on `torch.get_num_threads()` threads
+    and give the same bits as one thread (and on any device)."""
+    cfg = model.cfg
+    if not 0 <= ep_rank < cfg.ep_size:
+        raise WorkerError(f"ep_rank={ep_rank} is outside the expert-parallel group of ep_size={cfg.ep_size}")
+    ids = _draw_ids(model, ep_rank)
     out_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+
+    @torch.no_grad()  # per thread: grad mode is thread-local
+    def draw(name: str, p: torch.Tensor) -> None:
+        std = out_std if name.endswith(("wo.weight", "w_down.weight")) else cfg.init_std
+        gen = seeded_generator(seed, 0, ids[name])
+        if p.device.type == "cpu":
+            p.normal_(generator=gen).mul_(std)
+        else:
+            p.copy_(torch.empty(p.shape, dtype=p.dtype).normal_(generator=gen).mul_(std))
+
+    drawn = []
     with torch.no_grad():
-        for i, (name, p) in enumerate(model.named_parameters()):
-            if ".gate.wg." in name or name.endswith("norm.weight"):
-                continue
-            std = out_std if name.endswith(("wo.weight", "w_down.weight")) else cfg.init_std
-            p.copy_(torch.randn(p.shape, generator=seeded_generator(seed, 0, i)) * std)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif ".gate.wg." not in name:
+                drawn.append((name, p))
+        drawn.sort(key=lambda item: -item[1].numel())  # largest first: the threads finish together
+        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+            list(pool.map(lambda item: draw(*item), drawn))
         for layer, block in enumerate(model.blocks):
             if isinstance(block.ffn, MoEFFN):
-                wg = block.ffn.moe.deepspeed_moe.gate.wg
                 fresh = init_router(cfg, seeded_generator(seed, 1, layer))
-                for name, p in wg.named_parameters():
-                    p.copy_(fresh[name])  # in place: DeepSpeed's kaiming init is overwritten, attributes kept
-    return model
+                for name, p in block.ffn.moe.deepspeed_moe.gate.wg.named_parameters():
+                    p.copy_(fresh[name])
+
+
+def _draw_ids(model: UpscaleLM, ep_rank: int) -> dict[str, int]:
+    """Each parameter's index in the single-process model's parameter order (what seeds its draw); local expert j of
+    expert-parallel rank r is global expert r·(n_expert/ep_size) + j."""
+    cfg = model.cfg
+    if cfg.ep_size == 1:
+        return {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    ids = _draw_ids(empty_model(cfg.model_copy(update={"ep_size": 1}), "meta"), 0)
+    local = cfg.n_expert // cfg.ep_size
+
+    def global_name(name: str) -> str:
+        m = EXPERT_KEY.match(name)
+        return name if m is None else f"{m[1]}{ep_rank * local + int(m[2])}{m[3]}"
+
+    return {name: ids[global_name(name)] for name, _ in model.named_parameters()}

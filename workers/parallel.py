@@ -21,15 +21,12 @@ are on the model's device, the group's device by construction.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
 
 from upscale.workers.errors import WorkerError
-from upscale.workers.model import ModelConfig
-
-_EXPERT_KEY = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
+from upscale.workers.model import EXPERT_KEY, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ def expert_slice(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, ep_size:
     local = cfg.n_expert // ep_size
     out = {}
     for key, value in state_dict.items():
-        m = _EXPERT_KEY.match(key)
+        m = EXPERT_KEY.match(key)
         if m is None:
             out[key] = value
         elif int(m[2]) // local == ep_rank:
@@ -132,7 +129,7 @@ def full_state_dict(module: torch.nn.Module, cfg: ModelConfig, ep_size: int) -> 
     out = {}
     for key in sorted(state):  # the same order on every rank: the all_gathers pair up
         value = state[key]
-        m = _EXPERT_KEY.match(key)
+        m = EXPERT_KEY.match(key)
         if m is None:
             out[key] = value
             continue

@@ -43,7 +43,7 @@ from upscale.workers.errors import WorkerError
 from upscale.workers.evaluate import expert_load, reduce_expert_counts, val_loss
 from upscale.workers.hf_models import SOURCE_FILE
 from upscale.workers.memory import device_memory, fitting_micro_batch
-from upscale.workers.model import ModelConfig, UpscaleLM, build_model
+from upscale.workers.model import ModelConfig, UpscaleLM, build_model, empty_model
 from upscale.workers.parallel import Ranks, current_ranks, ep_size_for, expert_parallel_rank, expert_slice
 from upscale.workers.schedule import check_schedule, lr_multiplier
 from upscale.workers.tracking import MetricLogger
@@ -192,9 +192,8 @@ def _import_dense(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> Segm
     save_model(out / checkpoints.MODEL_DIR, cfg, weights)
     if (Path(source.path) / SOURCE_FILE).is_file():  # provenance (the Hugging Face source) travels with the model
         shutil.copyfile(Path(source.path) / SOURCE_FILE, out / checkpoints.MODEL_DIR / SOURCE_FILE)
-    model = build_model(cfg, spec.seed)
+    model = empty_model(cfg, runtime.device)
     model.load_state_dict(weights)
-    model.to(runtime.device)
     val_set = _data(spec, runtime).val_batches(spec.data.eval_tokens, spec.model.context, IMPORT_EVAL_BATCH)
     logger = MetricLogger(runtime.mlflow_tracking_uri, runtime.mlflow_run_id, run_name=run_tags.run_name(spec),
                           params=run_tags.segment_params(spec),
@@ -212,8 +211,8 @@ def _import_dense(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> Segm
 class _Start:
     """Where training starts: the model's config (the single-process one, what checkpoints record), the model
     this rank trains, the full weights to load into it once the engine has made the expert-parallel groups (a
-    multi-process fresh init or weights-only parent; None when the model holds them already or the engine state
-    comes from `meta`'s checkpoint), and a branch point's sidecar."""
+    multi-process weights-only parent; None when the model holds them already or the engine state comes from
+    `meta`'s checkpoint), and a branch point's sidecar."""
 
     cfg: ModelConfig
     model: UpscaleLM
@@ -221,9 +220,11 @@ class _Start:
     meta: dict | None
 
 
-def _initial_model(spec: SegmentSpec, parent: Path | None, world: int) -> _Start:
-    """The model to train. Its config comes from the parent when there is one (an upcycling method may have
-    reshaped the MoE), else from the spec; on `world` processes the MoE is built expert parallel."""
+def _initial_model(spec: SegmentSpec, parent: Path | None, ranks: Ranks, device: str) -> _Start:
+    """The model to train, allocated on `device`. Its config comes from the parent when there is one (an upcycling
+    method may have reshaped the MoE), else from the spec; on several processes the MoE is built expert parallel.
+    Only a fresh init draws weights (on several processes, this rank's experts only); a model whose weights come
+    from the parent is allocated and left for them."""
     meta, weights = None, None
     if parent is None:
         cfg = ModelConfig.from_spec(spec.model)
@@ -234,15 +235,21 @@ def _initial_model(spec: SegmentSpec, parent: Path | None, world: int) -> _Start
         cfg, weights = checkpoints.load_weights(parent)
     if parent is not None:
         _check_shape(cfg, spec, parent)
-    ep_size = ep_size_for(cfg, world)
-    if ep_size == 1:  # the single-process model, built exactly as it always was
-        model = build_model(cfg, spec.seed)
-        if weights is not None:
-            model.load_state_dict(weights)
-        return _Start(cfg, model, None, meta)
+    ep_size = ep_size_for(cfg, ranks.world)
+    local_cfg = cfg.model_copy(update={"ep_size": ep_size})
     if parent is None:  # each rank's experts are its slice of the single-process init
-        weights = build_model(cfg, spec.seed).state_dict()
-    return _Start(cfg, build_model(cfg.model_copy(update={"ep_size": ep_size}), spec.seed), weights, meta)
+        return _Start(cfg, build_model(local_cfg, spec.seed, device, _expected_ep_rank(ranks, ep_size)), None, meta)
+    model = empty_model(local_cfg, device)
+    if weights is not None and ep_size == 1:
+        model.load_state_dict(weights)
+        weights = None
+    return _Start(cfg, model, weights, meta)
+
+
+def _expected_ep_rank(ranks: Ranks, ep_size: int) -> int:
+    """The expert-parallel rank DeepSpeed's engine will give this process (its groups are runs of ep_size
+    consecutive ranks), known before the engine exists so that a fresh init draws only this rank's experts."""
+    return ranks.rank % ep_size
 
 
 def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None, t0: float,
@@ -264,7 +271,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     root = folder.pull(spec.id)  # a URI: its local mirror, holding the newest checkpoint it published
     own = checkpoints.complete(root, spec.id)
     resume = max(own.items())[1] if own else None  # our own newest checkpoint beats the parent's
-    start = _initial_model(spec, resume or parent, ranks.world)
+    start = _initial_model(spec, resume or parent, ranks, runtime.device)
     cfg = start.cfg
     if start.meta is not None and not resume and start.meta["tokens"] != spec.start_tokens:
         raise WorkerError(f"{spec.kind} segment starts at {spec.start_tokens} tokens but its parent checkpoint "
@@ -276,8 +283,12 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
         device_memory(runtime.device, runtime.num_threads))
     engine = build_engine(start.model, optim, runtime.zero_stage, runtime.device, ranks, micro)
     ep_size = start.model.cfg.ep_size
+    if (ep_rank := expert_parallel_rank(ep_size)) != _expected_ep_rank(ranks, ep_size):
+        raise WorkerError(f"DeepSpeed made rank {ranks.rank} expert-parallel rank {ep_rank}, not rank % ep_size = "
+                          f"{_expected_ep_rank(ranks, ep_size)} as upscale's expert placement expects; install the "
+                          f"DeepSpeed version pyproject.toml pins")
     if start.weights is not None:  # in place, after the engine made the expert groups: DeepSpeed's params stay
-        engine.module.load_state_dict(expert_slice(start.weights, cfg, ep_size, expert_parallel_rank(ep_size)))
+        engine.module.load_state_dict(expert_slice(start.weights, cfg, ep_size, ep_rank))
     if start.meta is not None:  # a branch point or our own resume checkpoint: weights and optimiser state
         checkpoints.load(engine, resume or parent, cfg, ep_size)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from upscale.workers.errors import WorkerError, validated
-from upscale.workers.model import ModelConfig, UpscaleLM, build_model
+from upscale.workers.model import ModelConfig, UpscaleLM, empty_model
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.pt"
@@ -23,7 +23,7 @@ WEIGHTS_FILE = "weights.pt"
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every state-dict key of `build_model(cfg)` and its shape (built on the meta device: no memory)."""
-    return {k: tuple(v.shape) for k, v in build_model(cfg, 0, device="meta").state_dict().items()}
+    return {k: tuple(v.shape) for k, v in empty_model(cfg, "meta").state_dict().items()}
 
 
 def check_state_dict(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], what: str = "checkpoint") -> None:
@@ -85,6 +85,6 @@ def load_model(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 def instantiate(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> UpscaleLM:
     """The model of `cfg` holding `state_dict` (copied in place, so DeepSpeed's expert attributes survive)."""
     check_state_dict(cfg, state_dict)
-    model = build_model(cfg, seed=0)
+    model = empty_model(cfg)
     model.load_state_dict(state_dict)
     return model
