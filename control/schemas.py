@@ -44,13 +44,13 @@ class SizeMemoryPublic(BaseModel):
     size: str
     model: str = Field(description="The size's model that needs the most memory: `dense 0.1B` or `0.1B as 8x2`.")
     sequences_per_step: int = Field(description="Sequences one worker takes per optimiser step.")
-    micro_batch_size: int | None = Field(description="Sequences per forward pass: the spec's, else the largest that "
-                                         "fits; None when not even one fits.")
-    accumulation_steps: int | None = Field(description="Micro-batches per optimiser step.")
+    micro_batch_size: int | None = Field(None, description="Sequences per forward pass: the spec's, else the largest "
+                                               "that fits; None when not even one fits.")
+    accumulation_steps: int | None = Field(None, description="Micro-batches per optimiser step.")
     memory_gib: float = Field(description="Estimated GiB one worker holds at that micro-batch.")
     state_gib: float = Field(description="Of which weights, gradients and AdamW state.")
-    device_gib: float | None = Field(description="GiB of the device it must fit (one GPU, or the largest node); None "
-                                     "when not known (a CPU sweep planned offline).")
+    device_gib: float | None = Field(None, description="GiB of the device it must fit (one GPU, or the largest node); "
+                                           "None when not known (a CPU sweep planned offline).")
     fits: bool
 
 
