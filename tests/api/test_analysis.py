@@ -132,6 +132,7 @@ def test_identical_inputs_make_one_analysis_even_when_triggers_race(services) ->
     assert other.id != row.id and other.ran and len(_rows(services)) == 2  # other parameters: a new one
 
 
+@pytest.mark.slow  # ~19 s on 2 cores: waits out the staleness; its sibling (process gone) stays quick
 def test_a_crashed_running_row_is_taken_over_once_stale(services) -> None:
     sid = fill(services)
     first = run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request")
@@ -168,6 +169,7 @@ def test_unknown_sweep_and_sweep_without_observations(services) -> None:
     assert _rows(services) == []  # nothing claimed
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: three analyses by the loop
 def test_the_loop_analyses_settled_sweeps_when_their_observations_change(services) -> None:
     running = fill(services, status="running", grid=OTHER_GRID)
     sid = fill(services, leave_out=1)

@@ -56,6 +56,7 @@ def _start(env: dict[str, str], *args: str) -> tuple[subprocess.Popen, str]:
             time.sleep(0.3)
 
 
+@pytest.mark.slow  # ~24 s on 2 cores: a real server and a dozen console-script runs
 def test_cli_over_http_and_in_process(tmp_path, mlflow_uri) -> None:
     env = _env(tmp_path, mlflow_uri)
     token = _cli(env, "token", "create", "--scope", "write", "carol").strip()

@@ -37,6 +37,7 @@ def settings(tmp_path, mlflow_uri) -> Settings:
     return Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
 
 
+@pytest.mark.slow  # ~16 s on 2 cores: three real servers
 def test_a_revoked_token_is_refused_at_once_by_every_server_on_the_store(settings) -> None:
     with serve(settings, scheduler=False) as one, serve(settings, scheduler=False) as two:
         store = one.app.state.services.store

@@ -112,6 +112,7 @@ def test_a_checkpoint_root_nothing_can_open_is_refused_with_what_to_do(tmp_path:
     assert Settings(home=tmp_path).checkpoint_dir == str(tmp_path.absolute() / "checkpoints")
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: a real LR search over a URI store
 def test_lr_search_trials_at_a_uri_chain_their_chunks_and_leave_nothing_behind(tmp_path: Path) -> None:
     # a trial of two one-step trunk chunks, the second starting from the first one's checkpoint at the URI
     from tests.workers.test_segment import DATA, DENSE, OPTIM, SCHED, TPS
