@@ -8,19 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from upscale.workers.model import ModelConfig, MoEFFN
+from tests.workers.test_dispatch import _layer
+from upscale.workers.model import ModelConfig
 
 
 def _gate(router_type: str, topk: int) -> torch.nn.Module:
     cfg = ModelConfig(n_layer=1, d_model=32, n_head=2, vocab_size=64, context=16, n_expert=4, topk=topk,
                       router_type=router_type)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        layer = MoEFFN(cfg)
-        with torch.no_grad():
-            for p in layer.parameters():
-                p.normal_(0, 0.2)
-    return layer.moe.deepspeed_moe.gate
+    return _layer(cfg).moe.deepspeed_moe.gate
 
 
 @pytest.mark.parametrize("topk", [1, 2, 3])
