@@ -23,6 +23,7 @@ from upscale.control.services import Services
 from upscale.control.supervised import SupervisedLoop
 from upscale.control.sweep_loop import SweepLoop
 from upscale.orchestrator.infra import is_deterministic, is_infrastructure
+from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.sweeps.spec import load_spec
@@ -52,6 +53,22 @@ def start_loop(services: Services) -> SweepLoop:
     loop = SweepLoop(services, poll_s=0.1, scheduler_poll_s=0.05, segment_fn=counting_segment)
     loop.start()
     return loop
+
+
+def sweep_under_loop(settings: Settings, spec: str, step_s: float,
+                     done: int) -> tuple[Services, SweepRecord, SweepLoop]:
+    """Open ``settings``' services, submit ``spec`` with steps of ``step_s`` seconds and start a sweep loop on it;
+    returns (services, sweep, loop) once ``done`` segments are done (the loop is stopped if they never are)."""
+    services = Services.open(settings)
+    knobs(settings, step_s=step_s)
+    sweep = services.orch.submit(load_spec(spec))
+    loop = start_loop(services)
+    try:
+        wait_for(lambda: done_count(services.store, sweep.id) >= done, 180, "a few segments to finish")
+    except BaseException:
+        loop.stop()
+        raise
+    return services, sweep, loop
 
 
 def test_failures_are_sorted_by_whose_they_are() -> None:
@@ -139,13 +156,9 @@ def test_a_store_whose_disk_fills_mid_sweep_then_frees_finishes_the_sweep_traini
         tmp_path, small_disk, mlflow_uri) -> None:
     # the store on the small disk, the checkpoints (and the test segments' event log) beside it
     settings = Settings(home=small_disk, checkpoint_dir=str(tmp_path / "checkpoints"), mlflow_tracking_uri=mlflow_uri)
-    services = Services.open(settings)
+    services, sweep, loop = sweep_under_loop(settings, TINY_SPEC, step_s=0.02, done=3)
     store = services.store
-    knobs(settings, step_s=0.02)
-    sweep = services.orch.submit(load_spec(TINY_SPEC))
-    loop = start_loop(services)
     try:
-        wait_for(lambda: done_count(store, sweep.id) >= 3, 180, "a few segments to finish")
         filler = fill(small_disk)
         wait_for(lambda: loop.failures >= 1, 180, "the full disk to fail the store")
         assert loop.is_alive() and "full" in loop.last_error
@@ -167,13 +180,9 @@ def test_a_tracking_store_deleted_mid_sweep_costs_only_the_dashboard(tmp_path) -
     mlflow_db = tmp_path / "mlflow" / "mlflow.db"
     mlflow_db.parent.mkdir()
     settings = Settings(home=tmp_path / "home", mlflow_tracking_uri=f"sqlite:///{mlflow_db}")
-    services = Services.open(settings)
+    services, sweep, loop = sweep_under_loop(settings, TINY_SPEC, step_s=0.02, done=3)
     store = services.store
-    knobs(settings, step_s=0.02)
-    sweep = services.orch.submit(load_spec(TINY_SPEC))
-    loop = start_loop(services)
     try:
-        wait_for(lambda: done_count(store, sweep.id) >= 3, 180, "a few segments to finish")
         mlflow_db.unlink()
         wait_for(lambda: store.sweep(sweep.id).status == "done", 300, "the sweep to finish without its MLflow store")
         assert spent(store, sweep.id) == []
@@ -191,15 +200,9 @@ def test_a_tracking_store_deleted_mid_sweep_costs_only_the_dashboard(tmp_path) -
 
 
 def test_stopping_the_loop_mid_sweep_leaves_it_pending_and_the_next_loop_finishes_it(settings) -> None:
-    services = Services.open(settings)
+    services, sweep, loop = sweep_under_loop(settings, TINY_NAIVE_SPEC, step_s=0.05, done=2)
     store = services.store
-    knobs(settings, step_s=0.05)
-    sweep = services.orch.submit(load_spec(TINY_NAIVE_SPEC))
-    loop = start_loop(services)
-    try:
-        wait_for(lambda: done_count(store, sweep.id) >= 2, 180, "a few segments to finish")
-    finally:
-        loop.stop()  # what the server's shutdown (SIGTERM) does
+    loop.stop()  # what the server's shutdown (SIGTERM) does
     stopped = store.sweep(sweep.id)
     assert stopped.status == "pending" and stopped.runner is None, stopped  # nobody cancelled it
     assert "the server stopped" in stopped.error
