@@ -456,6 +456,11 @@ class SweepSpec(Frozen):
         o = self.per_size.get(label)
         return o.micro_batch_size if o and o.micro_batch_size else self.train.micro_batch_size
 
+    def micro_batch_path(self, label: str) -> str:
+        """The field that sets size ``label``'s micro-batch, for a problem to name."""
+        o = self.per_size.get(label)
+        return f"per_size.{label}.micro_batch_size" if o and o.micro_batch_size else "train.micro_batch_size"
+
     def _micro_batch_problems(self) -> list[SpecProblem]:
         """A micro-batch divides each worker's share of its size's batch (a step is whole micro-batches)."""
         w, problems = self.resources.workers, []
@@ -464,9 +469,9 @@ class SweepSpec(Frozen):
             rows = (o.batch_size or self.train.batch_size) // w
             micro = self.micro_batch_size(label)
             if micro and rows % micro:
-                path = f"per_size.{label}.micro_batch_size" if o.micro_batch_size else "train.micro_batch_size"
-                problems.append((path, f"{micro} does not divide the {rows} sequences each of {w} worker(s) takes per "
-                                       f"step of {label}; use a divisor of {rows}"))
+                problems.append((self.micro_batch_path(label),
+                                 f"{micro} does not divide the {rows} sequences each of {w} worker(s) takes per step "
+                                 f"of {label}; use a divisor of {rows}"))
         return problems
 
     def _sizes_problems(self) -> list[SpecProblem]:
@@ -689,9 +694,8 @@ def check_memory(spec: SweepSpec, node_memory: float | None = None) -> None:
                 f"parameters, {n.activations / GIB:.3g} GiB of activations); {where} has {memory / GIB:.3g} GiB, "
                 f"{MEMORY_HEADROOM:.0%} of it usable")
         if size.micro_batch_size is not None:  # the spec's micro-batch is too large
-            path = (f"per_size.{size.label}.micro_batch_size" if size.label in spec.per_size and
-                    spec.per_size[size.label].micro_batch_size else "train.micro_batch_size")
-            problems.append((path, f"{what}: lower it, or leave it unset to take the largest that fits"))
+            problems.append((spec.micro_batch_path(size.label),
+                             f"{what}: lower it, or leave it unset to take the largest that fits"))
             continue
         knobs = ["more resources.workers (experts split over them)", "a smaller size or context"]
         if not spec.train.activation_checkpointing:
