@@ -20,7 +20,7 @@ each trunk's own peak so that the decay parameters are in one unit across the fa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,14 +33,28 @@ MIN_HELD_OUT = 2  # held-out decays needed before a prediction's error counts as
 
 
 @dataclass(frozen=True)
+class Interior:
+    """A planned decay on the trained part of a trunk, not observed: its row of the observation table (the columns of
+    orchestrator/observations.py's, no loss) and its LR of every step from 1 to its end."""
+
+    row: Mapping[str, object]
+    lr: np.ndarray
+
+
+@dataclass(frozen=True)
 class TrunkCurves:
     """One trunk's curve (its LR of every step from 1, warmup included, and its validation losses) and the decays
     observed from it, each with its whole schedule from step 1 and the losses measured along the decay; a decay's
-    last measurement is its end, the observed loss."""
+    last measurement is its end, the observed loss. ``table`` is the analysis table its decays belong to (dense,
+    scratch, upcycled), ``family`` the trunks whose decays behave alike (see the module docstring) and ``interior``
+    the planned decays on its trained part that nobody observed yet."""
 
     trunk: str
     curve: Curve
     decays: tuple[Curve, ...] = ()
+    table: str = ""
+    family: str = ""
+    interior: tuple[Interior, ...] = ()
 
     def __post_init__(self) -> None:
         for d in (self.curve, *self.decays):
