@@ -541,6 +541,16 @@ class SuggestedAction(BaseModel):
                                            "those ranked before it).")
 
 
+class StopAdvice(BaseModel):
+    """A trunk still training that cannot move D*: what finishing it would buy and cost."""
+
+    trunk: str = Field(description="The trunk's key (its first piece's segment key; `upscale status` lists it).")
+    pending_observations: int = Field(description="Its planned decays still to train that inform the D* at N1.")
+    remaining_flops: float = Field(description="FLOPs of all its segments still to train: what stopping it saves.")
+    sd_shrink: float = Field(description="The share by which those decays would shrink the sd of log D* (below "
+                             "0.01: not worth their FLOPs).")
+
+
 class Suggestion(BaseModel):
     """Ranked grid extensions by expected shrinkage of the D* interval per FLOP (docs/laws.md, "Active design")."""
 
@@ -569,3 +579,7 @@ class Suggestion(BaseModel):
     actions: list[SuggestedAction]
     additions: dict[str, Any] = Field(description="All the actions' additions merged: the extension to apply.")
     applied: SweepCreated | None = Field(None, description="The extension sweep, with `apply`.")
+    stop: list[StopAdvice] = Field(default_factory=list, description="From-scratch and MoE trunks of the sweep still "
+                                   "training whose planned decays would shrink the D* interval by less than 1%, "
+                                   "costliest first: cancelling the sweep and resubmitting it without their budgets "
+                                   "saves their remaining FLOPs.")

@@ -1,15 +1,21 @@
 """Which grid extensions to add to a sweep next: `upscale suggest` and POST /sweeps/{id}/suggest.
 
 Candidates are extensions of the sweep's spec, each the `additions` that POST /sweeps/{id}/extend merges: a larger or
-smaller D2, D1 or from-scratch budget (every trunk gets the new branch) and the next larger dense size. What an
+smaller D2, D1 or from-scratch budget (every trunk gets the new branch, a trunk extension where it is larger), a budget
+between two of the grid's (an interior branch point: every trunk branches from its trained part, retraining only
+the span from the cut before it, as sweeps/reuse.py takes the rest over) and the next larger dense size. What an
 action adds is read from the planner (the merged spec's new observation segments, with the trunk each hangs from);
 what it costs is `compare(store, plan(merged)).figures()["new_flops"]`, so what the store holds is free and an
 action's FLOPs are marginal to the actions ranked before it. fitting/design.py weighs them against the newest
 analysis's fits: shrinkage of the D* interval at N1 per FLOP, greedily under the budget, until the tolerance.
+
+The other way to spend less is to stop: a from-scratch or MoE trunk of the sweep still training whose planned decays
+would shrink D*'s sd by less than ``STOP_GAIN`` is listed with the FLOPs its unfinished segments would still cost.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from upscale.control.analyses import NotReady, latest_analysis, sweep_tables, why_no_analysis
-from upscale.control.schemas import SuggestedAction, Suggestion, SuggestRequest
+from upscale.control.schemas import StopAdvice, SuggestedAction, Suggestion, SuggestRequest
 from upscale.control.services import Services
 from upscale.control.sweeps import extend, merge
 from upscale.fitting.bootstrap import percentile_interval
@@ -44,6 +50,8 @@ from upscale.sweeps.sizes import NAMED_SIZES, dense_params
 from upscale.sweeps.spec import SpecError, SweepSpec, parse_spec
 
 NEW_SIZES = 1  # larger named sizes offered as candidates
+LEAF_TRUNKS = ("moe_trunk", "scratch_trunk")  # trunks nothing else grows from: stopping one stops only itself
+STOP_GAIN = 0.01  # a trunk whose planned decays would shrink log D*'s sd by less than this share is worth stopping
 # Actions one call chooses: each costs a plan of the extended grid per candidate, so a call plans at most
 # (MAX_ACTIONS + 1) x its ~10 candidates; `stopped: "limit"` says to apply them and ask again for more.
 MAX_ACTIONS = 4
@@ -69,15 +77,21 @@ class Candidate:
 
 
 def candidates(spec: SweepSpec) -> list[Candidate]:
-    """The extensions weighed: each budget list's max x2, x4 and min / 2, and the next larger named size."""
+    """The extensions weighed: each budget list's max x2, x4, min / 2 and the geometric middle of each two neighbours,
+    and the next larger named size."""
     out = []
     for kind, values in (("d2", spec.tokens.d2), ("d1", spec.tokens.d1), ("scratch", spec.tokens.scratch)):
         if not values:
             continue
-        for v in sorted({max(values) * 2, max(values) * 4, min(values) / 2}):
+        what = {"d2": "upcycled budget D2", "d1": "dense budget D1", "scratch": "from-scratch budget"}[kind]
+        ordered = sorted(values)
+        between = {float(round(math.sqrt(a * b))): (a, b) for a, b in itertools.pairwise(ordered)}
+        for v in sorted({max(values) * 2, max(values) * 4, min(values) / 2, *between}):
             if v <= MAX_TOKENS and v not in values:
-                what = {"d2": "upcycled budget D2", "d1": "dense budget D1", "scratch": "from-scratch budget"}[kind]
-                out.append(Candidate(kind, f"{what} {v:.4g} tokens", {"tokens": {kind: [float(v)]}}))
+                trunks = "dense trunk's trained part, then upcycled" if kind == "d1" else "trunk's trained part"
+                where = (f" (between {between[v][0]:.4g} and {between[v][1]:.4g}: a branch from each {trunks})"
+                         if v in between else "")
+                out.append(Candidate(kind, f"{what} {v:.4g} tokens{where}", {"tokens": {kind: [float(v)]}}))
     named = [s for s in (spec.model.sizes or []) if isinstance(s, str)]
     if named and spec.model.dense is None:
         biggest = max(dense_params(NAMED_SIZES[s]) for s in named)
@@ -187,19 +201,55 @@ class _Problem:
         target group, with their Jacobians at the fitted laws and the planner's trunks."""
         p = plan(parse_spec(merge(self.spec_data, c.additions)))
         new = [s for s in p.observations() if s.observation not in self.observed]
+        return self.observation_rows([s for s in new if self.informs(s)])
+
+    def informs(self, seg: PlannedSegment) -> bool:
+        """Whether ``seg`` observes one of the two laws of D* at N1: a from-scratch decay, or a decay of the group."""
+        o = seg.observation
+        return o is not None and (o.kind == "scratch" or (o.kind == "upcycled" and _in_group(seg, self.group)))
+
+    def unfinished(self) -> dict[str, tuple[list[PlannedSegment], float]]:
+        """Per from-scratch or MoE trunk (of the target group) that the sweep has not finished: its planned
+        observation segments still to train that inform D* at N1, and the FLOPs of all its segments still to train.
+        Dense trunks are left out: MoE trunks grow from their decays, so stopping one stops more than itself."""
+        p = plan(self.spec)
+        kinds = {s.id: s.spec.kind for s in p.segments}
+        todo = [s for s in compare(self.services.store, p).to_train() if kinds.get(s.trunk) in LEAF_TRUNKS]
+        flops: dict[str, float] = {}
+        for s in todo:
+            flops[s.trunk] = flops.get(s.trunk, 0.0) + s.flops
+        mine = {t for t in flops if any(s.trunk == t and self.informs(s) for s in todo)}  # other groups' are theirs
+        return {t: ([s for s in todo if s.trunk == t and self.informs(s)], flops[t]) for t in sorted(mine)}
+
+    def observation_rows(self, segs: list[PlannedSegment]) -> dict[str, Rows]:
+        """The criterion's rows of planned observations ``segs`` (from scratch, or of the target group)."""
         out = {}
         for key, fit, kind, columns in (("moe", self.moe, "scratch", ("D", "N")),
                                         ("up", self.up, "upcycled", ("D1", "D2", "N1"))):
-            segs = [s for s in new if s.observation.kind == kind and (kind == "scratch" or _in_group(s, self.group))]
-            if not segs:
+            mine = [s for s in segs if s.observation.kind == kind]
+            if not mine:
                 out[key] = Rows.empty(len(self.free[key]))
                 continue
-            values = {"D": lambda o: o.D, "N": lambda o: o.N1, "D1": lambda o: o.D1, "D2": lambda o: o.D2,
-                      "N1": lambda o: o.N1}
-            tab = {col: np.array([float(values[col](s.observation)) for s in segs]) for col in columns}
+            tab = {col: np.array([float(_column(s.observation, col)) for s in mine]) for col in columns}
             out[key] = Rows(log_loss_jacobian(fit.law, fit.params, tab, self.free[key])[1],
-                            tuple(s.trunk for s in segs))
+                            tuple(s.trunk for s in mine))
         return out
+
+    def stop_advice(self) -> list[StopAdvice]:
+        """The unfinished trunks whose planned decays would shrink D*'s sd by less than STOP_GAIN, costliest first."""
+        sd_now = self.criterion.sd()
+        out = []
+        for trunk, (segs, flops) in self.unfinished().items():
+            gain = (sd_now - self.criterion.sd([self.observation_rows(segs)])) / sd_now
+            if gain < STOP_GAIN:
+                out.append(StopAdvice(trunk=trunk, pending_observations=len(segs), remaining_flops=flops,
+                                      sd_shrink=max(gain, 0.0)))
+        return sorted(out, key=lambda a: -a.remaining_flops)
+
+
+def _column(o: Any, column: str) -> float:
+    """An observation's value of a criterion column: from-scratch rows name their size N, the planner N1."""
+    return o.N1 if column == "N" else getattr(o, column)
 
 
 def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: str) -> Suggestion:
@@ -252,4 +302,4 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (
             request.tolerance is not None and final_sd <= target_sd) else stopped,
         expected_interval=list(delta_interval(problem.dstar, final_sd, z)),
-        actions=actions, additions=additions, applied=applied)
+        actions=actions, additions=additions, applied=applied, stop=problem.stop_advice())

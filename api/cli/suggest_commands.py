@@ -60,5 +60,8 @@ def suggest_command(
     why = {"tolerance": "the interval reaches the tolerance", "budget": "nothing else fits the budget",
            "no_gain": "no other candidate shrinks the interval"}[out["stopped"]]
     console.print(f"{fmt(out['total_flops'])} of {fmt(out['budget_flops'])} FLOPs; stopped: {why}")
+    for a in out.get("stop", []):
+        console.print(f"stop trunk {a['trunk']}: its {a['pending_observations']} remaining decay(s) would shrink the "
+                      f"D* interval by {a['sd_shrink']:.1%}; stopping it saves {fmt(a['remaining_flops'])} FLOPs")
     if out["applied"]:
         console.print(f"applied: sweep {out['applied']['id']} ({out['applied']['plan']['new_segments']} new segments)")

@@ -133,7 +133,8 @@ _SUGGESTION_EXAMPLE = {
         {"rank": 2, "kind": "d1", "description": "dense budget D1 8e+06 tokens",
          "additions": {"tokens": {"d1": [8e6]}}, "marginal_flops": 3.22e12, "new_observations": 9,
          "expected_interval": [2.37e6, 4.63e6]}],
-    "additions": {"tokens": {"d1": [4e6, 8e6]}}, "applied": None}
+    "additions": {"tokens": {"d1": [4e6, 8e6]}}, "applied": None,
+    "stop": [{"trunk": "9f31c0d2a7b4", "pending_observations": 1, "remaining_flops": 1.1e12, "sd_shrink": 0.004}]}
 
 
 def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool,
@@ -247,12 +248,13 @@ def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _
                                              "says what to run)."},
                         422: {"description": "A budget too small for any extension (at `budget_flops`)."}})
 def suggest_extensions(sweep_id: str, body: SuggestRequest, services: ServicesDep, caller: Reader) -> Suggestion:
-    """Candidate extensions of the sweep (new D1, D2 or from-scratch budgets on its trunks, a larger dense size),
-    ranked by the expected shrinkage of the D* interval at `n1` per FLOP (c-optimal on D*, branches of one trunk
-    correlated) and chosen greedily within `budget_flops`, until the expected interval is within `tolerance`. Each
-    action's FLOPs are marginal (what the store holds is free). With `apply`, the chosen extensions are submitted
-    as a new sweep, as POST /sweeps/{id}/extend would (`applied`): that needs a write token, suggesting a read
-    one."""
+    """Candidate extensions of the sweep (new D1, D2 or from-scratch budgets beyond, below or between the grid's on
+    its trunks, a larger dense size), ranked by the expected shrinkage of the D* interval at `n1` per FLOP (c-optimal
+    on D*, branches of one trunk correlated) and chosen greedily within `budget_flops`, until the expected interval
+    is within `tolerance`. Each action's FLOPs are marginal (what the store holds is free). `stop` lists the trunks
+    still training whose remaining decays would barely move D*, with the FLOPs stopping them saves. With `apply`, the
+    chosen extensions are submitted as a new sweep, as POST /sweeps/{id}/extend would (`applied`): that needs a
+    write token, suggesting a read one."""
     from upscale.control.suggest import SuggestError, suggest
 
     if body.apply and not caller.has("write"):

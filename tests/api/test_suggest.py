@@ -160,3 +160,35 @@ def test_route_errors_and_the_cli(analysed, mlflow_uri) -> None:
                        (("nosuch", "--budget-flops", "1e15"), "nosuch")):
         bad = cli(*args)
         assert bad.returncode == 2 and bad.stderr.startswith("error:") and says in bad.stderr, bad.stderr
+
+
+def test_trunks_still_training_that_cannot_move_dstar_are_advised_to_stop(tmp_path, mlflow_uri, monkeypatch) -> None:
+    """The largest size's largest from-scratch budget left untrained (its decay and the trunk piece only it needs):
+    the advice lists exactly the unfinished leaf trunks whose decays shrink D*'s sd by less than STOP_GAIN, each with
+    the FLOPs still to train on it."""
+    from upscale.control import suggest as module
+
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
+    services = Services.open(settings, auth=False)
+    sid = fill(services, status="running")
+    members = [seg for seg, _ in services.store.members(sid)]
+    scratch = [seg for seg in members if seg.config["kind"].startswith("scratch") and
+               seg.config["model"]["d_model"] == 32]
+    last = max((seg for seg in scratch if seg.kind == "scratch_trunk"), key=lambda seg: seg.config["end_tokens"])
+    left = [last, *(seg for seg in scratch if seg.parents == [last.key])]
+    assert [seg.observation["D"] for seg in left[1:]] == [max(GRID["tokens"]["scratch"])]
+    with services.store.transaction() as s:
+        s.execute(update(SegmentRecord).where(SegmentRecord.key.in_([m.key for m in left])).values(status="pending"))
+        s.query(ObservationRecord).filter(ObservationRecord.segment_key.in_([m.key for m in left])).delete()
+    run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request")
+    problem = module._Problem(services, sid, None)
+    unfinished = problem.unfinished()
+    assert set(unfinished) == {left[0].trunk}  # the MoE trunks are done; dense trunks are never advised
+    segs, flops = unfinished[left[0].trunk]
+    assert [s.id for s in segs] == [left[1].key] and flops == pytest.approx(sum(s.flops for s in left))
+    for gain, listed in ((0.0, False), (1.0, True)):
+        monkeypatch.setattr(module, "STOP_GAIN", gain)
+        advice = problem.stop_advice()
+        assert bool(advice) is listed
+    assert advice[0].trunk == left[0].trunk and advice[0].remaining_flops == pytest.approx(flops)
+    assert 0.0 < advice[0].sd_shrink < 1.0  # the largest size's from-scratch decays do inform D* at that size
