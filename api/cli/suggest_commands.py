@@ -58,7 +58,8 @@ def suggest_command(
                       f"{fmt(a['expected_interval'][0])} – {fmt(a['expected_interval'][1])}")
     console.print(table)
     why = {"tolerance": "the interval reaches the tolerance", "budget": "nothing else fits the budget",
-           "no_gain": "no other candidate shrinks the interval"}[out["stopped"]]
+           "no_gain": "no other candidate shrinks the interval",
+           "limit": "the most actions one call chooses; apply them (--apply) and ask again for more"}[out["stopped"]]
     console.print(f"{fmt(out['total_flops'])} of {fmt(out['budget_flops'])} FLOPs; stopped: {why}")
     for a in out.get("stop", []):
         console.print(f"stop trunk {a['trunk']}: its {a['pending_observations']} remaining decay(s) would shrink the "
