@@ -180,9 +180,9 @@ class FitProblem:
         """Full starts (G, p) from exponent starts (G, q): the free scales solve a weighted linear least squares.
 
         With the exponents fixed the law is linear in its scales, L = fixed part + Σ_j S_j·basis_j; minimising the
-        relative error Σ w·((L − L̂)/L)² (w: the rows' weights) gives S by a (J×J) solve per start. A term is kept alive at >= 1% of the
-        loss on average: a negative or tiny solution would leave it negligible, where its gradient vanishes and BFGS
-        stops at once on a plateau; from 1% BFGS can still shrink it if the data want.
+        weighted relative error Σ w·((L − L̂)/L)² (w: the rows' weights) gives S by a (J×J) solve per start. A term
+        is kept alive at >= 1% of the loss on average: a negative or tiny solution would leave it negligible, where
+        its gradient vanishes and BFGS stops at once on a plateau; from 1% BFGS can still shrink it if the data want.
         """
         is_scale = np.array([p.kind == "scale" for p in self.params])
         si, ei = np.flatnonzero(is_scale), np.flatnonzero(~is_scale)
@@ -304,7 +304,8 @@ def build_problem(
     if options.bound_E and "E" in names:
         upper[names.index("E")] = float(np.min(np.concatenate(ys)))
     return FitProblem(tuple(names), tuple(decl[n] for n in names), np.concatenate(Xs, axis=1),
-                   np.concatenate(offs, axis=1), np.concatenate(ys), np.concatenate(ws), options.delta, options.reduction, upper)
+                   np.concatenate(offs, axis=1), np.concatenate(ys), np.concatenate(ws), options.delta,
+                      options.reduction, upper)
 
 
 def start_grid(problem: FitProblem) -> np.ndarray:
