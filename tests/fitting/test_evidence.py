@@ -28,7 +28,7 @@ def tables() -> dict[str, pd.DataFrame]:
     for kind in ("dense", "scratch"):
         out[kind] = out[kind][out[kind]["D"].isin(sorted(out[kind]["D"].unique())[::2])].reset_index(drop=True)
     up = out["upcycled"]
-    out["upcycled"] = up[up["N1"].isin(sorted(up["N1"].unique())[::2] + [up["N1"].max()])].reset_index(drop=True)
+    out["upcycled"] = up[up["N1"].isin([*sorted(up["N1"].unique())[::2], up["N1"].max()])].reset_index(drop=True)
     return out
 
 
