@@ -9,11 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from upscale.fitting import plots
 from upscale.fitting.analysis import Analysis, analyze
+from upscale.fitting.analysis_plots import with_predicted_rows
 from upscale.fitting.bootstrap import resampling_units
 from upscale.fitting.curve_observations import PREDICTED, SD_PRED, SOURCE, PredictedDecays, prediction_weight
 from upscale.fitting.data import read_table
-from upscale.fitting.evidence import dstar_evidence, variance_shares, with_predicted
+from upscale.fitting.evidence import dstar_evidence, is_predicted, variance_shares, with_predicted
+from upscale.fitting.groups import upcycled_groups
 from upscale.fitting.summary import fitted_law
 from upscale.fitting.synthetic import bundled_path
 
@@ -119,3 +122,22 @@ def test_a_trunks_predicted_rows_are_resampled_with_its_observed_rows(tables) ->
         part = combined.iloc[rows]
         assert part["trunk"].nunique() == 1 and set(part[SOURCE]) == {"observed", PREDICTED}
     assert set(combined.loc[combined[SOURCE] == "observed", "weight"]) == {1.0}
+
+
+def test_the_user_reads_what_each_dstar_rests_on(trusted) -> None:
+    analysis, _ = trusted
+    ev = analysis.upcycled[0].dstar["results"][0]["evidence"]
+    text = repr(analysis)
+    assert f"{ev['predicted_share']:.0%} of its precision rests on 72 predicted decays (held-out error 0.0%), " \
+           f"{1 - ev['predicted_share']:.0%} on 64 observed; observed decays alone: D* " in text
+    assert "predicted decays from trunk curves: scratch 12, upcycled 60 (weighted against point noise" in text
+    assert "of its precision rests on" in analysis._repr_html_()
+
+
+def test_the_loss_plots_draw_predicted_decays_apart(trusted) -> None:
+    analysis, observed = trusted
+    rows = with_predicted_rows(observed, json.loads(json.dumps(analysis.to_json()))["curves"])["upcycled"]
+    assert len(rows) == 100 and is_predicted(rows).sum() == 60 and len(upcycled_groups(rows)) == 1
+    label = "predicted from its trunk's curve"
+    assert label in [h.get_label() for h in plots._fit_handles("joint", rows)]
+    assert label not in [h.get_label() for h in plots._fit_handles("joint", observed["upcycled"])]
