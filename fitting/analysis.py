@@ -330,7 +330,16 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
         weights = combined[kind].loc[is_predicted(combined[kind]), "weight"].tolist()
         record["rows"][kind] = [{**r, "weight": w} for r, w in zip(rows, weights, strict=True)]
     points = {k: n - predicted[k] for k, n in out.points.items()}
-    return replace(out, points=points, curves={**record, "points": predicted, "noise": noise.to_json()})
+    groups = [replace(u, n_points=u.n_points - int(is_predicted(rows).sum()))
+              for u, (_, rows) in zip(out.upcycled, _groups(combined), strict=True)]
+    return replace(out, points=points, upcycled=groups,
+                   curves={**record, "points": predicted, "noise": noise.to_json()})
+
+
+def _groups(tables: Mapping[str, pd.DataFrame]) -> list[tuple[dict[str, Any], pd.DataFrame]]:
+    """The upcycled table's groups, as ``_analyze`` splits it."""
+    upcycled = tables["upcycled"].dropna(subset=["loss"]).reset_index(drop=True)
+    return upcycled_groups(upcycled) if not upcycled.empty else []
 
 
 def _observed_fits(observed: Analysis, tables: Mapping[str, pd.DataFrame]) -> list[tuple[Any, dict, pd.DataFrame]]:
@@ -339,8 +348,7 @@ def _observed_fits(observed: Analysis, tables: Mapping[str, pd.DataFrame]) -> li
     if observed.scratch is not None:
         fits.append((observed.scratch.fitted, observed.scratch.report["fixed"],
                      tables["scratch"].dropna(subset=["loss"]).reset_index(drop=True)))
-    upcycled = tables["upcycled"].dropna(subset=["loss"]).reset_index(drop=True)
-    rows = {group_label(g): part for g, part in (upcycled_groups(upcycled) if not upcycled.empty else [])}
+    rows = {group_label(g): part for g, part in _groups(tables)}
     fits += [(u.fit.fitted, u.fit.report["fixed"], rows[u.label]) for u in observed.upcycled if u.fit is not None]
     return fits
 
@@ -351,8 +359,7 @@ def _weigh_evidence(out: Analysis, observed: Analysis, combined: Mapping[str, pd
     if out.scratch is None:
         return
     scratch = combined["scratch"].dropna(subset=["loss"]).reset_index(drop=True)
-    upcycled = combined["upcycled"].dropna(subset=["loss"]).reset_index(drop=True)
-    rows = {group_label(g): part for g, part in upcycled_groups(upcycled)}
+    rows = {group_label(g): part for g, part in _groups(combined)}
     alone = {u.label: {r["n1"]: r["dstar"] for r in u.dstar["results"]} for u in observed.upcycled if u.dstar}
     moe = (out.scratch.fitted, out.scratch.report["fixed"], scratch)
     for u in out.upcycled:

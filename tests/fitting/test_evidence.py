@@ -63,7 +63,7 @@ def test_a_dstar_says_how_much_of_it_rests_on_predicted_decays(trusted, tables) 
     assert ev["predicted"] == {"scratch": 12, "upcycled": 60} and ev["observed"] == {"scratch": 24, "upcycled": 40}
     assert 0.5 < ev["predicted_share"] < 1
     assert ev["observed_dstar"] > 0 and abs(np.log(ev["observed_dstar"] / r["dstar"])) < 1.0
-    assert analysis.points == {k: len(v) for k, v in observed.items()}
+    assert analysis.points == {k: len(v) for k, v in observed.items()} and up.n_points == 40
     assert analysis.curves["points"] == {"dense": 0, "scratch": 12, "upcycled": 60}
     problem = next(p for p in analysis.problems if p.get("kind") == "predicted")
     assert problem["n1"] == N1 and "rests mostly on predicted decays" in problem["why"] and "trunk" in problem["add"]
