@@ -18,7 +18,7 @@ from upscale.fitting.data import read_table
 from upscale.fitting.evidence import dstar_evidence, is_predicted, variance_shares, with_predicted
 from upscale.fitting.groups import upcycled_groups
 from upscale.fitting.summary import fitted_law
-from upscale.fitting.synthetic import bundled_path
+from upscale.fitting.synthetic import E_TABLE2, bundled_path
 
 N1 = 1e9
 
@@ -141,3 +141,34 @@ def test_the_loss_plots_draw_predicted_decays_apart(trusted) -> None:
     label = "predicted from its trunk's curve"
     assert label in [h.get_label() for h in plots._fit_handles("joint", rows)]
     assert label not in [h.get_label() for h in plots._fit_handles("joint", observed["upcycled"])]
+
+
+def test_without_curves_the_analysis_is_the_observed_one(trusted) -> None:
+    analysis, observed = trusted
+    plain = analyze(observed, n1s=[N1], bootstrap=0)
+    record = plain.to_json()
+    assert "curves" not in record and "evidence" not in record["upcycled"][0]["dstar"]["results"][0]
+    assert analysis.upcycled[0].dstar["results"][0]["evidence"]["observed_dstar"] == \
+        record["upcycled"][0]["dstar"]["results"][0]["dstar"]
+
+
+def test_bootstrap_refits_keep_each_rows_weight(tables) -> None:
+    from upscale.fitting.bootstrap import bootstrap
+    from upscale.fitting.fit import fit
+    from upscale.fitting.laws import get_law
+
+    observed, curves = split(tables, 0.01)
+    law = get_law("chinchilla")
+    combined = with_predicted(observed, curves, 0.005)["scratch"].assign(
+        loss=lambda d: np.where(is_predicted(d), d["loss"] * 1.03, d["loss"]))  # predictions 3% off
+    samples = {}
+    for w in (1.0, 0.01):
+        df = combined.assign(weight=np.where(is_predicted(combined), w, 1.0))
+        boot = bootstrap(law, df, fit(law, df, {"E": E_TABLE2}), n=8, seed=1)
+        assert boot.unit == "trunk" and boot.n_failed == 0
+        samples[w] = boot.samples
+    # the same draws (whole trunks, predicted rows with their observed ones); the weights decide how far the 3% pulls
+    truth = fit(law, observed["scratch"], {"E": E_TABLE2}).params["A"]
+    names = list(boot.names)
+    assert np.abs(np.log(samples[0.01][:, names.index("A")] / truth)).mean() < \
+        np.abs(np.log(samples[1.0][:, names.index("A")] / truth)).mean()
