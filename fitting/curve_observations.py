@@ -24,7 +24,6 @@ each by ``prediction_weight`` (fitting/analysis.py).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -202,9 +201,10 @@ class PredictedDecays:
         return sum(len(t) for t in self.tables.values())
 
     def to_json(self) -> dict[str, Any]:
-        """Strict JSON: a missing value (NaN, a nullable column's NA) is null, numbers are plain."""
+        """Strict JSON: a missing value (NaN, a nullable column's NA) is null, numbers are plain and exact."""
         return {"families": self.families,
-                "rows": {k: json.loads(t.to_json(orient="records")) for k, t in self.tables.items() if len(t)}}
+                "rows": {k: t.astype(object).where(t.notna(), None).to_dict(orient="records")
+                         for k, t in self.tables.items() if len(t)}}
 
 
 def _family_rows(family: str, trunks: Sequence[TrunkCurves],
