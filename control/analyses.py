@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from upscale.control.analysis_jobs import AnalysisJobs
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
+    from upscale.fitting.curve_observations import PredictedDecays, TrunkCurves
     from upscale.fitting.dstar import Limits
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
@@ -106,10 +107,35 @@ def observations_hash(tables: dict[str, pd.DataFrame]) -> str:
 
 
 def analysis_params(n1s: Sequence[float] | None, bootstrap: int, seed: int,
-                    decisions: Sequence[tuple[float, float, float]] | None = None) -> dict[str, Any]:
-    """The parameters as the row keeps and hashes them."""
-    return {"n1s": sorted(float(n) for n in n1s) if n1s else None, "bootstrap": int(bootstrap), "seed": int(seed),
-            "decisions": [list(map(float, d)) for d in decisions] if decisions else None}
+                    decisions: Sequence[tuple[float, float, float]] | None = None,
+                    curves: PredictedDecays | None = None) -> dict[str, Any]:
+    """The parameters as the row keeps and hashes them; with predicted decays, ``curves``: the hash of what was
+    predicted (an analysis without them keeps the parameters, and so the inputs hash, it always had)."""
+    params = {"n1s": sorted(float(n) for n in n1s) if n1s else None, "bootstrap": int(bootstrap), "seed": int(seed),
+              "decisions": [list(map(float, d)) for d in decisions] if decisions else None}
+    if curves is not None:
+        params["curves"] = hashlib.sha256(json.dumps(curves.to_json(), sort_keys=True, default=str)
+                                          .encode()).hexdigest()
+    return params
+
+
+def sweep_curves(services: Services, sweep_ids: Sequence[str]) -> list[TrunkCurves]:
+    """The sweeps' trunk curves, each with its observed decays and the planned decays on its trained part that
+    nobody observed (fitting/curve_observations.py `TrunkCurves`). None yet: the store side that reads them lands
+    separately; until then every analysis is of observed decays alone."""
+    return []
+
+
+def predicted_for(services: Services, sweep_ids: Sequence[str], curves: bool) -> PredictedDecays | None:
+    """The decay ends the sweeps' trunk curves predict, when asked for (``curves``) and the sweeps have curves."""
+    if not curves:
+        return None
+    trunks = sweep_curves(services, sweep_ids)
+    if not trunks:
+        return None
+    from upscale.fitting.curve_observations import predicted_decays
+
+    return predicted_decays(trunks)
 
 
 def inputs_hash(observations: str, params: dict[str, Any], refit_owner: str | None = None) -> str:
@@ -127,26 +153,27 @@ def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP, seed: int = 0, owner: str, trigger: str,
                  progress: Progress | None = None, tables: dict[str, pd.DataFrame] | None = None,
                  decisions: Sequence[tuple[float, float, float]] | None = None, workers: int = 1,
-                 cache: ObservationCache | None = None) -> AnalysisRecord:
+                 cache: ObservationCache | None = None, curves: bool = True) -> AnalysisRecord:
     """Analyse the sweeps' observations in this thread and keep the record; the existing record when these inputs
     were analysed already (``.ran`` says which). ``tables``: the sweeps' tables when the caller read them already
-    (a refit tick), or data that is in no sweep (the synthetic demo, ``sweep_ids`` empty).
+    (a refit tick), or data that is in no sweep (the synthetic demo, ``sweep_ids`` empty). ``curves``: fit the
+    decay ends the sweeps' trunk curves predict beside the observed ones, when they have curves.
 
     NotFoundError for an unknown sweep, NotReady when the sweeps have no finished segment, AnalysisRunning when
     another caller runs these inputs now, FitError when there is nothing the analysis can fit (the row is then
     `failed` with that error, as for any failure)."""
-    work = _Work.read(services, sweep_ids, n1s, bootstrap, seed, decisions, tables, cache, owner, trigger)
+    work = _Work.read(services, sweep_ids, n1s, bootstrap, seed, decisions, tables, cache, owner, trigger, curves)
     record = work.claim()
     return work.run(record, workers, progress) if record.ran else record
 
 
 def request_analysis(services: Services, sweep_id: str, *, n1s: Sequence[float] | None, bootstrap: int, seed: int,
-                     owner: str, jobs: AnalysisJobs) -> AnalysisRecord:
+                     owner: str, jobs: AnalysisJobs, curves: bool = True) -> AnalysisRecord:
     """What POST /sweeps/{id}/analysis does, without waiting for the work: the done record when these inputs were
     analysed (``.ran`` False), else the claimed `running` row, its work started on ``jobs``' threads (``.ran``
     True). AnalysisRunning when another caller runs these inputs; TooManyAnalyses, before any row is written, when
     ``owner`` has as many running as ``jobs`` allows."""
-    work = _Work.read(services, [sweep_id], n1s, bootstrap, seed, None, None, None, owner, "request")
+    work = _Work.read(services, [sweep_id], n1s, bootstrap, seed, None, None, None, owner, "request", curves)
     found = _found(services.store, work.row.sweep_key, work.row.inputs_hash)
     if found is not None and found.status == "done":
         return found
@@ -161,15 +188,17 @@ class _Work:
     """One analysis's inputs (the tables, their parameters and hash, the unclaimed row) and running it."""
 
     def __init__(self, services: Services, row: AnalysisRecord, tables: dict[str, pd.DataFrame],
-                 decisions: Sequence[tuple[float, float, float]] | None) -> None:
+                 decisions: Sequence[tuple[float, float, float]] | None, curves: PredictedDecays | None) -> None:
         self.services, self.row, self.tables, self.decisions = services, row, tables, decisions
+        self.curves = curves
 
     @classmethod
     def read(cls, services: Services, sweep_ids: Sequence[str], n1s: Sequence[float] | None, bootstrap: int,
              seed: int, decisions: Sequence[tuple[float, float, float]] | None,
              tables: dict[str, pd.DataFrame] | None, cache: ObservationCache | None, owner: str,
-             trigger: str) -> _Work:
-        """Read the sweeps' tables (unless given) and hash the inputs; nothing is written."""
+             trigger: str, curves: bool = True) -> _Work:
+        """Read the sweeps' tables (unless given) and their predicted decays (with ``curves``) and hash the inputs;
+        nothing is written."""
         ids = sorted(set(sweep_ids))
         for sweep_id in ids:
             services.store.sweep(sweep_id)  # NotFoundError (404) before anything is read
@@ -177,13 +206,14 @@ class _Work:
         if not any(len(t) for t in tables.values()):
             raise NotReady(f"sweep {', '.join(ids)} has no finished segments yet: the analysis needs the losses of "
                            f"finished decay segments; it runs by itself when they finish")
-        params = analysis_params(n1s, bootstrap, seed, decisions)
+        predicted = predicted_for(services, ids, curves)
+        params = analysis_params(n1s, bootstrap, seed, decisions, predicted)
         observed = observations_hash(tables)
         row = AnalysisRecord(id=uuid.uuid4().hex[:12], sweep_ids=ids, sweep_key=sweep_key(ids),
                              inputs_hash=inputs_hash(observed, params, owner if trigger == "refit" else None),
                              observations_hash=observed, status="running", trigger=trigger, params=params,
                              plots=[], owner=owner)
-        return cls(services, row, tables, decisions)
+        return cls(services, row, tables, decisions, predicted)
 
     def claim(self) -> AnalysisRecord:
         return _claim(self.services.store, self.row)
@@ -195,7 +225,7 @@ class _Work:
         services, params = self.services, record.params
         try:
             analysis = analyze(self.tables, params["n1s"], self.decisions, params["bootstrap"], params["seed"],
-                               workers, progress, sweep_limits(services, record.sweep_ids))
+                               workers, progress, sweep_limits(services, record.sweep_ids), curves=self.curves)
             folder = analysis_dir(services.settings.home, record.id)
             drawn = _draw(analysis, self.tables, folder)
             _finish(services.store, record, status="done",

@@ -20,7 +20,10 @@ writes them. Records written before fit health and D* states read as "–" where
 What MLflow charts is what varies along an axis: D* and its interval ends per upcycled group as one curve over N1,
 P(upcycle) per N1 and D1 as one curve over D2 (`curves`). A single number per analysis (E, a fit's parameters) would
 chart as one point, so it is a tag (`headline`), a column the runs table can show. A later analysis shown on the same
-run logs its points again at the same N1 and D2, later in time.
+run logs its points again at the same N1 and D2, later in time. With decays predicted from trunk curves, each D*'s
+share of its precision on them and the D* of the observed decays alone are curves too
+(`dstar/<group>/predicted_share`, `dstar/<group>/observed_only`), and per group the largest share and the decays
+behind its laws are tags (`analysis.evidence.<group>.*`). Tags go in batches of MLflow's limit per call.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ HEALTH = "analysis.health"  # ok | unhealthy, for `tags."analysis.health" = 'unh
 PROBLEMS = "analysis.problems"  # how many problems the analysis reports
 EXTRAPOLATED = "analysis.extrapolated"  # how many D*s and verdicts are flagged as extrapolated
 UNBOUNDED = "unbounded"  # an interval's open end; a missing value is "–", never the same spelling
+MAX_TAGS_PER_BATCH = 100  # MLflow refuses a log_batch with more tags than this
 MAX_NOTE = 7800  # MLflow keeps a tag's first 8000 characters: the description is fitted under that
 
 
@@ -100,8 +104,17 @@ def show_on_sweep_run(tree: RunTree, run_id: str, meta: AnalysisMeta, record: di
     number = int(run.data.tags.get(ANALYSIS_COUNT, 0)) + 1
     tags = {NOTE: summary_markdown(record, meta, f"Analysis {number} of this sweep"), LATEST: meta.id,
             LATEST_CREATED: meta.stamp, ANALYSIS_COUNT: str(number), **health_tags(record), **headline(record)}
-    tree.client.log_batch(run_id, metrics=curves(record), tags=[RunTag(k, v) for k, v in tags.items()])
+    log_in_batches(tree, run_id, curves(record), tags)
     return True
+
+
+def log_in_batches(tree: RunTree, run_id: str, metrics: list[Metric], tags: dict[str, str]) -> None:
+    """``metrics`` and ``tags`` in as many log_batch calls as MLflow's limit of MAX_TAGS_PER_BATCH tags per call
+    takes (an analysis of many groups, with curves, has more tags than that)."""
+    items = [RunTag(k, v) for k, v in tags.items()]
+    tree.client.log_batch(run_id, metrics=metrics, tags=items[:MAX_TAGS_PER_BATCH])
+    for i in range(MAX_TAGS_PER_BATCH, len(items), MAX_TAGS_PER_BATCH):
+        tree.client.log_batch(run_id, tags=items[i:i + MAX_TAGS_PER_BATCH])
 
 
 def _log_own_run(tree: RunTree, sweep_runs: Sequence[tuple[str, str]], meta: AnalysisMeta, record: dict,
@@ -204,7 +217,20 @@ def headline(record: dict) -> dict[str, str]:
         slug = group_slug(up.get("group") or {})
         for k, v in ((up.get("fit") or {}).get("params") or {}).items():
             out[f"analysis.fit.{slug}.{k}"] = v
-    return {k: f"{v:.4g}" for k, v in out.items() if _number(v)}
+        out |= _evidence(slug, up)
+    return {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in out.items() if _number(v)}
+
+
+def _evidence(slug: str, up: dict[str, Any]) -> dict[str, Any]:
+    """With predicted decays (curves): the group's largest share of a D*'s precision on them
+    (`analysis.evidence.<group>.predicted_share`) and the predicted and observed decays behind its two laws."""
+    found = [r["evidence"] for r in (up.get("dstar") or {}).get("results", []) if r.get("evidence")]
+    if not found:
+        return {}
+    shares = [e["predicted_share"] for e in found if e.get("predicted_share") is not None]
+    out = {f"analysis.evidence.{slug}.predicted": sum(found[0]["predicted"].values()),
+           f"analysis.evidence.{slug}.observed": sum(found[0]["observed"].values())}
+    return out | ({f"analysis.evidence.{slug}.predicted_share": float(max(shares))} if shares else {})
 
 
 def curves(record: dict) -> list[Metric]:
@@ -219,6 +245,9 @@ def curves(record: dict) -> list[Metric]:
                 continue
             base, ci = f"dstar/{slug}", res.get("ci") or [None, None]
             values = {base: res.get("dstar"), base + "/ci_low": ci[0], base + "/ci_high": ci[1]}
+            ev = res.get("evidence") or {}
+            values |= {base + "/predicted_share": ev.get("predicted_share"),
+                       base + "/observed_only": ev.get("observed_dstar")} if ev else {}
             for level in ("80", "95") if res.get("intervals") else ():
                 lo, hi = _interval(res, level)
                 values |= {f"{base}/low_{level}": lo, f"{base}/high_{level}": hi}

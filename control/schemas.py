@@ -342,7 +342,7 @@ class AnalysisCreate(BaseModel):
 
     # JSON's Infinity is no model size; the example is a whole body (the default is an empty one)
     model_config = ConfigDict(allow_inf_nan=False, json_schema_extra={"examples": [
-        {"n1s": [1e8, 1e9], "bootstrap": DEFAULT_ANALYSIS_BOOTSTRAP, "seed": 0}]})
+        {"n1s": [1e8, 1e9], "bootstrap": DEFAULT_ANALYSIS_BOOTSTRAP, "seed": 0, "curves": True}]})
 
     n1s: list[float] | None = Field(None, max_length=MAX_N1S, examples=[[1e8, 1e9]],
                                     description=f"Dense sizes N1 to find D* at (default: the sweep's sizes; at most "
@@ -351,6 +351,9 @@ class AnalysisCreate(BaseModel):
                            description="Cluster-bootstrap refits per fit (0: no intervals and no probability; each "
                            "refit costs a full fit).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the bootstrap's resampling.")
+    curves: bool = Field(True, description="Fit the decay ends the sweep's trunk curves predict beside the observed "
+                         "ones, weighted by their held-out error (docs/laws.md, \"Curves as observations\"); each D* "
+                         "then says how much of its precision rests on them. False: observed decays only.")
 
     @model_validator(mode="after")
     def _sizes(self) -> AnalysisCreate:
@@ -373,7 +376,10 @@ class AnalysisPublic(BaseModel):
     analysis: dict[str, Any] | None = Field(description="The analysis record (fitting/analysis.py `Analysis.to_json`): "
                                             "version, E, the from-scratch fit, per upcycling group its fit, D* per N1 "
                                             "and verdicts, and `problems`: laws the data cannot identify, why, and "
-                                            "what to add to the grid.")
+                                            "what to add to the grid. With curves: `curves` (the predicted decays, "
+                                            "marked predicted with their weights, and each family's held-out error) "
+                                            "and per D* `evidence` (observed and predicted decays behind each law, "
+                                            "`predicted_share` of D*'s precision, `observed_dstar`).")
     plots: dict[str, str] = Field(description="Plot name -> URL of its PNG (the PDF: the same URL ending .pdf).")
 
 

@@ -6,7 +6,9 @@ Modules, one job each: laws (the registry), data (reading and checking tables), 
 extrapolation, AIC/BIC), bootstrap (cluster/point resampling, percentile intervals), summary (the fit report of
 `upscale fit --json`, grouped fits), dstar (D*, catch-up budget, verdict), optimal (compute-optimal upcycling),
 analysis (the paper's whole procedure as one function), diagnostics (alpha(D1), A(D1)), plots (PNG), synthetic
-(SYNTHETIC tables from the paper's Table 2), curve_law (the multi-power law of a loss curve under an LR schedule).
+(SYNTHETIC tables from the paper's Table 2), curve_law (the multi-power law of a loss curve under an LR schedule),
+curve_observations (decay ends predicted from trunk curves, as weighted rows), evidence (what a D* rests on:
+observed or predicted decays).
 
 Glossary (names follow the paper; counts, never billions):
     D       tokens of a from-scratch run (dense or MoE)        N       its non-embedding parameters

@@ -18,19 +18,26 @@ and what to add to the grid; everything else is still fitted. Every entry point 
 `upscale analyze`, the service's analyses (POST /sweeps/{id}/analysis, the automatic ones, refits) and
 ``upscale.analyze`` in a notebook; fitting/analysis_plots.py draws its plots.
 
+With ``curves`` (decay ends predicted from trunk curves: fitting/curve_observations.py) the observed rows are
+analysed alone first, for the per-point noise that weights the predicted rows and for the D* they give by
+themselves; then every fit takes observed and predicted rows together, and each D* carries an ``evidence`` record:
+the rows behind its two laws and the share of its precision on predicted ones (fitting/evidence.py), with the
+observed-only D* beside it. Without curves nothing of this runs and the record is as before.
+
 Pure numerics like the rest of fitting/: no CLI, no printing. ``progress`` reports (stage, done, total).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from upscale.fitting import display
+from upscale.fitting.curve_observations import PredictedDecays
 from upscale.fitting.dstar import (
     EXTRAPOLATION_FACTOR,
     Limits,
@@ -41,6 +48,7 @@ from upscale.fitting.dstar import (
     upcycled_loss,
 )
 from upscale.fitting.errors import FitError
+from upscale.fitting.evidence import dstar_evidence, evidence_problem, is_predicted, point_noise, with_predicted
 from upscale.fitting.groups import group_label, upcycled_groups
 from upscale.fitting.health import check_dstar, concerning
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
@@ -139,6 +147,9 @@ class Analysis:
     limits: Limits = field(default_factory=Limits)  # the law's sane region (dstar.Limits), as the caller knew it
     extrapolation_factor: float = EXTRAPOLATION_FACTOR  # beyond this from the trained range an answer is flagged
     E_bootstrap: dict[str, Any] = field(default_factory=dict)  # E's intervals (80%, 95%): fitting/shared.py
+    # with curves: the predicted rows (marked predicted), their families' held-out errors, the point noise that
+    # weighted them and how many each table got; empty without curves (and then absent from the record)
+    curves: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON (NaN and infinities as null); ``from_json`` reads it back."""
@@ -150,7 +161,8 @@ class Analysis:
                       "scratch": self.scratch.report if self.scratch else None,
                       "upcycled": [{"group": u.group, "label": u.label, "points": u.n_points,
                                     "fit": u.fit.report if u.fit else None, "dstar": u.dstar,
-                                    "decisions": u.decisions} for u in self.upcycled]})
+                                    "decisions": u.decisions} for u in self.upcycled],
+                      **({"curves": self.curves} if self.curves else {})})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Analysis:
@@ -162,7 +174,7 @@ class Analysis:
                    points=data.get("points", {}), trained=data.get("trained", {}),
                    limits=Limits(**data.get("limits", {})),
                    extrapolation_factor=data.get("extrapolation_factor", EXTRAPOLATION_FACTOR),
-                   E_bootstrap=data.get("E_bootstrap", {}))
+                   E_bootstrap=data.get("E_bootstrap", {}), curves=data.get("curves", {}))
 
     def __repr__(self) -> str:
         return "\n".join(display.analysis_lines(self.to_json()))
@@ -288,7 +300,7 @@ def _stages(progress: Progress | None) -> Callable[[str, int], Callable[[int], N
 def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = None,
             decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
             workers: int = 1, progress: Progress | None = None, limits: Limits | None = None,
-            extrapolation_factor: float = EXTRAPOLATION_FACTOR) -> Analysis:
+            extrapolation_factor: float = EXTRAPOLATION_FACTOR, curves: PredictedDecays | None = None) -> Analysis:
     """The paper's analysis of ``tables`` ("dense" and "scratch": columns D, N, loss[, trunk]; "upcycled": D1, D2,
     N1, loss[, trunk, method, r, n_expert, topk]).
 
@@ -298,9 +310,75 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
     biggest); one outside ``limits`` (the law's sane region) is kept with the reason it was refused. Every D* and
     verdict says how far it lies from the trained ranges (the record's ``trained``), flagged beyond
     ``extrapolation_factor``. ``bootstrap`` cluster-bootstrap refits per fit (0: no intervals); ``workers``
-    processes for them. ``progress(stage, done, total)`` is called as each stage moves on.
+    processes for them. ``progress(stage, done, total)`` is called as each stage moves on. ``curves``: decay ends
+    predicted from trunk curves (`predicted_decays`), fitted beside the observed ones (see the module docstring).
     FitError only when a table is missing or there is nothing at all to analyse.
     """
+    args = (decisions, bootstrap, seed, workers, progress, limits, extrapolation_factor)
+    if curves is None:
+        return _analyze(tables, n1s, *args)
+    if not curves.n_rows:  # nothing predicted: the observed analysis, with the families' reasons on record
+        return replace(_analyze(tables, n1s, *args), curves={"families": curves.families, "points": {}})
+    observed = _analyze(tables, n1s, decisions, 0, seed, workers, None, limits, extrapolation_factor)
+    noise = point_noise(_observed_fits(observed, tables))
+    combined = with_predicted({k: tables[k] for k in TABLES}, curves, noise.point_sd)
+    out = _analyze(combined, observed.n1s, *args)
+    _weigh_evidence(out, observed, combined)
+    predicted = {k: int(is_predicted(df).sum()) for k, df in combined.items()}
+    record = curves.to_json()
+    for kind, rows in record["rows"].items():
+        weights = combined[kind].loc[is_predicted(combined[kind]), "weight"].tolist()
+        record["rows"][kind] = [{**r, "weight": w} for r, w in zip(rows, weights, strict=True)]
+    points = {k: n - predicted[k] for k, n in out.points.items()}
+    groups = [replace(u, n_points=u.n_points - int(is_predicted(rows).sum()))
+              for u, (_, rows) in zip(out.upcycled, _groups(combined), strict=True)]
+    return replace(out, points=points, upcycled=groups,
+                   curves={**record, "points": predicted, "noise": noise.to_json()})
+
+
+def _groups(tables: Mapping[str, pd.DataFrame]) -> list[tuple[dict[str, Any], pd.DataFrame]]:
+    """The upcycled table's groups, as ``_analyze`` splits it."""
+    upcycled = tables["upcycled"].dropna(subset=["loss"]).reset_index(drop=True)
+    return upcycled_groups(upcycled) if not upcycled.empty else []
+
+
+def _observed_fits(observed: Analysis, tables: Mapping[str, pd.DataFrame]) -> list[tuple[Any, dict, pd.DataFrame]]:
+    """The observed-only analysis's fits with their tables, for the point noise that weights predicted rows."""
+    fits = []
+    if observed.scratch is not None:
+        fits.append((observed.scratch.fitted, observed.scratch.report["fixed"],
+                     tables["scratch"].dropna(subset=["loss"]).reset_index(drop=True)))
+    rows = {group_label(g): part for g, part in _groups(tables)}
+    fits += [(u.fit.fitted, u.fit.report["fixed"], rows[u.label]) for u in observed.upcycled if u.fit is not None]
+    return fits
+
+
+def _weigh_evidence(out: Analysis, observed: Analysis, combined: Mapping[str, pd.DataFrame]) -> None:
+    """Every D* of ``out`` gets its ``evidence`` (fitting/evidence.py) with the observed-only D* beside it; a D*
+    that rests mostly on predicted rows is a problem, and its health (and its group's verdicts') is marked again."""
+    if out.scratch is None:
+        return
+    scratch = combined["scratch"].dropna(subset=["loss"]).reset_index(drop=True)
+    rows = {group_label(g): part for g, part in _groups(combined)}
+    alone = {u.label: {r["n1"]: r["dstar"] for r in u.dstar["results"]} for u in observed.upcycled if u.dstar}
+    moe = (out.scratch.fitted, out.scratch.report["fixed"], scratch)
+    for u in out.upcycled:
+        if u.dstar is None or u.fit is None:
+            continue
+        fit = f"upcycled {u.label}" if u.label else "upcycled"
+        for r in u.dstar["results"]:
+            evidence = dstar_evidence(moe, (u.fit.fitted, u.fit.report["fixed"], rows[u.label]), r["n1"])
+            r["evidence"] = clean({**evidence, "observed_dstar": alone.get(u.label, {}).get(r["n1"])})
+            found = evidence_problem(evidence, r["n1"], "joint", fit)
+            if found is not None:
+                out.problems.append(found)
+        _mark_health(u.dstar, u.decisions, out.problems, fit, u.label)
+
+
+def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
+             decisions: Sequence[tuple[float, float, float]] | None, bootstrap: int, seed: int, workers: int,
+             progress: Progress | None, limits: Limits | None, extrapolation_factor: float) -> Analysis:
+    """``analyze`` of the tables as they are (observed rows, or observed and predicted ones)."""
     missing = [k for k in TABLES if k not in tables]
     if missing:
         raise FitError(f"analyze needs the tables {', '.join(TABLES)}; missing {', '.join(missing)}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,7 @@ import pandas as pd
 from upscale.fitting import plots
 from upscale.fitting.analysis import Analysis, UpcycledAnalysis
 from upscale.fitting.diagnostics import alpha_d1
+from upscale.fitting.evidence import is_predicted
 from upscale.fitting.groups import group_label, group_slug, upcycled_groups
 from upscale.fitting.laws import LOSS, get_law
 from upscale.fitting.plots import DrawnPlots, DstarCurve
@@ -67,9 +69,10 @@ def _draw_scratch(analysis: Analysis, tables: Mapping[str, pd.DataFrame], out: P
             drawn.skip(name, f"no from-scratch MoE law: {analysis.missing('chinchilla')}")
     else:
         fit, title = analysis.scratch.fitted, "MoE from scratch (chinchilla, E shared)"
+        observed = scratch[~is_predicted(scratch)].reset_index(drop=True)
         drawn.attempt(out, names[0], lambda p: plots.loss_vs_d(fit, scratch, p, title))
-        drawn.attempt(out, names[1], lambda p: plots.parity(fit, scratch, p, title))
-        drawn.attempt(out, names[2], lambda p: plots.residuals(fit, scratch, p, title))
+        drawn.attempt(out, names[1], lambda p: plots.parity(fit, observed, p, title))
+        drawn.attempt(out, names[2], lambda p: plots.residuals(fit, observed, p, title))
     dense = _rows(tables, "dense")
     if not analysis.dense_params or dense.empty:
         drawn.skip("dense_loss_vs_d", "no dense law: the shared-E fit had no dense table it could identify "
@@ -89,11 +92,12 @@ def _draw_group(analysis: Analysis, up: UpcycledAnalysis, rows: pd.DataFrame | N
             drawn.skip(name, f"no upcycled law for {up.label or 'the upcycled table'}: {_why_no_fit(analysis, up)}")
         return None
     fit, title = up.fit.fitted, " ".join(x for x in ("upcycled", up.label, "(joint, E fixed)") if x)
+    observed = rows[~is_predicted(rows)].reset_index(drop=True)
     drawn.attempt(out, names["loss_vs_d2"], lambda p: plots.loss_vs_d2(fit, rows, p, title))
-    drawn.attempt(out, names["parity"], lambda p: plots.parity(fit, rows, p, title))
-    drawn.attempt(out, names["residuals"], lambda p: plots.residuals(fit, rows, p, title))
+    drawn.attempt(out, names["parity"], lambda p: plots.parity(fit, observed, p, title))
+    drawn.attempt(out, names["residuals"], lambda p: plots.residuals(fit, observed, p, title))
     drawn.attempt(out, names["alpha_d1"],
-                  lambda p: plots.alpha_diagnostics(alpha_d1(rows, E=analysis.E), p, title))
+                  lambda p: plots.alpha_diagnostics(alpha_d1(observed, E=analysis.E), p, title))
     if analysis.scratch is None:
         drawn.skip(names["catch_up"], f"no from-scratch MoE law to catch up: {analysis.missing('chinchilla')}")
         return None
@@ -105,11 +109,21 @@ def _draw_group(analysis: Analysis, up: UpcycledAnalysis, rows: pd.DataFrame | N
     return lambda: plots.dstar_curve(moe, fit, band, up.label, (up.dstar or {}).get("closed_form"))
 
 
+def with_predicted_rows(tables: Mapping[str, pd.DataFrame], curves: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
+    """The observed ``tables`` with the decay ends an analysis with curves predicted (its record's ``curves``
+    rows, marked predicted) appended, so that its loss plots show both."""
+    rows = (curves or {}).get("rows") or {}
+    return {k: pd.concat([df, pd.DataFrame(rows[k])], ignore_index=True) if rows.get(k) else df
+            for k, df in tables.items()}
+
+
 def draw_analysis(analysis: Analysis, tables: Mapping[str, pd.DataFrame], out_dir: Path) -> DrawnPlots:
     """Every plot of ``analysis`` (fitted on ``tables``, analyze's "dense", "scratch" and "upcycled") into
-    ``out_dir``; what was drawn and, one line each, what was skipped and why."""
+    ``out_dir``; what was drawn and, one line each, what was skipped and why. Decays it predicted from trunk curves
+    are drawn hollow in the loss plots; parity, residuals and alpha(D1) are of observed decays."""
     out = Path(out_dir)
     drawn = DrawnPlots()
+    tables = with_predicted_rows(tables, analysis.curves)
     upcycled = _rows(tables, "upcycled")
     by_label = {group_label(g): rows for g, rows in upcycled_groups(upcycled)} if not upcycled.empty else {}
     curves = []

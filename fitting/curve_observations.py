@@ -15,21 +15,32 @@ A trunk without an observed decay takes its decay parameters (B, C, beta, gamma:
 fitted trunk of its family with the most decay measurements; the caller passes one family at a time (trunks of one
 kind of model, whose decays behave alike: dense, from-scratch MoE, one upcycled group), with LRs as multipliers of
 each trunk's own peak so that the decay parameters are in one unit across the family.
+
+``predicted_decays`` turns the trunks of every family into rows of the analysis tables (``source`` "predicted", the
+trunk id of the observed branches of that trunk, so that the cluster bootstrap resamples a trunk's predicted and
+observed rows together: their correlation within the trunk is handled as the branches' is). The analysis weights
+each by ``prediction_weight`` (fitting/analysis.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from upscale.fitting.curve_law import DECAY_PARAMS, Curve, fit_curves, predict
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import FitOptions
+from upscale.fitting.laws import LOSS, TRUNK
 
 MIN_HELD_OUT = 2  # held-out decays needed before a prediction's error counts as measured
+SOURCE = "source"  # where a row's loss comes from in an analysis with curves: OBSERVED or PREDICTED
+OBSERVED, PREDICTED = "observed", "predicted"
+SD_PRED = "sd_pred"  # a predicted row's sd of log loss: its family's held-out RMS log error
 
 
 @dataclass(frozen=True)
@@ -168,3 +179,63 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
         return CurvePredictions(np.full(len(wanted), np.nan), sd, tuple(held), tuple(problems))
     losses = np.array([_end(params[w], lr) if w in params else np.nan for w, lr in wanted])
     return CurvePredictions(losses, sd, tuple(held), tuple(problems))
+
+
+def prediction_weight(point_sd: float, sd_pred: float | np.ndarray) -> float | np.ndarray:
+    """A predicted decay end's weight in a fit where an observed one counts 1: σ² / (σ² + sd_pred²), σ the per-point
+    noise of the observed ends (docs/laws.md, "Curves as observations", says why this form)."""
+    return point_sd ** 2 / (point_sd ** 2 + np.asarray(sd_pred, dtype=float) ** 2)
+
+
+@dataclass(frozen=True)
+class PredictedDecays:
+    """The decay ends the trunks' curves predict, as rows of the analysis tables (each table's columns, ``loss`` the
+    prediction, ``source`` "predicted", ``trunk``, ``sd_pred``), and per family what they rest on (its table, trunks,
+    held-out errors, sd, problems, how many rows it gave; ``why`` when it gave none)."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(len(t) for t in self.tables.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """Strict JSON: a missing value (NaN, a nullable column's NA) is null, numbers are plain and exact."""
+        return {"families": self.families,
+                "rows": {k: t.astype(object).where(t.notna(), None).to_dict(orient="records")
+                         for k, t in self.tables.items() if len(t)}}
+
+
+def _family_rows(family: str, trunks: Sequence[TrunkCurves],
+                 options: FitOptions | None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    tables = sorted({t.table for t in trunks})
+    if len(tables) != 1 or not tables[0]:
+        raise FitError(f"family {family!r}: its trunks name the table(s) {tables}; a family's trunks belong to one "
+                       f"analysis table (dense, scratch or upcycled)")
+    wanted = [(t, i) for t in trunks for i in t.interior]
+    report: dict[str, Any] = {"table": tables[0], "trunks": [t.trunk for t in trunks], "n_predicted": 0}
+    if not wanted:
+        return tables[0], [], {**report, "why": "no planned decay on the trained part of its trunks lacks an "
+                                                "observation: nothing to predict"}
+    got = predict_decay_ends(trunks, [(t.trunk, i.lr) for t, i in wanted], options)
+    report |= got.to_json()
+    if not got.usable:
+        return tables[0], [], {**report, "why": "; ".join(got.problems)}
+    rows = [{**i.row, LOSS: float(loss), TRUNK: t.trunk, SOURCE: PREDICTED, SD_PRED: got.sd}
+            for (t, i), loss in zip(wanted, got.losses, strict=True) if math.isfinite(loss)]
+    return tables[0], rows, {**report, "n_predicted": len(rows)}
+
+
+def predicted_decays(trunks: Sequence[TrunkCurves], options: FitOptions | None = None) -> PredictedDecays:
+    """The interior decays of every family of ``trunks`` (``family``, else its ``table``) predicted from its curves:
+    one DataFrame per table. A family whose predictions are not usable gives no rows, and its report says why."""
+    by_family: dict[str, list[TrunkCurves]] = {}
+    for t in trunks:
+        by_family.setdefault(t.family or t.table, []).append(t)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    families = {}
+    for name, members in by_family.items():
+        table, found, families[name] = _family_rows(name, members, options)
+        rows.setdefault(table, []).extend(found)
+    return PredictedDecays({k: pd.DataFrame(v) for k, v in rows.items() if v}, families)

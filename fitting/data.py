@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from upscale.fitting.errors import FitError
-from upscale.fitting.laws import LOSS, Law
+from upscale.fitting.laws import LOSS, WEIGHT, Law
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -35,7 +35,8 @@ def _rows(mask: np.ndarray, limit: int = 10) -> str:
 
 
 def validate(law: Law, df: pd.DataFrame, n_free: int) -> pd.DataFrame:
-    """The rows and columns ``law`` needs, as float64, after checking columns, values and the number of points."""
+    """The rows and columns ``law`` needs, as float64, after checking columns, values and the number of points; with
+    the ``weight`` column too when the table has one (each row's weight in the fit, positive)."""
     needed = (*law.columns, LOSS)
     missing = [c for c in needed if c not in df.columns]
     if missing:
@@ -54,6 +55,13 @@ def validate(law: Law, df: pd.DataFrame, n_free: int) -> pd.DataFrame:
             raise FitError(f"column {c!r} has {what} values in row(s) {_rows(bad)}; "
                            f"losses and token/parameter counts must be positive")
         out[c] = v
+    if WEIGHT in df.columns:
+        w = pd.to_numeric(df[WEIGHT], errors="coerce").to_numpy(dtype=float)
+        bad = ~(np.isfinite(w) & (w > 0))
+        if bad.any():
+            raise FitError(f"column {WEIGHT!r} must be a positive number in every row; row(s) {_rows(bad)} are not "
+                           f"(leave a row out of the table rather than give it weight 0)")
+        out[WEIGHT] = w
     if len(out) <= n_free:
         raise FitError(f"law {law.name!r} has {n_free} free parameter(s) but the table has {len(out)} point(s); "
                        f"need at least {n_free + 1}")

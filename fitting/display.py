@@ -58,6 +58,37 @@ def spans(ranges: dict[str, Sequence[float]]) -> str:
     return ", ".join(f"{c} {number(lo)}–{number(hi)}" for c, (lo, hi) in ranges.items())
 
 
+def evidence(r: dict[str, Any]) -> str | None:
+    """What one D* rests on when predicted decays were fitted beside observed ones ("38% of its precision rests on
+    12 predicted decays (held-out error 1.2%), 62% on 30 observed; observed decays alone: D* 2.9e+05"); None
+    without predicted decays (no ``evidence``)."""
+    ev = r.get("evidence")
+    if not ev:
+        return None
+    n_pred, n_obs = sum(ev["predicted"].values()), sum(ev["observed"].values())
+    error = "" if ev.get("held_out_sd") is None else f" (held-out error {ev['held_out_sd']:.1%})"
+    share = ev.get("predicted_share")
+    head = (f"{n_pred} predicted decays{error} and {n_obs} observed behind it (no crossing to weigh them at)"
+            if share is None else
+            f"{share:.0%} of its precision rests on {n_pred} predicted decays{error}, {1 - share:.0%} on {n_obs} "
+            f"observed")
+    return f"{head}; observed decays alone: D* {number(ev.get('observed_dstar'))}"
+
+
+def curves_lines(curves: dict[str, Any]) -> list[str]:
+    """The record's ``curves``: how many decays each table got from trunk curves, the noise that weighted them, and
+    why a family gave none."""
+    if not curves:
+        return []
+    points = ", ".join(f"{k} {v}" for k, v in (curves.get("points") or {}).items() if v)
+    sigma = (curves.get("noise") or {}).get("point_sd")
+    lines = [f"predicted decays from trunk curves: {points or 'none'}"
+             + (f" (weighted against point noise {sigma:.2%})" if sigma is not None else "")]
+    lines += [f"family {name}: no predictions: {f['why']}" for name, f in (curves.get("families") or {}).items()
+              if f.get("why")]
+    return lines
+
+
 def problem(p: dict[str, Any]) -> str:
     """One problem of a fit or an analysis: which fit, why, what to add."""
     where = f"{p['fit']} ({p['law']}): " if "fit" in p else ""
@@ -97,6 +128,8 @@ def _dstar_lines(star: dict[str, Any], indent: str) -> list[str]:
         ivs = r.get("intervals") or {}
         lines.append(f"{indent}D* (tokens) at N1={number(r['n1'])}: {dstar(r)}; 80% {interval(ivs.get('80'))}, 95% "
                      f"{interval(ivs.get('95'))}; {flags(r)}")
+        if (text := evidence(r)) is not None:
+            lines.append(f"{indent}  {text}")
     return lines
 
 
@@ -119,7 +152,7 @@ def _analysis_head(record: dict[str, Any]) -> list[str]:
     ivs = (record.get("E_bootstrap") or {}).get("intervals") or {}
     lines.append(f"shared E: {number(record['E'])}"
                  + (f" (80% {interval(ivs.get('80'))}, 95% {interval(ivs.get('95'))})" if ivs else ""))
-    return lines
+    return lines + curves_lines(record.get("curves") or {})
 
 
 def analysis_lines(record: dict[str, Any]) -> list[str]:
@@ -175,6 +208,8 @@ def analysis_html(record: dict[str, Any]) -> str:
                 for r in (up.get("dstar") or {}).get("results", [])]
         if rows:
             parts.append(_table(("N1", "D* (tokens)", "80% interval", "95% interval", "distance; health"), rows))
+        parts += [f"<p>D* at N1={number(r['n1'])}: {html.escape(text)}</p>"
+                  for r in (up.get("dstar") or {}).get("results", []) if (text := evidence(r)) is not None]
         parts += [f"<p>{html.escape(decision_line(d))}</p>" for d in up.get("decisions", [])]
     parts.append(_problems_html(record.get("problems")))
     return "".join(parts) + "</div>"

@@ -14,6 +14,9 @@ The paper's procedure (Sec. 4.1, after Hoffmann et al. and the Chinchilla replic
 * Fixed parameters leave θ and enter as a constant offset; several laws on several tables can share parameters
   (the paper's E, fitted jointly from the dense and MoE tables) by stacking their rows into one problem.
 * Optional E <= min(L): E's log gets that upper bound and the optimiser becomes L-BFGS-B (BFGS has no bounds).
+* Optional row weights (a ``weight`` column; 1 without one): each row's Huber term, and its share of the start
+  grid's least-squares scales, counts that many times. A decay end predicted from a trunk's curve counts less than an
+  observed one (fitting/curve_observations.py); a LOO or bootstrap refit keeps each row's weight.
 
 Everything is deterministic: grid order, stable sorts, no random numbers.
 """
@@ -31,7 +34,7 @@ from scipy.optimize import minimize
 
 from upscale.fitting.data import data_hash, validate
 from upscale.fitting.errors import FitError
-from upscale.fitting.laws import LOSS, Law, Param
+from upscale.fitting.laws import LOSS, WEIGHT, Law, Param
 
 FITTER_VERSION = "1.0.0"
 HUBER_DELTA = 1e-3  # the paper's and the Chinchilla replication's δ
@@ -128,6 +131,7 @@ class FitProblem:
     X: np.ndarray  # (K terms, n rows, p free)
     offset: np.ndarray  # (K, n): fixed parameters' contribution; −inf pads laws with fewer terms
     y: np.ndarray  # (n,) log loss
+    w: np.ndarray  # (n,) each row's weight (1: an observation)
     delta: float
     reduction: str
     upper: np.ndarray  # (p,) upper bound per free parameter in fitted coordinates (+inf = none)
@@ -138,7 +142,7 @@ class FitProblem:
 
     def subset(self, rows: np.ndarray) -> FitProblem:
         return FitProblem(self.names, self.params, self.X[:, rows, :], self.offset[:, rows], self.y[rows],
-                       self.delta, self.reduction, self.upper)
+                       self.w[rows], self.delta, self.reduction, self.upper)
 
     def log_predict(self, theta: np.ndarray) -> np.ndarray:
         Z = self.X @ theta + self.offset
@@ -152,8 +156,8 @@ class FitProblem:
         s = W.sum(axis=0)
         r = m + np.log(s) - self.y
         a = np.abs(r)
-        f = np.where(a <= self.delta, 0.5 * r * r, self.delta * (a - 0.5 * self.delta)).sum()
-        psi = np.clip(r, -self.delta, self.delta) / s
+        f = (self.w * np.where(a <= self.delta, 0.5 * r * r, self.delta * (a - 0.5 * self.delta))).sum()
+        psi = self.w * np.clip(r, -self.delta, self.delta) / s
         g = np.einsum("kn,knp->p", W * psi, self.X)
         if self.reduction == "mean":
             return f / self.n, g / self.n
@@ -168,7 +172,7 @@ class FitProblem:
             m = Z.max(axis=0)
             r = m + np.log(np.exp(Z - m).sum(axis=0)) - self.y[:, None]
             a = np.abs(r)
-            h = np.where(a <= self.delta, 0.5 * r * r, self.delta * (a - 0.5 * self.delta))
+            h = self.w[:, None] * np.where(a <= self.delta, 0.5 * r * r, self.delta * (a - 0.5 * self.delta))
             out[i:i + chunk] = h.sum(axis=0) / (self.n if self.reduction == "mean" else 1.0)
         return np.where(np.isfinite(out), out, np.inf)
 
@@ -176,9 +180,9 @@ class FitProblem:
         """Full starts (G, p) from exponent starts (G, q): the free scales solve a weighted linear least squares.
 
         With the exponents fixed the law is linear in its scales, L = fixed part + Σ_j S_j·basis_j; minimising the
-        relative error Σ ((L − L̂)/L)² gives S by a (J×J) solve per start. A term is kept alive at >= 1% of the
-        loss on average: a negative or tiny solution would leave it negligible, where its gradient vanishes and BFGS
-        stops at once on a plateau; from 1% BFGS can still shrink it if the data want.
+        weighted relative error Σ w·((L − L̂)/L)² (w: the rows' weights) gives S by a (J×J) solve per start. A term
+        is kept alive at >= 1% of the loss on average: a negative or tiny solution would leave it negligible, where
+        its gradient vanishes and BFGS stops at once on a plateau; from 1% BFGS can still shrink it if the data want.
         """
         is_scale = np.array([p.kind == "scale" for p in self.params])
         si, ei = np.flatnonzero(is_scale), np.flatnonzero(~is_scale)
@@ -196,8 +200,9 @@ class FitProblem:
             basis = np.einsum("knj,kng->gnj", Xs, W) / loss[None, :, None]  # (g, n, J), relative units
             fixed_part = np.einsum("kn,kng->gn", 1.0 - free_term, W)
             target = (loss[None, :] - fixed_part) / loss[None, :]
-            G = np.einsum("gnj,gnl->gjl", basis, basis) + 1e-12 * np.eye(si.size)
-            b = np.einsum("gnj,gn->gj", basis, target)
+            weighted = basis * self.w[None, :, None]
+            G = np.einsum("gnj,gnl->gjl", weighted, basis) + 1e-12 * np.eye(si.size)
+            b = np.einsum("gnj,gn->gj", weighted, target)
             S = np.linalg.solve(G, b[..., None])[..., 0]
             floor = 0.01 / np.maximum(basis.mean(axis=1), 1e-300)  # S_j·mean(basis_j) = 1% of the loss
             S = np.where(np.isfinite(S), S, floor)
@@ -278,7 +283,7 @@ def build_problem(
                 names.append(n)
                 decl[n] = p
     K = max(len(law.terms) for law, _, _ in blocks)
-    Xs, offs, ys = [], [], []
+    Xs, offs, ys, ws = [], [], [], []
     for law, df, rename in blocks:
         own = tuple(rename.get(p, p) for p in law.param_names)
         X_full = law.design(df)
@@ -294,11 +299,13 @@ def build_problem(
         Xs.append(X)
         offs.append(np.vstack([off, pad]))
         ys.append(np.log(df[LOSS].to_numpy(dtype=float)))
+        ws.append(df[WEIGHT].to_numpy(dtype=float) if WEIGHT in df.columns else np.ones(len(df)))
     upper = np.full(len(names), np.inf)
     if options.bound_E and "E" in names:
         upper[names.index("E")] = float(np.min(np.concatenate(ys)))
     return FitProblem(tuple(names), tuple(decl[n] for n in names), np.concatenate(Xs, axis=1),
-                   np.concatenate(offs, axis=1), np.concatenate(ys), options.delta, options.reduction, upper)
+                   np.concatenate(offs, axis=1), np.concatenate(ys), np.concatenate(ws), options.delta,
+                      options.reduction, upper)
 
 
 def start_grid(problem: FitProblem) -> np.ndarray:
@@ -376,7 +383,7 @@ def fit_problem(law: Law, problem: FitProblem, table: pd.DataFrame, fixed: dict[
     with the same problem (a report's LOO and bootstrap, a comparison's assessment), so that it is built once."""
     starts, n_grid = run_starts(problem, options)
     return _finish(law.name, problem, starts, n_grid, dict(fixed or {}), options,
-                   data_hash(table, (*law.columns, LOSS)))
+                   data_hash(table, tuple(table.columns)))
 
 
 def refit_theta(problem: FitProblem, best: StartResult, options: FitOptions) -> np.ndarray | None:
@@ -432,7 +439,7 @@ def shared_problem(tables: dict[str, tuple[Law, pd.DataFrame]], shared: tuple[st
         n_free = sum(1 for p in law.param_names if rename[p] not in fixed)
         table = validate(law, df, n_free=n_free)
         blocks.append((law, table, rename))
-        hashes.append(data_hash(table, (*law.columns, LOSS)))
+        hashes.append(data_hash(table, tuple(table.columns)))
     label = "+".join(f"{k}:{law.name}" for k, (law, _) in tables.items())
     return build_problem(blocks, fixed, options), label, "+".join(hashes)
 

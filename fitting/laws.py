@@ -32,6 +32,7 @@ from upscale.fitting.errors import FitError
 # Column names the laws use (docs/laws.md); the loss column and the optional cluster column for the bootstrap.
 LOSS = "loss"
 TRUNK = "trunk"
+WEIGHT = "weight"  # optional: a row's weight in the fit (1: an observation; less: a predicted decay, fit.py)
 # A table the laws read: a DataFrame or any mapping of column name -> array (cheap in inner loops such as D*).
 Table = pd.DataFrame | Mapping[str, np.ndarray]
 # Columns that must be token counts or parameter counts: positive (D2 may be 0 for the exact laws).

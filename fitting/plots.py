@@ -39,6 +39,7 @@ from upscale.fitting.dstar import (
     upcycled_loss,
 )
 from upscale.fitting.errors import FitError
+from upscale.fitting.evidence import is_predicted
 from upscale.fitting.laws import LOSS, get_law
 from upscale.fitting.summary import FittedLaw
 
@@ -51,6 +52,7 @@ AXIS = {"D": "$D$ (training tokens)", "N": "$N$ (parameters)", "D1": "$D_1$ (den
         "D2": "$D_2$ (upcycling tokens)", "N1": "$N_1$ (dense parameters)", "P": "$P$ (granularity)",
         "N2": "$N_2$ (MoE parameters)"}
 OBSERVED = {"marker": "o", "s": 14, "edgecolor": "white", "linewidth": 0.4, "zorder": 3}
+PREDICTED = {"marker": "o", "s": 16, "facecolor": "none", "linewidth": 0.9, "zorder": 3}  # hollow: from a curve
 
 
 @dataclass
@@ -178,14 +180,26 @@ def residuals(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str 
         return _save(fig, path)
 
 
-def _fit_handles(law_name: str) -> list[Any]:
-    """Legend entries saying what the symbols are (colour says which value of the varied column)."""
-    return [Line2D([], [], color="0.4", marker="o", ls="", ms=4, label="observed"),
+def _fit_handles(law_name: str, df: pd.DataFrame) -> list[Any]:
+    """Legend entries saying what the symbols are (colour says which value of the varied column); hollow markers
+    are decay ends predicted from trunk curves, when ``df`` has any."""
+    predicted = [Line2D([], [], color="0.4", marker="o", mfc="none", ls="", ms=4,
+                        label="predicted from its trunk's curve")] if is_predicted(df).any() else []
+    return [Line2D([], [], color="0.4", marker="o", ls="", ms=4, label="observed"), *predicted,
             Line2D([], [], color="0.4", lw=1.2, label=f"fitted ({law_name})")]
 
 
+def _points(ax: Any, df: pd.DataFrame, x: str, colour: Any) -> None:
+    """``df``'s losses against ``x``: observed decays filled, predicted ones hollow."""
+    predicted = is_predicted(df)
+    ax.scatter(df[x][~predicted], df[LOSS][~predicted], color=colour, **OBSERVED)
+    if predicted.any():
+        ax.scatter(df[x][predicted], df[LOSS][predicted], edgecolor=colour, **PREDICTED)
+
+
 def loss_vs_d2(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str | None = None) -> Path:
-    """Observed loss against D2, one colour per D1, with the fitted curves: one panel per N1 (wrapped), one legend."""
+    """Observed loss against D2, one colour per D1, with the fitted curves: one panel per N1 (wrapped), one legend;
+    decay ends predicted from trunk curves (``source`` "predicted") hollow."""
     n1s = sorted(df["N1"].unique()) if "N1" in df.columns else [None]
     d1s = sorted(df["D1"].unique())
     colours = _shades(d1s)
@@ -197,7 +211,7 @@ def loss_vs_d2(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str
         for ax, n1 in zip(axes, n1s, strict=True):
             part = df if n1 is None else df[df["N1"] == n1]
             for d1, g in part.groupby("D1", sort=True):
-                ax.scatter(g["D2"], g[LOSS], color=colours[d1], **OBSERVED)
+                _points(ax, g, "D2", colours[d1])
                 curve = {"D1": np.full_like(d2, d1), "D2": d2}
                 if n1 is not None:
                     curve["N1"] = np.full_like(d2, n1)
@@ -210,13 +224,14 @@ def loss_vs_d2(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str
             fig.suptitle(title)
         handles = [Line2D([], [], color=colours[d1], marker="o", lw=1.2, ms=4, label=f"$D_1 = {_tex_number(d1)}$")
                    for d1 in d1s]
-        _legend_below(fig, handles + _fit_handles(fitted.law.name), ncol=len(handles) + 2 if len(d1s) <= 6 else 6)
+        extra = _fit_handles(fitted.law.name, df)
+        _legend_below(fig, handles + extra, ncol=len(handles) + len(extra) if len(d1s) <= 6 else 6)
         return _save(fig, path)
 
 
 def loss_vs_d(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str | None = None) -> Path:
     """Observed loss against D, one colour per model size N, with the fitted curves (a (D, N) law such as the
-    from-scratch or the dense Chinchilla law)."""
+    from-scratch or the dense Chinchilla law); predicted decay ends hollow."""
     sizes = sorted(df["N"].unique())
     positive = df["D"][df["D"] > 0]
     if positive.empty:
@@ -226,13 +241,13 @@ def loss_vs_d(fitted: FittedLaw, df: pd.DataFrame, path: str | Path, title: str 
         handles = []
         for n, c in _shades(sizes).items():
             g = df[df["N"] == n]
-            ax.scatter(g["D"], g[LOSS], color=c, **OBSERVED)
+            _points(ax, g, "D", c)
             ax.plot(d, fitted.law.predict(fitted.params, pd.DataFrame({"D": d, "N": np.full_like(d, n)})),
                     color=c, lw=1.2)
             handles.append(Line2D([], [], color=c, marker="o", lw=1.2, ms=4, label=f"$N = {_tex_number(n)}$"))
         ax.set(xlabel=AXIS["D"], ylabel="loss", title=_title(fitted, title))
         _log_x(ax)
-        ax.legend(handles=handles + _fit_handles(fitted.law.name), loc="upper left", bbox_to_anchor=(1.02, 1.0),
+        ax.legend(handles=handles + _fit_handles(fitted.law.name, df), loc="upper left", bbox_to_anchor=(1.02, 1.0),
                   frameon=False)
         return _save(fig, path)
 

@@ -241,15 +241,15 @@ class Client:
     # -- analyses ----------------------------------------------------------------------------------------------
 
     def analyze(self, sweep_id: str, n1s: list[float] | None = None, bootstrap: int | None = None,
-                seed: int = 0, poll_s: float = 1.0) -> dict[str, Any]:
+                seed: int = 0, poll_s: float = 1.0, curves: bool = True) -> dict[str, Any]:
         """Run the paper's analysis on a sweep now and wait for it (identical inputs: the existing one, or the one
         running); the stored analysis: its record (fits, D*, verdicts, problems) and plot URLs. The server runs it
         in the background; this polls it every ``poll_s`` and raises ApiError if it failed. ``bootstrap``
-        defaults to the server's."""
+        defaults to the server's; ``curves`` False: observed decays only (no predicted ones from trunk curves)."""
         import re
         import time
 
-        body: dict[str, Any] = {"n1s": n1s, "seed": seed}
+        body: dict[str, Any] = {"n1s": n1s, "seed": seed, "curves": curves}
         if bootstrap is not None:
             body["bootstrap"] = bootstrap
         try:

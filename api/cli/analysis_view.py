@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import decision_text, fit_table, fmt, interval_text, print_dstar
+from upscale.fitting.display import curves_lines
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -45,10 +46,13 @@ def print_upcycled(up: UpcycledAnalysis, truth: dict[str, float] | None = None) 
 
 
 def print_trained(analysis: Analysis) -> None:
-    """The ranges the analysis was trained on: every answer's extrapolation is measured against them."""
+    """The ranges the analysis was trained on (every answer's extrapolation is measured against them), and the
+    decays predicted from trunk curves that were fitted beside the observed ones."""
     for table, columns in analysis.trained.items():
         spans = ", ".join(f"{c} {fmt(lo)}–{fmt(hi)}" for c, (lo, hi) in columns.items())
         console.print(f"[dim]trained ({table}): {spans}[/]", highlight=False)
+    for line in curves_lines(analysis.curves):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def print_problems(analysis: Analysis) -> None:

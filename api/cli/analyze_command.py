@@ -28,6 +28,9 @@ def analyze_command(
                                            "intervals, no probability).")] = DEFAULT_ANALYSIS_BOOTSTRAP,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the bootstrap's resampling.")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Copy the analysis's plots into this folder.")] = None,
+    curves: Annotated[bool, typer.Option("--curves/--no-curves", help="Fit the decay ends the sweep's trunk curves "
+                                         "predict beside the observed ones (when it has curves); --no-curves: "
+                                         "observed decays only.")] = True,
     as_json: JsonOpt = False,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
@@ -44,7 +47,7 @@ def analyze_command(
         busy = nullcontext() if isinstance(c, Local) else err_console.status(
             f"the server at {api} is analysing sweep {sweep}…")
         with busy:
-            out = c.analyze(sweep, n1s=n1, bootstrap=bootstrap, seed=seed)
+            out = c.analyze(sweep, n1s=n1, bootstrap=bootstrap, seed=seed, curves=curves)
         if plot is not None:
             for name in out["plots"]:  # each drawn as PNG and PDF (fitting/plots.py FORMATS)
                 (plot / name).parent.mkdir(parents=True, exist_ok=True)

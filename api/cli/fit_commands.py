@@ -366,6 +366,8 @@ def print_dstar(out: dict[str, Any]) -> None:
     fits it rests on."""
     console.print(dstar_table(out))
     for r in out["results"]:
+        if (text := display.evidence(r)) is not None:
+            console.print(f"D* at N1={fmt(r['n1'])}: {text}", highlight=False, soft_wrap=True)
         for note in row_notes(r):
             console.print(f"[yellow]D* at N1={fmt(r['n1'])}: {note}[/]", highlight=False, soft_wrap=True)
 

@@ -173,7 +173,7 @@ class Local:
         return {p: str(folder / f"{p}.png") for p in record.plots}
 
     def analyze(self, sweep_id: str, n1s: list[float] | None = None, bootstrap: int | None = None,
-                seed: int = 0) -> dict[str, Any]:
+                seed: int = 0, curves: bool = True) -> dict[str, Any]:
         """As POST /sweeps/{id}/analysis, with a bar per stage on stderr."""
         from upscale.api.cli.progress import stage_bars, workers_for
         from upscale.control import analyses
@@ -184,7 +184,7 @@ class Local:
         with _user_errors(), stage_bars() as progress:
             record = analyses.run_analysis(self.services, [sweep_id], n1s=n1s, bootstrap=n_boot, seed=seed,
                                            owner=LOCAL_OWNER, trigger="request", progress=progress,
-                                           workers=workers_for(n_boot))
+                                           workers=workers_for(n_boot), curves=curves)
         return _dump(analyses.public(record, self._plots(record)))
 
     def analyses(self, sweep_id: str | None = None) -> list[dict[str, Any]]:

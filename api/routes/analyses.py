@@ -50,7 +50,8 @@ def create_analysis(sweep_id: str, body: AnalysisCreate, request: Request, respo
     request.app.state.analysis_quota.take(caller.name)  # 429 past UPSCALE_MAX_ANALYSES_PER_MINUTE
     try:
         record = analyses.request_analysis(services, sweep_id, n1s=body.n1s, bootstrap=body.bootstrap,
-                                           seed=body.seed, owner=caller.name, jobs=services.jobs)
+                                           seed=body.seed, owner=caller.name, jobs=services.jobs,
+                                           curves=body.curves)
     except analyses.AnalysisRunning as e:
         raise HTTPException(409, str(e), headers={"Location": _where(e.record, request)}) from None
     except TooManyAnalyses as e:

@@ -237,3 +237,27 @@ def test_an_old_record_without_the_new_keys_reads_as_missing(record) -> None:
     row = next(line for line in text.splitlines() if line.startswith("| all | 1e+04"))
     assert row == "| all | 1e+04 | 3e+09 | 1e+09 – – | – | – |"
     assert analysis_run.health_tags(record) == {HEALTH: "ok", PROBLEMS: "0"}  # no extrapolation count it cannot know
+
+
+def test_curves_put_each_dstars_predicted_share_in_mlflow_in_batches_it_accepts(mlflow_uri) -> None:
+    """With predicted decays each D* carries its evidence: the share becomes a curve over N1 beside the observed-only
+    D*, each group's largest share and its decay counts become tags; more tags than one log_batch takes are split."""
+    results = [{**r, "evidence": {"observed": {"scratch": 20, "upcycled": 30}, "predicted": {"scratch": 4,
+                                                                                          "upcycled": 8},
+                                  "predicted_share": share, "observed_dstar": 2.5e9}}
+               for r, share in zip(RECORD_NEW["upcycled"][0]["dstar"]["results"], (0.38, 0.6), strict=False)]
+    up = {**RECORD_NEW["upcycled"][0], "dstar": {**RECORD_NEW["upcycled"][0]["dstar"], "results": results}}
+    record = {**RECORD_NEW, "upcycled": [up]}
+    tags = headline(record)
+    assert tags["analysis.evidence.all.predicted"] == "12" and tags["analysis.evidence.all.observed"] == "50"
+    assert tags["analysis.evidence.all.predicted_share"] == "0.6"  # the largest of its D*s
+    points = {(m.key, m.step): m.value for m in curves(record)}
+    assert points[("dstar/all/predicted_share", 10000)] == 0.6 and points[("dstar/all/observed_only", 10000)] == 2.5e9
+    assert "analysis.evidence.all.predicted" not in headline(RECORD_NEW)  # no curves, no evidence tags
+
+    tree = RunTree(mlflow_uri)
+    run_id = tree.client.create_run(tree.experiment_id).info.run_id
+    many = {f"analysis.fit.g{i}.A": str(i) for i in range(analysis_run.MAX_TAGS_PER_BATCH + 5)}
+    analysis_run.log_in_batches(tree, run_id, curves(record), many)
+    logged = tree.client.get_run(run_id).data
+    assert all(logged.tags.get(k) == v for k, v in many.items()) and "dstar/all/predicted_share" in logged.metrics

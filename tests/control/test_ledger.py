@@ -138,3 +138,70 @@ def test_a_segment_is_predicted_once_and_not_without_an_analysis(settings) -> No
     assert again.id == first.id and len(ledger.predictions(orch.store, sweep.id)) == 1
     dense = next(seg for seg, _ in orch.store.members(sweep.id) if (seg.observation or {}).get("kind") == "dense")
     assert ledger.record_prediction(orch.store, sweep.id, dense) is None
+
+
+def test_predicted_decays_never_enter_the_ledger_as_observations(settings) -> None:
+    """An analysis fitted with decay ends predicted for the sweep's unfinished upcycled segments (the middle D2 of
+    every trunk): the predictions stay in the analysis record, marked predicted; the store's tables hold only what
+    was observed; the ledger's predictions for those segments stay unscored until the segments themselves finish,
+    and are then scored by their observed losses, never by the predicted ones."""
+    from upscale.control import analyses
+    from upscale.control.services import Services
+    from upscale.control.sweeps import submit
+    from upscale.fitting.curve_observations import PREDICTED, SD_PRED, SOURCE, PredictedDecays
+    from upscale.sweeps.segments import SegmentResult
+
+    services = Services.open(settings, auth=False)
+    store = services.store
+    sweep = submit(services, load_spec(GRID_SPEC), "test", new=True)
+    members = [seg for seg, _ in store.members(sweep.id) if seg.observation is not None]
+    middle = sorted({seg.observation["D2"] for seg in members if seg.observation["kind"] == "upcycled"})[1]
+    pending = [seg for seg in members if seg.observation["kind"] == "upcycled" and seg.observation["D2"] == middle]
+    rng = np.random.default_rng(3)
+
+    def finish(seg, loss: float) -> None:  # the store's own path: the observation and its scoring in one transaction
+        store.set_sweep(sweep.id, status="running")
+        attempt = store.claim(seg.key, "test")
+        assert attempt is not None
+        assert store.complete(seg.key, attempt, SegmentResult(segment_id=seg.key, kind=seg.kind, val_loss=loss,
+                                                              tokens=0, wall_s=0.0, tokens_per_s=0.0, checkpoint=None))
+
+    def observation(seg, loss: float) -> ObservationRecord:
+        o = seg.observation
+        return ObservationRecord(segment_key=seg.key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"), D2=o.get("D2"),
+                                 D=o.get("D"), N2=o.get("N2"), N_total=o.get("N_total"), n_expert=o.get("n_expert"),
+                                 topk=o.get("topk"), method=o.get("method"), r=o.get("r"), loss=loss,
+                                 trunk=seg.trunk or seg.key)
+
+    for seg in members:
+        if seg not in pending:
+            finish(seg, true_loss(Observation(**seg.observation)) * math.exp(rng.normal(0.0, NOISE)))
+    # what the store side's curves would give: the pending decays' rows, 5% off their truth, on their trunks
+    guessed = {seg.key: true_loss(Observation(**seg.observation)) * 1.05 for seg in pending}
+    rows = table([observation(seg, guessed[seg.key]) for seg in pending], "upcycled")
+    curves = PredictedDecays({"upcycled": rows.assign(**{SOURCE: PREDICTED, SD_PRED: 0.02})},
+                             {"naive 4x1": {"table": "upcycled", "sd": 0.02, "n_predicted": len(rows)}})
+    analysis = analyze(analyses.sweep_tables(services, [sweep.id]), bootstrap=0, curves=curves)
+    now = utcnow()
+    with store.transaction() as s:
+        s.add(AnalysisRecord(id="with-curves", sweep_ids=[sweep.id], sweep_key=sweep.id, inputs_hash="c",
+                             observations_hash="c", status="done", trigger="request", params={},
+                             record=analysis.to_json(), plots=[], owner="test", created_at=now, finished_at=now))
+    stored = analysis.to_json()["curves"]["rows"]["upcycled"]
+    assert len(stored) == len(pending) and all(r[SOURCE] == PREDICTED for r in stored)
+    assert {r["loss"] for r in stored} == set(guessed.values())
+    assert analysis.upcycled[0].dstar["results"][0]["evidence"]["predicted"]["upcycled"] == len(pending)
+
+    tables = analyses.sweep_tables(services, [sweep.id])
+    assert sum(len(t) for t in tables.values()) == len(store.observations(sweep.id)) == len(members) - len(pending)
+    assert not set(tables["upcycled"]["loss"]) & set(guessed.values())
+    assert all(SOURCE not in t.columns or (t[SOURCE] != PREDICTED).all() for t in tables.values())
+
+    made = [ledger.record_prediction(store, sweep.id, seg) for seg in pending]
+    assert all(p is not None and p.analysis_id == "with-curves" and p.observed is None for p in made)
+    observed = {seg.key: true_loss(Observation(**seg.observation)) for seg in pending}
+    for seg in pending:
+        finish(seg, observed[seg.key])
+    scored = {p.segment_key: p.observed for p in ledger.predictions(store, sweep.id)}
+    assert scored == pytest.approx(observed)
+    assert not set(scored.values()) & set(guessed.values())

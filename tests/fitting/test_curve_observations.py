@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from upscale.fitting.curve_law import Curve
-from upscale.fitting.curve_observations import MIN_HELD_OUT, TrunkCurves, predict_decay_ends
+from upscale.fitting.curve_observations import (
+    MIN_HELD_OUT,
+    PREDICTED,
+    SD_PRED,
+    SOURCE,
+    Interior,
+    TrunkCurves,
+    predict_decay_ends,
+    predicted_decays,
+)
 from upscale.fitting.errors import FitError
 
 WARMUP = 50
@@ -43,6 +52,7 @@ def family(rng: np.random.Generator, decays: dict[int, tuple[tuple[int, int], ..
     return out
 
 
+@pytest.mark.slow  # multi-power fits of three trunks and their held-out refits: several seconds
 def test_interior_decays_are_predicted_within_their_measured_error():
     rng = np.random.default_rng(0)
     trunks = family(rng, {0: ((400, 450), (800, 900)), 1: ((800, 900),)})  # t2 borrows decay parameters
@@ -56,6 +66,7 @@ def test_interior_decays_are_predicted_within_their_measured_error():
     assert got.to_json()["n_held_out"] == 3
 
 
+@pytest.mark.slow  # multi-power fits and their held-out refits: several seconds
 def test_no_prediction_without_a_measured_error():
     rng = np.random.default_rng(0)
     trunks = family(rng, {0: ((400, 450),)})  # one decay: held out, it leaves nothing to fit the decay term with
@@ -72,3 +83,33 @@ def test_refusals_say_what_to_give():
     lr = wsd(450, 400)
     with pytest.raises(FitError, match="must be its end"):
         TrunkCurves("t", trunks[0].curve, (Curve(lr, np.array([425]), np.array([3.0])),))
+
+
+def with_interior(trunks: list[TrunkCurves], table: str = "upcycled") -> list[TrunkCurves]:
+    """The trunks as one family of ``table``, each with two planned decays on its trained part, unobserved."""
+    return [TrunkCurves(t.trunk, t.curve, t.decays, table, "naive 8x2", tuple(
+        Interior({"N1": 1e8, "D1": 1e9, "D2": float(end - start), "trunk": "from-the-store"}, wsd(end, start))
+        for start, end in ((1125, 1250), (1350, 1500)))) for t in trunks]
+
+
+@pytest.mark.slow  # multi-power fits and their held-out refits: several seconds
+def test_predicted_rows_are_marked_and_carry_their_trunk_and_error():
+    rng = np.random.default_rng(0)
+    got = predicted_decays(with_interior(family(rng, {0: ((400, 450), (800, 900)), 1: ((800, 900),)})))
+    (rows,) = got.tables.values()
+    assert list(got.tables) == ["upcycled"] and len(rows) == 6 == got.n_rows
+    assert set(rows[SOURCE]) == {PREDICTED} and list(rows["trunk"]) == ["t0", "t0", "t1", "t1", "t2", "t2"]
+    (report,) = got.families.values()
+    assert report["n_predicted"] == 6 and report["n_held_out"] == 3 and set(rows[SD_PRED]) == {report["sd"]}
+    assert "why" not in report and len(got.to_json()["rows"]["upcycled"]) == 6
+
+
+def test_families_without_predictions_give_no_rows_and_say_why():
+    rng = np.random.default_rng(0)
+    bare = family(rng, {})
+    got = predicted_decays([TrunkCurves(t.trunk, t.curve, table="scratch") for t in bare])
+    assert got.n_rows == 0 and "nothing to predict" in got.families["scratch"]["why"]
+    mixed = [TrunkCurves(t.trunk, t.curve, table=table, family="f")
+             for t, table in zip(bare[:2], ("scratch", "dense"), strict=True)]
+    with pytest.raises(FitError, match="belong to one analysis table"):
+        predicted_decays(mixed)

@@ -148,3 +148,29 @@ def test_same_input_same_result():
     df, _ = synthetic("joint")
     a, b = fit(law, df), fit(law, df.copy())
     assert a.params == b.params and a.objective == b.objective and a.to_json() == b.to_json()
+
+
+def test_weights_of_one_reproduce_the_unweighted_fit_exactly():
+    df, _ = synthetic("chinchilla")
+    law = get_law("chinchilla")
+    plain, weighted = fit(law, df), fit(law, df.assign(weight=1.0))
+    assert weighted.params == plain.params and weighted.objective == plain.objective
+    assert [s.end for s in weighted.starts] == [s.end for s in plain.starts]
+    assert weighted.record.data_hash != plain.record.data_hash  # the weights are part of what the fit saw
+
+
+def test_a_down_weighted_outlier_moves_the_fit_less():
+    df, _ = synthetic("chinchilla", noise=0.0)  # noise-free, the outlier within δ: the quadratic part of Huber
+    law = get_law("chinchilla")
+    bad = df.copy()
+    bad.loc[len(bad) // 2, "loss"] *= np.exp(8e-4)
+    clean = fit(law, df).params
+    moved = {w: fit(law, bad.assign(weight=np.where(bad.index == len(bad) // 2, w, 1.0))).params for w in (1.0, 0.05)}
+    shift = {w: max(abs(np.log(p[k] / clean[k])) for k in ("A", "B", "E")) for w, p in moved.items()}
+    assert shift[0.05] < 0.2 * shift[1.0], shift  # ~0.05: in the quadratic regime the pull scales with w
+
+
+def test_weights_must_be_positive():
+    df, _ = synthetic("chinchilla")
+    with pytest.raises(FitError, match="'weight' must be a positive number"):
+        fit(get_law("chinchilla"), df.assign(weight=np.where(df.index == 3, 0.0, 1.0)))
