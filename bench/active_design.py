@@ -26,6 +26,12 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
   from scratch: no shared prefixes); anchor-marginal: the same with marginal DAG costs.
 - upscale: fitting/design.py's c-optimal criterion on log D* with the per-trunk covariance, over DAG actions (one
   branch, or all remaining branches of one trunk), by shrinkage per marginal FLOP.
+- upscale_curves: the same with loss curves (bench/design_curves.py: every bought trunk piece and decay logs a curve
+  drawn from a noise-floor law, not the multi-power law that predicts from it). Each family's curves predict the
+  decay ends on the trained trunk parts (fitting/curve_observations.py), which the fit takes as rows weighted by
+  `prediction_weight` and the criterion as rows with their held-out sd; actions also include trunk extensions (to
+  the next branch point, no decay), and a started trunk whose remaining decays cannot move D* is stopped. Its design
+  width counts its predicted rows with their measured sd; its intervals weigh them too.
 
 Each ground truth is observed under several independent noise draws (``--draws``, 5 by default), and every method
 runs on each (truth, draw) case; the figures are over all cases. Coverage is a probability over the noise: from one
@@ -38,7 +44,10 @@ first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it
 the estimated noise) at that point, with ``coverage_80_se`` (its standard error, each truth's draws one cluster) and
 ``coverage_80_by_draw`` (the share over the truths in each draw alone), and ``coverage_80_delta`` the same for the
 delta-method interval around the fit's D*; ``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending
-10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades).
+10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades); for upscale_curves,
+``predicted_share`` (median share of D*'s precision at the true laws resting on predicted decays where it got there),
+``stopped_trunks`` (mean count by then) and ``stopped_flops`` (median FLOPs the stopped trunks' rest would have cost,
+over the full grid's).
 
     nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--draws K] [--workers W] [--json OUT]
 """
