@@ -26,6 +26,12 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
   from scratch: no shared prefixes); anchor-marginal: the same with marginal DAG costs.
 - upscale: fitting/design.py's c-optimal criterion on log D* with the per-trunk covariance, over DAG actions (one
   branch, or all remaining branches of one trunk), by shrinkage per marginal FLOP.
+- upscale_curves: the same with loss curves (bench/design_curves.py: every bought trunk piece and decay logs a curve
+  drawn from a noise-floor law, not the multi-power law that predicts from it). Each family's curves predict the
+  decay ends on the trained trunk parts (fitting/curve_observations.py), which the fit takes as rows weighted by
+  `prediction_weight` and the criterion as rows with their held-out sd; actions also include trunk extensions (to
+  the next branch point, no decay), and a started trunk whose remaining decays cannot move D* is stopped. Its design
+  width counts its predicted rows with their measured sd; its intervals weigh them too.
 
 Each ground truth is observed under several independent noise draws (``--draws``, 5 by default), and every method
 runs on each (truth, draw) case; the figures are over all cases. Coverage is a probability over the noise: from one
@@ -38,7 +44,10 @@ first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it
 the estimated noise) at that point, with ``coverage_80_se`` (its standard error, each truth's draws one cluster) and
 ``coverage_80_by_draw`` (the share over the truths in each draw alone), and ``coverage_80_delta`` the same for the
 delta-method interval around the fit's D*; ``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending
-10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades).
+10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades); for upscale_curves,
+``predicted_share`` (median share of D*'s precision at the true laws resting on predicted decays where it got there),
+``stopped_trunks`` (mean count by then) and ``stopped_flops`` (median FLOPs the stopped trunks' rest would have cost,
+over the full grid's).
 
     nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--draws K] [--workers W] [--json OUT]
 """
@@ -57,6 +66,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
+from design_curves import GAIN_AT_1E9, CurveSim  # bench/design_curves.py: the curves a bought piece logs
 from scipy.optimize import least_squares
 
 from upscale.fitting.design import (
@@ -64,10 +74,12 @@ from upscale.fitting.design import (
     DstarCriterion,
     Noise,
     Rows,
+    can_move,
     dstar_gradient,
     greedy,
     log_loss_jacobian,
     noise_from_fits,
+    prediction_weight,
 )
 from upscale.fitting.dstar import TOKEN_RANGE, crossings
 from upscale.fitting.laws import get_law
@@ -88,11 +100,12 @@ GRID = {
 }
 E = TABLE2["moe"]["E"]
 NOISE = 0.005  # per trunk and per point, of log loss
+STOP_AFTER_SD = 0.5  # of log D*: trunks are stopped only once the fit's D* is this well known (stop_trunks)
 SLACK = 1.10  # "as narrow as the full grid's": within 10% of its width (a subset's information is never all of it)
 ERROR_CAP = 3.0  # decades: the error of an estimate without a crossing
 LAW = {"moe": get_law("chinchilla"), "up": get_law("joint")}
 FREE = {k: tuple(n for n in law.param_names if n != "E") for k, law in LAW.items()}
-METHODS = ("upscale", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
+METHODS = ("upscale", "upscale_curves", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
 Seed = int | list[int]  # of one ground truth's noise draw: numpy takes a list as one seed
 
 
@@ -104,6 +117,14 @@ class Point:
     coords: dict[str, float] = field(hash=False)
     trunk: str
     segment: str
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A trunk trained on to its next branch point without a decay: its curve predicts the decays on the new part."""
+
+    trunk: str
+    piece: str
 
 
 class Dag:
@@ -184,15 +205,21 @@ class Fitter:
     def to_params(self, law: str, theta: np.ndarray) -> dict[str, float]:
         return {"E": E, **{n: LAW[law].param(n).to_user(v) for n, v in zip(FREE[law], theta, strict=True)}}
 
-    def fit(self, law: str, tab: dict[str, np.ndarray], y: np.ndarray, start: np.ndarray | None = None) -> float:
-        """Fit ``law``; returns the sum of squared log residuals."""
+    def fit(self, law: str, tab: dict[str, np.ndarray], y: np.ndarray, start: np.ndarray | None = None,
+            weights: np.ndarray | None = None) -> float:
+        """Fit ``law`` (each row's squared residual times its weight: 1 observed, `prediction_weight` predicted);
+        returns the weighted sum of squared log residuals. ``residuals`` keeps them unweighted."""
         logy = np.log(y)
+        root_w = np.ones(len(y)) if weights is None else np.sqrt(weights)
 
-        def resid(theta: np.ndarray) -> np.ndarray:
+        def raw(theta: np.ndarray) -> np.ndarray:
             return np.log(LAW[law].predict(self.to_params(law, theta), tab)) - logy
 
+        def resid(theta: np.ndarray) -> np.ndarray:
+            return root_w * raw(theta)
+
         def jac(theta: np.ndarray) -> np.ndarray:
-            return log_loss_jacobian(LAW[law], self.to_params(law, theta), tab, FREE[law])[1]
+            return root_w[:, None] * log_loss_jacobian(LAW[law], self.to_params(law, theta), tab, FREE[law])[1]
 
         x0 = self.theta[law] if start is None else start
         with np.errstate(all="ignore"):
@@ -203,8 +230,8 @@ class Fitter:
                 self.theta[law] = r.x
         self.params[law] = self.to_params(law, self.theta[law])
         with np.errstate(all="ignore"):
-            self.residuals[law] = resid(self.theta[law])
-        return float((self.residuals[law] ** 2).sum())
+            self.residuals[law] = raw(self.theta[law])
+        return float(((root_w * self.residuals[law]) ** 2).sum())
 
 
 @dataclass
@@ -218,6 +245,15 @@ class State:
     sd: float = float("inf")
     criterion: DstarCriterion | None = None
     noise: tuple[float, float] = (NOISE, NOISE)
+    curves: bool = False  # whether bought curves predict decay ends (upscale_curves)
+    pieces: set[str] = field(default_factory=set)  # trunk pieces bought without a decay at their end
+    predicted: dict[str, float] = field(default_factory=dict)  # decay segment -> its predicted end loss
+    sd_pred: dict[str, float] = field(default_factory=dict)  # family (law) -> its predictions' held-out sd
+    stopped: set[str] = field(default_factory=set)  # trunks that cannot move D*: never extended or branched
+    stopped_flops: float = 0.0  # what buying the rest of them would have cost when they stopped
+
+    def have(self) -> set[str]:
+        return {q.segment for q in self.bought} | self.pieces
 
 
 class Sim:
@@ -234,6 +270,9 @@ class Sim:
         for q in self.pool:
             mean = LAW[q.law].predict(self.true[q.law], {c: np.array([v]) for c, v in q.coords.items()})[0]
             self.y[q.segment] = mean * math.exp(effect[q.trunk] + rng.normal(0, NOISE))
+        self.by_segment = {q.segment: q for q in self.pool}
+        self.curves = CurveSim(p, self.end_loss, effect, self.y, GAIN_AT_1E9 * math.exp(rng.normal(0, 0.2)),
+                               np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0]), NOISE)
         self.pilot = self._pilot()
         self.oracle = Fitter()
         self.oracle.params = {k: dict(v) for k, v in self.true.items()}
@@ -241,6 +280,12 @@ class Sim:
                                  target, FREE["moe"], FREE["up"])
         self.oracle_criterion = DstarCriterion(grad, self.rows(self.oracle, []), Noise(NOISE, NOISE))
         self.run_cost = {q.segment: self.dag.cost({q.segment}) for q in self.pool}
+
+    def end_loss(self, trunk: str, tokens: float) -> float:
+        """The truth's loss at the end of a decay at ``tokens`` on ``trunk`` (its size and D1 held)."""
+        q = next(q for q in self.pool if q.trunk == trunk)
+        coords = {**q.coords, "D" if q.law == "moe" else "D2": tokens}
+        return float(LAW[q.law].predict(self.true[q.law], {c: np.array([v]) for c, v in coords.items()})[0])
 
     def _pilot(self) -> list[Point]:
         sizes = sorted({q.coords.get("N1", q.coords.get("N")) for q in self.pool})[:2]
@@ -254,10 +299,13 @@ class Sim:
         return out
 
     def cost(self, bought: list[Point], extra: list[Point]) -> float:
-        have = {q.segment for q in bought}
-        return self.dag.cost(have | {q.segment for q in extra}) - self.dag.cost(have)
+        return self.cost_segments({q.segment for q in bought}, {q.segment for q in extra})
+
+    def cost_segments(self, have: set[str], extra: set[str]) -> float:
+        return self.dag.cost(have | extra) - self.dag.cost(have)
 
     def rows(self, fitter: Fitter, points: list[Point]) -> dict[str, Rows]:
+        """Observed rows, each keyed by its decay segment (it replaces a predicted row of that decay)."""
         out = {}
         for k in LAW:
             mine = [q for q in points if q.law == k]
@@ -265,21 +313,59 @@ class Sim:
                 out[k] = Rows.empty(len(FREE[k]))
                 continue
             _, J = log_loss_jacobian(LAW[k], fitter.params[k], table(mine, k), FREE[k])
-            out[k] = Rows(J, tuple(q.trunk for q in mine))
+            out[k] = Rows(J, tuple(q.trunk for q in mine), np.zeros(len(mine)), tuple(q.segment for q in mine))
         return out
 
+    def predicted_rows(self, fitter: Fitter, segments: list[str], sd_pred: dict[str, float]) -> dict[str, Rows]:
+        """Rows of decays predicted from curves, with their family's held-out sd (none where it has no sd)."""
+        out = {}
+        for k in LAW:
+            mine = [self.by_segment[s] for s in segments if self.by_segment[s].law == k and k in sd_pred]
+            if not mine:
+                out[k] = Rows.empty(len(FREE[k]))
+                continue
+            _, J = log_loss_jacobian(LAW[k], fitter.params[k], table(mine, k), FREE[k])
+            out[k] = Rows.predicted(J, [q.trunk for q in mine], [q.segment for q in mine], sd_pred[k])
+        return out
+
+    def design_rows(self, fitter: Fitter, state: State) -> dict[str, Rows]:
+        """What a design's fit sees: its observed rows, then its predicted ones."""
+        observed = self.rows(fitter, state.bought)
+        predicted = self.predicted_rows(fitter, list(state.predicted), state.sd_pred)
+        return {k: observed[k] + predicted[k] for k in LAW}
+
+    def predict(self, state: State) -> None:
+        """Each family's predicted decay ends from the curves bought (refitted only when they changed)."""
+        have = state.have()
+        state.predicted, state.sd_pred = {}, {}
+        for k in LAW:
+            pred, losses = self.curves.predictions(k, have)
+            if pred is not None and pred.usable:
+                state.sd_pred[k] = pred.sd
+                state.predicted.update(losses)
+
     def refit(self, state: State, laws: set[str], start: dict[str, np.ndarray] | None = None) -> None:
+        if state.curves:
+            before = (dict(state.predicted), dict(state.sd_pred))
+            self.predict(state)
+            if before != (state.predicted, state.sd_pred):  # new predictions move both fits' rows or weights
+                laws = set(LAW)
         for k in laws:
             mine = [q for q in state.bought if q.law == k]
-            state.fitter.fit(k, table(mine, k), np.array([self.y[q.segment] for q in mine]),
-                             None if start is None else start.get(k))
+            guessed = [s for s in state.predicted if self.by_segment[s].law == k]
+            w = prediction_weight(state.noise[0], state.sd_pred[k]) if guessed else 1.0
+            state.fitter.fit(k, table(mine + [self.by_segment[s] for s in guessed], k),
+                             np.array([self.y[q.segment] for q in mine] + [state.predicted[s] for s in guessed]),
+                             None if start is None else start.get(k),
+                             np.concatenate([np.ones(len(mine)), np.full(len(guessed), w)]))
         self.assess(state)
 
     def assess(self, state: State) -> None:
         f = state.fitter
         moe, up = FittedLaw(LAW["moe"], f.params["moe"]), FittedLaw(LAW["up"], f.params["up"])
-        rows = self.rows(f, state.bought)
-        noise = noise_from_fits([(f.residuals[k], rows[k]) for k in LAW])
+        rows = self.design_rows(f, state)
+        observed = self.rows(f, state.bought)  # the noise is the observed rows' (they come first in the fit)
+        noise = noise_from_fits([(f.residuals[k][:len(observed[k])], observed[k]) for k in LAW])
         state.noise = (noise.point_sd, noise.trunk_sd)
         state.dstar, grad = dstar_gradient(moe, up, self.target, FREE["moe"], FREE["up"])
         crossing = grad is not None
@@ -295,10 +381,14 @@ class Sim:
                                    FREE["up"])
         return np.concatenate([lm[0] * jm[0], -lu[0] * ju[0]])
 
-    def width(self, bought: list[Point]) -> float:
-        """The 80% width of log D* that a design gives at the true laws and noise: what it buys, free of how lucky
-        one draw's fit and noise estimate were."""
-        return 2 * Z80 * self.oracle_criterion.sd([self.rows(self.oracle, bought)])
+    def width(self, bought: list[Point], state: State | None = None) -> float:
+        """The 80% width of log D* that a design gives at the true laws and noise (its predicted rows with the sd
+        their held-out decays measured): what it buys, free of how lucky one draw's fit and noise estimate were."""
+        return 2 * Z80 * self.at_truth(bought, state).sd()
+
+    def at_truth(self, bought: list[Point], state: State | None = None) -> DstarCriterion:
+        rows = self.rows(self.oracle, bought) if state is None else self.design_rows(self.oracle, state)
+        return DstarCriterion(self.oracle_criterion.gradient, rows, self.oracle_criterion.noise)
 
     def covers_delta(self, state: State) -> bool:
         """Whether the delta-method 80% interval around the fit's D* holds the true D* (none without a crossing)."""
@@ -308,9 +398,16 @@ class Sim:
 
     def covers(self, state: State) -> bool:
         """Whether upscale's 80% interval, the profile-likelihood one of fitting/profile.py, holds the true D*."""
-        observed = {k: Observed(LAW[k], state.fitter.params[k], FREE[k], table(mine, k),
-                                np.array([self.y[q.segment] for q in mine]), tuple(q.trunk for q in mine))
-                    for k in LAW for mine in [[q for q in state.bought if q.law == k]]}
+        observed = {}
+        for k in LAW:
+            mine = [q for q in state.bought if q.law == k]
+            guessed = [s for s in state.predicted if self.by_segment[s].law == k]
+            extra = np.concatenate([np.zeros(len(mine)), np.full(len(guessed), state.sd_pred.get(k, 0.0) ** 2)])
+            observed[k] = Observed(LAW[k], state.fitter.params[k], FREE[k],
+                                   table(mine + [self.by_segment[s] for s in guessed], k),
+                                   np.array([self.y[q.segment] for q in mine] + [state.predicted[s] for s in guessed]),
+                                   tuple(q.trunk for q in mine) + tuple(self.by_segment[s].trunk for s in guessed),
+                                   extra)
         interval = profile_interval(observed["moe"], observed["up"], self.target, state.criterion.noise,
                                     state.criterion.quantile(0.8), 0.8)
         return interval.covers(self.true_dstar)
@@ -355,6 +452,55 @@ def choose_upscale(sim: Sim, state: State, left: list[Point], rng: np.random.Gen
     if not steps:  # nothing the criterion can tell apart: the cheapest branch
         return choose_cheapest(sim, state, left, rng)
     return list(steps[0].action)
+
+
+def choose_upscale_curves(sim: Sim, state: State, left: list[Point],
+                          rng: np.random.Generator) -> list[Point] | Extension:
+    """upscale's criterion with curves: besides branches (at any point, interior ones of a bought trunk part cost
+    only their decay) and whole trunks, a trunk may be extended to its next branch point, its curve predicting the
+    decays there; an action is credited with the predicted rows the trunk pieces it buys yield (its family's sd), and
+    observing a predicted decay only with what its prediction did not tell. Stopped trunks are out."""
+    have = state.have()
+    live = [q for q in left if q.trunk not in state.stopped]
+    actions: list[tuple[Point, ...] | Extension] = list(upscale_actions(live))
+    for t, lay in sim.curves.layout.items():
+        n = sim.curves.trained(t, have)
+        if t not in state.stopped and n < len(lay.pieces) and lay.family in state.sd_pred:
+            actions.append(Extension(t, lay.pieces[n][0]))
+
+    def bought_by(a: tuple[Point, ...] | Extension) -> set[str]:
+        return {a.piece} if isinstance(a, Extension) else {q.segment for q in a}
+
+    def rows_of(a: tuple[Point, ...] | Extension) -> dict[str, Rows]:
+        after = have | bought_by(a)
+        newly = [d for t in {sim.by_segment[s].trunk if s in sim.by_segment else a.trunk for s in bought_by(a)}
+                 for d in sim.curves.predictable(t, sim.curves.trained(t, after))
+                 if d not in after and d not in state.predicted]
+        observed = sim.rows(state.fitter, [] if isinstance(a, Extension) else list(a))
+        guessed = sim.predicted_rows(state.fitter, newly, state.sd_pred)
+        return {k: observed[k] + guessed[k] for k in LAW}
+
+    steps, _ = greedy(state.criterion, actions, rows_of, lambda chosen, a: sim.cost_segments(have, bought_by(a)),
+                      math.inf, limit=1)
+    if not steps:
+        return choose_cheapest(sim, state, live, rng)
+    return steps[0].action if isinstance(steps[0].action, Extension) else list(steps[0].action)
+
+
+def stop_trunks(sim: Sim, state: State, left: list[Point]) -> None:
+    """Stop every started trunk none of whose remaining decays (all observed at once) can narrow D*'s interval, once
+    the fit pins D* down well enough (sd of log D* below STOP_AFTER_SD) for its gradient to say where D* is sensitive:
+    a stop is for good, and a pilot's fit may point anywhere."""
+    if not state.sd <= STOP_AFTER_SD:
+        return
+    have = state.have()
+    for t, lay in sim.curves.layout.items():
+        rest = [q for q in left if q.trunk == t]
+        if t in state.stopped or not rest or not sim.curves.trained(t, have):
+            continue
+        if not can_move(state.criterion, sim.rows(state.fitter, rest)):
+            state.stopped.add(t)
+            state.stopped_flops += sim.cost_segments(have, {q.segment for q in rest} | {p for p, _, _ in lay.pieces})
 
 
 def _laplace_components(sim: Sim, state: State) -> list[tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]]:
@@ -412,7 +558,8 @@ def anchor_chooser(marginal: bool) -> Chooser:
     return choose
 
 
-CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, "anchor": anchor_chooser(False),
+CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, "upscale_curves": choose_upscale_curves,
+                                "anchor": anchor_chooser(False),
                                 "anchor_marginal": anchor_chooser(True), "random": choose_random,
                                 "cost_random": choose_cost_random, "cheapest": choose_cheapest}
 
@@ -423,34 +570,51 @@ class Outcome:
     covered: bool  # true D* inside the profile 80% interval where it got there (or at the end)
     covered_delta: bool  # and inside the delta-method one
     error_at: dict[str, float]  # log10 error of D̂* after 10% and 20% of the full FLOPs
+    predicted_share: float = math.nan  # of D*'s precision, resting on predicted decays where it got there
+    stopped: int = 0  # trunks stopped by then
+    stopped_flops: float = 0.0  # what the rest of them would have cost, over the full grid's FLOPs
 
 
 def run_method(sim: Sim, name: str, width_full: float, seed: Seed) -> Outcome:
     rng = np.random.default_rng(seed)
-    state = State(list(sim.pilot), Fitter())
+    state = State(list(sim.pilot), Fitter(), curves=name == "upscale_curves")
     state.spent = sim.cost([], state.bought)
     sim.refit(state, set(LAW), None)
     left = [q for q in sim.pool if q not in set(state.bought)]
     full = sim.dag.full
     errors = {f: sim.error(state) for f in ("0.1", "0.2")}
-    reached: tuple[float, bool, bool] | None = None
+    reached: Outcome | None = None
+
+    def outcome(fraction: float) -> Outcome:
+        share = sim.at_truth(state.bought, state).predicted_share() if state.curves else math.nan
+        return Outcome(fraction, sim.covers(state), sim.covers_delta(state), errors, share,
+                       len(state.stopped), state.stopped_flops / full)
+
     while True:
-        if reached is None and sim.width(state.bought) <= width_full * SLACK:
-            reached = (state.spent / full, sim.covers(state), sim.covers_delta(state))
+        if reached is None and sim.width(state.bought, state) <= width_full * SLACK:
+            reached = outcome(state.spent / full)
+        if state.curves:
+            stop_trunks(sim, state, left)
+            left = [q for q in left if q.trunk not in state.stopped]
         if (reached is not None and state.spent >= 0.2 * full) or not left:
             break
         picked = CHOOSERS[name](sim, state, left, rng)
-        state.spent += sim.cost(state.bought, picked)
-        state.bought += picked
-        picked_set = set(picked)
-        left = [q for q in left if q not in picked_set]
-        sim.refit(state, {q.law for q in picked})
+        if isinstance(picked, Extension):
+            state.spent += sim.cost_segments(state.have(), {picked.piece})
+            state.pieces.add(picked.piece)
+            sim.refit(state, set())
+        else:
+            state.spent += sim.cost_segments(state.have(), {q.segment for q in picked})
+            state.bought += picked
+            picked_set = set(picked)
+            left = [q for q in left if q not in picked_set]
+            sim.refit(state, {q.law for q in picked})
         for f in ("0.1", "0.2"):
             if state.spent <= float(f) * full:
                 errors[f] = sim.error(state)
     if reached is None:
-        reached = (1.0, sim.covers(state), sim.covers_delta(state))
-    return Outcome(*reached, errors)
+        reached = outcome(1.0)
+    return reached
 
 
 def noise_seed(seed: int, truth: int, draw: int) -> Seed:
@@ -541,13 +705,18 @@ def main(argv: list[str] | None = None) -> dict:
         "coverage_80_delta": {m: coverage(c, n)[0] for m, c in covered_delta.items()},
         "log10_dstar_error_at": {f: {m: float(np.median([o.error_at[f] for o in per[m]])) for m in METHODS}
                                  for f in ("0.1", "0.2")},
+        "predicted_share": float(np.median([o.predicted_share for o in per["upscale_curves"]])),
+        "stopped_trunks": float(np.mean([o.stopped for o in per["upscale_curves"]])),
+        "stopped_flops": float(np.median([o.stopped_flops for o in per["upscale_curves"]])),
         "truths": n, "draws": draws, "seed": args.seed, "full_flops": p.total_flops, "pool": len(pool_of(p)),
         "target_n1": target, "seconds": round(time.perf_counter() - t0, 1),
     }
     best_anchor = min(figures["fraction_of_full_flops"][a] for a in ("anchor", "anchor_marginal"))
     up = figures["fraction_of_full_flops"]["upscale"]
     figures["goals"] = {"upscale_le_0.30": up <= 0.30, "upscale_le_0.6x_anchor": up <= 0.6 * best_anchor,
-                        "coverage_ge_0.75": figures["coverage_80"]["upscale"] >= 0.75}
+                        "coverage_ge_0.75": figures["coverage_80"]["upscale"] >= 0.75,
+                        "curves_le_0.08": figures["fraction_of_full_flops"]["upscale_curves"] <= 0.08,
+                        "curves_coverage_ge_0.75": figures["coverage_80"]["upscale_curves"] >= 0.75}
     print(json.dumps(figures, indent=2))
     if args.json:
         with open(args.json, "w") as fh:

@@ -12,6 +12,13 @@ then the sandwich (JᵀJ)⁻¹(σ²JᵀJ + τ²·Σ_t (1ᵀJ_t)ᵀ(1ᵀJ_t))(J�
 its branches, so a fifth branch on a trunk buys less than a first branch on a new one, which is what makes "a new
 N1 versus a new D2" a real trade-off. (``information`` is the weighted fit's counterpart, for comparison.)
 
+Rows predicted from a trunk's loss curve (fitting/curve_observations.py) count as observations with extra
+variance: a predicted row's error is its family's held-out sd, so the fit weighs it `prediction_weight` (σ²/(σ² +
+sd_pred²)) and the covariance is the weighted sandwich (JᵀWJ)⁻¹ JᵀWΣWJ (JᵀWJ)⁻¹ with Σ the per-trunk covariance plus
+the predicted rows' extra variance (they share their trunk's τ). Observing a predicted point replaces its predicted row
+(``Rows.__add__``), so an action is credited only with what the curve did not already tell. ``can_move`` says
+whether any of a trunk's remaining rows could narrow D*'s interval (a trunk that cannot is stopped).
+
 An action (a grid extension) adds several observations at once, with a marginal cost that depends on what is already
 bought (shared trunks). ``greedy`` picks actions one at a time by shrinkage of the D* interval per FLOP under one
 budget and stops when the interval is narrower than a tolerance. Pure numerics: costs and the rows an action adds are
@@ -54,19 +61,59 @@ def log_loss_jacobian(law: Law, params: Mapping[str, float], table: Table,
     return loss, J[:, columns]
 
 
+def prediction_weight(point_sd: float, sd_pred: float) -> float:
+    """The least-squares weight of a predicted row: σ²/(σ² + sd_pred²), its variance relative to an observed row's
+    (σ the per-point noise, sd_pred the prediction's held-out error). The analysis's weighted fit and this criterion's
+    covariance use this one form, so the design predicts the interval the analysis will report."""
+    return point_sd ** 2 / (point_sd ** 2 + sd_pred ** 2)
+
+
 @dataclass(frozen=True)
 class Rows:
-    """Observations of one law as the criterion sees them: their log-loss Jacobian and the trunk of each."""
+    """Observations of one law as the criterion sees them: their log-loss Jacobian, the trunk of each, and for rows
+    predicted from a curve rather than observed (docs/laws.md, "Active design") the variance each adds to the point
+    noise (``extra``: sd_pred², 0 for an observed row) and the grid point each row is (``keys``). Adding rows that
+    observe a point replaces its predicted row: observing what a curve already told gains only the difference."""
 
     J: np.ndarray  # (n, p)
     trunks: tuple[Hashable, ...]
+    extra: np.ndarray | None = None  # (n,) variance beyond the point noise; None: every row observed
+    keys: tuple[Hashable, ...] | None = None  # (n,) which grid point each row is; None: no row replaces another
 
     @classmethod
     def empty(cls, p: int) -> Rows:
         return cls(np.zeros((0, p)), ())
 
+    @classmethod
+    def predicted(cls, J: np.ndarray, trunks: Sequence[Hashable], keys: Sequence[Hashable], sd_pred: float) -> Rows:
+        """Rows predicted with held-out error ``sd_pred`` (of log loss)."""
+        return cls(J, tuple(trunks), np.full(len(trunks), sd_pred ** 2), tuple(keys))
+
+    def extras(self) -> np.ndarray:
+        return np.zeros(len(self)) if self.extra is None else self.extra
+
+    def all_keys(self) -> tuple[Hashable, ...]:
+        return (None,) * len(self) if self.keys is None else self.keys
+
     def __add__(self, other: Rows) -> Rows:
-        return Rows(np.vstack([self.J, other.J]), self.trunks + other.trunks)
+        """Both sets of rows; of two rows with one key, the one with less extra variance (the observed one)."""
+        extra = np.concatenate([self.extras(), other.extras()])
+        keys = self.all_keys() + other.all_keys()
+        best: dict[Hashable, int] = {}
+        for i, k in enumerate(keys):
+            if k is not None and (k not in best or extra[i] < extra[best[k]]):
+                best[k] = i
+        keep = [i for i, k in enumerate(keys) if k is None or best[k] == i]
+        J = np.vstack([self.J, other.J])[keep]
+        trunks = self.trunks + other.trunks
+        if self.extra is None and other.extra is None and self.keys is None and other.keys is None:
+            return Rows(J, tuple(trunks[i] for i in keep))
+        return Rows(J, tuple(trunks[i] for i in keep), extra[keep], tuple(keys[i] for i in keep))
+
+    def observed(self) -> Rows:
+        """The rows observed, without the predicted ones."""
+        keep = self.extras() == 0
+        return Rows(self.J[keep], tuple(t for t, k in zip(self.trunks, keep, strict=True) if k))
 
     def __len__(self) -> int:
         return len(self.trunks)
@@ -99,15 +146,19 @@ def information(rows: Rows, point_sd: float, trunk_sd: float) -> np.ndarray:
 
 
 def least_squares_covariance(rows: Rows, point_sd: float, trunk_sd: float) -> np.ndarray:
-    """Cov(θ̂) of an unweighted least-squares fit in log loss (what fitting/fit.py and the bench fit) when each
-    trunk's residuals are σ²I + τ²11ᵀ: the sandwich (JᵀJ)⁻¹ (Σ_t J_tᵀ Σ_t J_t) (JᵀJ)⁻¹. Wider than the inverse of
-    ``information``: the fit does not down-weight the branches of one trunk."""
+    """Cov(θ̂) of a weighted least-squares fit in log loss (what fitting/fit.py and the bench fit; an observed row
+    weighs 1, a predicted one `prediction_weight`) when each trunk's residuals are σ²I + diag(extra) + τ²11ᵀ: the
+    sandwich (JᵀWJ)⁻¹ JᵀWΣWJ (JᵀWJ)⁻¹. Wider than the inverse of ``information``: the fit does not down-weight the
+    branches of one trunk, and a predicted row still carries its trunk's draw."""
     p = rows.J.shape[1]
     if not len(rows):
         return np.full((p, p), np.inf)
-    sums, _ = _trunk_sums(rows)
-    bread = np.linalg.pinv(rows.J.T @ rows.J, rcond=1e-12, hermitian=True)
-    meat = point_sd ** 2 * rows.J.T @ rows.J + trunk_sd ** 2 * sums.T @ sums
+    s2 = point_sd ** 2
+    w = s2 / (s2 + rows.extras())  # prediction_weight, per row
+    weighted = Rows(rows.J * w[:, None], rows.trunks)
+    sums, _ = _trunk_sums(weighted)
+    bread = np.linalg.pinv(rows.J.T @ weighted.J, rcond=1e-12, hermitian=True)
+    meat = s2 * rows.J.T @ weighted.J + trunk_sd ** 2 * sums.T @ sums  # w²(σ² + extra) = w·σ²
     return bread @ meat @ bread
 
 
@@ -214,6 +265,23 @@ class DstarCriterion:
             if np.any(c != 0):  # the two fits are independent: their variances add
                 var += float(c @ least_squares_covariance(rows, self.noise.point_sd, self.noise.trunk_sd) @ c)
         return math.sqrt(max(var, 0.0))
+
+    def predicted_share(self) -> float:
+        """The share of D*'s precision (1/Var(log D*)) that rests on predicted rows: 1 − Var(all)/Var(observed
+        only); 1 when the observed rows alone do not pin D* down."""
+        alone = DstarCriterion(self.gradient, {k: r.observed() for k, r in self.current.items()}, self.noise).sd()
+        return 1.0 - (self.sd() / alone) ** 2 if math.isfinite(alone) and alone > 0 else 1.0
+
+
+STOP_GAIN = 0.01  # a trunk whose every remaining row narrows sd(log D*) by less than this share of it is stopped
+
+
+def can_move(criterion: DstarCriterion, remaining: Mapping[str, Rows], threshold: float = STOP_GAIN) -> bool:
+    """Whether a trunk can still move D*: all of its ``remaining`` rows at once (its extension's predicted rows and
+    every branch not yet observed) narrow sd(log D*) by at least ``threshold`` of it. A trunk that cannot is worth
+    stopping: no single extension or branch of it gains more than all of them together."""
+    now = criterion.sd()
+    return math.isfinite(now) and now - criterion.sd([remaining]) >= threshold * now
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ data bound D* from one side only (D* = 0 or ∞: beyond the tokens searched).
 
 Q is the generalised least-squares objective of log loss under the per-trunk noise model (σ²I + τ²11ᵀ per trunk):
 each trunk's residuals are whitened, r ↦ (r − a·mean(r))/σ with a = 1 − σ/√(σ² + nτ²), so that a trunk's shared
-draw counts once. A constrained fit is SLSQP with log L_MoE(ℓ) = log L_up(ℓ) as its equality, started from the
+draw counts once (rows predicted from a curve add their own variance to σ² and are whitened by the block's inverse
+Cholesky factor). A constrained fit is SLSQP with log L_MoE(ℓ) = log L_up(ℓ) as its equality, started from the
 neighbouring ℓ's solution: the walk outwards from D̂* is a continuation.
 """
 
@@ -47,6 +48,7 @@ class Observed:
     table: Table
     loss: np.ndarray
     trunks: tuple[Hashable, ...]
+    extra: np.ndarray | None = None  # per row, variance of log loss beyond the point noise (a predicted row's)
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,9 @@ class ProfileInterval:
         return [self.lo if self.lo > 0 else None, self.hi if math.isfinite(self.hi) else None]
 
 
-def _whitener(trunks: tuple[Hashable, ...], noise: Noise) -> np.ndarray:
-    """(σ²I + τ²11ᵀ)^(−1/2) per trunk, as one block matrix over the rows."""
+def _whitener(trunks: tuple[Hashable, ...], noise: Noise, extra: np.ndarray | None = None) -> np.ndarray:
+    """(σ²I + τ²11ᵀ)^(−1/2) per trunk, as one block matrix over the rows; with ``extra`` (predicted rows' variance
+    beyond σ², fitting/design.py's Rows) the inverse Cholesky factor of diag(σ² + extra) + τ²11ᵀ instead."""
     n = len(trunks)
     W = np.eye(n) / noise.point_sd
     groups: dict[Hashable, list[int]] = {}
@@ -83,6 +86,10 @@ def _whitener(trunks: tuple[Hashable, ...], noise: Noise) -> np.ndarray:
     s2, t2 = noise.point_sd ** 2, noise.trunk_sd ** 2
     for idx in groups.values():
         k = len(idx)
+        if extra is not None and np.any(extra[idx] > 0):
+            cov = np.diag(s2 + extra[idx]) + t2
+            W[np.ix_(idx, idx)] = np.linalg.inv(np.linalg.cholesky(cov))
+            continue
         a = 1.0 - math.sqrt(s2 / (s2 + k * t2))
         W[np.ix_(idx, idx)] -= a / k / noise.point_sd
     return W
@@ -95,7 +102,7 @@ class _Problem:
         self.parts = (moe, up)
         self.n1 = n1
         self.sizes = [len(o.free) for o in self.parts]
-        self.whiten = [_whitener(o.trunks, noise) for o in self.parts]
+        self.whiten = [_whitener(o.trunks, noise, o.extra) for o in self.parts]
         self.log_loss = [np.log(np.asarray(o.loss, float)) for o in self.parts]
         self.theta0 = np.concatenate([[o.law.param(n).to_fitted(o.params[n]) for n in o.free] for o in self.parts])
         with np.errstate(all="ignore"):

@@ -1,6 +1,7 @@
 """fitting/design.py: the per-trunk information equals the GLS information with the explicit covariance, the D*
 gradient equals finite differences of D*, the delta-method sd (least-squares sandwich) matches the spread of refits
-on simulated data, and greedy spends one budget by shrinkage per cost and stops at the tolerance."""
+on simulated data, predicted rows enter as the weighted fit's sandwich and observing one replaces it, and greedy
+spends one budget by shrinkage per cost and stops at the tolerance."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from upscale.fitting.design import (
     DstarCriterion,
     Noise,
     Rows,
+    can_move,
     delta_interval,
     dstar_gradient,
     greedy,
     information,
+    least_squares_covariance,
     log_loss_jacobian,
     noise_from_fits,
+    prediction_weight,
 )
 from upscale.fitting.dstar import crossings
 from upscale.fitting.laws import get_law
@@ -156,3 +160,45 @@ def test_greedy_spends_one_budget_by_shrinkage_per_cost_and_stops_at_the_toleran
     steps, why = greedy(crit, list(rows), rows.__getitem__, lambda chosen, a: costs[a], budget=10.0,
                         target_sd=crit.sd([rows["cheap-x"]]) + 1e-9)
     assert [s.action for s in steps] == ["cheap-x"] and why == "tolerance"
+
+
+def test_weighted_sandwich_is_the_unweighted_one_without_predicted_rows_and_the_explicit_one_with_them() -> None:
+    rng = np.random.default_rng(3)
+    J = rng.normal(size=(8, 3))
+    trunks = ("a", "a", "b", "a", "c", "c", "b", "c")
+    sigma, tau = 0.004, 0.006
+    cov = sigma ** 2 * np.eye(8) + tau ** 2 * np.equal.outer(np.array(trunks), np.array(trunks))
+    bread = np.linalg.inv(J.T @ J)
+    plain = least_squares_covariance(Rows(J, trunks), sigma, tau)
+    assert plain == pytest.approx(bread @ J.T @ cov @ J @ bread, rel=1e-9)
+    observed = Rows(J, trunks, np.zeros(8), tuple(range(8)))  # weights all 1, nothing predicted
+    assert least_squares_covariance(observed, sigma, tau) == pytest.approx(plain, rel=1e-12)
+    sd_pred = 0.01
+    extra = np.array([0, 0, 0, 1, 0, 1, 1, 0]) * sd_pred ** 2
+    W = np.diag([1.0 if e == 0 else prediction_weight(sigma, sd_pred) for e in extra])
+    bread = np.linalg.inv(J.T @ W @ J)
+    explicit = bread @ J.T @ W @ (cov + np.diag(extra)) @ W @ J @ bread
+    assert least_squares_covariance(Rows(J, trunks, extra, tuple(range(8))), sigma, tau) == pytest.approx(
+        explicit, rel=1e-9)
+    assert prediction_weight(sigma, sd_pred) == pytest.approx(sigma ** 2 / (sigma ** 2 + sd_pred ** 2))
+
+
+def test_observing_a_predicted_point_gains_less_than_observing_a_new_one() -> None:
+    """A curve already told part of what a predicted point's decay would: observing it replaces its predicted row,
+    and gains less than observing a point nobody predicted; a trunk none of whose rows can narrow D* cannot move."""
+    rng = np.random.default_rng(4)
+    J = rng.normal(size=(6, 2))
+    base = Rows(J[:4], ("a", "a", "b", "c"))
+    predicted = Rows.predicted(J[4:5], ("b",), ("p",), sd_pred=0.01)
+    crit = DstarCriterion(np.array([1.0, 0.5, 0.0]), {"moe": base + predicted, "up": Rows(np.ones((1, 1)), ("u",))},
+                          Noise(0.005, 0.003))
+    now = crit.sd()
+    observe_predicted = crit.sd([{"moe": Rows(J[4:5], ("b",), np.zeros(1), ("p",))}])
+    assert len(crit.current["moe"] + Rows(J[4:5], ("b",), np.zeros(1), ("p",))) == 5  # replaced, not added
+    unpredicted = DstarCriterion(crit.gradient, {"moe": base, "up": crit.current["up"]}, crit.noise)
+    observe_new = unpredicted.sd([{"moe": Rows(J[4:5], ("b",), np.zeros(1), ("p",))}])
+    assert observe_new == pytest.approx(observe_predicted, rel=1e-9)  # the same design once observed
+    assert 0 < now - observe_predicted < unpredicted.sd() - observe_new
+    assert 0 < crit.predicted_share() < 1
+    assert can_move(crit, {"moe": Rows(J[5:], ("d",))})
+    assert not can_move(crit, {"up": Rows(np.ones((1, 1)), ("v",))})  # its gradient is 0: nothing there moves D*

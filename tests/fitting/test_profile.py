@@ -1,6 +1,7 @@
 """fitting/profile.py: the profile-likelihood interval of D* on data drawn from the Table 2 laws with per-trunk noise.
 Its ends are where the constrained refit's ΔQ reaches q², it agrees with the delta method where D* is pinned down,
-it leaves a side open that the data cannot bound, and (slow) its 80% interval holds the true D* about 80% of the time.
+it leaves a side open that the data cannot bound, predicted rows are whitened with their extra variance,
+and (slow) its 80% interval holds the true D* about 80% of the time.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from upscale.fitting.design import (
 )
 from upscale.fitting.dstar import TOKEN_RANGE, crossings
 from upscale.fitting.laws import get_law
-from upscale.fitting.profile import Observed, ProfileInterval, _Problem, profile_interval
+from upscale.fitting.profile import Observed, ProfileInterval, _Problem, _whitener, profile_interval
 from upscale.fitting.summary import FittedLaw
 from upscale.fitting.synthetic import TABLE2, design, generate
 
@@ -126,3 +127,15 @@ def test_the_80_percent_interval_holds_the_true_dstar_about_80_percent_of_the_ti
         true_dstar = crossings(FittedLaw(LAWS["moe"], TRUTH["moe"]), FittedLaw(LAWS["up"], TRUTH["up"]), N1).dstar
         covered.append(interval.covers(true_dstar))
     assert 0.65 <= np.mean(covered) <= 0.95
+
+
+def test_whitener_counts_a_predicted_rows_extra_variance() -> None:
+    trunks = ("a", "a", "b", "a", "b")
+    noise = Noise(0.004, 0.006)
+    cov = noise.point_sd ** 2 * np.eye(5) + noise.trunk_sd ** 2 * np.equal.outer(np.array(trunks), np.array(trunks))
+    W = _whitener(trunks, noise)
+    assert np.allclose(W.T @ W, np.linalg.inv(cov), rtol=1e-9, atol=0)
+    assert _whitener(trunks, noise, np.zeros(5)) == pytest.approx(W, rel=1e-12)
+    extra = np.array([0.0, 1e-4, 0.0, 0.0, 0.0])
+    Wp = _whitener(trunks, noise, extra)
+    assert np.allclose(Wp.T @ Wp, np.linalg.inv(cov + np.diag(extra)), rtol=1e-9, atol=0)

@@ -1,0 +1,174 @@
+"""Loss curves for the active-design bench (bench/active_design.py): what every bought trunk piece and decay would
+have logged, and the decay ends a family's curves predict (fitting/curve_observations.py, the one predictor).
+
+The curves come from a law that is NOT the multi-power law the predictor fits, so the test is not circular, and they
+agree with the ground truth where the truth is defined: a ground truth's law (Table 2's, perturbed) gives the loss at
+the END of a decay, L_end(D) at the trunk's tokens D. At constant LR a trunk sits above that by a decay gain g(D) =
+G0·(D/1e9)^−0.15 of log loss (a noise floor the decay removes, shrinking slowly with the budget); along a decay the
+log loss is log L_end(D_t) + g(D_t)·(h(t) − h_end·u(t)), where h is the EMA of the LR multiplier (bench/curve_law.py's
+noise-floor shape, time constant a quarter of the decay), mapped to 1 at the peak and 0 at the final LR, and u the
+share of the decay done: the path relaxes like a noise floor and lands exactly on L_end at its end. Every point of
+one trunk shares the trunk's draw (the one its observed decays carry); each curve point has its own N(0, 0.005).
+
+Curves are in units of STEP optimiser steps (STEP x 512 x 1024 tokens), sampled at ~24 points a trunk piece and 16 a
+decay, so a family's curve fits stay affordable; each family's predictions are cached on what its trunks have
+bought, so nothing is refitted until new curve data arrive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+from curve_law import FINAL, wsd  # bench/curve_law.py: the schedule, as workers/schedule.py computes it
+from threadpoolctl import threadpool_limits
+
+from upscale.fitting.curve_law import Curve
+from upscale.fitting.curve_observations import CurvePredictions, TrunkCurves, predict_decay_ends
+from upscale.fitting.fit import FitOptions
+from upscale.sweeps.planner import Plan
+
+STEP = 8  # optimiser steps per curve step
+PIECE_POINTS, DECAY_POINTS = 24, 16
+GAIN_AT_1E9, GAIN_SLOPE = 0.03, 0.15  # g(D) = G0·(D/1e9)^−GAIN_SLOPE, G0 drawn around GAIN_AT_1E9 per truth
+TRUNK_KINDS, DECAY_KINDS = ("moe_trunk", "scratch_trunk"), ("moe_decay", "scratch_decay")
+FIT = FitOptions(n_starts=2)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One trunk as the planner laid it out: its pieces (segment, start, end tokens) in order, its decays (segment ->
+    branch and end tokens) and its family (the law its decays are observations of)."""
+
+    trunk: str
+    family: str
+    pieces: tuple[tuple[str, int, int], ...]
+    decays: Mapping[str, tuple[int, int]]
+
+    def piece_reaching(self, tokens: int) -> int:
+        """How many pieces must be trained for the trunk to reach ``tokens``."""
+        return next(i + 1 for i, (_, _, end) in enumerate(self.pieces) if end >= tokens)
+
+
+def layouts(p: Plan) -> dict[str, Layout]:
+    out: dict[str, Layout] = {}
+    by_trunk: dict[str, list] = {}
+    for s in p.segments:
+        if s.spec.kind in TRUNK_KINDS + DECAY_KINDS:
+            by_trunk.setdefault(s.trunk, []).append(s)
+    for trunk, segs in by_trunk.items():
+        pieces = sorted((s.id, s.spec.start_tokens, s.spec.end_tokens) for s in segs if s.spec.kind in TRUNK_KINDS)
+        decays = {s.id: (s.spec.start_tokens, s.spec.end_tokens) for s in segs if s.spec.kind in DECAY_KINDS}
+        family = "up" if segs[0].spec.kind.startswith("moe") else "moe"
+        out[trunk] = Layout(trunk, family, tuple(sorted(pieces, key=lambda x: x[1])), decays)
+    return out
+
+
+def units(p: Plan, tokens: int) -> int:
+    return round(tokens / (p.segments[0].spec.tokens_per_step * STEP))
+
+
+@cache
+def schedule(end: int, warmup: int, decay_start: int | None, shape: str) -> np.ndarray:
+    """The LR multiplier of curve steps 1..end (one curve step a unit of the planner's schedule)."""
+    return wsd(end, warmup, decay_start, shape)
+
+
+class CurveSim:
+    """Every curve of one ground truth's pool under one noise draw, and the family predictions from what is bought.
+
+    ``end_loss(trunk, tokens)``: the truth's loss at the end of a decay at ``tokens`` on
+    ``trunk`` (the law evaluated with the trunk's own coordinates); ``effect``: each trunk's shared draw of log loss;
+    ``observed``: each decay's observed end loss (its curve's last point)."""
+
+    def __init__(self, p: Plan, end_loss: Callable[[str, float], float], effect: Mapping[str, float],
+                 observed: Mapping[str, float], gain: float, rng: np.random.Generator, noise: float) -> None:
+        self.p = p
+        self.layout = layouts(p)
+        sched = p.segments[0].spec.schedule
+        if sched.final_lr_fraction != FINAL:
+            raise ValueError(f"the grid decays to {sched.final_lr_fraction} of the peak LR; the curves know {FINAL}")
+        self.shape, self.final = sched.decay_shape, FINAL
+        self.warmup = units(p, sched.warmup_tokens)
+        self.family_of = {t: lay.family for t, lay in self.layout.items()}
+        self.piece_curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.decay_curves: dict[str, Curve] = {}
+        self.cache: dict[tuple, tuple[CurvePredictions, dict[str, float]]] = {}
+
+        def g(tokens: np.ndarray) -> np.ndarray:
+            return gain * (tokens / 1e9) ** -GAIN_SLOPE
+
+        for t, lay in self.layout.items():
+            for sid, start, end in lay.pieces:
+                at = np.unique(np.linspace(max(units(p, start), self.warmup) + 1, units(p, end), PIECE_POINTS)
+                               .round().astype(int))
+                tokens = at * STEP * p.segments[0].spec.tokens_per_step
+                log_loss = np.log([end_loss(t, float(d)) for d in tokens]) + g(tokens)
+                self.piece_curves[sid] = (at, np.exp(log_loss + effect[t] + rng.normal(0, noise, at.size)))
+            for sid, (start, end) in lay.decays.items():
+                s0, s1 = units(p, start), units(p, end)
+                lr = self.lr(s1, s0)
+                ema, m = np.empty(s1 - s0), 1.0
+                tau = max((s1 - s0) / 4, 1.0)
+                for i, eta in enumerate(lr[s0:]):
+                    m += (eta - m) / tau
+                    ema[i] = m
+                h = (ema - self.final) / (1 - self.final)
+                u = np.arange(1, s1 - s0 + 1) / (s1 - s0)
+                at = np.unique(np.linspace(s0 + 1, s1, DECAY_POINTS).round().astype(int))
+                idx = at - s0 - 1
+                tokens = at * STEP * p.segments[0].spec.tokens_per_step
+                log_loss = np.log([end_loss(t, float(d)) for d in tokens]) + g(tokens) * (h[idx] - h[-1] * u[idx])
+                loss = np.exp(log_loss + effect[t] + rng.normal(0, noise, at.size))
+                loss[-1] = observed[sid]  # the decay's end is the observation itself
+                self.decay_curves[sid] = Curve(lr, at, loss)
+
+    def lr(self, end: int, decay_start: int | None) -> np.ndarray:
+        return schedule(end, self.warmup, decay_start, self.shape)
+
+    def trained(self, trunk: str, segments: set[str]) -> int:
+        """How many of ``trunk``'s pieces the bought ``segments`` (pieces and decays) have trained."""
+        lay = self.layout[trunk]
+        n = max((i + 1 for i, (sid, _, _) in enumerate(lay.pieces) if sid in segments), default=0)
+        branches = [lay.decays[d][0] for d in lay.decays if d in segments]
+        return max([n] + [lay.piece_reaching(b) for b in branches])
+
+    def predictable(self, trunk: str, n_pieces: int) -> list[str]:
+        """The decays of ``trunk`` whose branch point lies on its first ``n_pieces`` pieces."""
+        lay = self.layout[trunk]
+        reach = lay.pieces[n_pieces - 1][2] if n_pieces else -1
+        return [d for d, (b, _) in lay.decays.items() if b <= reach]
+
+    def predictions(self, family: str, segments: set[str]) -> tuple[CurvePredictions | None, dict[str, float]]:
+        """The family's predicted end of every unobserved decay on its trained parts (segment -> loss), and the
+        predictions' record (None when no trunk of the family is trained), from what ``segments`` bought."""
+        key_parts, trunks, wanted, ids = [], [], [], []
+        for t, lay in self.layout.items():
+            if lay.family != family:
+                continue
+            n = self.trained(t, segments)
+            if not n:
+                continue
+            decays = tuple(sorted(d for d in lay.decays if d in segments))
+            key_parts.append((t, n, decays))
+            at = np.concatenate([self.piece_curves[sid][0] for sid, _, _ in lay.pieces[:n]])
+            loss = np.concatenate([self.piece_curves[sid][1] for sid, _, _ in lay.pieces[:n]])
+            curve = Curve(self.lr(int(at[-1]), None), at, loss)
+            trunks.append(TrunkCurves(t, curve, tuple(self.decay_curves[d] for d in decays), family, family))
+            for d in self.predictable(t, n):
+                if d not in segments:
+                    wanted.append((t, self.decay_curves[d].lr))
+                    ids.append(d)
+        if not trunks:
+            return None, {}
+        key = (family, tuple(key_parts))
+        if key not in self.cache:
+            with threadpool_limits(1):  # L-BFGS-B runs ~10x slower with BLAS threads fighting over 2 busy cores
+                pred = predict_decay_ends(trunks, wanted, FIT)
+            losses = {d: float(v) for d, v in zip(ids, pred.losses, strict=True)
+                      if pred.usable and math.isfinite(v) and v > 0}
+            self.cache[key] = (pred, losses)
+        return self.cache[key]
