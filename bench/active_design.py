@@ -45,7 +45,7 @@ the estimated noise) at that point, with ``coverage_80_se`` (its standard error,
 ``coverage_80_by_draw`` (the share over the truths in each draw alone), and ``coverage_80_delta`` the same for the
 delta-method interval around the fit's D*; ``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending
 10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades); for upscale_curves,
-``predicted_share`` (median share of D*'s precision at the true laws resting on predicted decays where it got there),
+``predicted_share`` (median share of Var(log D*) at the true laws resting on predicted decays where it got there),
 ``stopped_trunks`` (mean count by then) and ``stopped_flops`` (median FLOPs the stopped trunks' rest would have cost,
 over the full grid's).
 
@@ -705,7 +705,7 @@ def main(argv: list[str] | None = None) -> dict:
         "coverage_80_delta": {m: coverage(c, n)[0] for m, c in covered_delta.items()},
         "log10_dstar_error_at": {f: {m: float(np.median([o.error_at[f] for o in per[m]])) for m in METHODS}
                                  for f in ("0.1", "0.2")},
-        "predicted_share": float(np.median([o.predicted_share for o in per["upscale_curves"]])),
+        "predicted_share": float(np.nanmedian([o.predicted_share for o in per["upscale_curves"]])),
         "stopped_trunks": float(np.mean([o.stopped for o in per["upscale_curves"]])),
         "stopped_flops": float(np.median([o.stopped_flops for o in per["upscale_curves"]])),
         "truths": n, "draws": draws, "seed": args.seed, "full_flops": p.total_flops, "pool": len(pool_of(p)),

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from upscale.fitting.curve_observations import prediction_weight
 from upscale.fitting.dstar import crossings
 from upscale.fitting.laws import Law, Table
 from upscale.fitting.summary import FittedLaw
@@ -59,13 +60,6 @@ def log_loss_jacobian(law: Law, params: Mapping[str, float], table: Table,
     J = np.einsum("kn,knp->np", terms, X) / loss[:, None]
     columns = [law.param_names.index(n) for n in free]
     return loss, J[:, columns]
-
-
-def prediction_weight(point_sd: float, sd_pred: float) -> float:
-    """The least-squares weight of a predicted row: σ²/(σ² + sd_pred²), its variance relative to an observed row's
-    (σ the per-point noise, sd_pred the prediction's held-out error). The analysis's weighted fit and this criterion's
-    covariance use this one form, so the design predicts the interval the analysis will report."""
-    return point_sd ** 2 / (point_sd ** 2 + sd_pred ** 2)
 
 
 @dataclass(frozen=True)
@@ -154,7 +148,7 @@ def least_squares_covariance(rows: Rows, point_sd: float, trunk_sd: float) -> np
     if not len(rows):
         return np.full((p, p), np.inf)
     s2 = point_sd ** 2
-    w = s2 / (s2 + rows.extras())  # prediction_weight, per row
+    w = prediction_weight(point_sd, np.sqrt(rows.extras()))
     weighted = Rows(rows.J * w[:, None], rows.trunks)
     sums, _ = _trunk_sums(weighted)
     bread = np.linalg.pinv(rows.J.T @ weighted.J, rcond=1e-12, hermitian=True)
@@ -267,10 +261,17 @@ class DstarCriterion:
         return math.sqrt(max(var, 0.0))
 
     def predicted_share(self) -> float:
-        """The share of D*'s precision (1/Var(log D*)) that rests on predicted rows: 1 − Var(all)/Var(observed
-        only); 1 when the observed rows alone do not pin D* down."""
-        alone = DstarCriterion(self.gradient, {k: r.observed() for k, r in self.current.items()}, self.noise).sd()
-        return 1.0 - (self.sd() / alone) ** 2 if math.isfinite(alone) and alone > 0 else 1.0
+        """The share of Var(log D*) that rests on predicted rows, as `variance_shares` splits it (the analysis's
+        measure, fitting/evidence.py); NaN when the rows do not pin D* down."""
+        parts, predicted, start = [], [], 0
+        for k, size in zip(LAWS, self.sizes, strict=True):
+            rows = self.current[k]
+            parts.append((self.gradient[start:start + size], rows.J,
+                          prediction_weight(self.noise.point_sd, np.sqrt(rows.extras()))))
+            predicted.append(rows.extras() > 0)
+            start += size
+        shares = variance_shares(parts)
+        return float(shares[np.concatenate(predicted)].sum()) if np.all(np.isfinite(shares)) else math.nan
 
 
 STOP_GAIN = 0.01  # a trunk whose every remaining row narrows sd(log D*) by less than this share of it is stopped
@@ -330,6 +331,19 @@ def greedy(criterion: DstarCriterion, actions: Sequence[Hashable],
         steps.append(Step(best, best_cost, best_sd))
         sd_now, left = best_sd, left - best_cost
     return steps, "tolerance"
+
+
+def variance_shares(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Each row's share of Var(log D*), over the rows of every part (c, J, w) in order: w_i (cᵀM⁻¹j_i)² / Σ (the
+    weighted fit moves θ̂ by M⁻¹w_i j_i per unit of row i's log loss, M = Σ w_i j_i j_iᵀ; fitting/evidence.py)."""
+    terms = []
+    for c, J, w in parts:
+        M = (J * w[:, None]).T @ J
+        a = J @ np.linalg.pinv(M, rcond=1e-12, hermitian=True) @ c
+        terms.append(w * a * a)
+    t = np.concatenate(terms)
+    total = t.sum()
+    return t / total if total > 0 else np.full(t.size, np.nan)
 
 
 def delta_interval(dstar: float, sd: float, z: float = Z95) -> tuple[float, float]:

@@ -21,7 +21,15 @@ import numpy as np
 import pandas as pd
 
 from upscale.fitting.curve_observations import OBSERVED, PREDICTED, SD_PRED, SOURCE, PredictedDecays, prediction_weight
-from upscale.fitting.design import PRIOR_SD, Noise, Rows, dstar_gradient, log_loss_jacobian, noise_from_fits
+from upscale.fitting.design import (
+    PRIOR_SD,
+    Noise,
+    Rows,
+    dstar_gradient,
+    log_loss_jacobian,
+    noise_from_fits,
+    variance_shares,
+)
 from upscale.fitting.laws import LOSS, TRUNK, WEIGHT
 from upscale.fitting.summary import FittedLaw
 
@@ -65,18 +73,6 @@ def with_predicted(tables: Mapping[str, pd.DataFrame], predicted: PredictedDecay
 
 def is_predicted(df: pd.DataFrame) -> np.ndarray:
     return (df[SOURCE] == PREDICTED).to_numpy() if SOURCE in df.columns else np.zeros(len(df), dtype=bool)
-
-
-def variance_shares(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Each row's share of Var(log D*), over the rows of every part (c, J, w) in order: w_i (cᵀM⁻¹j_i)² / Σ."""
-    terms = []
-    for c, J, w in parts:
-        M = (J * w[:, None]).T @ J
-        a = J @ np.linalg.pinv(M, rcond=1e-12, hermitian=True) @ c
-        terms.append(w * a * a)
-    t = np.concatenate(terms)
-    total = t.sum()
-    return t / total if total > 0 else np.full(t.size, np.nan)
 
 
 def dstar_evidence(moe: tuple[FittedLaw, Mapping[str, float], pd.DataFrame],
