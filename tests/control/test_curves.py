@@ -1,7 +1,7 @@
 """Curves served per trunk (control/curves.py) from a real SQLite store: the tiny sweep planned by the real planner
 (a validation every 2 steps), recorded, and driven to done by hand with the points a worker would report (one known
 loss per token count), except one MoE decay (an interior point of its trunk) and the from-scratch trunk (no points:
-not served). No Ray here; the worker's own curves are tests/workers/test_segment.py's."""
+not served). No Ray there; the slow test trains a nano sweep with the real worker and reads its curves back."""
 
 from __future__ import annotations
 
@@ -109,3 +109,26 @@ def test_results_recorded_before_segments_kept_their_curve_give_their_start_and_
     assert dense.curve == ((0, loss_at(0)), (448, loss_at(448)), (896, loss_at(896)))
     assert [d.curve for d in dense.decays] == [((448, loss_at(448)), (512, loss_at(512, True))),
                                                ((896, loss_at(896)), (1024, loss_at(1024, True)))]
+
+
+@pytest.mark.slow  # a real nano sweep trained on embedded Ray with the real worker: ~80 s on 2 cores
+def test_a_trained_sweeps_trunks_carry_the_workers_curves(ray_session, settings) -> None:
+    from upscale.orchestrator.scheduler import Scheduler
+
+    spec = load_spec(TINY_SPEC.replace("warmup_tokens: 64", f"warmup_tokens: 64, eval_every_tokens: {EVERY}")
+                     .replace("methods: [naive, drop]", "methods: [naive]").replace(", scratch: [512]", ""))
+    services = Services.open(settings, auth=False)
+    out = services.orch.run(spec, Scheduler(services.store, settings, poll_s=0.05))
+    assert out.status == "done"
+    trunks = sweep_curves(services, [out.sweep_id])
+    assert [t.kind for t in trunks] == ["dense_trunk", "moe_trunk", "moe_trunk"]  # one upcycled trunk per D1
+    for trunk in trunks:
+        tokens = [t for t, _ in trunk.curve]
+        assert tokens == sorted(set(tokens)) and tokens[0] == 0 and tokens[-1] == len(trunk.lr_multipliers) * TPS
+        assert set(range(0, tokens[-1] + 1, EVERY)) <= set(tokens)  # the cadence, on the sweep's token axis
+        assert len(trunk.decays) == 2 and trunk.interior == ()
+        for decay in trunk.decays:  # a branch starts from the trunk's weights at its branch point: the same loss
+            assert decay.curve[0] == (decay.branch_tokens, dict(trunk.curve)[decay.branch_tokens])
+            assert decay.curve[-1][1] == decay.loss == decay.observation["loss"]
+    dense = trunks[0]
+    assert dense.curve[-1][1] < dense.curve[0][1] - 0.5  # it trained
