@@ -56,7 +56,8 @@ def run_lr_search(spec: SegmentSpec, runtime: SegmentRuntime, storage: str, trai
                                     start_tokens=start, end_tokens=end, parent_ids=(parent[0],) if parent else ())
                 rt = runtime.model_copy(update={
                     "checkpoint_dir": join(root, f"chunk-{k}"), "parent_checkpoints": dict([parent]) if parent else {},
-                    "mlflow_tracking_uri": None, "mlflow_run_id": None, "checkpoint_every_tokens": None})
+                    "mlflow_tracking_uri": None, "mlflow_run_id": None, "checkpoint_every_tokens": None,
+                    "eval_every_tokens": None})  # a trial needs only each chunk's end loss
                 result = train(chunk, rt)
                 trained += end - start
                 loss = result.val_loss if result.val_loss is not None else float("inf")

@@ -53,7 +53,7 @@ from upscale.orchestrator.task import SegmentFn, segment_task, train_segment
 from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
 from upscale.orchestrator.training_path import training_path
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.sweeps.spec import ClusterResources, ResourcesSection, SizeOverride, TrainSection
+from upscale.sweeps.spec import ClusterResources, ResourcesSection, SizeOverride, TrainSection, round_steps
 
 
 @dataclass
@@ -171,12 +171,15 @@ def _loopback_only() -> None:
 
 
 def step_options(spec: dict, size: str | None) -> dict:
-    """How a segment of size ``size`` of the stored sweep ``spec`` computes a step (memory, not results): the spec's
-    micro-batch for the size (None: the worker fits one to its device) and activation checkpointing."""
+    """How a segment of size ``size`` of the stored sweep ``spec`` computes a step and what it measures (not its
+    results): the spec's micro-batch for the size (None: the worker fits one to its device), activation
+    checkpointing, and the validation cadence in whole steps of the size (rounded as the spec's budgets are)."""
     train = TrainSection.model_validate(spec["train"])
     override = SizeOverride.model_validate(spec.get("per_size", {}).get(size, {}))
+    tps = (override.batch_size or train.batch_size) * train.context
+    every = None if train.eval_every_tokens is None else round_steps(train.eval_every_tokens, tps) * tps
     return {"micro_batch_size": override.micro_batch_size or train.micro_batch_size,
-            "activation_checkpointing": train.activation_checkpointing}
+            "activation_checkpointing": train.activation_checkpointing, "eval_every_tokens": every}
 
 
 def cluster_resources(settings: Settings) -> ClusterResources:

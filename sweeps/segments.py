@@ -480,7 +480,8 @@ class SegmentRuntime(BaseModel):
     num_threads: int = Field(1, ge=1, description="torch.set_num_threads inside the job (Ray does not set it).")
     device: str = Field("cpu", description="cpu or cuda; bf16 autocast on CUDA, fp32 on CPU.")
     workers: int = Field(1, ge=1, description="Data/expert-parallel processes (Ray Train when > 1).")
-    eval_every_tokens: int | None = Field(None, description="Periodic validation; None = at segment end only.")
+    eval_every_tokens: int | None = Field(None, description="Periodic validation; None = at the segment's start "
+                                          "and end only.")
     checkpoint_every_tokens: int | None = Field(None, description="Periodic resume checkpoints; None = none.")
     log_every_steps: int = Field(10, ge=1, description="Training metrics cadence.")
     zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage (0-2; MoE does not support 3).")
@@ -508,3 +509,7 @@ class SegmentResult(BaseModel):
                                                description="Trunks: branch point tokens -> checkpoint directory.")
     best_lr: float | None = Field(None, description="lr_search: the chosen peak LR.")
     metrics: dict[str, float] = Field(default_factory=dict, description="Summary metrics (aux loss, load, ...).")
+    curve: list[tuple[int, float]] = Field(
+        default_factory=list, description="Every validation the segment ran, (tokens, loss) ascending: tokens on the "
+        "sweep's absolute token axis (start_tokens to end_tokens), from the start one to the final one; a resumed "
+        "segment keeps the points its checkpoint carried.")

@@ -349,9 +349,17 @@ class TrainSection(Frozen):
     activation_checkpointing: bool = Field(False, description="Recompute each block's activations in the backward "
                                            "pass instead of keeping them: less memory for ~1/3 more compute. "
                                            "Changes memory, not results.")
+    eval_every_tokens: float | None = Field(None, gt=0, le=MAX_TOKENS, description="Validate trunks and decays every "
+                                            "this many tokens of the sweep's token axis, besides each segment's start "
+                                            "and end: the points of their validation curves (docs/training.md). "
+                                            "Rounded to whole steps of each size's batch_size*context as the budgets "
+                                            "are (train.round_tokens). None = start and end only. Each validation "
+                                            "costs a forward pass over data.eval_tokens; changes no result.")
 
-    # Options that change how a step is computed, not what it computes: absent at their default from the spec's hash.
-    optional_fields: ClassVar[frozenset[str]] = frozenset({"micro_batch_size", "activation_checkpointing"})
+    # Options that change how a step is computed or what is measured, not what it computes: absent at their default
+    # from the spec's hash.
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"micro_batch_size", "activation_checkpointing",
+                                                           "eval_every_tokens"})
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:
@@ -569,6 +577,8 @@ def resolve(spec: SweepSpec) -> Resolution:
         warmup_tokens = t.warmup_tokens if o.warmup_tokens is None else o.warmup_tokens
         warmup_path = f"{where}warmup_tokens" if o.warmup_tokens is not None else "train.warmup_tokens"
         warmup = _steps(warmup_tokens, tps, warmup_path, label, t.round_tokens, problems, notes, allow_zero=True)
+        if t.eval_every_tokens is not None:
+            _steps(t.eval_every_tokens, tps, "train.eval_every_tokens", label, t.round_tokens, problems, notes)
         budgets: dict[str, Budgets | None] = {}
         for kind in ("d1", "d2", "scratch"):
             given = getattr(o.tokens, kind, None) if o.tokens else None

@@ -204,7 +204,8 @@ def _import_dense(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> Segm
     checkpoints.write_meta(out, {**_meta(spec), "tokens": spec.end_tokens}, cfg)
     folder.push(out)
     return SegmentResult(segment_id=spec.id, kind=spec.kind, val_loss=loss, tokens=0,
-                         wall_s=time.perf_counter() - t0, tokens_per_s=0.0, checkpoint=folder.location_of(out))
+                         wall_s=time.perf_counter() - t0, tokens_per_s=0.0, checkpoint=folder.location_of(out),
+                         curve=[(spec.end_tokens, loss)])
 
 
 @dataclass
@@ -305,10 +306,18 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
     logger = MetricLogger(runtime.mlflow_tracking_uri if ranks.main else None, runtime.mlflow_run_id,
                           run_name=run_tags.run_name(spec), params=run_tags.segment_params(spec),
                           tags=run_tags.segment_tags(spec.id) | runtime.mlflow_tags)
+    # every validation of this segment, (tokens, loss); a resume continues the one its checkpoint carried
+    curve: list[tuple[int, float]] = [] if resume is None else [(t, v) for t, v in start.meta.get("curve", [])]
+
+    def validate() -> float:
+        loss = val_loss(engine.module, val_set, runtime.device, ranks)
+        logger.log(tokens, {"val_loss": loss})
+        curve.append((tokens, loss))
+        return loss
+
     with logger:
         if resume is None:
-            summary["val_loss_start"] = val_loss(engine.module, val_set, runtime.device, ranks)
-            logger.log(tokens, {"val_loss": summary["val_loss_start"]})
+            summary["val_loss_start"] = validate()
         train_s, trained = 0.0, 0
         while tokens < spec.end_tokens:
             ts = time.perf_counter()  # tokens/s counts batch drawing and the step, not evaluation or checkpoints
@@ -332,27 +341,26 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
                     point |= {"aux_loss": stats.aux_loss, **expert_load(engine.module)}
                 logger.log(tokens, point)
                 summary |= {k: v for k, v in point.items() if not k.startswith("load/")}
+            if runtime.eval_every_tokens and tokens % runtime.eval_every_tokens == 0 and tokens < spec.end_tokens:
+                validate()  # before a checkpoint at the same tokens, so that its curve holds this point
             every = runtime.checkpoint_every_tokens
             if tokens in keep or (every and tokens % every == 0):
-                last_good = checkpoints.save(engine, root, tokens, cfg, {**_meta(spec), "phase": _phase(spec, tokens)},
-                                             ep_size, ranks)
+                last_good = checkpoints.save(engine, root, tokens, cfg, {**_meta(spec), "phase": _phase(spec, tokens),
+                                                                         "curve": curve}, ep_size, ranks)
                 folder.push(last_good, ranks)  # published now: a node lost later resumes elsewhere from it
                 if periodic is not None:
                     folder.remove(periodic, ranks)
                 periodic = None if tokens in keep else last_good
-            if runtime.eval_every_tokens and tokens % runtime.eval_every_tokens == 0 and tokens < spec.end_tokens:
-                logger.log(tokens, {"val_loss": val_loss(engine.module, val_set, runtime.device, ranks)})
             if on_step is not None:
                 on_step(StepInfo(step, tokens, spec.start_tokens, spec.end_tokens, stats.loss, lr))
-        final = val_loss(engine.module, val_set, runtime.device, ranks)
-        logger.log(tokens, {"val_loss": final})
+        final = validate()
     done = folder.complete(spec.id)
     final_ckpt = done[spec.end_tokens]
     branches = {t: p for t, p in done.items() if t in spec.save_at_tokens}
     return SegmentResult(
         segment_id=spec.id, kind=spec.kind, val_loss=final, tokens=spec.end_tokens - spec.start_tokens,
         wall_s=time.perf_counter() - t0, tokens_per_s=trained / train_s if train_s else 0.0,
-        checkpoint=final_ckpt, branch_checkpoints=branches, metrics=summary,
+        checkpoint=final_ckpt, branch_checkpoints=branches, metrics=summary, curve=curve,
     )
 
 

@@ -53,8 +53,8 @@ def on_ray(spec: SegmentSpec, rt: SegmentRuntime) -> dict:
 @pytest.fixture(scope="module")
 def runs(ray_session, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("worker-group")
-    one = run_segment(TRUNK, runtime(home, "trunk-1", 1)).model_dump()
-    two = on_ray(TRUNK, runtime(home, "trunk-2", 2))
+    one = run_segment(TRUNK, runtime(home, "trunk-1", 1, eval_every_tokens=8 * TPS)).model_dump()
+    two = on_ray(TRUNK, runtime(home, "trunk-2", 2, eval_every_tokens=8 * TPS))
     branch = {TRUNK.id: two["branch_checkpoints"]["4096"]}
     decay_two = on_ray(DECAY, runtime(home, "decay-2", 2, parent_checkpoints=branch))
     decay_one = run_segment(DECAY, runtime(home, "decay-1", 1, parent_checkpoints={
@@ -70,6 +70,9 @@ def test_two_workers_match_one(runs: dict) -> None:
     assert two["val_loss"] < two["metrics"]["val_loss_start"] - 1.0  # it trained
     assert two["tokens"] == one["tokens"] == 24 * TPS
     assert runs["decay_two"]["val_loss"] == pytest.approx(runs["decay_one"]["val_loss"], rel=REL_TOL)
+    # rank 0's result carries the curve every rank measured (the validation sums are reduced over ranks)
+    assert [t for t, _ in two["curve"]] == [t for t, _ in one["curve"]] == [0, 8 * TPS, 16 * TPS, 24 * TPS]
+    assert [v for _, v in two["curve"]] == pytest.approx([v for _, v in one["curve"]], rel=REL_TOL)
 
 
 @pytest.mark.slow  # the `runs` fixture trains four segments, two on Ray Train: ~90 s

@@ -51,6 +51,7 @@ def test_an_imported_model_becomes_a_checkpoint_at_d1_with_its_validation_loss(t
     model.load_state_dict(original)
     data = load_tokens(DATA, 32, tmp_path / "cache")
     assert result.val_loss == pytest.approx(val_loss(model, data.val_batches(1024, 32, 4), "cpu"), rel=1e-5)
+    assert result.curve == [(D1, result.val_loss)]  # its one validation, at its D1
 
 
 def test_weights_changed_after_planning_are_refused(tmp_path: Path) -> None:

@@ -89,6 +89,16 @@ def test_a_trunk_continued_in_chunks_equals_the_whole_trunk(home: Path, runs: di
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_result_holds_every_validation_of_the_segment(runs: dict) -> None:
+    trunk, decay = runs["trunk"], runs["decay"]
+    # the start, every eval_every_tokens (8 steps) before the end, and the end
+    assert [t for t, _ in trunk.curve] == [0, 8 * TPS, 16 * TPS, 20 * TPS]
+    assert trunk.curve[0][1] == trunk.metrics["val_loss_start"] and trunk.curve[-1][1] == trunk.val_loss
+    # a decay branch: its own points only, on the absolute token axis, starting where the trunk was at its branch point
+    assert [t for t, _ in decay.curve] == [16 * TPS, 20 * TPS]
+    assert decay.curve[0][1] == dict(trunk.curve)[16 * TPS] and decay.curve[-1][1] == decay.val_loss
+
+
 def test_validation_loss_falls(runs: dict) -> None:
     # nano dense on the Python stdlib: from ~ln(256)=5.55 to below 4.0 within 20 steps (5,120 tokens) at lr 3e-3
     trunk = runs["trunk"]
@@ -105,7 +115,7 @@ def test_killed_run_resumes_to_the_same_loss(home: Path, runs: dict) -> None:
         if info.step == 10:
             raise Killed
 
-    runtime = rt(home, "killed", checkpoint_every_tokens=4 * TPS)
+    runtime = rt(home, "killed", checkpoint_every_tokens=4 * TPS, eval_every_tokens=4 * TPS)
     with pytest.raises(Killed):
         run_segment(FULL, runtime, on_step=kill_at_step_10)
     saved = sorted(p.name for p in (home / "killed").glob("tokens_*"))
@@ -113,6 +123,12 @@ def test_killed_run_resumes_to_the_same_loss(home: Path, runs: dict) -> None:
     resumed = run_segment(FULL, runtime)
     assert resumed.val_loss == runs["full"].val_loss
     assert "val_loss_start" not in resumed.metrics  # it resumed; it did not start over
+    # the points before the kill came back from the checkpoint's sidecar; the whole curve is the uninterrupted one's
+    tokens, losses = zip(*resumed.curve, strict=True)
+    assert tokens == tuple(range(0, 20 * TPS + 1, 4 * TPS))
+    trunk = dict(runs["trunk"].curve)  # the same run as FULL until its decay starts at 16 steps
+    assert [dict(resumed.curve)[t] for t in (0, 8 * TPS, 16 * TPS)] == [trunk[t] for t in (0, 8 * TPS, 16 * TPS)]
+    assert losses[-1] == resumed.val_loss
 
 
 def test_upcycled_moe_starts_at_its_dense_parents_loss_and_trains(home: Path, runs: dict) -> None:

@@ -1,0 +1,151 @@
+"""Validation curves per trunk: what the loss-curve law (fitting/curve_law.py, docs/laws.md "Loss-curve laws") reads
+beside the decays' end losses.
+
+A trunk is the chain of trunk pieces of one model (the planner's trunk id, `SegmentRecord.trunk`: its first piece's
+key): a dense size, one upcycled MoE (N1, D1, n_expert, topk, method, r) or one from-scratch MoE. Its curve is its
+done pieces' validation points (`SegmentResult.curve`) on one token axis, each join's repeated point once; its
+decay branches are the done decays that hang from it, each with its own points, its end loss, the observation it
+produced and its LR schedule from step 1 (the trunk's steps, then its decay). `interior` lists the decays a sweep
+plans on the trunk's trained part that have no observation yet: the points whose end loss the law can predict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from upscale.control.services import Services
+from upscale.fitting.curve_law import Curve
+from upscale.orchestrator.lr_search import resolve_lr
+from upscale.orchestrator.records import SegmentRecord
+from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentSpec
+from upscale.workers.schedule import lr_multiplier
+
+OBSERVATION_FIELDS = ("kind", "N1", "D1", "D2", "D", "N2", "N_total", "n_expert", "topk", "method", "r", "loss")
+
+
+@dataclass(frozen=True)
+class Decay:
+    """A decay branch of a trunk: done (its points and end loss) or planned and not yet observed (no points, loss
+    None). ``lr_multipliers[i]`` is the factor of the peak LR of optimiser step i + 1, from the trunk's first step
+    to the decay's last."""
+
+    segment_key: str
+    branch_tokens: int  # where it leaves the trunk: its decay start
+    end_tokens: int
+    lr_multipliers: tuple[float, ...]
+    curve: tuple[tuple[int, float], ...]  # (tokens, validation loss), ascending
+    loss: float | None
+    observation: dict[str, Any]  # OBSERVATION_FIELDS and segment_key, as recorded (done) or as planned (no loss)
+
+
+@dataclass(frozen=True)
+class TrunkCurves:
+    """One trunk's constant-LR curve, its schedule up to its last measured step, and its decays."""
+
+    trunk: str
+    kind: str  # dense_trunk, moe_trunk or scratch_trunk
+    axes: dict[str, Any]  # the first piece's grid coordinates (size, N1, n_expert, topk, method, r, D1)
+    tokens_per_step: int
+    peak_lr: float
+    curve: tuple[tuple[int, float], ...]
+    lr_multipliers: tuple[float, ...]  # steps 1 .. the last measured one, warmup included
+    decays: tuple[Decay, ...]  # done, by end tokens
+    interior: tuple[Decay, ...]  # planned, not observed, branching at or before the last measured token
+
+    def trunk_curve(self) -> Curve:
+        """The trunk as the law's `Curve` (the step-0 point, before any training, has no place in it)."""
+        return self._curve(self.lr_multipliers, self.curve)
+
+    def decay_curve(self, decay: Decay) -> Curve:
+        """A decay branch as the law's `Curve`, on its whole schedule: its points if it is done; a planned one is its
+        end step alone, without a loss (to be predicted)."""
+        if decay.loss is None:
+            return Curve(self.peak_lr * np.asarray(decay.lr_multipliers), np.array([len(decay.lr_multipliers)]))
+        return self._curve(decay.lr_multipliers, decay.curve)
+
+    def _curve(self, multipliers: Sequence[float], points: Sequence[tuple[int, float]]) -> Curve:
+        kept = [(t // self.tokens_per_step, v) for t, v in points if t > 0]
+        return Curve(self.peak_lr * np.asarray(multipliers), np.array([s for s, _ in kept]),
+                     np.array([v for _, v in kept]))
+
+
+def sweep_curves(services: Services, sweep_ids: Sequence[str]) -> list[TrunkCurves]:
+    """Every trunk of the sweeps with at least two measured points, in plan order, with its done decays and its
+    interior points (the sweeps' planned decays on it without an observation)."""
+    segs: dict[str, SegmentRecord] = {}
+    axes: dict[str, dict[str, Any]] = {}
+    observed: dict[str, dict[str, Any]] = {}
+    for sweep_id in sweep_ids:
+        for seg, link in services.store.members(sweep_id):
+            segs.setdefault(seg.key, seg)
+            axes.setdefault(seg.key, link.axes)
+        for o in services.store.observations(sweep_id):
+            observed[o.segment_key] = {f: getattr(o, f) for f in OBSERVATION_FIELDS} | {"segment_key": o.segment_key}
+    pieces: dict[str, list[SegmentRecord]] = {}
+    decays: dict[str, list[SegmentRecord]] = {}
+    for seg in segs.values():
+        if seg.kind in TRUNK_KINDS:
+            pieces.setdefault(seg.trunk or seg.key, []).append(seg)
+        elif seg.kind in DECAY_KINDS:
+            decays.setdefault(seg.trunk or seg.key, []).append(seg)
+    out = []
+    for trunk, chain in pieces.items():
+        found = _trunk(trunk, chain, decays.get(trunk, []), segs, axes, observed)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def _trunk(trunk: str, chain: list[SegmentRecord], branches: list[SegmentRecord], segs: dict[str, SegmentRecord],
+           axes: dict[str, dict[str, Any]], observed: dict[str, dict[str, Any]]) -> TrunkCurves | None:
+    """One trunk from its pieces: the done ones from its start on, as long as each begins where the last ended."""
+    chain = sorted(chain, key=lambda s: s.config["start_tokens"])
+    done, reached = [], 0
+    for piece in chain:
+        if piece.status != "done" or piece.config["start_tokens"] != reached:
+            break
+        done.append(piece)
+        reached = piece.config["end_tokens"]
+    points: dict[int, float] = {}
+    for piece in done:
+        for tokens, loss in _points(piece):
+            points.setdefault(tokens, loss)  # a join's point once: the earlier piece's end, the later one's start
+    if len(points) < 2:
+        return None
+    first = resolve_lr(SegmentSpec.model_validate(done[0].config), segs)
+    assert first.optim is not None and first.optim.lr is not None and first.schedule is not None  # a trained trunk
+    tps, sched = first.tokens_per_step, first.schedule
+    last = max(points)
+    done_decays, interior = [], []
+    for seg in sorted(branches, key=lambda s: s.config["end_tokens"]):
+        spec = SegmentSpec.model_validate(seg.config)
+        assert spec.decay_start_tokens is not None  # every decay kind has one
+        steps = range(1, spec.end_tokens // tps + 1)
+        schedule = tuple(lr_multiplier(s * tps, sched, spec.decay_start_tokens, spec.end_tokens) for s in steps)
+        if seg.status == "done":
+            if seg.key in observed:
+                done_decays.append(Decay(seg.key, spec.start_tokens, spec.end_tokens, schedule, tuple(_points(seg)),
+                                         observed[seg.key]["loss"], observed[seg.key]))
+        elif seg.observation is not None and spec.start_tokens <= last:
+            planned = {f: seg.observation.get(f) for f in OBSERVATION_FIELDS if f != "loss"} | {"segment_key": seg.key}
+            interior.append(Decay(seg.key, spec.start_tokens, spec.end_tokens, schedule, (), None, planned))
+    return TrunkCurves(
+        trunk=trunk, kind=done[0].kind, axes=axes.get(done[0].key, {}), tokens_per_step=tps, peak_lr=first.optim.lr,
+        curve=tuple(sorted(points.items())),
+        lr_multipliers=tuple(lr_multiplier(s * tps, sched, None, last) for s in range(1, last // tps + 1)),
+        decays=tuple(done_decays), interior=tuple(interior))
+
+
+def _points(seg: SegmentRecord) -> list[tuple[int, float]]:
+    """A done segment's validation points; a result recorded before segments kept their curve gives its start (if
+    measured) and end losses."""
+    result = seg.result or {}
+    if result.get("curve"):
+        return [(int(t), float(v)) for t, v in result["curve"]]
+    start = (result.get("metrics") or {}).get("val_loss_start")
+    ends = [(seg.config["start_tokens"], start), (seg.config["end_tokens"], result.get("val_loss"))]
+    return [(t, float(v)) for t, v in ends if v is not None]
