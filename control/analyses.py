@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from upscale.control.analysis_jobs import AnalysisJobs
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
-    from upscale.fitting.curve_observations import PredictedDecays, TrunkCurves
+    from upscale.fitting.curve_observations import PredictedDecays
     from upscale.fitting.dstar import Limits
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
@@ -119,22 +119,16 @@ def analysis_params(n1s: Sequence[float] | None, bootstrap: int, seed: int,
     return params
 
 
-def sweep_curves(services: Services, sweep_ids: Sequence[str]) -> list[TrunkCurves]:
-    """The sweeps' trunk curves, each with its observed decays and the planned decays on its trained part that
-    nobody observed (fitting/curve_observations.py `TrunkCurves`). None yet: the store side that reads them lands
-    separately; until then every analysis is of observed decays alone."""
-    return []
-
-
 def predicted_for(services: Services, sweep_ids: Sequence[str], curves: bool) -> PredictedDecays | None:
     """The decay ends the sweeps' trunk curves predict, when asked for (``curves``) and the sweeps have curves."""
     if not curves:
         return None
-    trunks = sweep_curves(services, sweep_ids)
-    if not trunks:
-        return None
+    from upscale.control.curves import fitting_trunks, sweep_curves
     from upscale.fitting.curve_observations import predicted_decays
 
+    trunks = fitting_trunks(sweep_curves(services, sweep_ids))
+    if not any(t.interior for t in trunks):  # nothing planned on a trained part lacks its observation
+        return None
     return predicted_decays(trunks)
 
 

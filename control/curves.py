@@ -19,8 +19,12 @@ import numpy as np
 
 from upscale.control.services import Services
 from upscale.fitting.curve_law import Curve
+from upscale.fitting.curve_observations import Interior
+from upscale.fitting.curve_observations import TrunkCurves as FittedTrunk
+from upscale.fitting.groups import GROUP_COLUMNS, group_label
 from upscale.orchestrator.lr_search import resolve_lr
-from upscale.orchestrator.records import SegmentRecord
+from upscale.orchestrator.observations import as_row
+from upscale.orchestrator.records import ObservationRecord, SegmentRecord
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentSpec
 from upscale.workers.schedule import lr_multiplier
 
@@ -55,22 +59,6 @@ class TrunkCurves:
     lr_multipliers: tuple[float, ...]  # steps 1 .. the last measured one, warmup included
     decays: tuple[Decay, ...]  # done, by end tokens
     interior: tuple[Decay, ...]  # planned, not observed, branching at or before the last measured token
-
-    def trunk_curve(self) -> Curve:
-        """The trunk as the law's `Curve` (the step-0 point, before any training, has no place in it)."""
-        return self._curve(self.lr_multipliers, self.curve)
-
-    def decay_curve(self, decay: Decay) -> Curve:
-        """A decay branch as the law's `Curve`, on its whole schedule: its points if it is done; a planned one is its
-        end step alone, without a loss (to be predicted)."""
-        if decay.loss is None:
-            return Curve(self.peak_lr * np.asarray(decay.lr_multipliers), np.array([len(decay.lr_multipliers)]))
-        return self._curve(decay.lr_multipliers, decay.curve)
-
-    def _curve(self, multipliers: Sequence[float], points: Sequence[tuple[int, float]]) -> Curve:
-        kept = [(t // self.tokens_per_step, v) for t, v in points if t > 0]
-        return Curve(self.peak_lr * np.asarray(multipliers), np.array([s for s, _ in kept]),
-                     np.array([v for _, v in kept]))
 
 
 def sweep_curves(services: Services, sweep_ids: Sequence[str]) -> list[TrunkCurves]:
@@ -149,3 +137,33 @@ def _points(seg: SegmentRecord) -> list[tuple[int, float]]:
     start = (result.get("metrics") or {}).get("val_loss_start")
     ends = [(seg.config["start_tokens"], start), (seg.config["end_tokens"], result.get("val_loss"))]
     return [(t, float(v)) for t, v in ends if v is not None]
+
+
+TABLES = {"dense_trunk": "dense", "scratch_trunk": "scratch", "moe_trunk": "upcycled"}
+
+
+def fitting_trunks(trunks: Sequence[TrunkCurves]) -> list[FittedTrunk]:
+    """The trunks as the curve predictions read them (fitting/curve_observations.py): LRs as multipliers of each
+    trunk's own peak, so one family's decay parameters share a unit; the table and family their decays belong to
+    (dense, from scratch, or one upcycled group: a family's decays behave alike); interior decays as rows of that
+    table, as orchestrator/observations.py writes an observation's."""
+    out = []
+    for t in trunks:
+        if t.kind not in TABLES:
+            continue
+        table = TABLES[t.kind]
+        decays = tuple(Curve(np.asarray(d.lr_multipliers), *_steps_and_losses(t, d.curve)) for d in t.decays)
+        observations = [d.observation for d in (*t.decays, *t.interior)]
+        family = table if table != "upcycled" or not observations else \
+            f"upcycled {group_label({c: observations[0].get(c) for c in GROUP_COLUMNS})}".strip()
+        interior = tuple(Interior(as_row(ObservationRecord(**{f: d.observation.get(f) for f in OBSERVATION_FIELDS},
+                                                            trunk=t.trunk, segment_key=d.segment_key)),
+                                  np.asarray(d.lr_multipliers)) for d in t.interior)
+        out.append(FittedTrunk(t.trunk, Curve(np.asarray(t.lr_multipliers), *_steps_and_losses(t, t.curve)), decays,
+                               table, family, interior))
+    return out
+
+
+def _steps_and_losses(t: TrunkCurves, points: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    kept = [(tokens // t.tokens_per_step, v) for tokens, v in points if tokens > 0]
+    return np.array([s for s, _ in kept]), np.array([v for _, v in kept])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.orchestrator.conftest import TINY_SPEC
-from upscale.control.curves import sweep_curves
+from upscale.control.curves import fitting_trunks, sweep_curves
 from upscale.control.services import Services
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.planner import plan
@@ -89,18 +89,28 @@ def test_every_trunk_is_one_curve_with_its_decays_schedules_and_interior_points(
     assert holder.axes["method"] in ("naive", "drop") and holder.axes["D1"] in (512, 1024)
 
 
-def test_trunks_convert_to_the_curve_laws_curves(done) -> None:
+def test_trunks_convert_to_the_curve_laws_trunks(done) -> None:
+    """LRs as multipliers of the trunk's own peak, the step-0 point dropped, each trunk's table and family, and its
+    interior decays as rows of its table (no loss: to be predicted)."""
     services, sweep_id, _, _ = done
-    dense = sweep_curves(services, [sweep_id])[0]
-    trunk = dense.trunk_curve()
-    assert trunk.steps.tolist() == [2, 4, 6, 7, 8, 10, 12, 14]  # the step-0 point has no place in the law
-    assert trunk.lr.tolist() == [3e-3 * m for m in dense.lr_multipliers]
-    assert trunk.loss.tolist() == [v for t, v in dense.curve if t > 0]
-    decay = dense.decay_curve(dense.decays[1])
+    served = sweep_curves(services, [sweep_id])
+    trunks = {t.trunk: t for t in fitting_trunks(served)}
+    dense = served[0]
+    trunk = trunks[dense.trunk]
+    assert trunk.curve.steps.tolist() == [2, 4, 6, 7, 8, 10, 12, 14]  # the step-0 point has no place in the law
+    assert trunk.curve.lr.tolist() == list(dense.lr_multipliers) and trunk.curve.lr.max() == 1.0
+    assert trunk.curve.loss.tolist() == [v for t, v in dense.curve if t > 0]
+    decay = trunk.decays[1]
     assert decay.lr.size == 16 and decay.steps.tolist() == [14, 16] and decay.loss[-1] == dense.decays[1].loss
-    moe = next(t for t in sweep_curves(services, [sweep_id]) if t.interior)
-    planned = moe.decay_curve(moe.interior[0])
-    assert planned.loss is None and planned.steps.tolist() == [moe.interior[0].end_tokens // TPS]
+    assert (trunk.table, trunk.family) == ("dense", "dense")
+    moe = next(t for t in served if t.interior)
+    converted = trunks[moe.trunk]
+    assert converted.table == "upcycled" and converted.family.startswith(f"upcycled {moe.axes['method']}")
+    (row,) = [i.row for i in converted.interior]
+    planned = moe.interior[0].observation
+    assert row["loss"] is None and row["trunk"] == moe.trunk and row["segment"] == moe.interior[0].segment_key
+    assert (row["D1"], row["D2"], row["N1"]) == (planned["D1"], planned["D2"], planned["N1"])
+    assert converted.interior[0].lr.size == moe.interior[0].end_tokens // TPS
 
 
 def test_results_recorded_before_segments_kept_their_curve_give_their_start_and_end(tmp_path) -> None:
