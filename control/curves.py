@@ -6,11 +6,15 @@ key): a dense size, one upcycled MoE (N1, D1, n_expert, topk, method, r) or one 
 done pieces' validation points (`SegmentResult.curve`) on one token axis, each join's repeated point once; its
 decay branches are the done decays that hang from it, each with its own points, its end loss, the observation it
 produced and its LR schedule from step 1 (the trunk's steps, then its decay). `interior` lists the decays a sweep
-plans on the trunk's trained part that have no observation yet: the points whose end loss the law can predict.
+plans on the trunk's trained part that have no observation yet, and `between` decays nobody plans, at the middle of
+each two neighbouring budgets on the trained part: the points whose end loss the law can predict, so that a finished
+sweep's curves still tell the fits something between the grid's points.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +63,9 @@ class TrunkCurves:
     lr_multipliers: tuple[float, ...]  # steps 1 .. the last measured one, warmup included
     decays: tuple[Decay, ...]  # done, by end tokens
     interior: tuple[Decay, ...]  # planned, not observed, branching at or before the last measured token
+    # not planned: at the geometric middle of each two neighbouring budgets of the trunk, branching on its trained
+    # part and scheduled as its planned decays are (`_between`): what the curve tells between the grid's points
+    between: tuple[Decay, ...] = ()
 
 
 def sweep_curves(services: Services, sweep_ids: Sequence[str]) -> list[TrunkCurves]:
@@ -125,7 +132,33 @@ def _trunk(trunk: str, chain: list[SegmentRecord], branches: list[SegmentRecord]
         trunk=trunk, kind=done[0].kind, axes=axes.get(done[0].key, {}), tokens_per_step=tps, peak_lr=first.optim.lr,
         curve=tuple(sorted(points.items())),
         lr_multipliers=tuple(lr_multiplier(s * tps, sched, None, last) for s in range(1, last // tps + 1)),
-        decays=tuple(done_decays), interior=tuple(interior))
+        decays=tuple(done_decays), interior=tuple(interior), between=_between(branches, tps, last))
+
+
+BUDGET_COLUMN = {"dense": ("D", "D1"), "scratch": ("D",), "upcycled": ("D2",)}  # what a decay's budget sets
+
+
+def _between(branches: list[SegmentRecord], tps: int, last: int) -> tuple[Decay, ...]:
+    """Decays nobody planned, one at the geometric middle of each two neighbouring budgets of a trunk's decays,
+    where it branches on the trained part (up to ``last`` tokens) after the warmup: cut as the planner cuts a budget
+    (its decay the same share of it, to whole steps) and scheduled as the neighbour below it is."""
+    planned = sorted((s for s in branches if s.observation is not None), key=lambda s: s.config["end_tokens"])
+    out = []
+    for below, above in itertools.pairwise(planned):
+        lo, hi = below.config["end_tokens"] // tps, above.config["end_tokens"] // tps
+        middle = round(math.sqrt(lo * hi))
+        spec = SegmentSpec.model_validate(below.config)
+        assert spec.decay_start_tokens is not None and spec.schedule is not None  # a decay
+        share = (lo - spec.decay_start_tokens // tps) / lo
+        start = (middle - max(1, round(share * middle))) * tps
+        if not lo < middle < hi or start > last or start < spec.schedule.warmup_tokens:
+            continue
+        end = middle * tps
+        schedule = tuple(lr_multiplier(s * tps, spec.schedule, start, end) for s in range(1, middle + 1))
+        observation = {**{f: below.observation.get(f) for f in OBSERVATION_FIELDS if f != "loss"},
+                       **dict.fromkeys(BUDGET_COLUMN[below.observation["kind"]], end), "segment_key": None}
+        out.append(Decay("", start, end, schedule, (), None, observation))
+    return tuple(out)
 
 
 def _points(seg: SegmentRecord) -> list[tuple[int, float]]:
@@ -145,8 +178,8 @@ TABLES = {"dense_trunk": "dense", "scratch_trunk": "scratch", "moe_trunk": "upcy
 def fitting_trunks(trunks: Sequence[TrunkCurves]) -> list[FittedTrunk]:
     """The trunks as the curve predictions read them (fitting/curve_observations.py): LRs as multipliers of each
     trunk's own peak, so one family's decay parameters share a unit; the table and family their decays belong to
-    (dense, from scratch, or one upcycled group: a family's decays behave alike); interior decays as rows of that
-    table, as orchestrator/observations.py writes an observation's."""
+    (dense, from scratch, or one upcycled group: a family's decays behave alike); its interior decays and those
+    between its budgets as rows of that table, as orchestrator/observations.py writes an observation's."""
     out = []
     for t in trunks:
         if t.kind not in TABLES:
@@ -157,8 +190,8 @@ def fitting_trunks(trunks: Sequence[TrunkCurves]) -> list[FittedTrunk]:
         family = table if table != "upcycled" or not observations else \
             f"upcycled {group_label({c: observations[0].get(c) for c in GROUP_COLUMNS})}".strip()
         interior = tuple(Interior(as_row(ObservationRecord(**{f: d.observation.get(f) for f in OBSERVATION_FIELDS},
-                                                            trunk=t.trunk, segment_key=d.segment_key)),
-                                  np.asarray(d.lr_multipliers)) for d in t.interior)
+                                                            trunk=t.trunk, segment_key=d.segment_key or None)),
+                                  np.asarray(d.lr_multipliers)) for d in (*t.interior, *t.between))
         out.append(FittedTrunk(t.trunk, Curve(np.asarray(t.lr_multipliers), *_steps_and_losses(t, t.curve)), decays,
                                table, family, interior))
     return out

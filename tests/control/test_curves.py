@@ -89,6 +89,21 @@ def test_every_trunk_is_one_curve_with_its_decays_schedules_and_interior_points(
     assert holder.axes["method"] in ("naive", "drop") and holder.axes["D1"] in (512, 1024)
 
 
+def test_decays_between_a_trunks_budgets_are_offered_where_it_is_trained(done) -> None:
+    """Between the dense budgets of 8 and 16 steps: one at round(sqrt(8 x 16)) = 11 steps, decaying over its last
+    step as the 8-step one does (1 of 8), branching at step 10, on the trained part; its row sets D and D1."""
+    services, sweep_id, _, _ = done
+    dense = sweep_curves(services, [sweep_id])[0]
+    (middle,) = dense.between
+    assert (middle.branch_tokens, middle.end_tokens, middle.segment_key, middle.loss) == (640, 704, "", None)
+    assert middle.lr_multipliers[:10] == dense.lr_multipliers[:10] and len(middle.lr_multipliers) == 11
+    assert middle.lr_multipliers[-1] == pytest.approx(0.1)
+    assert middle.observation["D"] == middle.observation["D1"] == 704 and middle.observation["N1"] == \
+        dense.decays[0].observation["N1"]
+    (row,) = [i.row for i in fitting_trunks([dense])[0].interior]
+    assert (row["D"], row["segment"], row["loss"]) == (704, None, None)
+
+
 def test_trunks_convert_to_the_curve_laws_trunks(done) -> None:
     """LRs as multipliers of the trunk's own peak, the step-0 point dropped, each trunk's table and family, and its
     interior decays as rows of its table (no loss: to be predicted)."""
@@ -106,7 +121,7 @@ def test_trunks_convert_to_the_curve_laws_trunks(done) -> None:
     moe = next(t for t in served if t.interior)
     converted = trunks[moe.trunk]
     assert converted.table == "upcycled" and converted.family.startswith(f"upcycled {moe.axes['method']}")
-    (row,) = [i.row for i in converted.interior]
+    row = converted.interior[0].row  # the planned one; those between its budgets follow
     planned = moe.interior[0].observation
     assert row["loss"] is None and row["trunk"] == moe.trunk and row["segment"] == moe.interior[0].segment_key
     assert (row["D1"], row["D2"], row["N1"]) == (planned["D1"], planned["D2"], planned["N1"])
