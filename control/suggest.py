@@ -7,7 +7,10 @@ the span from the cut before it, as sweeps/reuse.py takes the rest over) and the
 action adds is read from the planner (the merged spec's new observation segments, with the trunk each hangs from);
 what it costs is `compare(store, plan(merged)).figures()["new_flops"]`, so what the store holds is free and an
 action's FLOPs are marginal to the actions ranked before it. fitting/design.py weighs them against the newest
-analysis's fits: shrinkage of the D* interval at N1 per FLOP, greedily under the budget, until the tolerance.
+analysis's fits: shrinkage of the D* interval at N1 per FLOP, greedily under the budget, until the tolerance. The
+analysis's decay ends predicted from trunk curves (docs/laws.md, "Curves as observations") are rows of the criterion
+with their held-out error: observing such a point replaces its prediction, so an action is credited only with what
+the curves did not already tell.
 
 The other way to spend less is to stop: a from-scratch or MoE trunk of the sweep still training whose planned decays
 would shrink D*'s sd by less than ``STOP_GAIN`` is listed with the FLOPs its unfinished segments would still cost.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +33,7 @@ from upscale.control.services import Services
 from upscale.control.sweeps import extend, merge
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.design import (
+    STOP_GAIN,
     DstarCriterion,
     Rows,
     delta_interval,
@@ -51,7 +56,6 @@ from upscale.sweeps.spec import SpecError, SweepSpec, parse_spec
 
 NEW_SIZES = 1  # larger named sizes offered as candidates
 LEAF_TRUNKS = ("moe_trunk", "scratch_trunk")  # trunks nothing else grows from: stopping one stops only itself
-STOP_GAIN = 0.01  # a trunk whose planned decays would shrink log D*'s sd by less than this share is worth stopping
 # Actions one call chooses: each costs a plan of the extended grid per candidate, so a call plans at most
 # (MAX_ACTIONS + 1) x its ~10 candidates; `stopped: "limit"` says to apply them and ask again for more.
 MAX_ACTIONS = 4
@@ -102,16 +106,19 @@ def candidates(spec: SweepSpec) -> list[Candidate]:
     return out
 
 
-def _in_group(seg: PlannedSegment, group: dict[str, Any]) -> bool:
-    o = seg.observation
+def _in_group(values: Mapping[str, Any], group: dict[str, Any]) -> bool:
+    """Whether an observation's or a table row's ``values`` belong to the upcycling ``group`` (the columns it sets)."""
     for c in GROUP_COLUMNS:
-        want = group.get(c)
+        want, have = group.get(c), values.get(c)
         if want is None or (isinstance(want, float) and math.isnan(want)):
             continue
-        have = getattr(o, c)
-        if have is None or (float(have) != float(want) if c != "method" else have != want):
+        if have is None or (str(have) != str(want) if c == "method" else float(have) != float(want)):
             return False
     return True
+
+
+def _group_values(seg: PlannedSegment) -> dict[str, Any]:
+    return {c: getattr(seg.observation, c) for c in GROUP_COLUMNS}
 
 
 class _Problem:
@@ -168,6 +175,8 @@ class _Problem:
             residuals[key] = np.log(loss) - np.log(pred)
             self.observed_rows[key] = Observed(fit.law, fit.params, self.free[key], tab, loss, current[key].trunks)
         self.noise = noise_from_fits([(residuals[k], current[k]) for k in current])
+        for key, rows in self.predicted_rows(analysis.curves.get("rows", {})).items():
+            current[key] = current[key] + rows  # what the curves already tell, weighed by their held-out error
         _, gradient = dstar_gradient(self.moe, self.up, self.n1, self.free["moe"], self.free["up"])
         if gradient is None:
             raise NotReady(f"D* at N1 = {self.n1:g} has no slope to follow: the fitted laws only touch there")
@@ -176,6 +185,22 @@ class _Problem:
         # new branch point changed its key) repeats an observation the fit already has
         self.observed = {s.observation for s in plan(self.spec).observations()}
         self._new_flops: dict[frozenset[str], float] = {}
+
+    def predicted_rows(self, tables: dict[str, list[dict[str, Any]]]) -> dict[str, Rows]:
+        """The analysis's decay ends predicted from trunk curves (from scratch, and of the target group) as the
+        criterion's rows: each with its family's held-out sd and its grid point, so that observing the point
+        replaces the prediction and an action gains only what the curve did not already tell."""
+        out = {}
+        for key, kind, columns in (("moe", "scratch", ("D", "N")), ("up", "upcycled", ("D1", "D2", "N1"))):
+            rows = [r for r in tables.get(kind, []) if kind == "scratch" or _in_group(r, self.group)]
+            if rows:
+                fit = self.moe if key == "moe" else self.up
+                tab = {c: np.array([float(r[c]) for r in rows]) for c in columns}
+                J = log_loss_jacobian(fit.law, fit.params, tab, self.free[key])[1]
+                out[key] = Rows(J, tuple(str(r["trunk"]) for r in rows),
+                                np.array([float(r["sd_pred"]) ** 2 for r in rows]),
+                                tuple(_point(kind, {c: r[c] for c in columns}) for r in rows))
+        return out
 
     def profile(self, level: float) -> ProfileInterval:
         """D*'s profile-likelihood interval at N1 from the same rows, noise and t quantile as the criterion."""
@@ -206,7 +231,8 @@ class _Problem:
     def informs(self, seg: PlannedSegment) -> bool:
         """Whether ``seg`` observes one of the two laws of D* at N1: a from-scratch decay, or a decay of the group."""
         o = seg.observation
-        return o is not None and (o.kind == "scratch" or (o.kind == "upcycled" and _in_group(seg, self.group)))
+        return o is not None and (o.kind == "scratch" or
+                                  (o.kind == "upcycled" and _in_group(_group_values(seg), self.group)))
 
     def unfinished(self) -> dict[str, tuple[list[PlannedSegment], float]]:
         """Per from-scratch or MoE trunk (of the target group) that the sweep has not finished: its planned
@@ -232,7 +258,8 @@ class _Problem:
                 continue
             tab = {col: np.array([float(_column(s.observation, col)) for s in mine]) for col in columns}
             out[key] = Rows(log_loss_jacobian(fit.law, fit.params, tab, self.free[key])[1],
-                            tuple(s.trunk for s in mine))
+                            tuple(s.trunk for s in mine), np.zeros(len(mine)),
+                            tuple(_point(kind, {c: tab[c][i] for c in columns}) for i in range(len(mine))))
         return out
 
     def stop_advice(self) -> list[StopAdvice]:
@@ -245,6 +272,11 @@ class _Problem:
                 out.append(StopAdvice(trunk=trunk, pending_observations=len(segs), remaining_flops=flops,
                                       sd_shrink=max(gain, 0.0)))
         return sorted(out, key=lambda a: -a.remaining_flops)
+
+
+def _point(kind: str, coords: dict[str, Any]) -> tuple[Any, ...]:
+    """A grid point as the criterion keys it: a predicted row and the observation of the same point share it."""
+    return (kind, *(float(v) for v in coords.values()))
 
 
 def _column(o: Any, column: str) -> float:

@@ -18,6 +18,7 @@ from sqlalchemy import update
 
 from tests.api.conftest import serve
 from upscale.control.analyses import NotReady, run_analysis
+from upscale.control.records import AnalysisRecord
 from upscale.control.schemas import SuggestRequest
 from upscale.control.services import Services
 from upscale.control.suggest import MAX_ACTIONS, SuggestError, suggest
@@ -191,4 +192,17 @@ def test_trunks_still_training_that_cannot_move_dstar_are_advised_to_stop(tmp_pa
         advice = problem.stop_advice()
         assert bool(advice) is listed
     assert advice[0].trunk == left[0].trunk and advice[0].remaining_flops == pytest.approx(flops)
-    assert 0.0 < advice[0].sd_shrink < 1.0  # the largest size's from-scratch decays do inform D* at that size
+    unseen = advice[0].sd_shrink
+    assert 0.0 < unseen < 1.0  # the largest size's from-scratch decays do inform D* at that size
+
+    # the trunk's curve predicted that decay closely: observing it now buys less than it did unseen
+    record = problem.record
+    o = left[1].observation
+    row = {"kind": "scratch", "N": o["N1"], "D": o["D"], "N1": o["N1"], "loss": 3.0, "trunk": left[0].trunk,
+           "source": "predicted", "sd_pred": 0.001}
+    with services.store.transaction() as s:
+        s.execute(update(AnalysisRecord).where(AnalysisRecord.id == record.id).values(
+            record={**record.record, "curves": {"rows": {"scratch": [row]}}}))
+    told = module._Problem(services, sid, None)
+    assert len(told.criterion.current["moe"]) == len(problem.criterion.current["moe"]) + 1
+    assert told.stop_advice()[0].sd_shrink < unseen / 2
