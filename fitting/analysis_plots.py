@@ -27,7 +27,7 @@ from upscale.fitting.analysis import Analysis, UpcycledAnalysis
 from upscale.fitting.diagnostics import alpha_d1
 from upscale.fitting.evidence import is_predicted
 from upscale.fitting.groups import group_label, group_slug, upcycled_groups
-from upscale.fitting.laws import LOSS, get_law
+from upscale.fitting.laws import LOSS, WEIGHT, get_law
 from upscale.fitting.plots import DrawnPlots, DstarCurve
 from upscale.fitting.summary import FittedLaw
 
@@ -112,9 +112,9 @@ def _draw_group(analysis: Analysis, up: UpcycledAnalysis, rows: pd.DataFrame | N
 def with_predicted_rows(tables: Mapping[str, pd.DataFrame], curves: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
     """The observed ``tables`` with the decay ends an analysis with curves predicted (its record's ``curves``
     rows, marked predicted) appended, so that its loss plots show both."""
-    rows = (curves or {}).get("rows") or {}
-    return {k: pd.concat([df, pd.DataFrame(rows[k])], ignore_index=True) if rows.get(k) else df
-            for k, df in tables.items()}
+    rows = (curves or {}).get("rows") or {}  # without their fit weights: no plot refits them
+    return {k: pd.concat([df, pd.DataFrame(rows[k]).drop(columns=[WEIGHT], errors="ignore")], ignore_index=True)
+            if rows.get(k) else df for k, df in tables.items()}
 
 
 def draw_analysis(analysis: Analysis, tables: Mapping[str, pd.DataFrame], out_dir: Path) -> DrawnPlots:

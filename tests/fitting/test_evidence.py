@@ -14,9 +14,10 @@ from upscale.fitting.analysis import Analysis, analyze
 from upscale.fitting.analysis_plots import with_predicted_rows
 from upscale.fitting.bootstrap import resampling_units
 from upscale.fitting.curve_observations import PREDICTED, SD_PRED, SOURCE, PredictedDecays, prediction_weight
-from upscale.fitting.data import read_table
+from upscale.fitting.data import read_table, validate
 from upscale.fitting.evidence import dstar_evidence, is_predicted, variance_shares, with_predicted
 from upscale.fitting.groups import upcycled_groups
+from upscale.fitting.laws import POWER_D2
 from upscale.fitting.summary import fitted_law
 from upscale.fitting.synthetic import E_TABLE2, bundled_path
 
@@ -141,6 +142,8 @@ def test_the_loss_plots_draw_predicted_decays_apart(trusted) -> None:
     label = "predicted from its trunk's curve"
     assert label in [h.get_label() for h in plots._fit_handles("joint", rows)]
     assert label not in [h.get_label() for h in plots._fit_handles("joint", observed["upcycled"])]
+    # the plots that refit the observed rows (alpha(D1)) read them as the store gives them: no weight to refuse
+    assert len(validate(POWER_D2, rows[~is_predicted(rows)], 2)) == 40
 
 
 def test_without_curves_the_analysis_is_the_observed_one(trusted) -> None:
