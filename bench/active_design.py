@@ -214,14 +214,17 @@ def draw_truths(n: int, target: float, rng: np.random.Generator) -> list[tuple[d
 class Fitter:
     """The one fitter every method uses: least squares on log loss with E fixed, warm-started per law."""
 
-    def __init__(self) -> None:
-        nominal = {"moe": TABLE2["moe"], "up": TABLE2["upcycled"]}
-        self.theta = {k: np.array([LAW[k].param(n).to_fitted(nominal[k][n]) for n in FREE[k]]) for k in LAW}
+    def __init__(self, e: float = E, nominal: dict[str, dict[str, float]] | None = None) -> None:
+        """``e``: the fixed E; ``nominal``: each law's start (Table 2's by default), where a diverged fit restarts."""
+        self.e = e
+        nominal = nominal or {"moe": TABLE2["moe"], "up": TABLE2["upcycled"]}
+        self.nominal = {k: np.array([LAW[k].param(n).to_fitted(nominal[k][n]) for n in FREE[k]]) for k in LAW}
+        self.theta = {k: v.copy() for k, v in self.nominal.items()}
         self.params: dict[str, dict[str, float]] = {}
         self.residuals: dict[str, np.ndarray] = {}
 
     def to_params(self, law: str, theta: np.ndarray) -> dict[str, float]:
-        return {"E": E, **{n: LAW[law].param(n).to_user(v) for n, v in zip(FREE[law], theta, strict=True)}}
+        return {"E": self.e, **{n: LAW[law].param(n).to_user(v) for n, v in zip(FREE[law], theta, strict=True)}}
 
     def fit(self, law: str, tab: dict[str, np.ndarray], y: np.ndarray, start: np.ndarray | None = None,
             weights: np.ndarray | None = None) -> float:
@@ -242,7 +245,7 @@ class Fitter:
         x0 = self.theta[law] if start is None else start
         with np.errstate(all="ignore"):
             if not np.all(np.isfinite(resid(x0))):  # a diverged start: back to the nominal law
-                x0 = Fitter().theta[law]
+                x0 = self.nominal[law]
             r = least_squares(resid, x0, jac=jac, x_scale="jac", max_nfev=200)
             if np.all(np.isfinite(r.x)) and np.all(np.isfinite(resid(r.x))):
                 self.theta[law] = r.x
@@ -295,6 +298,7 @@ class Sim:
                                np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0]), NOISE)
         self.virtual = self.offgrid_points()
         self.pilot = self._pilot()
+        self.budgets = BUDGETS
         self.oracle = Fitter()
         self.oracle.params = {k: dict(v) for k, v in self.true.items()}
         _, grad = dstar_gradient(FittedLaw(LAW["moe"], self.true["moe"]), FittedLaw(LAW["up"], self.true["up"]),
@@ -411,7 +415,7 @@ class Sim:
         state.sd = state.criterion.sd() if crossing else float("inf")
 
     def gap_gradient(self, f: Fitter) -> np.ndarray:
-        d = np.array([max(BUDGETS)])
+        d = np.array([max(self.budgets)])
         lm, jm = log_loss_jacobian(LAW["moe"], f.params["moe"], {"D": d, "N": np.full(1, self.target)}, FREE["moe"])
         lu, ju = log_loss_jacobian(LAW["up"], f.params["up"], {"D1": d, "D2": d, "N1": np.full(1, self.target)},
                                    FREE["up"])
@@ -426,7 +430,7 @@ class Sim:
         covs = {k_: least_squares_covariance(rows[k_], noise.point_sd, noise.trunk_sd) for k_ in LAW}
         out: list[tuple[Fitter, DstarCriterion | None]] = []
         for _ in range(k):
-            f = Fitter()
+            f = self.fitter()
             for law in LAW:
                 if not np.all(np.isfinite(covs[law])):
                     return []
@@ -436,6 +440,10 @@ class Sim:
                                      self.target, FREE["moe"], FREE["up"])
             out.append((f, None if grad is None else DstarCriterion(grad, self.design_rows(f, state), noise)))
         return out
+
+    def fitter(self) -> Fitter:
+        """A fresh fit with this case's E and start (the oracle's E: the truth's, or the replay's shared fit's)."""
+        return Fitter(self.oracle.e)
 
     def width(self, bought: list[Point], state: State | None = None) -> float:
         """The 80% width of log D* that a design gives at the true laws and noise (its predicted rows with the sd
@@ -568,10 +576,10 @@ def _laplace_components(sim: Sim, state: State) -> list[tuple[float, dict[str, n
     with its Laplace covariance s²(JᵀJ)⁻¹ and a weight from its likelihood; duplicates merged."""
     comps = []
     base = {k: state.fitter.theta[k].copy() for k in LAW}
-    starts = [base, {k: Fitter().theta[k] for k in LAW}, {k: base[k] * 1.05 for k in LAW}]
+    starts = [base, {k: state.fitter.nominal[k] for k in LAW}, {k: base[k] * 1.05 for k in LAW}]
     s2 = max(state.noise[0] ** 2 + state.noise[1] ** 2, 1e-12)
     for start in starts:
-        f = Fitter()
+        f = sim.fitter()
         sse = 0.0
         covs, thetas = {}, {}
         for k in LAW:
@@ -590,7 +598,7 @@ def _laplace_components(sim: Sim, state: State) -> list[tuple[float, dict[str, n
 
 
 def _target_rows(sim: Sim, params: dict[str, dict[str, float]]) -> dict[str, np.ndarray]:
-    d = np.geomspace(min(BUDGETS) / 2, max(BUDGETS) * 2, 8)
+    d = np.geomspace(min(sim.budgets) / 2, max(sim.budgets) * 2, 8)
     n = np.full(d.shape, sim.target)
     return {"moe": log_loss_jacobian(LAW["moe"], params["moe"], {"D": d, "N": n}, FREE["moe"])[1],
             "up": log_loss_jacobian(LAW["up"], params["up"], {"D1": d, "D2": d, "N1": n}, FREE["up"])[1]}
@@ -647,7 +655,7 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed) -> Outcome:
         return run_grid_stop(sim, width_full, seed)
     rng, draws = np.random.default_rng(seed), stop_rng(seed)
     offgrid, stopping = CURVE_METHODS.get(name, (False, False))
-    state = State(list(sim.pilot), Fitter(), curves=name in CURVE_METHODS, offgrid=offgrid, stopping=stopping)
+    state = State(list(sim.pilot), sim.fitter(), curves=name in CURVE_METHODS, offgrid=offgrid, stopping=stopping)
     state.spent = sim.cost([], state.bought)
     sim.refit(state, set(LAW), None)
     left = [q for q in sim.pool if q not in set(state.bought)]
@@ -698,7 +706,7 @@ def run_grid_stop(sim: Sim, width_full: float, seed: Seed) -> Outcome:
     of equal path tokens and stopping the trunks `stop_trunks` says cannot move D* (re-examined every wave: a
     resumed trunk's skipped decays are bought in the next wave). It ends when the grid is spent or stopped."""
     draws = stop_rng(seed)
-    state = State([], Fitter(), curves=True, offgrid=True, stopping=True)
+    state = State([], sim.fitter(), curves=True, offgrid=True, stopping=True)
     full = sim.dag.full
     order = sorted(sim.pool, key=lambda q: (path_tokens(q), q.coords.get("N", q.coords.get("N1")), q.segment))
     waves = sorted({path_tokens(q) for q in order})
