@@ -70,6 +70,7 @@ from design_curves import GAIN_AT_1E9, CurveSim  # bench/design_curves.py: the c
 from scipy.optimize import least_squares
 
 from upscale.fitting.design import (
+    STOP_GAIN,
     Z80,
     DstarCriterion,
     Noise,
@@ -101,8 +102,17 @@ GRID = {
 }
 E = TABLE2["moe"]["E"]
 NOISE = 0.005  # per trunk and per point, of log loss
-STOP_AFTER_SD = 0.5  # of log D*: trunks are stopped only once the fit's D* is this well known (stop_trunks)
-STOP_DRAWS = 4  # parameter draws from the fit's covariance at which a stopped trunk must not move D* either
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When `stop_trunks` stops a trunk: only once sd(log D*) <= ``after_sd`` (a pilot's gradient may point
+    anywhere), and only where all its remaining decays narrow sd(log D*) by less than ``gain`` of it at the fit and
+    at each of ``draws`` parameter draws from the fit's covariance."""
+
+    after_sd: float = 0.5
+    gain: float = STOP_GAIN
+    draws: int = 4
 SLACK = 1.10  # "as narrow as the full grid's": within 10% of its width (a subset's information is never all of it)
 ERROR_CAP = 3.0  # decades: the error of an estimate without a crossing
 LAW = {"moe": get_law("chinchilla"), "up": get_law("joint")}
@@ -269,6 +279,9 @@ class State:
     curves: bool = False  # whether bought curves predict decay ends (upscale_curves)
     offgrid: bool = False  # and decay ends off the grid's budgets along the trained trunk parts
     stopping: bool = False  # whether trunks that cannot move D* are stopped (re-examined every round)
+    rule: StopRule = StopRule()
+    log: list[tuple[tuple[str, ...], frozenset[str]]] = field(default_factory=list)  # each purchase (segments) and
+    # the trunks stopped when it was made
     pieces: set[str] = field(default_factory=set)  # trunk pieces bought without a decay at their end
     predicted: dict[str, float] = field(default_factory=dict)  # decay segment -> its predicted end loss
     sd_pred: dict[str, float] = field(default_factory=dict)  # family (law) -> its predictions' held-out sd
@@ -553,20 +566,20 @@ def choose_upscale_curves(sim: Sim, state: State, left: list[Point],
 
 def stop_trunks(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> None:
     """Re-examined every round: a started trunk is stopped while all its remaining decays at once cannot narrow D*'s
-    interval (`can_move`) at the fit AND at each of STOP_DRAWS parameter draws from the fit's covariance, and resumed
-    as soon as a refit says it can again (its marginal FLOPs are the DAG's either way). Nothing is stopped before
-    the fit pins D* down (sd of log D* at most STOP_AFTER_SD): a pilot's gradient may point anywhere."""
+    interval (`can_move`) at the fit AND at each of the rule's parameter draws from the fit's covariance, and resumed
+    as soon as a refit says it can again (its marginal FLOPs are the DAG's either way); see `StopRule`."""
+    rule = state.rule
     state.stopped, state.stopped_flops = set(), 0.0
-    if not state.sd <= STOP_AFTER_SD:
+    if not state.sd <= rule.after_sd:
         return
     have = state.have()
     rests = {t: [q for q in left if q.trunk == t] for t in sim.curves.layout}
     rests = {t: rest for t, rest in rests.items() if rest and sim.curves.trained(t, have)}
     if not rests:
         return
-    views = [(state.fitter, state.criterion), *sim.plausible(state, STOP_DRAWS, rng)]
+    views = [(state.fitter, state.criterion), *sim.plausible(state, rule.draws, rng)]
     for t, rest in rests.items():
-        if all(c is not None and not can_move(c, sim.rows(f, rest)) for f, c in views):
+        if all(c is not None and not can_move(c, sim.rows(f, rest), rule.gain) for f, c in views):
             state.stopped.add(t)
             state.stopped_flops += sim.cost_segments(have, {q.segment for q in rest})
 
@@ -677,6 +690,8 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed) -> Outcome:
         if (reached is not None and state.spent >= 0.2 * full) or not live:
             break
         picked = CHOOSERS[name](sim, state, live, rng)
+        state.log.append(((picked.piece,) if isinstance(picked, Extension) else tuple(q.segment for q in picked),
+                          frozenset(state.stopped)))
         if isinstance(picked, Extension):
             state.spent += sim.cost_segments(state.have(), {picked.piece})
             state.pieces.add(picked.piece)
@@ -700,13 +715,16 @@ def path_tokens(q: Point) -> float:
     return q.coords["D"] if q.law == "moe" else q.coords["D1"] + q.coords["D2"]
 
 
-def run_grid_stop(sim: Sim, width_full: float, seed: Seed) -> Outcome:
+def run_grid_stop(sim: Sim, width_full: float, seed: Seed, rule: StopRule = StopRule(),
+                  log: list | None = None) -> Outcome:
     """The user who runs the full planned grid, its observations in the order a scheduler finishes them (by the
     tokens on their path, the smaller sizes first), with curves and their off-grid rows, refitting after each wave
     of equal path tokens and stopping the trunks `stop_trunks` says cannot move D* (re-examined every wave: a
-    resumed trunk's skipped decays are bought in the next wave). It ends when the grid is spent or stopped."""
+    resumed trunk's skipped decays are bought in the next wave). It ends when the grid is spent or stopped.
+    ``log``: a list to fill with each wave's purchase and the trunks stopped then (`State.log`)."""
     draws = stop_rng(seed)
-    state = State([], sim.fitter(), curves=True, offgrid=True, stopping=True)
+    state = State([], sim.fitter(), curves=True, offgrid=True, stopping=True, rule=rule,
+                  log=[] if log is None else log)
     full = sim.dag.full
     order = sorted(sim.pool, key=lambda q: (path_tokens(q), q.coords.get("N", q.coords.get("N1")), q.segment))
     waves = sorted({path_tokens(q) for q in order})
@@ -719,6 +737,7 @@ def run_grid_stop(sim: Sim, width_full: float, seed: Seed) -> Outcome:
             continue
         state.spent += sim.cost(state.bought, picked)
         state.bought += picked
+        state.log.append((tuple(q.segment for q in picked), frozenset(state.stopped)))
         sim.refit(state, set(LAW))
         for f in errors:
             if state.spent <= float(f) * full:
