@@ -28,10 +28,16 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
   branch, or all remaining branches of one trunk), by shrinkage per marginal FLOP.
 - upscale_curves: the same with loss curves (bench/design_curves.py: every bought trunk piece and decay logs a curve
   drawn from a noise-floor law, not the multi-power law that predicts from it). Each family's curves predict the
-  decay ends on the trained trunk parts (fitting/curve_observations.py), which the fit takes as rows weighted by
-  `prediction_weight` and the criterion as rows with their held-out sd; actions also include trunk extensions (to
-  the next branch point, no decay), and a started trunk whose remaining decays cannot move D* is stopped. Its design
-  width counts its predicted rows with their measured sd; its intervals weigh them too.
+  decay ends on the trained trunk parts (fitting/curve_observations.py), at the grid's budgets and at off-grid ones
+  between them (bench/design_curves.py's `offgrid_ends`: never bought, never in the pool), which the fit takes as
+  rows weighted by `prediction_weight` and the criterion as rows with their held-out sd; actions also include trunk
+  extensions (to the next branch point, no decay), and a started trunk whose remaining decays cannot move D* at the
+  fit nor at a few parameter draws from its covariance is stopped, re-examined every round (`StopRule`). Its design
+  width counts its predicted rows with their measured sd; its intervals weigh them too. upscale_curves_grid_rows is
+  the same without the off-grid rows, upscale_curves_no_stop without stopping (each part measured on the same cases).
+- grid_stop: the full planned grid in the order a scheduler finishes it (waves of equal tokens along the DAG), with
+  curves and off-grid rows, refitting after each wave and stopping the trunks the same rule says cannot move D*; its
+  fraction is where it reaches the full grid's width, ``grid_stop_spent`` what it spent by its end (at most 1).
 
 Each ground truth is observed under several independent noise draws (``--draws``, 5 by default), and every method
 runs on each (truth, draw) case; the figures are over all cases. Coverage is a probability over the noise: from one
@@ -44,12 +50,13 @@ first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it
 the estimated noise) at that point, with ``coverage_80_se`` (its standard error, each truth's draws one cluster) and
 ``coverage_80_by_draw`` (the share over the truths in each draw alone), and ``coverage_80_delta`` the same for the
 delta-method interval around the fit's D*; ``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending
-10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades); for upscale_curves,
-``predicted_share`` (median share of Var(log D*) at the true laws resting on predicted decays where it got there),
-``stopped_trunks`` (mean count by then) and ``stopped_flops`` (median FLOPs the stopped trunks' rest would have cost,
-over the full grid's).
+10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades); for the curve-aware
+methods and grid_stop, ``predicted_share`` (median share of Var(log D*) at the true laws resting on predicted decays
+where it got there), ``stopped_trunks`` (mean count stopped then) and ``stopped_flops`` (median FLOPs the stopped
+trunks' rest would cost then, over the full grid's; for grid_stop what its stops saved by its end).
 
-    nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--draws K] [--workers W] [--json OUT]
+    nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--truths N] [--draws K] [--workers W]
+        [--methods a,b] [--json OUT]
 """
 
 from __future__ import annotations
