@@ -88,12 +88,13 @@ def test_a_stopped_trunk_is_never_bought(sim: bench.Sim, curved: bench.State) ->
         p for t in state.stopped for p, _, _ in sim.curves.layout[t].pieces}
 
 
-@pytest.mark.slow  # starts bench/active_design.py as a subprocess: minutes on a 2-core machine
+@pytest.mark.slow  # starts bench/active_design.py as a subprocess: ~10 minutes on a 2-core machine
 def test_quick_bench_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "figures.json"
+    methods = "upscale,upscale_curves,anchor,random,cheapest"  # grid_stop has its own test; the rest cost time
     run = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "bench" / "active_design.py"), "--quick",
-                          "--draws", "2", "--workers", "2", "--json", str(out)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+                          "--draws", "2", "--workers", "2", "--methods", methods, "--json", str(out)],
+                         capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     figures = json.loads(out.read_text())
     assert figures == json.loads(run.stdout)
@@ -109,11 +110,11 @@ def test_quick_bench_writes_the_figures(tmp_path) -> None:
     assert all(0 <= v <= 1 for v in figures["coverage_80"].values())
     assert set(figures["coverage_80_delta"]) == set(figures["coverage_80"])  # the delta method's, for comparison
     assert figures["fraction_of_full_flops"]["upscale"] < figures["fraction_of_full_flops"]["random"]
-    assert {"upscale_le_0.30", "upscale_le_0.6x_anchor", "coverage_ge_0.75", "upscale_curves_le_0.08",
-            "upscale_curves_coverage_ge_0.75", "grid_stop_le_0.08"} <= set(figures["goals"])
-    assert all(0 <= v <= 1 for v in figures["predicted_share"].values())
-    assert all(0 <= v <= 1 for v in figures["stopped_flops"].values())
-    assert 0 < figures["grid_stop_spent"] <= 1
+    assert set(figures["goals"]) == {"upscale_le_0.30", "upscale_le_0.6x_anchor", "coverage_ge_0.75",
+                                     "upscale_curves_le_0.08", "upscale_curves_coverage_ge_0.75"}
+    assert set(figures["predicted_share"]) == {"upscale_curves"}
+    assert 0 <= figures["predicted_share"]["upscale_curves"] <= 1
+    assert 0 <= figures["stopped_flops"]["upscale_curves"] <= 1 and figures["grid_stop_spent"] is None
 
 
 @pytest.fixture(scope="module")
