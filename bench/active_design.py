@@ -28,10 +28,16 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
   branch, or all remaining branches of one trunk), by shrinkage per marginal FLOP.
 - upscale_curves: the same with loss curves (bench/design_curves.py: every bought trunk piece and decay logs a curve
   drawn from a noise-floor law, not the multi-power law that predicts from it). Each family's curves predict the
-  decay ends on the trained trunk parts (fitting/curve_observations.py), which the fit takes as rows weighted by
-  `prediction_weight` and the criterion as rows with their held-out sd; actions also include trunk extensions (to
-  the next branch point, no decay), and a started trunk whose remaining decays cannot move D* is stopped. Its design
-  width counts its predicted rows with their measured sd; its intervals weigh them too.
+  decay ends on the trained trunk parts (fitting/curve_observations.py), at the grid's budgets and at off-grid ones
+  between them (bench/design_curves.py's `offgrid_ends`: never bought, never in the pool), which the fit takes as
+  rows weighted by `prediction_weight` and the criterion as rows with their held-out sd; actions also include trunk
+  extensions (to the next branch point, no decay), and a started trunk whose remaining decays cannot move D* at the
+  fit nor at a few parameter draws from its covariance is stopped, re-examined every round (`StopRule`). Its design
+  width counts its predicted rows with their measured sd; its intervals weigh them too. upscale_curves_grid_rows is
+  the same without the off-grid rows, upscale_curves_no_stop without stopping (each part measured on the same cases).
+- grid_stop: the full planned grid in the order a scheduler finishes it (waves of equal tokens along the DAG), with
+  curves and off-grid rows, refitting after each wave and stopping the trunks the same rule says cannot move D*; its
+  fraction is where it reaches the full grid's width, ``grid_stop_spent`` what it spent by its end (at most 1).
 
 Each ground truth is observed under several independent noise draws (``--draws``, 5 by default), and every method
 runs on each (truth, draw) case; the figures are over all cases. Coverage is a probability over the noise: from one
@@ -44,12 +50,13 @@ first gets as narrow as the full grid's, over the full grid's FLOPs (1.0 when it
 the estimated noise) at that point, with ``coverage_80_se`` (its standard error, each truth's draws one cluster) and
 ``coverage_80_by_draw`` (the share over the truths in each draw alone), and ``coverage_80_delta`` the same for the
 delta-method interval around the fit's D*; ``log10_dstar_error_at``: the median |log10 D̂* − log10 D*| after spending
-10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades); for upscale_curves,
-``predicted_share`` (median share of Var(log D*) at the true laws resting on predicted decays where it got there),
-``stopped_trunks`` (mean count by then) and ``stopped_flops`` (median FLOPs the stopped trunks' rest would have cost,
-over the full grid's).
+10% and 20% of the full grid's FLOPs (an estimate with no crossing counts as ERROR_CAP decades); for the curve-aware
+methods and grid_stop, ``predicted_share`` (median share of Var(log D*) at the true laws resting on predicted decays
+where it got there), ``stopped_trunks`` (mean count stopped then) and ``stopped_flops`` (median FLOPs the stopped
+trunks' rest would cost then, over the full grid's; for grid_stop what its stops saved by its end).
 
-    nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--draws K] [--workers W] [--json OUT]
+    nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--truths N] [--draws K] [--workers W]
+        [--methods a,b] [--json OUT]
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ from design_curves import GAIN_AT_1E9, CurveSim  # bench/design_curves.py: the c
 from scipy.optimize import least_squares
 
 from upscale.fitting.design import (
+    STOP_GAIN,
     Z80,
     DstarCriterion,
     Noise,
@@ -77,6 +85,7 @@ from upscale.fitting.design import (
     can_move,
     dstar_gradient,
     greedy,
+    least_squares_covariance,
     log_loss_jacobian,
     noise_from_fits,
     prediction_weight,
@@ -100,12 +109,24 @@ GRID = {
 }
 E = TABLE2["moe"]["E"]
 NOISE = 0.005  # per trunk and per point, of log loss
-STOP_AFTER_SD = 0.5  # of log D*: trunks are stopped only once the fit's D* is this well known (stop_trunks)
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When `stop_trunks` stops a trunk: only once sd(log D*) <= ``after_sd`` (a pilot's gradient may point
+    anywhere), and only where all its remaining decays narrow sd(log D*) by less than ``gain`` of it at the fit and
+    at each of ``draws`` parameter draws from the fit's covariance."""
+
+    after_sd: float = 0.5
+    gain: float = STOP_GAIN
+    draws: int = 4
 SLACK = 1.10  # "as narrow as the full grid's": within 10% of its width (a subset's information is never all of it)
 ERROR_CAP = 3.0  # decades: the error of an estimate without a crossing
 LAW = {"moe": get_law("chinchilla"), "up": get_law("joint")}
 FREE = {k: tuple(n for n in law.param_names if n != "E") for k, law in LAW.items()}
-METHODS = ("upscale", "upscale_curves", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
+CURVE_METHODS = {  # name: (off-grid predicted rows, stopping): upscale_curves and its parts switched off one by one
+    "upscale_curves": (True, True), "upscale_curves_grid_rows": (False, True), "upscale_curves_no_stop": (True, False)}
+METHODS = ("upscale", *CURVE_METHODS, "grid_stop", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
 Seed = int | list[int]  # of one ground truth's noise draw: numpy takes a list as one seed
 
 
@@ -127,27 +148,41 @@ class Extension:
     piece: str
 
 
+@dataclass(frozen=True)
+class DagSegment:
+    """What ``Dag`` needs of a planned segment: its FLOPs over its tokens, its parents and where it starts/ends."""
+
+    flops: float
+    tokens: int
+    parents: tuple[str, ...]
+    start: int
+    end: int
+
+
 class Dag:
     """The planned DAG's FLOPs: what a set of observations costs, each ancestor charged up to where it is needed."""
 
-    def __init__(self, p: Plan) -> None:
-        self.segments = {s.id: s for s in p.segments}
-        self.full = p.total_flops
+    def __init__(self, segments: dict[str, DagSegment], full: float) -> None:
+        self.segments, self.full = segments, full
+
+    @classmethod
+    def of_plan(cls, p: Plan) -> Dag:
+        return cls({s.id: DagSegment(s.flops, s.tokens, tuple(s.spec.parent_ids), s.spec.start_tokens,
+                                     s.spec.end_tokens) for s in p.segments}, p.total_flops)
 
     def cost(self, segments: set[str]) -> float:
         needed: dict[str, int] = {}
-        stack = [(s, None) for s in segments]
+        stack: list[tuple[str, DagSegment | None]] = [(s, None) for s in segments]
         while stack:
             sid, child = stack.pop()
             seg = self.segments[sid]
-            span = seg.spec.end_tokens - seg.spec.start_tokens
-            need = span
-            if child is not None and seg.spec.start_tokens < child.spec.start_tokens < seg.spec.end_tokens:
-                need = child.spec.start_tokens - seg.spec.start_tokens  # a branch needs its trunk only to there
+            need = seg.end - seg.start
+            if child is not None and seg.start < child.start < seg.end:
+                need = child.start - seg.start  # a branch needs its trunk only to there
             if needed.get(sid, -1) >= need:
                 continue
             needed[sid] = need
-            stack.extend((parent, seg) for parent in seg.spec.parent_ids)
+            stack.extend((parent, seg) for parent in seg.parents)
         return sum(self.segments[s].flops * n / max(self.segments[s].tokens, 1) for s, n in needed.items()
                    if self.segments[s].tokens)
 
@@ -196,14 +231,17 @@ def draw_truths(n: int, target: float, rng: np.random.Generator) -> list[tuple[d
 class Fitter:
     """The one fitter every method uses: least squares on log loss with E fixed, warm-started per law."""
 
-    def __init__(self) -> None:
-        nominal = {"moe": TABLE2["moe"], "up": TABLE2["upcycled"]}
-        self.theta = {k: np.array([LAW[k].param(n).to_fitted(nominal[k][n]) for n in FREE[k]]) for k in LAW}
+    def __init__(self, e: float = E, nominal: dict[str, dict[str, float]] | None = None) -> None:
+        """``e``: the fixed E; ``nominal``: each law's start (Table 2's by default), where a diverged fit restarts."""
+        self.e = e
+        nominal = nominal or {"moe": TABLE2["moe"], "up": TABLE2["upcycled"]}
+        self.nominal = {k: np.array([LAW[k].param(n).to_fitted(nominal[k][n]) for n in FREE[k]]) for k in LAW}
+        self.theta = {k: v.copy() for k, v in self.nominal.items()}
         self.params: dict[str, dict[str, float]] = {}
         self.residuals: dict[str, np.ndarray] = {}
 
     def to_params(self, law: str, theta: np.ndarray) -> dict[str, float]:
-        return {"E": E, **{n: LAW[law].param(n).to_user(v) for n, v in zip(FREE[law], theta, strict=True)}}
+        return {"E": self.e, **{n: LAW[law].param(n).to_user(v) for n, v in zip(FREE[law], theta, strict=True)}}
 
     def fit(self, law: str, tab: dict[str, np.ndarray], y: np.ndarray, start: np.ndarray | None = None,
             weights: np.ndarray | None = None) -> float:
@@ -224,7 +262,7 @@ class Fitter:
         x0 = self.theta[law] if start is None else start
         with np.errstate(all="ignore"):
             if not np.all(np.isfinite(resid(x0))):  # a diverged start: back to the nominal law
-                x0 = Fitter().theta[law]
+                x0 = self.nominal[law]
             r = least_squares(resid, x0, jac=jac, x_scale="jac", max_nfev=200)
             if np.all(np.isfinite(r.x)) and np.all(np.isfinite(resid(r.x))):
                 self.theta[law] = r.x
@@ -246,11 +284,16 @@ class State:
     criterion: DstarCriterion | None = None
     noise: tuple[float, float] = (NOISE, NOISE)
     curves: bool = False  # whether bought curves predict decay ends (upscale_curves)
+    offgrid: bool = False  # and decay ends off the grid's budgets along the trained trunk parts
+    stopping: bool = False  # whether trunks that cannot move D* are stopped (re-examined every round)
+    rule: StopRule = StopRule()
+    log: list[tuple[tuple[str, ...], frozenset[str]]] = field(default_factory=list)  # each purchase (segments) and
+    # the trunks stopped when it was made
     pieces: set[str] = field(default_factory=set)  # trunk pieces bought without a decay at their end
     predicted: dict[str, float] = field(default_factory=dict)  # decay segment -> its predicted end loss
     sd_pred: dict[str, float] = field(default_factory=dict)  # family (law) -> its predictions' held-out sd
-    stopped: set[str] = field(default_factory=set)  # trunks that cannot move D*: never extended or branched
-    stopped_flops: float = 0.0  # what buying the rest of them would have cost when they stopped
+    stopped: set[str] = field(default_factory=set)  # trunks that cannot move D* now: not extended or branched
+    stopped_flops: float = 0.0  # what buying the rest of them would cost now
 
     def have(self) -> set[str]:
         return {q.segment for q in self.bought} | self.pieces
@@ -260,7 +303,7 @@ class Sim:
     """One ground truth: its noisy pool, the DAG costs and the shared fit/interval machinery."""
 
     def __init__(self, p: Plan, truth: tuple[dict, dict, float, str], target: float, seed: Seed) -> None:
-        self.dag, self.pool, self.target = Dag(p), pool_of(p), target
+        self.dag, self.pool, self.target = Dag.of_plan(p), pool_of(p), target
         self.true = {"moe": truth[0], "up": truth[1]}
         self.true_dstar = truth[2]
         rng = np.random.default_rng(seed)
@@ -273,13 +316,30 @@ class Sim:
         self.by_segment = {q.segment: q for q in self.pool}
         self.curves = CurveSim(p, self.end_loss, effect, self.y, GAIN_AT_1E9 * math.exp(rng.normal(0, 0.2)),
                                np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0]), NOISE)
+        self.virtual = self.offgrid_points()
         self.pilot = self._pilot()
+        self.budgets = BUDGETS
         self.oracle = Fitter()
         self.oracle.params = {k: dict(v) for k, v in self.true.items()}
         _, grad = dstar_gradient(FittedLaw(LAW["moe"], self.true["moe"]), FittedLaw(LAW["up"], self.true["up"]),
                                  target, FREE["moe"], FREE["up"])
         self.oracle_criterion = DstarCriterion(grad, self.rows(self.oracle, []), Noise(NOISE, NOISE))
         self.run_cost = {q.segment: self.dag.cost({q.segment}) for q in self.pool}
+
+    def offgrid_points(self) -> dict[str, Point]:
+        """The off-grid decays the curves predict, as points of their trunk's law (never in the pool: nothing can
+        buy them, a design only learns their predicted loss)."""
+        out = {}
+        for t, decays in self.curves.offgrid.items():
+            q = next(q for q in self.pool if q.trunk == t)
+            for key, _, _ in decays:
+                coords = {**q.coords, "D" if q.law == "moe" else "D2": float(self.curves.offgrid_tokens(key))}
+                out[key] = Point(q.law, coords, t, key)
+        return out
+
+    def point(self, key: str) -> Point:
+        """A decay of the pool or an off-grid one, by its segment or key."""
+        return self.by_segment.get(key) or self.virtual[key]
 
     def end_loss(self, trunk: str, tokens: float) -> float:
         """The truth's loss at the end of a decay at ``tokens`` on ``trunk`` (its size and D1 held)."""
@@ -320,7 +380,7 @@ class Sim:
         """Rows of decays predicted from curves, with their family's held-out sd (none where it has no sd)."""
         out = {}
         for k in LAW:
-            mine = [self.by_segment[s] for s in segments if self.by_segment[s].law == k and k in sd_pred]
+            mine = [self.point(s) for s in segments if self.point(s).law == k and k in sd_pred]
             if not mine:
                 out[k] = Rows.empty(len(FREE[k]))
                 continue
@@ -342,7 +402,7 @@ class Sim:
             pred, losses = self.curves.predictions(k, have)
             if pred is not None and pred.usable:
                 state.sd_pred[k] = pred.sd
-                state.predicted.update(losses)
+                state.predicted.update({d: v for d, v in losses.items() if state.offgrid or d in self.by_segment})
 
     def refit(self, state: State, laws: set[str], start: dict[str, np.ndarray] | None = None) -> None:
         if state.curves:
@@ -352,9 +412,9 @@ class Sim:
                 laws = set(LAW)
         for k in laws:
             mine = [q for q in state.bought if q.law == k]
-            guessed = [s for s in state.predicted if self.by_segment[s].law == k]
+            guessed = [s for s in state.predicted if self.point(s).law == k]
             w = prediction_weight(state.noise[0], state.sd_pred[k]) if guessed else 1.0
-            state.fitter.fit(k, table(mine + [self.by_segment[s] for s in guessed], k),
+            state.fitter.fit(k, table(mine + [self.point(s) for s in guessed], k),
                              np.array([self.y[q.segment] for q in mine] + [state.predicted[s] for s in guessed]),
                              None if start is None else start.get(k),
                              np.concatenate([np.ones(len(mine)), np.full(len(guessed), w)]))
@@ -375,11 +435,35 @@ class Sim:
         state.sd = state.criterion.sd() if crossing else float("inf")
 
     def gap_gradient(self, f: Fitter) -> np.ndarray:
-        d = np.array([max(BUDGETS)])
+        d = np.array([max(self.budgets)])
         lm, jm = log_loss_jacobian(LAW["moe"], f.params["moe"], {"D": d, "N": np.full(1, self.target)}, FREE["moe"])
         lu, ju = log_loss_jacobian(LAW["up"], f.params["up"], {"D1": d, "D2": d, "N1": np.full(1, self.target)},
                                    FREE["up"])
         return np.concatenate([lm[0] * jm[0], -lu[0] * ju[0]])
+
+    def plausible(self, state: State, k: int, rng: np.random.Generator) -> list[tuple[Fitter, DstarCriterion | None]]:
+        """``k`` fits drawn from the current one's sampling distribution (each law's θ̂ plus a draw of its
+        least-squares covariance under the design's rows and noise), each with its criterion; None where the drawn
+        laws do not cross (nothing can be said to be out of D*'s reach there)."""
+        rows = self.design_rows(state.fitter, state)
+        noise = state.criterion.noise
+        covs = {k_: least_squares_covariance(rows[k_], noise.point_sd, noise.trunk_sd) for k_ in LAW}
+        out: list[tuple[Fitter, DstarCriterion | None]] = []
+        for _ in range(k):
+            f = self.fitter()
+            for law in LAW:
+                if not np.all(np.isfinite(covs[law])):
+                    return []
+                theta = rng.multivariate_normal(state.fitter.theta[law], covs[law], check_valid="ignore")
+                f.params[law] = f.to_params(law, theta)
+            _, grad = dstar_gradient(FittedLaw(LAW["moe"], f.params["moe"]), FittedLaw(LAW["up"], f.params["up"]),
+                                     self.target, FREE["moe"], FREE["up"])
+            out.append((f, None if grad is None else DstarCriterion(grad, self.design_rows(f, state), noise)))
+        return out
+
+    def fitter(self) -> Fitter:
+        """A fresh fit with this case's E and start (the oracle's E: the truth's, or the replay's shared fit's)."""
+        return Fitter(self.oracle.e)
 
     def width(self, bought: list[Point], state: State | None = None) -> float:
         """The 80% width of log D* that a design gives at the true laws and noise (its predicted rows with the sd
@@ -401,12 +485,12 @@ class Sim:
         observed = {}
         for k in LAW:
             mine = [q for q in state.bought if q.law == k]
-            guessed = [s for s in state.predicted if self.by_segment[s].law == k]
+            guessed = [s for s in state.predicted if self.point(s).law == k]
             extra = np.concatenate([np.zeros(len(mine)), np.full(len(guessed), state.sd_pred.get(k, 0.0) ** 2)])
             observed[k] = Observed(LAW[k], state.fitter.params[k], FREE[k],
-                                   table(mine + [self.by_segment[s] for s in guessed], k),
+                                   table(mine + [self.point(s) for s in guessed], k),
                                    np.array([self.y[q.segment] for q in mine] + [state.predicted[s] for s in guessed]),
-                                   tuple(q.trunk for q in mine) + tuple(self.by_segment[s].trunk for s in guessed),
+                                   tuple(q.trunk for q in mine) + tuple(self.point(s).trunk for s in guessed),
                                    extra)
         interval = profile_interval(observed["moe"], observed["up"], self.target, state.criterion.noise,
                                     state.criterion.quantile(0.8), 0.8)
@@ -474,7 +558,7 @@ def choose_upscale_curves(sim: Sim, state: State, left: list[Point],
     def rows_of(a: tuple[Point, ...] | Extension) -> dict[str, Rows]:
         after = have | bought_by(a)
         newly = [d for t in {sim.by_segment[s].trunk if s in sim.by_segment else a.trunk for s in bought_by(a)}
-                 for d in sim.curves.predictable(t, sim.curves.trained(t, after))
+                 for d in sim.curves.predictable(t, sim.curves.trained(t, after), state.offgrid)
                  if d not in after and d not in state.predicted]
         observed = sim.rows(state.fitter, [] if isinstance(a, Extension) else list(a))
         guessed = sim.predicted_rows(state.fitter, newly, state.sd_pred)
@@ -487,20 +571,24 @@ def choose_upscale_curves(sim: Sim, state: State, left: list[Point],
     return steps[0].action if isinstance(steps[0].action, Extension) else list(steps[0].action)
 
 
-def stop_trunks(sim: Sim, state: State, left: list[Point]) -> None:
-    """Stop every started trunk none of whose remaining decays (all observed at once) can narrow D*'s interval, once
-    the fit pins D* down well enough (sd of log D* below STOP_AFTER_SD) for its gradient to say where D* is sensitive:
-    a stop is for good, and a pilot's fit may point anywhere."""
-    if not state.sd <= STOP_AFTER_SD:
+def stop_trunks(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> None:
+    """Re-examined every round: a started trunk is stopped while all its remaining decays at once cannot narrow D*'s
+    interval (`can_move`) at the fit AND at each of the rule's parameter draws from the fit's covariance, and resumed
+    as soon as a refit says it can again (its marginal FLOPs are the DAG's either way); see `StopRule`."""
+    rule = state.rule
+    state.stopped, state.stopped_flops = set(), 0.0
+    if not state.sd <= rule.after_sd:
         return
     have = state.have()
-    for t, lay in sim.curves.layout.items():
-        rest = [q for q in left if q.trunk == t]
-        if t in state.stopped or not rest or not sim.curves.trained(t, have):
-            continue
-        if not can_move(state.criterion, sim.rows(state.fitter, rest)):
+    rests = {t: [q for q in left if q.trunk == t] for t in sim.curves.layout}
+    rests = {t: rest for t, rest in rests.items() if rest and sim.curves.trained(t, have)}
+    if not rests:
+        return
+    views = [(state.fitter, state.criterion), *sim.plausible(state, rule.draws, rng)]
+    for t, rest in rests.items():
+        if all(c is not None and not can_move(c, sim.rows(f, rest), rule.gain) for f, c in views):
             state.stopped.add(t)
-            state.stopped_flops += sim.cost_segments(have, {q.segment for q in rest} | {p for p, _, _ in lay.pieces})
+            state.stopped_flops += sim.cost_segments(have, {q.segment for q in rest})
 
 
 def _laplace_components(sim: Sim, state: State) -> list[tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]]:
@@ -508,10 +596,10 @@ def _laplace_components(sim: Sim, state: State) -> list[tuple[float, dict[str, n
     with its Laplace covariance s²(JᵀJ)⁻¹ and a weight from its likelihood; duplicates merged."""
     comps = []
     base = {k: state.fitter.theta[k].copy() for k in LAW}
-    starts = [base, {k: Fitter().theta[k] for k in LAW}, {k: base[k] * 1.05 for k in LAW}]
+    starts = [base, {k: state.fitter.nominal[k] for k in LAW}, {k: base[k] * 1.05 for k in LAW}]
     s2 = max(state.noise[0] ** 2 + state.noise[1] ** 2, 1e-12)
     for start in starts:
-        f = Fitter()
+        f = sim.fitter()
         sse = 0.0
         covs, thetas = {}, {}
         for k in LAW:
@@ -530,7 +618,7 @@ def _laplace_components(sim: Sim, state: State) -> list[tuple[float, dict[str, n
 
 
 def _target_rows(sim: Sim, params: dict[str, dict[str, float]]) -> dict[str, np.ndarray]:
-    d = np.geomspace(min(BUDGETS) / 2, max(BUDGETS) * 2, 8)
+    d = np.geomspace(min(sim.budgets) / 2, max(sim.budgets) * 2, 8)
     n = np.full(d.shape, sim.target)
     return {"moe": log_loss_jacobian(LAW["moe"], params["moe"], {"D": d, "N": n}, FREE["moe"])[1],
             "up": log_loss_jacobian(LAW["up"], params["up"], {"D1": d, "D2": d, "N1": n}, FREE["up"])[1]}
@@ -558,7 +646,7 @@ def anchor_chooser(marginal: bool) -> Chooser:
     return choose
 
 
-CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, "upscale_curves": choose_upscale_curves,
+CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, **{m: choose_upscale_curves for m in CURVE_METHODS},
                                 "anchor": anchor_chooser(False),
                                 "anchor_marginal": anchor_chooser(True), "random": choose_random,
                                 "cost_random": choose_cost_random, "cheapest": choose_cheapest}
@@ -572,12 +660,22 @@ class Outcome:
     error_at: dict[str, float]  # log10 error of D̂* after 10% and 20% of the full FLOPs
     predicted_share: float = math.nan  # of D*'s precision, resting on predicted decays where it got there
     stopped: int = 0  # trunks stopped by then
-    stopped_flops: float = 0.0  # what the rest of them would have cost, over the full grid's FLOPs
+    stopped_flops: float = 0.0  # what the rest of them would have cost, over the full grid's FLOPs (grid_stop: what
+    # its stops saved in all, the full grid's FLOPs less what it spent by its end)
+    spent_total: float = math.nan  # grid_stop: all it spent by its end, over the full grid's FLOPs
+
+
+def stop_rng(seed: Seed) -> np.random.Generator:
+    """The parameter draws of `stop_trunks`: a stream of their own, so that stopping leaves the choosers' alone."""
+    return np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
 
 
 def run_method(sim: Sim, name: str, width_full: float, seed: Seed) -> Outcome:
-    rng = np.random.default_rng(seed)
-    state = State(list(sim.pilot), Fitter(), curves=name == "upscale_curves")
+    if name == "grid_stop":
+        return run_grid_stop(sim, width_full, seed)
+    rng, draws = np.random.default_rng(seed), stop_rng(seed)
+    offgrid, stopping = CURVE_METHODS.get(name, (False, False))
+    state = State(list(sim.pilot), sim.fitter(), curves=name in CURVE_METHODS, offgrid=offgrid, stopping=stopping)
     state.spent = sim.cost([], state.bought)
     sim.refit(state, set(LAW), None)
     left = [q for q in sim.pool if q not in set(state.bought)]
@@ -593,12 +691,14 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed) -> Outcome:
     while True:
         if reached is None and sim.width(state.bought, state) <= width_full * SLACK:
             reached = outcome(state.spent / full)
-        if state.curves:
-            stop_trunks(sim, state, left)
-            left = [q for q in left if q.trunk not in state.stopped]
-        if (reached is not None and state.spent >= 0.2 * full) or not left:
+        if state.stopping:
+            stop_trunks(sim, state, left, draws)
+        live = [q for q in left if q.trunk not in state.stopped]
+        if (reached is not None and state.spent >= 0.2 * full) or not live:
             break
-        picked = CHOOSERS[name](sim, state, left, rng)
+        picked = CHOOSERS[name](sim, state, live, rng)
+        state.log.append(((picked.piece,) if isinstance(picked, Extension) else tuple(q.segment for q in picked),
+                          frozenset(state.stopped)))
         if isinstance(picked, Extension):
             state.spent += sim.cost_segments(state.have(), {picked.piece})
             state.pieces.add(picked.piece)
@@ -615,6 +715,50 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed) -> Outcome:
     if reached is None:
         reached = outcome(1.0)
     return reached
+
+
+def path_tokens(q: Point) -> float:
+    """Tokens from the start of the DAG to the end of ``q``'s decay: the order a scheduler finishes the grid in."""
+    return q.coords["D"] if q.law == "moe" else q.coords["D1"] + q.coords["D2"]
+
+
+def run_grid_stop(sim: Sim, width_full: float, seed: Seed, rule: StopRule = StopRule(),
+                  log: list | None = None) -> Outcome:
+    """The user who runs the full planned grid, its observations in the order a scheduler finishes them (by the
+    tokens on their path, the smaller sizes first), with curves and their off-grid rows, refitting after each wave
+    of equal path tokens and stopping the trunks `stop_trunks` says cannot move D* (re-examined every wave: a
+    resumed trunk's skipped decays are bought in the next wave). It ends when the grid is spent or stopped.
+    ``log``: a list to fill with each wave's purchase and the trunks stopped then (`State.log`)."""
+    draws = stop_rng(seed)
+    state = State([], sim.fitter(), curves=True, offgrid=True, stopping=True, rule=rule,
+                  log=[] if log is None else log)
+    full = sim.dag.full
+    order = sorted(sim.pool, key=lambda q: (path_tokens(q), q.coords.get("N", q.coords.get("N1")), q.segment))
+    waves = sorted({path_tokens(q) for q in order})
+    reached: Outcome | None = None
+    errors = {"0.1": ERROR_CAP, "0.2": ERROR_CAP}
+    for wave in waves:
+        bought = set(state.bought)
+        picked = [q for q in order if path_tokens(q) <= wave and q not in bought and q.trunk not in state.stopped]
+        if not picked:
+            continue
+        state.spent += sim.cost(state.bought, picked)
+        state.bought += picked
+        state.log.append((tuple(q.segment for q in picked), frozenset(state.stopped)))
+        sim.refit(state, set(LAW))
+        for f in errors:
+            if state.spent <= float(f) * full:
+                errors[f] = sim.error(state)
+        if reached is None and sim.width(state.bought, state) <= width_full * SLACK:
+            reached = Outcome(state.spent / full, sim.covers(state), sim.covers_delta(state), dict(errors),
+                              sim.at_truth(state.bought, state).predicted_share(), len(state.stopped))
+        stop_trunks(sim, state, [q for q in sim.pool if q not in set(state.bought)], draws)
+    total = state.spent / full
+    if reached is None:
+        reached = Outcome(1.0, sim.covers(state), sim.covers_delta(state), errors,
+                          sim.at_truth(state.bought, state).predicted_share(), len(state.stopped))
+    return Outcome(reached.fraction, reached.covered, reached.covered_delta, reached.error_at,
+                   reached.predicted_share, reached.stopped, 1.0 - total, total)
 
 
 def noise_seed(seed: int, truth: int, draw: int) -> Seed:
@@ -636,6 +780,7 @@ class Case:
     index: int
     draw: int
     seed: Seed
+    methods: tuple[str, ...] = METHODS
 
 
 @dataclass(frozen=True)
@@ -653,7 +798,7 @@ def run_case(case: Case) -> CaseResult:
     ref = State(list(sim.pool), Fitter())
     sim.refit(ref, set(LAW))
     width_full = sim.width(sim.pool)
-    outcomes = {m: run_method(sim, m, width_full, seed=case.seed) for m in METHODS}
+    outcomes = {m: run_method(sim, m, width_full, seed=case.seed) for m in case.methods}
     line = "  ".join([f"truth {case.index + 1:2d} draw {case.draw} ({case.truth[3]:7s} D*={case.truth[2]:.3g}): "
                       f"full width {width_full:.3f}"]
                      + [f"{m} {o.fraction:.3f}{'' if o.covered else '!'}" for m, o in outcomes.items()])
@@ -668,6 +813,23 @@ def coverage(covered: list[bool], truths: int) -> tuple[float, float]:
     return float(np.mean(covered)), se
 
 
+def goals(fraction: dict[str, float], covered: dict[str, float]) -> dict[str, bool]:
+    """The issues' goals, for the methods that ran: today's design within 0.30 of the full FLOPs and 0.6x the
+    anchor's; the curve-aware ones (and grid_stop) within 0.08; all with coverage of at least 0.75."""
+    out = {}
+    anchors = [fraction[a] for a in ("anchor", "anchor_marginal") if a in fraction]
+    if "upscale" in fraction:
+        out["upscale_le_0.30"] = fraction["upscale"] <= 0.30
+        if anchors:
+            out["upscale_le_0.6x_anchor"] = fraction["upscale"] <= 0.6 * min(anchors)
+        out["coverage_ge_0.75"] = covered["upscale"] >= 0.75
+    for m in [*CURVE_METHODS, "grid_stop"]:
+        if m in fraction:
+            out[f"{m}_le_0.08"] = fraction[m] <= 0.08
+            out[f"{m}_coverage_ge_0.75"] = covered[m] >= 0.75
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0, help="seed of the ground-truth draws and the noise")
@@ -678,45 +840,49 @@ def main(argv: list[str] | None = None) -> dict:
                          "draws; with one draw, coverage over 20 truths is only good to about +-0.09")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes running cases side by side")
     ap.add_argument("--json", type=str, default=None, help="also write the figures to this file")
+    ap.add_argument("--methods", type=str, default=",".join(METHODS), help="comma-separated methods to run")
     args = ap.parse_args(argv)
+    methods = tuple(args.methods.split(","))
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        ap.error(f"unknown method(s) {sorted(unknown)}: choose from {', '.join(METHODS)}")
     n = args.truths or (3 if args.quick else 20)
     draws = args.draws or (1 if args.quick else 5)
     t0 = time.perf_counter()
     p = grid_plan()
     target = float(max(s.observation.N1 for s in p.observations()))
     truths = draw_truths(n, target, np.random.default_rng(args.seed))
-    cases = [Case(truth, i, r, noise_seed(args.seed, i, r)) for r in range(draws) for i, truth in enumerate(truths)]
+    cases = [Case(truth, i, r, noise_seed(args.seed, i, r), methods) for r in range(draws)
+             for i, truth in enumerate(truths)]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, len(cases)))) as pool:
         results = []
         for result in pool.map(run_case, cases):
             print(result.line, file=sys.stderr, flush=True)
             results.append(result)
-    per = {m: [r.outcomes[m] for r in results] for m in METHODS}
-    covered = {**{m: [o.covered for o in per[m]] for m in METHODS}, "full_grid": [r.full_covered for r in results]}
-    covered_delta = {**{m: [o.covered_delta for o in per[m]] for m in METHODS},
+    per = {m: [r.outcomes[m] for r in results] for m in methods}
+    covered = {**{m: [o.covered for o in per[m]] for m in methods}, "full_grid": [r.full_covered for r in results]}
+    covered_delta = {**{m: [o.covered_delta for o in per[m]] for m in methods},
                      "full_grid": [r.full_covered_delta for r in results]}
     shares = {m: coverage(c, n) for m, c in covered.items()}
+    curved = [m for m in methods if m in CURVE_METHODS or m == "grid_stop"]
     figures = {
-        "fraction_of_full_flops": {m: float(np.median([o.fraction for o in per[m]])) for m in METHODS},
+        "fraction_of_full_flops": {m: float(np.median([o.fraction for o in per[m]])) for m in methods},
         "coverage_80": {m: share for m, (share, _) in shares.items()},
         "coverage_80_se": {m: se for m, (_, se) in shares.items()},
         "coverage_80_by_draw": {m: [float(np.mean(c[r * n:(r + 1) * n])) for r in range(draws)]
                                 for m, c in covered.items()},
         "coverage_80_delta": {m: coverage(c, n)[0] for m, c in covered_delta.items()},
-        "log10_dstar_error_at": {f: {m: float(np.median([o.error_at[f] for o in per[m]])) for m in METHODS}
+        "log10_dstar_error_at": {f: {m: float(np.median([o.error_at[f] for o in per[m]])) for m in methods}
                                  for f in ("0.1", "0.2")},
-        "predicted_share": float(np.nanmedian([o.predicted_share for o in per["upscale_curves"]])),
-        "stopped_trunks": float(np.mean([o.stopped for o in per["upscale_curves"]])),
-        "stopped_flops": float(np.median([o.stopped_flops for o in per["upscale_curves"]])),
+        "predicted_share": {m: float(np.nanmedian([o.predicted_share for o in per[m]])) for m in curved},
+        "stopped_trunks": {m: float(np.mean([o.stopped for o in per[m]])) for m in curved},
+        "stopped_flops": {m: float(np.median([o.stopped_flops for o in per[m]])) for m in curved},
+        "grid_stop_spent": (float(np.median([o.spent_total for o in per["grid_stop"]]))
+                            if "grid_stop" in per else None),
         "truths": n, "draws": draws, "seed": args.seed, "full_flops": p.total_flops, "pool": len(pool_of(p)),
         "target_n1": target, "seconds": round(time.perf_counter() - t0, 1),
     }
-    best_anchor = min(figures["fraction_of_full_flops"][a] for a in ("anchor", "anchor_marginal"))
-    up = figures["fraction_of_full_flops"]["upscale"]
-    figures["goals"] = {"upscale_le_0.30": up <= 0.30, "upscale_le_0.6x_anchor": up <= 0.6 * best_anchor,
-                        "coverage_ge_0.75": figures["coverage_80"]["upscale"] >= 0.75,
-                        "curves_le_0.08": figures["fraction_of_full_flops"]["upscale_curves"] <= 0.08,
-                        "curves_coverage_ge_0.75": figures["coverage_80"]["upscale_curves"] >= 0.75}
+    figures["goals"] = goals(figures["fraction_of_full_flops"], figures["coverage_80"])
     print(json.dumps(figures, indent=2))
     if args.json:
         with open(args.json, "w") as fh:

@@ -17,6 +17,7 @@ bought, so nothing is refitted until new curve data arrive.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,18 +54,40 @@ class Layout:
         return next(i + 1 for i, (_, _, end) in enumerate(self.pieces) if end >= tokens)
 
 
-def layouts(p: Plan) -> dict[str, Layout]:
+@dataclass(frozen=True)
+class Piece:
+    """A planned segment as the curves need it: a bench's own plan (`plan_pieces`) or an exported one's."""
+
+    id: str
+    kind: str
+    start: int
+    end: int
+    trunk: str
+
+
+def plan_pieces(p: Plan) -> list[Piece]:
+    return [Piece(s.id, s.spec.kind, s.spec.start_tokens, s.spec.end_tokens, s.trunk) for s in p.segments]
+
+
+def layouts(segments: list[Piece]) -> dict[str, Layout]:
     out: dict[str, Layout] = {}
-    by_trunk: dict[str, list] = {}
-    for s in p.segments:
-        if s.spec.kind in TRUNK_KINDS + DECAY_KINDS:
+    by_trunk: dict[str, list[Piece]] = {}
+    for s in segments:
+        if s.kind in TRUNK_KINDS + DECAY_KINDS:
             by_trunk.setdefault(s.trunk, []).append(s)
     for trunk, segs in by_trunk.items():
-        pieces = sorted((s.id, s.spec.start_tokens, s.spec.end_tokens) for s in segs if s.spec.kind in TRUNK_KINDS)
-        decays = {s.id: (s.spec.start_tokens, s.spec.end_tokens) for s in segs if s.spec.kind in DECAY_KINDS}
-        family = "up" if segs[0].spec.kind.startswith("moe") else "moe"
+        pieces = sorted((s.id, s.start, s.end) for s in segs if s.kind in TRUNK_KINDS)
+        decays = {s.id: (s.start, s.end) for s in segs if s.kind in DECAY_KINDS}
+        family = "up" if segs[0].kind.startswith("moe") else "moe"
         out[trunk] = Layout(trunk, family, tuple(sorted(pieces, key=lambda x: x[1])), decays)
     return out
+
+
+def offgrid_ends(budgets: list[int], warmup: int) -> list[int]:
+    """Off-grid decay ends a trained trunk's curve predicts besides the grid's (in curve steps): the geometric
+    midpoints of consecutive budgets, and one between twice the warmup and the first budget."""
+    anchors = [2 * warmup, *sorted(budgets)]
+    return [round(math.sqrt(a * b)) for a, b in itertools.pairwise(anchors) if b > a]
 
 
 def units(p: Plan, tokens: int) -> int:
@@ -87,7 +110,8 @@ class CurveSim:
     def __init__(self, p: Plan, end_loss: Callable[[str, float], float], effect: Mapping[str, float],
                  observed: Mapping[str, float], gain: float, rng: np.random.Generator, noise: float) -> None:
         self.p = p
-        self.layout = layouts(p)
+        self.layout = layouts(plan_pieces(p))
+        self.unit = p.segments[0].spec.tokens_per_step * STEP  # tokens per curve step
         sched = p.segments[0].spec.schedule
         if sched.final_lr_fraction != FINAL:
             raise ValueError(f"the grid decays to {sched.final_lr_fraction} of the peak LR; the curves know {FINAL}")
@@ -125,9 +149,27 @@ class CurveSim:
                 loss = np.exp(log_loss + effect[t] + rng.normal(0, noise, at.size))
                 loss[-1] = observed[sid]  # the decay's end is the observation itself
                 self.decay_curves[sid] = Curve(lr, at, loss)
+        self.offgrid = self.offgrid_decays(sched.decay_fraction)
+
+    def offgrid_decays(self, fraction: float) -> dict[str, list[tuple[str, int, int]]]:
+        """Each trunk's off-grid decays (key, branch step, end step): `offgrid_ends` of its grid's budgets, each
+        decaying over its last ``fraction`` as the planner's decays do."""
+        out = {}
+        for t, lay in self.layout.items():
+            ends = offgrid_ends(sorted({round(e / self.unit) for _, e in lay.decays.values()}), self.warmup)
+            out[t] = [(f"{t}@{e * self.unit}", round(e * (1 - fraction)), e) for e in ends]
+        return out
+
+    def offgrid_tokens(self, key: str) -> int:
+        """The decay end, in tokens, of an off-grid key."""
+        return int(key.rsplit("@", 1)[1])
 
     def lr(self, end: int, decay_start: int | None) -> np.ndarray:
         return schedule(end, self.warmup, decay_start, self.shape)
+
+    def offgrid_lr(self, trunk: str, key: str) -> np.ndarray:
+        _, branch, end = next(x for x in self.offgrid[trunk] if x[0] == key)
+        return self.lr(end, branch)
 
     def trained(self, trunk: str, segments: set[str]) -> int:
         """How many of ``trunk``'s pieces the bought ``segments`` (pieces and decays) have trained."""
@@ -136,15 +178,18 @@ class CurveSim:
         branches = [lay.decays[d][0] for d in lay.decays if d in segments]
         return max([n] + [lay.piece_reaching(b) for b in branches])
 
-    def predictable(self, trunk: str, n_pieces: int) -> list[str]:
-        """The decays of ``trunk`` whose branch point lies on its first ``n_pieces`` pieces."""
+    def predictable(self, trunk: str, n_pieces: int, offgrid: bool = False) -> list[str]:
+        """The decays of ``trunk`` whose branch point lies on its first ``n_pieces`` pieces (with ``offgrid``, its
+        off-grid decays there too: keys `offgrid_decays` names)."""
         lay = self.layout[trunk]
         reach = lay.pieces[n_pieces - 1][2] if n_pieces else -1
-        return [d for d, (b, _) in lay.decays.items() if b <= reach]
+        out = [d for d, (b, _) in lay.decays.items() if b <= reach]
+        return out + [k for k, b, _ in self.offgrid[trunk] if b * self.unit <= reach] if offgrid else out
 
     def predictions(self, family: str, segments: set[str]) -> tuple[CurvePredictions | None, dict[str, float]]:
-        """The family's predicted end of every unobserved decay on its trained parts (segment -> loss), and the
-        predictions' record (None when no trunk of the family is trained), from what ``segments`` bought."""
+        """The family's predicted end of every unobserved decay on its trained parts (segment -> loss; off-grid
+        decays by their keys), and the predictions' record (None when no trunk of the family is trained), from what
+        ``segments`` bought."""
         key_parts, trunks, wanted, ids = [], [], [], []
         for t, lay in self.layout.items():
             if lay.family != family:
@@ -158,9 +203,9 @@ class CurveSim:
             loss = np.concatenate([self.piece_curves[sid][1] for sid, _, _ in lay.pieces[:n]])
             curve = Curve(self.lr(int(at[-1]), None), at, loss)
             trunks.append(TrunkCurves(t, curve, tuple(self.decay_curves[d] for d in decays), family, family))
-            for d in self.predictable(t, n):
+            for d in self.predictable(t, n, offgrid=True):
                 if d not in segments:
-                    wanted.append((t, self.decay_curves[d].lr))
+                    wanted.append((t, self.decay_curves[d].lr if d in lay.decays else self.offgrid_lr(t, d)))
                     ids.append(d)
         if not trunks:
             return None, {}

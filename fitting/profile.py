@@ -226,8 +226,15 @@ class _Walk:
         return best
 
     def bisect(self, inside: float, outside: float, theta: np.ndarray) -> float:
-        """The ℓ between ``inside`` and ``outside`` where ΔQ = q², each refit started from ``inside``'s solution."""
-        return brentq(lambda v: self.excess(v, theta)[0], *sorted((inside, outside)), xtol=1e-3)
+        """The ℓ between ``inside`` and ``outside`` where ΔQ = q², each refit started from ``inside``'s solution.
+        The walk already found ``inside`` inside; where the refit there fails (SLSQP does not meet the crossing
+        again from this start), the edge is ``inside``: the narrower end, since nothing beyond it was shown inside."""
+        def excess(v: float) -> float:
+            return self.excess(v, theta)[0]
+
+        if not excess(inside) < 0:
+            return inside
+        return brentq(excess, *sorted((inside, outside)), xtol=1e-3)
 
     def edge(self, ell0: float, theta0: np.ndarray, direction: int, limit: float) -> float:
         """The ℓ beyond ``ell0`` (inside) in ``direction`` where ΔQ reaches q², or ±inf past ``limit``."""

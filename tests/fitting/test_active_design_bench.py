@@ -1,10 +1,13 @@
 """bench/active_design.py --quick: the JSON the issue specifies, with figures a broken criterion or cost model would
 get wrong (the c-optimal design needs less of the full grid's FLOPs than picking points at random), and the
-curve-aware method's parts: its curves end where the truth's decays end, and it never buys a stopped trunk."""
+curve-aware method's parts: its curves end where the truth's decays end, its off-grid predicted decays lie on bought
+trunk parts and are never bought, it never buys a stopped trunk; bench/demo_replay.py charges the planner's FLOPs
+and grid_stop never spends more than the full grid."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import active_design as bench  # noqa: E402  (bench/ is scripts, not a package)
+import demo_replay  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +41,38 @@ def test_simulated_curves_end_on_the_observed_decays_and_sit_above_them_at_const
             assert curves.piece_curves[piece][1][-1] > decay.loss[-1]  # the decay gains, beyond the noise
 
 
-def test_a_stopped_trunk_is_never_bought(sim: bench.Sim) -> None:
-    state = bench.State(list(sim.pilot), bench.Fitter(), curves=True)
+@pytest.fixture(scope="module")
+def curved(sim: bench.Sim) -> bench.State:
+    """The pilot with its curves' predictions, off-grid decays included."""
+    state = bench.State(list(sim.pilot), sim.fitter(), curves=True, offgrid=True)
     sim.refit(state, set(bench.LAW))
+    return state
+
+
+def test_offgrid_predicted_decays_lie_on_bought_trunk_parts_and_never_join_the_pool(sim: bench.Sim,
+                                                                                   curved: bench.State) -> None:
+    pool = {q.segment for q in sim.pool}
+    assert not pool & set(sim.virtual)
+    offgrid = [k for k in curved.predicted if k not in pool]
+    assert offgrid and all(k in sim.virtual for k in offgrid)
+    have = curved.have()
+    for k in offgrid:
+        t = sim.virtual[k].trunk
+        n = sim.curves.trained(t, have)
+        branch = next(b for key, b, _ in sim.curves.offgrid[t] if key == k)
+        assert n and branch * sim.curves.unit <= sim.curves.layout[t].pieces[n - 1][2]
+        assert sim.virtual[k].coords != next(q for q in sim.pool if q.trunk == t).coords
+    grid_only = bench.State(list(sim.pilot), sim.fitter(), curves=True)
+    sim.refit(grid_only, set(bench.LAW))
+    assert set(grid_only.predicted) == set(curved.predicted) & pool  # the same fits, less the off-grid rows
+    picked = bench.choose_upscale_curves(sim, curved, [q for q in sim.pool if q not in set(curved.bought)],
+                                         np.random.default_rng(0))
+    assert isinstance(picked, bench.Extension) or {q.segment for q in picked} <= pool
+
+
+def test_a_stopped_trunk_is_never_bought(sim: bench.Sim, curved: bench.State) -> None:
+    state = bench.State(list(curved.bought), curved.fitter, curves=True, offgrid=True, predicted=curved.predicted,
+                        sd_pred=curved.sd_pred, criterion=curved.criterion, noise=curved.noise)
     left = [q for q in sim.pool if q not in set(state.bought)]
     rng = np.random.default_rng(0)
 
@@ -55,12 +88,13 @@ def test_a_stopped_trunk_is_never_bought(sim: bench.Sim) -> None:
         p for t in state.stopped for p, _, _ in sim.curves.layout[t].pieces}
 
 
-@pytest.mark.slow  # starts bench/active_design.py as a subprocess: minutes on a 2-core machine
+@pytest.mark.slow  # starts bench/active_design.py as a subprocess: ~10 minutes on a 2-core machine
 def test_quick_bench_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "figures.json"
+    methods = "upscale,upscale_curves,anchor,random,cheapest"  # grid_stop has its own test; the rest cost time
     run = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "bench" / "active_design.py"), "--quick",
-                          "--draws", "2", "--workers", "2", "--json", str(out)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+                          "--draws", "2", "--workers", "2", "--methods", methods, "--json", str(out)],
+                         capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     figures = json.loads(out.read_text())
     assert figures == json.loads(run.stdout)
@@ -77,6 +111,47 @@ def test_quick_bench_writes_the_figures(tmp_path) -> None:
     assert set(figures["coverage_80_delta"]) == set(figures["coverage_80"])  # the delta method's, for comparison
     assert figures["fraction_of_full_flops"]["upscale"] < figures["fraction_of_full_flops"]["random"]
     assert set(figures["goals"]) == {"upscale_le_0.30", "upscale_le_0.6x_anchor", "coverage_ge_0.75",
-                                     "curves_le_0.08", "curves_coverage_ge_0.75"}
-    assert 0 <= figures["predicted_share"] <= 1 and figures["stopped_trunks"] >= 0
-    assert 0 <= figures["stopped_flops"] <= 1
+                                     "upscale_curves_le_0.08", "upscale_curves_coverage_ge_0.75"}
+    assert set(figures["predicted_share"]) == {"upscale_curves"}
+    assert 0 <= figures["predicted_share"]["upscale_curves"] <= 1
+    assert 0 <= figures["stopped_flops"]["upscale_curves"] <= 1 and figures["grid_stop_spent"] is None
+
+
+@pytest.fixture(scope="module")
+def replay() -> demo_replay.Replay:
+    return demo_replay.Replay(json.loads(demo_replay.DATA.read_text()), "naive")
+
+
+def test_the_replay_charges_the_planners_flops_for_what_it_buys(replay: demo_replay.Replay) -> None:
+    data = json.loads(demo_replay.DATA.read_text())
+    segments = {s["key"]: s for s in data["segments"]}
+    n1 = min(q.coords["N1"] for q in replay.pool if q.law == "up")
+    first, second = (next(q for q in replay.pool if q.law == "up" and q.coords == {"D1": 245760.0, "D2": d2,
+                                                                                   "N1": n1})
+                     for d2 in (122880.0, 245760.0))
+    moe_trunk = [s for s in segments.values() if s["trunk"] == first.trunk and s["kind"] == "moe_trunk"]
+    upcycle = segments[next(s for s in moe_trunk if s["start_tokens"] == 0)["parents"][0]]
+    dense_decay = segments[upcycle["parents"][0]]
+    assert (upcycle["kind"], dense_decay["kind"], dense_decay["end_tokens"]) == ("upcycle", "dense_decay", 245760)
+    dense_pieces = [s for s in segments.values() if s["trunk"] == dense_decay["trunk"] and s["kind"] == "dense_trunk"
+                    and s["end_tokens"] <= dense_decay["start_tokens"]]
+    by_hand = sum(s["flops"] for s in [*dense_pieces, dense_decay, upcycle, segments[first.segment]]
+                  + [s for s in moe_trunk if s["end_tokens"] <= segments[first.segment]["start_tokens"]])
+    assert len(dense_pieces) == 2 and replay.cost([], [first]) == pytest.approx(by_hand, rel=1e-12)
+    piece = next(s for s in moe_trunk if s["end_tokens"] == segments[second.segment]["start_tokens"])
+    assert replay.cost([first], [second]) == pytest.approx(piece["flops"] + segments[second.segment]["flops"],
+                                                           rel=1e-12)  # the trunk and dense parts are bought
+    assert len(replay.pool) == 36 and not {q.segment for q in replay.pool} & set(replay.virtual)
+    assert replay.dag.full == pytest.approx(replay.dag.cost({q.segment for q in replay.pool}))
+
+
+@pytest.mark.slow  # ~20 s: grid_stop refits the replay's curves after every wave
+def test_grid_stop_never_buys_a_stopped_trunk_nor_more_than_the_full_grid(replay: demo_replay.Replay) -> None:
+    width = replay.width(replay.pool)
+    eager = bench.StopRule(after_sd=math.inf, gain=0.2, draws=1)  # stops early and often on the demo
+    state_log: list = []
+    outcome = bench.run_grid_stop(replay, width, seed=0, rule=eager, log=state_log)
+    assert 0 < outcome.spent_total <= 1 and outcome.stopped_flops == pytest.approx(1 - outcome.spent_total)
+    assert any(stopped for _, stopped in state_log), "the eager rule should stop some trunk on the demo"
+    for segments, stopped in state_log:
+        assert not {replay.point(s).trunk for s in segments} & stopped

@@ -22,7 +22,7 @@ from upscale.fitting.design import (
 )
 from upscale.fitting.dstar import TOKEN_RANGE, crossings
 from upscale.fitting.laws import get_law
-from upscale.fitting.profile import Observed, ProfileInterval, _Problem, _whitener, profile_interval
+from upscale.fitting.profile import Observed, ProfileInterval, _Problem, _Walk, _whitener, profile_interval
 from upscale.fitting.summary import FittedLaw
 from upscale.fitting.synthetic import TABLE2, design, generate
 
@@ -139,3 +139,19 @@ def test_whitener_counts_a_predicted_rows_extra_variance() -> None:
     extra = np.array([0.0, 1e-4, 0.0, 0.0, 0.0])
     Wp = _whitener(trunks, noise, extra)
     assert np.allclose(Wp.T @ Wp, np.linalg.inv(cov + np.diag(extra)), rtol=1e-9, atol=0)
+
+
+def test_an_edge_whose_inside_refit_fails_stays_at_the_inside_end() -> None:
+    """SLSQP may not meet the crossing again where the walk already was (real demo data did this): the edge is then
+    the inside end, not a bracketing error."""
+    obs = observed(TRUTH, 0.004, seed=1)
+    noise = Noise(0.004, 0.004)
+    problem, theta, q_min = fitted(obs, noise)
+    ell = math.log(problem.dstar(theta))
+    q80 = float(t.ppf(0.9, 20))
+    outside = math.log(profile_interval(obs["moe"], obs["up"], N1, noise, q80, 0.8).hi) + 0.5
+    walk = _Walk(problem, theta, q_min, q80 ** 2)
+    assert ell < walk.bisect(ell, outside, theta) < outside
+    refit = problem.fit_crossing
+    problem.fit_crossing = lambda start, at: (start, math.inf) if at == ell else refit(start, at)
+    assert walk.bisect(ell, outside, theta) == ell
