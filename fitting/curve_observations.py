@@ -45,8 +45,9 @@ SD_PRED = "sd_pred"  # a predicted row's sd of log loss: its family's held-out R
 
 @dataclass(frozen=True)
 class Interior:
-    """A planned decay on the trained part of a trunk, not observed: its row of the observation table (the columns of
-    orchestrator/observations.py's, no loss) and its LR of every step from 1 to its end."""
+    """A decay on the trained part of a trunk with no observation (planned, or between two of the grid's budgets):
+    its row of the observation table (the columns of orchestrator/observations.py's, no loss) and its LR of every
+    step from 1 to its end."""
 
     row: Mapping[str, object]
     lr: np.ndarray
@@ -216,8 +217,8 @@ def _family_rows(family: str, trunks: Sequence[TrunkCurves],
     wanted = [(t, i) for t in trunks for i in t.interior]
     report: dict[str, Any] = {"table": tables[0], "trunks": [t.trunk for t in trunks], "n_predicted": 0}
     if not wanted:
-        return tables[0], [], {**report, "why": "no planned decay on the trained part of its trunks lacks an "
-                                                "observation: nothing to predict"}
+        return tables[0], [], {**report, "why": "no decay to predict on its trunks' trained parts (every "
+                                                "planned one is observed, none lies between two budgets)"}
     got = predict_decay_ends(trunks, [(t.trunk, i.lr) for t, i in wanted], options)
     report |= got.to_json()
     if not got.usable:
