@@ -108,7 +108,7 @@ def test_families_without_predictions_give_no_rows_and_say_why():
     rng = np.random.default_rng(0)
     bare = family(rng, {})
     got = predicted_decays([TrunkCurves(t.trunk, t.curve, table="scratch") for t in bare])
-    assert got.n_rows == 0 and "nothing to predict" in got.families["scratch"]["why"]
+    assert got.n_rows == 0 and "no decay to predict" in got.families["scratch"]["why"]
     mixed = [TrunkCurves(t.trunk, t.curve, table=table, family="f")
              for t, table in zip(bare[:2], ("scratch", "dense"), strict=True)]
     with pytest.raises(FitError, match="belong to one analysis table"):
