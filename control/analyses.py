@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from upscale.control.analysis_jobs import AnalysisJobs
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
-    from upscale.fitting.curve_observations import PredictedDecays
+    from upscale.fitting.curve_observations import TrunkCurves
     from upscale.fitting.dstar import Limits
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
@@ -108,28 +108,27 @@ def observations_hash(tables: dict[str, pd.DataFrame]) -> str:
 
 def analysis_params(n1s: Sequence[float] | None, bootstrap: int, seed: int,
                     decisions: Sequence[tuple[float, float, float]] | None = None,
-                    curves: PredictedDecays | None = None) -> dict[str, Any]:
-    """The parameters as the row keeps and hashes them; with predicted decays, ``curves``: the hash of what was
-    predicted (an analysis without them keeps the parameters, and so the inputs hash, it always had)."""
+                    trunks: Sequence[TrunkCurves] | None = None) -> dict[str, Any]:
+    """The parameters as the row keeps and hashes them; with trunk curves to predict decays from, ``curves``: the
+    hash of those curves (an analysis without them keeps the parameters, and so the inputs hash, it always had)."""
     params = {"n1s": sorted(float(n) for n in n1s) if n1s else None, "bootstrap": int(bootstrap), "seed": int(seed),
               "decisions": [list(map(float, d)) for d in decisions] if decisions else None}
-    if curves is not None:
-        params["curves"] = hashlib.sha256(json.dumps(curves.to_json(), sort_keys=True, default=str)
-                                          .encode()).hexdigest()
+    if trunks:
+        from upscale.fitting.curve_observations import trunks_hash
+
+        params["curves"] = trunks_hash(trunks)
     return params
 
 
-def predicted_for(services: Services, sweep_ids: Sequence[str], curves: bool) -> PredictedDecays | None:
-    """The decay ends the sweeps' trunk curves predict, when asked for (``curves``) and the sweeps have curves."""
+def curve_trunks(services: Services, sweep_ids: Sequence[str], curves: bool) -> list[TrunkCurves] | None:
+    """The sweeps' trunk curves as the decay predictions read them, when asked for (``curves``) and some trunk has a
+    decay on its trained part to predict; reading them is cheap, the predictions are the analysis's work."""
     if not curves:
         return None
     from upscale.control.curves import fitting_trunks, sweep_curves
-    from upscale.fitting.curve_observations import predicted_decays
 
     trunks = fitting_trunks(sweep_curves(services, sweep_ids))
-    if not any(t.interior for t in trunks):  # nothing planned on a trained part lacks its observation
-        return None
-    return predicted_decays(trunks)
+    return trunks if any(t.interior for t in trunks) else None
 
 
 def inputs_hash(observations: str, params: dict[str, Any], refit_owner: str | None = None) -> str:
@@ -182,16 +181,16 @@ class _Work:
     """One analysis's inputs (the tables, their parameters and hash, the unclaimed row) and running it."""
 
     def __init__(self, services: Services, row: AnalysisRecord, tables: dict[str, pd.DataFrame],
-                 decisions: Sequence[tuple[float, float, float]] | None, curves: PredictedDecays | None) -> None:
+                 decisions: Sequence[tuple[float, float, float]] | None, trunks: list[TrunkCurves] | None) -> None:
         self.services, self.row, self.tables, self.decisions = services, row, tables, decisions
-        self.curves = curves
+        self.trunks = trunks
 
     @classmethod
     def read(cls, services: Services, sweep_ids: Sequence[str], n1s: Sequence[float] | None, bootstrap: int,
              seed: int, decisions: Sequence[tuple[float, float, float]] | None,
              tables: dict[str, pd.DataFrame] | None, cache: ObservationCache | None, owner: str,
              trigger: str, curves: bool = True) -> _Work:
-        """Read the sweeps' tables (unless given) and their predicted decays (with ``curves``) and hash the inputs;
+        """Read the sweeps' tables (unless given) and their trunk curves (with ``curves``) and hash the inputs;
         nothing is written."""
         ids = sorted(set(sweep_ids))
         for sweep_id in ids:
@@ -200,14 +199,14 @@ class _Work:
         if not any(len(t) for t in tables.values()):
             raise NotReady(f"sweep {', '.join(ids)} has no finished segments yet: the analysis needs the losses of "
                            f"finished decay segments; it runs by itself when they finish")
-        predicted = predicted_for(services, ids, curves)
-        params = analysis_params(n1s, bootstrap, seed, decisions, predicted)
+        trunks = curve_trunks(services, ids, curves)
+        params = analysis_params(n1s, bootstrap, seed, decisions, trunks)
         observed = observations_hash(tables)
         row = AnalysisRecord(id=uuid.uuid4().hex[:12], sweep_ids=ids, sweep_key=sweep_key(ids),
                              inputs_hash=inputs_hash(observed, params, owner if trigger == "refit" else None),
                              observations_hash=observed, status="running", trigger=trigger, params=params,
                              plots=[], owner=owner)
-        return cls(services, row, tables, decisions, predicted)
+        return cls(services, row, tables, decisions, trunks)
 
     def claim(self) -> AnalysisRecord:
         return _claim(self.services.store, self.row)
@@ -215,11 +214,13 @@ class _Work:
     def run(self, record: AnalysisRecord, workers: int, progress: Progress | None) -> AnalysisRecord:
         """Run the claimed ``record``, end it done or failed (never left `running`) and log it to MLflow."""
         from upscale.fitting.analysis import analyze
+        from upscale.fitting.curve_observations import predicted_decays
 
         services, params = self.services, record.params
         try:
+            predicted = predicted_decays(self.trunks) if self.trunks else None
             analysis = analyze(self.tables, params["n1s"], self.decisions, params["bootstrap"], params["seed"],
-                               workers, progress, sweep_limits(services, record.sweep_ids), curves=self.curves)
+                               workers, progress, sweep_limits(services, record.sweep_ids), curves=predicted)
             folder = analysis_dir(services.settings.home, record.id)
             drawn = _draw(analysis, self.tables, folder)
             _finish(services.store, record, status="done",

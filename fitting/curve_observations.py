@@ -24,6 +24,8 @@ each by ``prediction_weight`` (fitting/analysis.py).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -226,6 +228,19 @@ def _family_rows(family: str, trunks: Sequence[TrunkCurves],
     rows = [{**i.row, LOSS: float(loss), TRUNK: t.trunk, SOURCE: PREDICTED, SD_PRED: got.sd}
             for (t, i), loss in zip(wanted, got.losses, strict=True) if math.isfinite(loss)]
     return tables[0], rows, {**report, "n_predicted": len(rows)}
+
+
+def trunks_hash(trunks: Sequence[TrunkCurves]) -> str:
+    """sha256 of everything the predictions read from ``trunks`` (curves, decays, schedules, the rows to predict):
+    equal curves, equal predictions, so an analysis's inputs hash can stand on the curves without predicting."""
+    h = hashlib.sha256()
+    for t in trunks:
+        h.update(json.dumps([t.trunk, t.table, t.family, [dict(i.row) for i in t.interior]], sort_keys=True,
+                            default=str).encode())
+        arrays = [a for c in (t.curve, *t.decays) for a in (c.lr, c.steps, c.loss)] + [i.lr for i in t.interior]
+        for a in arrays:
+            h.update(np.ascontiguousarray(a, dtype=float).tobytes())
+    return h.hexdigest()
 
 
 def predicted_decays(trunks: Sequence[TrunkCurves], options: FitOptions | None = None) -> PredictedDecays:

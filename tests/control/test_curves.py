@@ -157,3 +157,17 @@ def test_a_trained_sweeps_trunks_carry_the_workers_curves(ray_session, settings)
             assert decay.curve[-1][1] == decay.loss == decay.observation["loss"]
     dense = trunks[0]
     assert dense.curve[-1][1] < dense.curve[0][1] - 0.5  # it trained
+
+
+def test_an_analysis_hashes_the_curves_it_will_predict_from_without_predicting(done) -> None:
+    """Reading the curves for an analysis's inputs hash is a store read: the predictions are the analysis's work."""
+    from upscale.control.analyses import analysis_params, curve_trunks
+    from upscale.fitting.curve_observations import trunks_hash
+
+    services, sweep_id, _, _ = done
+    assert curve_trunks(services, [sweep_id], curves=False) is None
+    trunks = curve_trunks(services, [sweep_id], curves=True)
+    assert trunks and any(t.interior for t in trunks)
+    params = analysis_params(None, 0, 0, trunks=trunks)
+    assert params["curves"] == trunks_hash(fitting_trunks(sweep_curves(services, [sweep_id])))
+    assert "curves" not in analysis_params(None, 0, 0)  # without curves: the parameters an analysis always had

@@ -15,6 +15,7 @@ from upscale.fitting.curve_observations import (
     TrunkCurves,
     predict_decay_ends,
     predicted_decays,
+    trunks_hash,
 )
 from upscale.fitting.errors import FitError
 
@@ -113,3 +114,16 @@ def test_families_without_predictions_give_no_rows_and_say_why():
              for t, table in zip(bare[:2], ("scratch", "dense"), strict=True)]
     with pytest.raises(FitError, match="belong to one analysis table"):
         predicted_decays(mixed)
+
+
+def test_the_curves_hash_follows_every_point_and_row_predictions_read():
+    rng = np.random.default_rng(0)
+    trunks = family(rng, {0: ((400, 450), (800, 900))})
+    same = family(np.random.default_rng(0), {0: ((400, 450), (800, 900))})
+    assert trunks_hash(trunks) == trunks_hash(same)
+    moved = trunks[0].curve
+    nudged = Curve(moved.lr, moved.steps, moved.loss * np.where(np.arange(moved.loss.size) == 3, 1.001, 1.0))
+    assert trunks_hash([TrunkCurves("t0", nudged, trunks[0].decays), *trunks[1:]]) != trunks_hash(trunks)
+    wanted = Interior({"kind": "dense", "D": 1250.0}, wsd(1250, 1125))
+    assert trunks_hash([TrunkCurves("t0", moved, trunks[0].decays, interior=(wanted,)), *trunks[1:]]) != \
+        trunks_hash(trunks)
