@@ -41,7 +41,7 @@ from active_design import (  # bench/active_design.py: the methods, fit and inte
     run_method,
     table,
 )
-from design_curves import CurveSim, Piece, layouts, schedule
+from design_curves import CurveSim, Piece, layouts
 from scipy.optimize import minimize_scalar
 
 from upscale.fitting.curve_law import Curve
@@ -83,9 +83,6 @@ class DemoCurves(CurveSim):
                 self.decay_curves[d["segment_key"]] = Curve(np.asarray(d["lr_multipliers"]), at[keep],
                                                             np.array([v for _, v in d["curve"]])[keep])
         self.offgrid = self.offgrid_decays(DECAY_FRACTION)
-
-    def lr(self, end: int, decay_start: int | None) -> np.ndarray:
-        return schedule(end, self.warmup, decay_start, self.shape)
 
 
 def pool_of(data: dict, group: str) -> list[Point]:

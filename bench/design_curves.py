@@ -96,7 +96,8 @@ def units(p: Plan, tokens: int) -> int:
 
 @cache
 def schedule(end: int, warmup: int, decay_start: int | None, shape: str) -> np.ndarray:
-    """The LR multiplier of curve steps 1..end (one curve step a unit of the planner's schedule)."""
+    """The LR multiplier of curve steps 1..end (one curve step a unit of the planner's schedule), computed once per
+    schedule: `wsd` is a Python loop over the steps, and every refit asks for the same few schedules again."""
     return wsd(end, warmup, decay_start, shape)
 
 
