@@ -42,6 +42,7 @@ from upscale.fitting.design import (
     greedy,
     log_loss_jacobian,
     noise_from_fits,
+    sd_shrink,
 )
 from upscale.fitting.dstar import crossings_and_samples, upcycled_loss
 from upscale.fitting.errors import FitError
@@ -183,7 +184,8 @@ class _Problem:
         self.criterion = DstarCriterion(gradient, current, self.noise)
         # observations by their coordinates, not their segment keys: a re-keyed decay (its trunk retrained because a
         # new branch point changed its key) repeats an observation the fit already has
-        self.observed = {s.observation for s in plan(self.spec).observations()}
+        self.planned = plan(self.spec)
+        self.observed = {s.observation for s in self.planned.observations()}
         self._new_flops: dict[frozenset[str], float] = {}
 
     def predicted_rows(self, tables: dict[str, list[dict[str, Any]]]) -> dict[str, Rows]:
@@ -238,9 +240,8 @@ class _Problem:
         """Per from-scratch or MoE trunk (of the target group) that the sweep has not finished: its planned
         observation segments still to train that inform D* at N1, and the FLOPs of all its segments still to train.
         Dense trunks are left out: MoE trunks grow from their decays, so stopping one stops more than itself."""
-        p = plan(self.spec)
-        kinds = {s.id: s.spec.kind for s in p.segments}
-        todo = [s for s in compare(self.services.store, p).to_train() if kinds.get(s.trunk) in LEAF_TRUNKS]
+        kinds = {s.id: s.spec.kind for s in self.planned.segments}
+        todo = [s for s in compare(self.services.store, self.planned).to_train() if kinds.get(s.trunk) in LEAF_TRUNKS]
         flops: dict[str, float] = {}
         for s in todo:
             flops[s.trunk] = flops.get(s.trunk, 0.0) + s.flops
@@ -264,10 +265,9 @@ class _Problem:
 
     def stop_advice(self) -> list[StopAdvice]:
         """The unfinished trunks whose planned decays would shrink D*'s sd by less than STOP_GAIN, costliest first."""
-        sd_now = self.criterion.sd()
         out = []
         for trunk, (segs, flops) in self.unfinished().items():
-            gain = (sd_now - self.criterion.sd([self.observation_rows(segs)])) / sd_now
+            gain = sd_shrink(self.criterion, self.observation_rows(segs))
             if gain < STOP_GAIN:
                 out.append(StopAdvice(trunk=trunk, pending_observations=len(segs), remaining_flops=flops,
                                       sd_shrink=max(gain, 0.0)))

@@ -277,12 +277,17 @@ class DstarCriterion:
 STOP_GAIN = 0.01  # a trunk whose every remaining row narrows sd(log D*) by less than this share of it is stopped
 
 
+def sd_shrink(criterion: DstarCriterion, rows: Mapping[str, Rows]) -> float:
+    """The share by which ``rows``, observed at once, narrow sd(log D*); NaN when the sd is not finite now."""
+    now = criterion.sd()
+    return (now - criterion.sd([rows])) / now if math.isfinite(now) and now > 0 else math.nan
+
+
 def can_move(criterion: DstarCriterion, remaining: Mapping[str, Rows], threshold: float = STOP_GAIN) -> bool:
     """Whether a trunk can still move D*: all of its ``remaining`` rows at once (its extension's predicted rows and
     every branch not yet observed) narrow sd(log D*) by at least ``threshold`` of it. A trunk that cannot is worth
     stopping: no single extension or branch of it gains more than all of them together."""
-    now = criterion.sd()
-    return math.isfinite(now) and now - criterion.sd([remaining]) >= threshold * now
+    return sd_shrink(criterion, remaining) >= threshold
 
 
 @dataclass(frozen=True)
