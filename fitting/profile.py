@@ -229,8 +229,12 @@ class _Walk:
         """The ℓ between ``inside`` and ``outside`` where ΔQ = q², each refit started from ``inside``'s solution.
         The walk already found ``inside`` inside; where the refit there fails (SLSQP does not meet the crossing
         again from this start), the edge is ``inside``: the narrower end, since nothing beyond it was shown inside."""
-        def excess(v: float) -> float:
-            return self.excess(v, theta)[0]
+        seen: dict[float, float] = {}
+
+        def excess(v: float) -> float:  # brentq asks for ``inside`` again: its refit runs once
+            if v not in seen:
+                seen[v] = self.excess(v, theta)[0]
+            return seen[v]
 
         if not excess(inside) < 0:
             return inside
