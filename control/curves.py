@@ -116,8 +116,9 @@ def _trunk(trunk: str, chain: list[SegmentRecord], branches: list[SegmentRecord]
     tps, sched = first.tokens_per_step, first.schedule
     last = max(points)
     done_decays, interior = [], []
-    for seg in sorted(branches, key=lambda s: s.config["end_tokens"]):
-        spec = SegmentSpec.model_validate(seg.config)
+    by_end = sorted(branches, key=lambda s: s.config["end_tokens"])
+    ordered = [(seg, SegmentSpec.model_validate(seg.config)) for seg in by_end]
+    for seg, spec in ordered:
         assert spec.decay_start_tokens is not None  # every decay kind has one
         steps = range(1, spec.end_tokens // tps + 1)
         schedule = tuple(lr_multiplier(s * tps, sched, spec.decay_start_tokens, spec.end_tokens) for s in steps)
@@ -132,22 +133,22 @@ def _trunk(trunk: str, chain: list[SegmentRecord], branches: list[SegmentRecord]
         trunk=trunk, kind=done[0].kind, axes=axes.get(done[0].key, {}), tokens_per_step=tps, peak_lr=first.optim.lr,
         curve=tuple(sorted(points.items())),
         lr_multipliers=tuple(lr_multiplier(s * tps, sched, None, last) for s in range(1, last // tps + 1)),
-        decays=tuple(done_decays), interior=tuple(interior), between=_between(branches, tps, last))
+        decays=tuple(done_decays), interior=tuple(interior), between=_between(ordered, tps, last))
 
 
 BUDGET_COLUMN = {"dense": ("D", "D1"), "scratch": ("D",), "upcycled": ("D2",)}  # what a decay's budget sets
 
 
-def _between(branches: list[SegmentRecord], tps: int, last: int) -> tuple[Decay, ...]:
-    """Decays nobody planned, one at the geometric middle of each two neighbouring budgets of a trunk's decays,
-    where it branches on the trained part (up to ``last`` tokens) after the warmup: cut as the planner cuts a budget
-    (its decay the same share of it, to whole steps) and scheduled as the neighbour below it is."""
-    planned = sorted((s for s in branches if s.observation is not None), key=lambda s: s.config["end_tokens"])
+def _between(branches: list[tuple[SegmentRecord, SegmentSpec]], tps: int, last: int) -> tuple[Decay, ...]:
+    """Decays nobody planned, one at the geometric middle of each two neighbouring budgets of a trunk's decays
+    (``branches``, by end), where it branches on the trained part (up to ``last`` tokens) after the warmup: cut as
+    the planner cuts a budget (its decay the same share of it, to whole steps) and scheduled as the neighbour below
+    it is."""
+    planned = [(seg, spec) for seg, spec in branches if seg.observation is not None]
     out = []
-    for below, above in itertools.pairwise(planned):
+    for (below, spec), (above, _) in itertools.pairwise(planned):
         lo, hi = below.config["end_tokens"] // tps, above.config["end_tokens"] // tps
         middle = round(math.sqrt(lo * hi))
-        spec = SegmentSpec.model_validate(below.config)
         assert spec.decay_start_tokens is not None and spec.schedule is not None  # a decay
         share = (lo - spec.decay_start_tokens // tps) / lo
         start = (middle - max(1, round(share * middle))) * tps
