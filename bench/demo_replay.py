@@ -66,7 +66,7 @@ class DemoCurves(CurveSim):
         self.warmup = int(np.argmax(lr >= 1.0)) + 1
         self.shape, self.final = "linear", float(first["decays"][0]["lr_multipliers"][-1])
         self.family_of = {t: lay.family for t, lay in self.layout.items()}
-        self.cache = {}
+        self.cache, self.fits = {}, {}
         self.piece_curves, self.decay_curves = {}, {}
         for t, lay in self.layout.items():
             e = exported[t]

@@ -12,7 +12,8 @@ one trunk shares the trunk's draw (the one its observed decays carry); each curv
 
 Curves are in units of STEP optimiser steps (STEP x 512 x 1024 tokens), sampled at ~24 points a trunk piece and 16 a
 decay, so a family's curve fits stay affordable; each family's predictions are cached on what its trunks have
-bought, so nothing is refitted until new curve data arrive.
+bought, so nothing is refitted until new curve data arrive, and each trunk's fits are kept by their data, so new data
+refit only the trunks they change (and those borrowing decay parameters from a changed donor).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class CurveSim:
         self.piece_curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.decay_curves: dict[str, Curve] = {}
         self.cache: dict[tuple, tuple[CurvePredictions, dict[str, float]]] = {}
+        self.fits: dict[str, dict[str, float] | None] = {}  # per-trunk curve fits by their data (predict_decay_ends)
 
         def g(tokens: np.ndarray) -> np.ndarray:
             return gain * (tokens / 1e9) ** -GAIN_SLOPE
@@ -213,7 +215,7 @@ class CurveSim:
         key = (family, tuple(key_parts))
         if key not in self.cache:
             with threadpool_limits(1):  # L-BFGS-B runs ~10x slower with BLAS threads fighting over 2 busy cores
-                pred = predict_decay_ends(trunks, wanted, FIT)
+                pred = predict_decay_ends(trunks, wanted, FIT, self.fits)
             losses = {d: float(v) for d, v in zip(ids, pred.losses, strict=True)
                       if pred.usable and math.isfinite(v) and v > 0}
             self.cache[key] = (pred, losses)

@@ -115,18 +115,34 @@ class CurvePredictions:
                 "problems": list(self.problems)}
 
 
-def _fit(curve: Curve, decays: Sequence[Curve], donor: dict[str, float] | None,
-         options: FitOptions) -> dict[str, float] | None:
+def _fit(curve: Curve, decays: Sequence[Curve], donor: dict[str, float] | None, options: FitOptions,
+         memo: dict[str, dict[str, float] | None] | None = None) -> dict[str, float] | None:
     """The law's parameters for one trunk: all of them from its curve and decays, or its own L0, A, alpha with the
-    donor's decay parameters when it has no decay; None when neither is possible or the fit fails."""
+    donor's decay parameters when it has no decay; None when neither is possible or the fit fails. ``memo`` keeps
+    fits by their data, so a caller that predicts again after one trunk changed refits only what the change moved
+    (a fit is deterministic in its data, so a kept one is the one a refit would give)."""
+    fixed = {k: donor[k] for k in DECAY_PARAMS} if donor is not None and not decays else None
+    key = None
+    if memo is not None:
+        h = hashlib.sha256(repr((sorted(fixed.items()) if fixed else None, options)).encode())
+        for c in (curve, *decays):
+            for a in (c.lr, c.steps, c.loss):
+                h.update(np.ascontiguousarray(a, dtype=float).tobytes())
+            h.update(b"|")
+        key = h.hexdigest()
+        if key in memo:
+            return memo[key]
+    params = None
     try:
         if decays:
-            return fit_curves([curve, *decays], options=options).params
-        if donor is not None:
-            return fit_curves([curve], fixed={k: donor[k] for k in DECAY_PARAMS}, options=options).params
+            params = fit_curves([curve, *decays], options=options).params
+        elif fixed is not None:
+            params = fit_curves([curve], fixed=fixed, options=options).params
     except FitError:
-        return None
-    return None
+        params = None
+    if key is not None:
+        memo[key] = params
+    return params
 
 
 def _end(params: dict[str, float], lr: np.ndarray) -> float:
@@ -134,9 +150,11 @@ def _end(params: dict[str, float], lr: np.ndarray) -> float:
 
 
 def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str, np.ndarray]],
-                       options: FitOptions | None = None) -> CurvePredictions:
+                       options: FitOptions | None = None,
+                       memo: dict[str, dict[str, float] | None] | None = None) -> CurvePredictions:
     """The end loss of each decay in ``wanted`` ((trunk id, LR of every step from 1 to the decay's end)), from the
-    curves of ``trunks`` (one family), with the sd of log loss its held-out decays measure."""
+    curves of ``trunks`` (one family), with the sd of log loss its held-out decays measure. ``memo``: the per-trunk
+    fits of earlier calls (see `_fit`), for a caller that predicts again as curves arrive."""
     options = options or FitOptions(n_starts=4)
     by_id = {t.trunk: t for t in trunks}
     unknown = sorted({w for w, _ in wanted} - set(by_id))
@@ -144,7 +162,7 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
         raise FitError(f"no curve for trunk(s) {', '.join(unknown[:5])}: a decay end is predicted only from its "
                        f"own trunk's curve")
     problems: list[str] = []
-    own = {t.trunk: _fit(t.curve, t.decays, None, options) for t in trunks if t.decays}
+    own = {t.trunk: _fit(t.curve, t.decays, None, options, memo) for t in trunks if t.decays}
     for t, p in own.items():
         if p is None:
             problems.append(f"trunk {t}: the law did not fit its curve and decays")
@@ -161,7 +179,7 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
     for t in trunks:
         if t.trunk in params or t.decays:
             continue
-        p = _fit(t.curve, (), donor_for(t.trunk), options)
+        p = _fit(t.curve, (), donor_for(t.trunk), options, memo)
         if p is None:
             problems.append(f"trunk {t.trunk}: no decay of its own and no other trunk's decay parameters to borrow")
         else:
@@ -171,7 +189,7 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
     for t in trunks:
         for i, d in enumerate(t.decays):
             rest = t.decays[:i] + t.decays[i + 1:]
-            p = _fit(t.curve, rest, None if rest else donor_for(t.trunk), options)
+            p = _fit(t.curve, rest, None if rest else donor_for(t.trunk), options, memo)
             if p is not None:
                 held.append(HeldOut(t.trunk, int(d.lr.size), float(d.loss[-1]), _end(p, d.lr)))
     errors = np.array([h.log_error for h in held])

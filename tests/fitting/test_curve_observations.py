@@ -18,6 +18,7 @@ from upscale.fitting.curve_observations import (
     trunks_hash,
 )
 from upscale.fitting.errors import FitError
+from upscale.fitting.fit import FitOptions
 
 WARMUP = 50
 
@@ -127,3 +128,24 @@ def test_the_curves_hash_follows_every_point_and_row_predictions_read():
     wanted = Interior({"kind": "dense", "D": 1250.0}, wsd(1250, 1125))
     assert trunks_hash([TrunkCurves("t0", moved, trunks[0].decays, interior=(wanted,)), *trunks[1:]]) != \
         trunks_hash(trunks)
+
+
+def test_a_memo_keeps_each_trunks_fits_and_refits_only_what_changed():
+    rng = np.random.default_rng(0)
+    trunks = family(rng, {0: ((400, 450), (800, 900)), 1: ((800, 900),)})
+    wanted = [("t1", wsd(1250, 1125)), ("t2", wsd(1500, 1350))]
+    options = FitOptions(n_starts=1)
+    memo: dict = {}
+    first = predict_decay_ends(trunks, wanted, options, memo)
+    # own fits of t0 and t1, t2 on t0's decay parameters, t0 without each decay, t1 without its one (on t0's)
+    assert len(memo) == 6
+    assert np.array_equal(predict_decay_ends(trunks, wanted, options, memo).losses, first.losses)
+    assert len(memo) == 6  # nothing refitted
+    t1 = trunks[1]
+    moved = Curve(t1.curve.lr, t1.curve.steps, t1.curve.loss * 1.01)
+    changed = [trunks[0], TrunkCurves("t1", moved, t1.decays), trunks[2]]
+    again = predict_decay_ends(changed, wanted, options, memo)
+    assert len(memo) == 8  # t1's own fit and its held-out one; t0 and t2 are kept
+    fresh = predict_decay_ends(changed, wanted, options)
+    assert np.array_equal(again.losses, fresh.losses) and again.sd == fresh.sd
+    assert not np.array_equal(again.losses, first.losses)
