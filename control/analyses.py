@@ -146,16 +146,19 @@ def run_analysis(services: Services, sweep_ids: Sequence[str], *, n1s: Sequence[
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP, seed: int = 0, owner: str, trigger: str,
                  progress: Progress | None = None, tables: dict[str, pd.DataFrame] | None = None,
                  decisions: Sequence[tuple[float, float, float]] | None = None, workers: int = 1,
-                 cache: ObservationCache | None = None, curves: bool = True) -> AnalysisRecord:
+                 cache: ObservationCache | None = None, curves: bool = True,
+                 trunks: list[TrunkCurves] | None = None) -> AnalysisRecord:
     """Analyse the sweeps' observations in this thread and keep the record; the existing record when these inputs
     were analysed already (``.ran`` says which). ``tables``: the sweeps' tables when the caller read them already
     (a refit tick), or data that is in no sweep (the synthetic demo, ``sweep_ids`` empty). ``curves``: fit the
-    decay ends the sweeps' trunk curves predict beside the observed ones, when they have curves.
+    decay ends the sweeps' trunk curves predict beside the observed ones, when they have curves; ``trunks``: those
+    curves when the caller read them already (`curve_trunks`), so that they are the ones it hashed.
 
     NotFoundError for an unknown sweep, NotReady when the sweeps have no finished segment, AnalysisRunning when
     another caller runs these inputs now, FitError when there is nothing the analysis can fit (the row is then
     `failed` with that error, as for any failure)."""
-    work = _Work.read(services, sweep_ids, n1s, bootstrap, seed, decisions, tables, cache, owner, trigger, curves)
+    work = _Work.read(services, sweep_ids, n1s, bootstrap, seed, decisions, tables, cache, owner, trigger, curves,
+                      trunks)
     record = work.claim()
     return work.run(record, workers, progress) if record.ran else record
 
@@ -189,8 +192,8 @@ class _Work:
     def read(cls, services: Services, sweep_ids: Sequence[str], n1s: Sequence[float] | None, bootstrap: int,
              seed: int, decisions: Sequence[tuple[float, float, float]] | None,
              tables: dict[str, pd.DataFrame] | None, cache: ObservationCache | None, owner: str,
-             trigger: str, curves: bool = True) -> _Work:
-        """Read the sweeps' tables (unless given) and their trunk curves (with ``curves``) and hash the inputs;
+             trigger: str, curves: bool = True, trunks: list[TrunkCurves] | None = None) -> _Work:
+        """Read the sweeps' tables and their trunk curves (with ``curves``), unless given, and hash the inputs;
         nothing is written."""
         ids = sorted(set(sweep_ids))
         for sweep_id in ids:
@@ -199,7 +202,7 @@ class _Work:
         if not any(len(t) for t in tables.values()):
             raise NotReady(f"sweep {', '.join(ids)} has no finished segments yet: the analysis needs the losses of "
                            f"finished decay segments; it runs by itself when they finish")
-        trunks = curve_trunks(services, ids, curves)
+        trunks = trunks if trunks is not None or not curves else curve_trunks(services, ids, curves)
         params = analysis_params(n1s, bootstrap, seed, decisions, trunks)
         observed = observations_hash(tables)
         row = AnalysisRecord(id=uuid.uuid4().hex[:12], sweep_ids=ids, sweep_key=sweep_key(ids),
@@ -531,19 +534,23 @@ def sweep_owner(services: Services, sweep_id: str) -> str:
 
 def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP,
                    cache: ObservationCache | None = None, progress: Progress | None = None) -> AnalysisRecord | None:
-    """Analyse a sweep whose observations differ from those of its latest own analysis (of any status: the same
-    failing inputs are not retried, but interrupted ones are); None when they do not, or when it has none. Refits
-    are not its own: one of bob's never stands for alice's sweep's analysis."""
+    """Analyse a sweep whose observations, or the trunk curves its decay predictions read, differ from those of
+    its latest own analysis (of any status: the same failing inputs are not retried, but interrupted ones are); None
+    when they do not, or when it has none. A trunk piece that finishes adds no observation but can move the
+    predictions. Refits are not its own: one of bob's never stands for alice's sweep's analysis."""
     tables = sweep_tables(services, [sweep_id], cache)
     if not any(len(t) for t in tables.values()):
         return None
+    trunks = curve_trunks(services, [sweep_id], curves=True)
     with services.store.transaction() as s:
         latest = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == sweep_id, ANSWERING)
                           .order_by(AnalysisRecord.created_at.desc()).limit(1))
-    if latest is not None and latest.observations_hash == observations_hash(tables) and not interrupted(latest):
+    if (latest is not None and latest.observations_hash == observations_hash(tables) and not interrupted(latest)
+            and (latest.params or {}).get("curves") == analysis_params(None, 0, 0, trunks=trunks).get("curves")):
         return None
     return run_analysis(services, [sweep_id], bootstrap=bootstrap, owner=sweep_owner(services, sweep_id),
-                        trigger="completed" if latest is None else "observations", tables=tables, progress=progress)
+                        trigger="completed" if latest is None else "observations", tables=tables, progress=progress,
+                        trunks=trunks)
 
 
 def fail_interrupted(store: Store) -> list[str]:

@@ -6,7 +6,7 @@ analysis's id and inputs hash, D* of the upcycling group from-scratch takes long
 whole answer there: intervals, extrapolation, health), the diff from version n per law and parameter, and
 `left_interval` when D* falls outside version n's interval. A version is recorded only when the inputs changed:
 on the latest version's inputs a refit runs nothing and answers with that version. `on_new_observations` schedules
-fire when the inputs hash changes; `cron` schedules fire once in each matching minute. `lag_s` (the
+fire when the inputs hash changes (new observations, or trunk curves that move the decays the analysis predicts); `cron` schedules fire once in each matching minute. `lag_s` (the
 `upscale_refit_age_seconds` metric) says how long each schedule's latest version has lagged behind its inputs.
 
 A schedule may name anyone's sweeps (it only reads their observations), and its analyses are its owner's alone:
@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from upscale.control.analyses import (
     AnalysisRunning,
     analysis_params,
+    curve_trunks,
     inputs_hash,
     observations_hash,
     run_analysis,
@@ -141,7 +142,9 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     that were hashed."""
     req = RefitRequest.model_validate(schedule.request)
     tables = sweep_tables(services, req.sweep_ids, cache if cache is not None else ObservationCache(services))
-    digest = inputs_hash(observations_hash(tables), analysis_params([req.n1] if req.n1 else None, req.bootstrap, 0),
+    trunks = curve_trunks(services, req.sweep_ids, curves=True)  # curves that finish move the predicted decays
+    digest = inputs_hash(observations_hash(tables),
+                         analysis_params([req.n1] if req.n1 else None, req.bootstrap, 0, trunks=trunks),
                          refit_owner=schedule.owner)
     with services.store.transaction() as s:  # a conditional UPDATE: of racing loops, one fires on new inputs
         mark = update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id).values(last_checked_hash=digest)
@@ -157,7 +160,7 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     tried, schedule.last_checked_hash = schedule.last_checked_hash, digest
     try:
         analysis = run_analysis(services, req.sweep_ids, n1s=[req.n1] if req.n1 else None, bootstrap=req.bootstrap,
-                                owner=schedule.owner, trigger="refit", tables=tables)
+                                owner=schedule.owner, trigger="refit", tables=tables, trunks=trunks)
     except AnalysisRunning:  # another of the owner's triggers runs these inputs: the next tick refits with it
         with services.store.transaction() as s:
             s.execute(update(RefitScheduleRecord).where(RefitScheduleRecord.id == schedule.id,

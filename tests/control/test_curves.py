@@ -171,3 +171,42 @@ def test_an_analysis_hashes_the_curves_it_will_predict_from_without_predicting(d
     params = analysis_params(None, 0, 0, trunks=trunks)
     assert params["curves"] == trunks_hash(fitting_trunks(sweep_curves(services, [sweep_id])))
     assert "curves" not in analysis_params(None, 0, 0)  # without curves: the parameters an analysis always had
+
+
+def _move_a_trunk_curve(services: Services, planned) -> None:
+    """As a trunk piece finishing does: a curve changes and no observation does."""
+    from upscale.orchestrator.records import SegmentRecord
+
+    piece = next(s for s in planned.segments if s.spec.kind == "moe_trunk")
+    with services.store.transaction() as s:
+        row = s.get(SegmentRecord, piece.id)
+        curve = [[t, loss + 0.01] for t, loss in row.result["curve"]]
+        row.result = {**row.result, "curve": curve}
+
+
+def test_refits_and_new_analyses_follow_the_curves_not_only_the_observations(done) -> None:
+    from upscale.control.analyses import analyse_if_new
+    from upscale.control.records import AnalysisRecord
+    from upscale.control.refits import RefitLoop, create_schedule, refits
+    from upscale.control.schemas import RefitRequest, RefitScheduleCreate
+
+    services, sweep_id, planned, _ = done
+    first = analyse_if_new(services, sweep_id, bootstrap=0)
+    assert first is not None and first.params["curves"] and analyse_if_new(services, sweep_id, bootstrap=0) is None
+    schedule = create_schedule(services, RefitScheduleCreate(name="on data", trigger="on_new_observations",
+                                                             request=RefitRequest(sweep_ids=[sweep_id], bootstrap=0)),
+                               "alice")
+    loop = RefitLoop(services)
+    loop.tick()
+    (v1,) = refits(services, schedule.id)
+    with services.store.transaction() as s:
+        assert s.get(AnalysisRecord, v1.analysis_id).inputs_hash == v1.inputs_hash  # the curves hashed, as analysed
+    loop.tick()
+    assert len(refits(services, schedule.id)) == 1  # nothing moved
+
+    _move_a_trunk_curve(services, planned)
+    loop.tick()
+    assert [r.version for r in refits(services, schedule.id)] == [1, 2]
+    again = analyse_if_new(services, sweep_id, bootstrap=0)
+    assert again is not None and again.params["curves"] != first.params["curves"]
+    assert again.observations_hash == first.observations_hash
