@@ -534,10 +534,11 @@ def sweep_owner(services: Services, sweep_id: str) -> str:
 
 def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP,
                    cache: ObservationCache | None = None, progress: Progress | None = None) -> AnalysisRecord | None:
-    """Analyse a sweep whose observations, or the trunk curves its decay predictions read, differ from those of
-    its latest own analysis (of any status: the same failing inputs are not retried, but interrupted ones are); None
-    when they do not, or when it has none. A trunk piece that finishes adds no observation but can move the
-    predictions. Refits are not its own: one of bob's never stands for alice's sweep's analysis."""
+    """Analyse a sweep whose observations differ from those of its latest own analysis, or whose trunk curves
+    differ from those that analysis predicted decays from (a finished trunk piece adds no observation but moves the
+    predictions; an analysis asked for without curves is left standing), of any status: the same failing inputs are
+    not retried, but interrupted ones are. None when nothing differs, or when it has no observation. Refits are not
+    its own: one of bob's never stands for alice's sweep's analysis."""
     tables = sweep_tables(services, [sweep_id], cache)
     if not any(len(t) for t in tables.values()):
         return None
@@ -545,9 +546,10 @@ def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_A
     with services.store.transaction() as s:
         latest = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == sweep_id, ANSWERING)
                           .order_by(AnalysisRecord.created_at.desc()).limit(1))
-    if (latest is not None and latest.observations_hash == observations_hash(tables) and not interrupted(latest)
-            and (latest.params or {}).get("curves") == analysis_params(None, 0, 0, trunks=trunks).get("curves")):
-        return None
+    if latest is not None and latest.observations_hash == observations_hash(tables) and not interrupted(latest):
+        had = (latest.params or {}).get("curves")
+        if had is None or had == analysis_params(None, 0, 0, trunks=trunks).get("curves"):
+            return None
     return run_analysis(services, [sweep_id], bootstrap=bootstrap, owner=sweep_owner(services, sweep_id),
                         trigger="completed" if latest is None else "observations", tables=tables, progress=progress,
                         trunks=trunks)

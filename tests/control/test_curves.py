@@ -185,7 +185,7 @@ def _move_a_trunk_curve(services: Services, planned) -> None:
 
 
 def test_refits_and_new_analyses_follow_the_curves_not_only_the_observations(done) -> None:
-    from upscale.control.analyses import analyse_if_new
+    from upscale.control.analyses import analyse_if_new, run_analysis
     from upscale.control.records import AnalysisRecord
     from upscale.control.refits import RefitLoop, create_schedule, refits
     from upscale.control.schemas import RefitRequest, RefitScheduleCreate
@@ -210,3 +210,6 @@ def test_refits_and_new_analyses_follow_the_curves_not_only_the_observations(don
     again = analyse_if_new(services, sweep_id, bootstrap=0)
     assert again is not None and again.params["curves"] != first.params["curves"]
     assert again.observations_hash == first.observations_hash
+    _move_a_trunk_curve(services, planned)  # an analysis asked for without curves is not replaced by the loop's
+    run_analysis(services, [sweep_id], bootstrap=0, owner="upscale", trigger="request", curves=False)
+    assert analyse_if_new(services, sweep_id, bootstrap=0) is None
