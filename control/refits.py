@@ -6,8 +6,9 @@ analysis's id and inputs hash, D* of the upcycling group from-scratch takes long
 whole answer there: intervals, extrapolation, health), the diff from version n per law and parameter, and
 `left_interval` when D* falls outside version n's interval. A version is recorded only when the inputs changed:
 on the latest version's inputs a refit runs nothing and answers with that version. `on_new_observations` schedules
-fire when the inputs hash changes (new observations, or trunk curves that move the decays the analysis predicts); `cron` schedules fire once in each matching minute. `lag_s` (the
-`upscale_refit_age_seconds` metric) says how long each schedule's latest version has lagged behind its inputs.
+fire when the inputs hash changes (new observations, or trunk curves that move the decays the analysis predicts);
+`cron` schedules fire once in each matching minute. `lag_s` (the `upscale_refit_age_seconds` metric) says how long
+each schedule's latest version has lagged behind its inputs.
 
 A schedule may name anyone's sweeps (it only reads their observations), and its analyses are its owner's alone:
 their inputs hash includes the owner, decisions never answer from them, and in MLflow they are runs of their own
