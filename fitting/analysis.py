@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from upscale.fitting import display
-from upscale.fitting.curve_observations import PredictedDecays
+from upscale.fitting.curve_observations import PredictedDecays, is_predicted
 from upscale.fitting.dstar import (
     EXTRAPOLATION_FACTOR,
     Limits,
@@ -48,7 +48,7 @@ from upscale.fitting.dstar import (
     upcycled_loss,
 )
 from upscale.fitting.errors import FitError
-from upscale.fitting.evidence import dstar_evidence, evidence_problem, is_predicted, point_noise, with_predicted
+from upscale.fitting.evidence import dstar_evidence, evidence_problem, point_noise, with_predicted
 from upscale.fitting.groups import group_label, upcycled_groups
 from upscale.fitting.health import check_dstar, concerning
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
@@ -268,11 +268,13 @@ def _verdict(moe: LawFit, up: LawFit, case: tuple[float, float, float], limits: 
 
 
 def trained_ranges(dense: pd.DataFrame, scratch: pd.DataFrame, upcycled: pd.DataFrame) -> dict[str, dict[str, list]]:
-    """Each table's columns as [min, max]: what the answers are measured against (extrapolation)."""
+    """Each table's columns as [min, max] over its observed rows (predicted decay ends are not trained points): what
+    the answers are measured against (extrapolation)."""
     columns = {"dense": (dense, ("N", "D")), "scratch": (scratch, ("N", "D")),
                "upcycled": (upcycled, ("N1", "D1", "D2"))}
-    return {name: {c: [float(df[c].min()), float(df[c].max())] for c in cols}
-            for name, (df, cols) in columns.items() if not df.empty}
+    observed = {name: df[~is_predicted(df)] for name, (df, _) in columns.items()}
+    return {name: {c: [float(observed[name][c].min()), float(observed[name][c].max())] for c in cols}
+            for name, (_, cols) in columns.items() if not observed[name].empty}
 
 
 def _extreme_cases(n1s: Sequence[float], rows: pd.DataFrame) -> list[tuple[float, float, float]]:

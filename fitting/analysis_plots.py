@@ -24,8 +24,8 @@ import pandas as pd
 
 from upscale.fitting import plots
 from upscale.fitting.analysis import Analysis, UpcycledAnalysis
+from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.diagnostics import alpha_d1
-from upscale.fitting.evidence import is_predicted
 from upscale.fitting.groups import group_label, group_slug, upcycled_groups
 from upscale.fitting.laws import LOSS, WEIGHT, get_law
 from upscale.fitting.plots import DrawnPlots, DstarCurve

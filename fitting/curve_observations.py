@@ -202,6 +202,11 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
     return CurvePredictions(losses, sd, tuple(held), tuple(problems))
 
 
+def is_predicted(df: pd.DataFrame) -> np.ndarray:
+    """Which rows of a table are decay ends predicted from curves (the rest were observed)."""
+    return (df[SOURCE] == PREDICTED).to_numpy() if SOURCE in df.columns else np.zeros(len(df), dtype=bool)
+
+
 def prediction_weight(point_sd: float, sd_pred: float | np.ndarray) -> float | np.ndarray:
     """A predicted decay end's weight in a fit where an observed one counts 1: σ² / (σ² + sd_pred²), σ the per-point
     noise of the observed ends (docs/laws.md, "Curves as observations", says why this form)."""

@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from upscale.fitting.curve_observations import OBSERVED, PREDICTED, SD_PRED, SOURCE, PredictedDecays, prediction_weight
+from upscale.fitting.curve_observations import (
+    OBSERVED,
+    SD_PRED,
+    SOURCE,
+    PredictedDecays,
+    is_predicted,
+    prediction_weight,
+)
 from upscale.fitting.design import (
     PRIOR_SD,
     Noise,
@@ -69,10 +76,6 @@ def with_predicted(tables: Mapping[str, pd.DataFrame], predicted: PredictedDecay
         rows = rows.assign(**{WEIGHT: prediction_weight(point_sd, rows[SD_PRED].to_numpy(dtype=float))})
         out[kind] = pd.concat([observed, rows], ignore_index=True)
     return out
-
-
-def is_predicted(df: pd.DataFrame) -> np.ndarray:
-    return (df[SOURCE] == PREDICTED).to_numpy() if SOURCE in df.columns else np.zeros(len(df), dtype=bool)
 
 
 def dstar_evidence(moe: tuple[FittedLaw, Mapping[str, float], pd.DataFrame],

@@ -28,6 +28,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from upscale.fitting.bootstrap import CI_LEVEL, percentile_interval
+from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.diagnostics import AlphaDiagnostics, alpha_d1
 from upscale.fitting.dstar import (
     EXTRAPOLATION_FACTOR,
@@ -39,7 +40,6 @@ from upscale.fitting.dstar import (
     upcycled_loss,
 )
 from upscale.fitting.errors import FitError
-from upscale.fitting.evidence import is_predicted
 from upscale.fitting.laws import LOSS, get_law
 from upscale.fitting.summary import FittedLaw
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from upscale.fitting.bootstrap import Bootstrap, bootstrap
 from upscale.fitting.compare import MAX_LOO_FAILED, leave_one_out
+from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.errors import FitError
 from upscale.fitting.fit import FitOptions, fit_problem, prepare
 from upscale.fitting.health import check_fit
@@ -92,7 +93,7 @@ def report(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None, n_
         "objective": result.objective,
         "converged": result.converged,
         "n_points": result.n_points,
-        "trained": trained_ranges(law, table),
+        "trained": trained_ranges(law, table[~is_predicted(df)]),  # a predicted decay end is no trained point
         "loo_rms": loo.reported,
         "ci": {k: [finite_or_none(lo), finite_or_none(hi)] for k, (lo, hi) in boot.ci().items()
                if k not in result.fixed} if boot else {},

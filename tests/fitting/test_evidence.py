@@ -13,9 +13,16 @@ from upscale.fitting import plots
 from upscale.fitting.analysis import Analysis, analyze
 from upscale.fitting.analysis_plots import with_predicted_rows
 from upscale.fitting.bootstrap import resampling_units
-from upscale.fitting.curve_observations import PREDICTED, SD_PRED, SOURCE, PredictedDecays, prediction_weight
+from upscale.fitting.curve_observations import (
+    PREDICTED,
+    SD_PRED,
+    SOURCE,
+    PredictedDecays,
+    is_predicted,
+    prediction_weight,
+)
 from upscale.fitting.data import read_table, validate
-from upscale.fitting.evidence import dstar_evidence, is_predicted, variance_shares, with_predicted
+from upscale.fitting.evidence import dstar_evidence, variance_shares, with_predicted
 from upscale.fitting.groups import upcycled_groups
 from upscale.fitting.laws import POWER_D2
 from upscale.fitting.summary import fitted_law
@@ -175,3 +182,20 @@ def test_bootstrap_refits_keep_each_rows_weight(tables) -> None:
     names = list(boot.names)
     assert np.abs(np.log(samples[0.01][:, names.index("A")] / truth)).mean() < \
         np.abs(np.log(samples[1.0][:, names.index("A")] / truth)).mean()
+
+
+def test_predicted_decays_never_widen_the_trained_range(tables) -> None:
+    """A decay predicted beyond the largest observed budget is not a trained point: every D* and verdict is still
+    measured against the observed range (its extrapolation flags too)."""
+    moe = tables["scratch"]
+    top = moe["D"] == moe["D"].max()
+    observed = {**tables, "scratch": moe[~top].reset_index(drop=True)}
+    curves = PredictedDecays({"scratch": moe[top].assign(**{SOURCE: PREDICTED, SD_PRED: 1e-3}).reset_index(drop=True)},
+                             {"all": {"sd": 1e-3, "n_predicted": 0}})
+    analysis = analyze(observed, n1s=[N1], bootstrap=0, curves=curves)
+    assert analysis.curves["points"]["scratch"] == int(top.sum())
+    largest = float(observed["scratch"]["D"].max())
+    assert largest < float(moe["D"].max())
+    assert analysis.trained["scratch"]["D"] == [float(observed["scratch"]["D"].min()), largest]
+    assert analysis.scratch.report["trained"]["D"][1] == largest
+    assert analysis.scratch.fitted.span("D")[1] == largest
