@@ -234,10 +234,11 @@ class DstarCriterion:
         self.sizes = [current[k].J.shape[1] for k in LAWS]
 
     def dof(self) -> int:
-        """Degrees of freedom of the D* interval: the trunks behind the current rows, less one. The noise is
-        estimated, and branches of one trunk share its draw, so the trunks, not the points, are what the estimate
-        averages over (cluster-robust inference's G − 1)."""
-        return max(len({t for k in LAWS for t in self.current[k].trunks}) - 1, 1)
+        """Degrees of freedom of the D* interval: the trunks behind the current observed rows, less one. The noise
+        is estimated, and branches of one trunk share its draw, so the trunks, not the points, are what the estimate
+        averages over (cluster-robust inference's G − 1); it is estimated from observed rows alone, so a trunk whose
+        rows are all predicted from its curve adds none."""
+        return max(len({t for k in LAWS for t in self.current[k].observed().trunks}) - 1, 1)
 
     def quantile(self, level: float) -> float:
         """The Student-t quantile of a central ``level`` interval on `dof` degrees of freedom: wider than the normal

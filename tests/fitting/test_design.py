@@ -200,5 +200,9 @@ def test_observing_a_predicted_point_gains_less_than_observing_a_new_one() -> No
     assert observe_new == pytest.approx(observe_predicted, rel=1e-9)  # the same design once observed
     assert 0 < now - observe_predicted < unpredicted.sd() - observe_new
     assert 0 < crit.predicted_share() < 1
+    only_predicted = Rows.predicted(J[5:], ("d",), ("q",), sd_pred=0.01)  # a trunk known only from its curve
+    wider = DstarCriterion(crit.gradient, {"moe": crit.current["moe"] + only_predicted, "up": crit.current["up"]},
+                           crit.noise)
+    assert wider.dof() == crit.dof() == 3  # trunks a, b, c and u behind the observed rows: the noise's clusters
     assert can_move(crit, {"moe": Rows(J[5:], ("d",))})
     assert not can_move(crit, {"up": Rows(np.ones((1, 1)), ("v",))})  # its gradient is 0: nothing there moves D*
