@@ -202,7 +202,7 @@ class _Work:
         if not any(len(t) for t in tables.values()):
             raise NotReady(f"sweep {', '.join(ids)} has no finished segments yet: the analysis needs the losses of "
                            f"finished decay segments; it runs by itself when they finish")
-        trunks = trunks if trunks is not None or not curves else curve_trunks(services, ids, curves)
+        trunks = trunks if trunks is not None else curve_trunks(services, ids, curves)
         params = analysis_params(n1s, bootstrap, seed, decisions, trunks)
         observed = observations_hash(tables)
         row = AnalysisRecord(id=uuid.uuid4().hex[:12], sweep_ids=ids, sweep_key=sweep_key(ids),
