@@ -56,7 +56,7 @@ where it got there), ``stopped_trunks`` (mean count stopped then) and ``stopped_
 trunks' rest would cost then, over the full grid's; for grid_stop what its stops saved by its end).
 
     nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--truths N] [--draws K] [--workers W]
-        [--methods a,b] [--json OUT]
+        [--methods a,b] [--until-width] [--json OUT]
 """
 
 from __future__ import annotations
