@@ -120,14 +120,16 @@ def analysis_params(n1s: Sequence[float] | None, bootstrap: int, seed: int,
     return params
 
 
-def curve_trunks(services: Services, sweep_ids: Sequence[str], curves: bool) -> list[TrunkCurves] | None:
+def curve_trunks(services: Services, sweep_ids: Sequence[str], curves: bool,
+                 cache: ObservationCache | None = None) -> list[TrunkCurves] | None:
     """The sweeps' trunk curves as the decay predictions read them, when asked for (``curves``) and some trunk has a
-    decay on its trained part to predict; reading them is cheap, the predictions are the analysis's work."""
+    decay on its trained part to predict; reading them is cheap (through ``cache``, a tick's observation reads),
+    the predictions are the analysis's work."""
     if not curves:
         return None
     from upscale.control.curves import fitting_trunks, sweep_curves
 
-    trunks = fitting_trunks(sweep_curves(services, sweep_ids))
+    trunks = fitting_trunks(sweep_curves(services, sweep_ids, cache))
     return trunks if any(t.interior for t in trunks) else None
 
 
@@ -542,7 +544,7 @@ def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_A
     tables = sweep_tables(services, [sweep_id], cache)
     if not any(len(t) for t in tables.values()):
         return None
-    trunks = curve_trunks(services, [sweep_id], curves=True)
+    trunks = curve_trunks(services, [sweep_id], curves=True, cache=cache)
     with services.store.transaction() as s:
         latest = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == sweep_id, ANSWERING)
                           .order_by(AnalysisRecord.created_at.desc()).limit(1))

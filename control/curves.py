@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from upscale.control.fits import ObservationCache
 from upscale.control.services import Services
 from upscale.fitting.curve_law import Curve
 from upscale.fitting.curve_observations import Interior
@@ -68,9 +69,11 @@ class TrunkCurves:
     between: tuple[Decay, ...] = ()
 
 
-def sweep_curves(services: Services, sweep_ids: Sequence[str]) -> list[TrunkCurves]:
+def sweep_curves(services: Services, sweep_ids: Sequence[str],
+                 cache: ObservationCache | None = None) -> list[TrunkCurves]:
     """Every trunk of the sweeps with at least two measured points, in plan order, with its done decays and its
-    interior points (the sweeps' planned decays on it without an observation)."""
+    interior points (the sweeps' planned decays on it without an observation). ``cache``: a refit tick's
+    observation reads, shared with the tables it hashes."""
     segs: dict[str, SegmentRecord] = {}
     axes: dict[str, dict[str, Any]] = {}
     observed: dict[str, dict[str, Any]] = {}
@@ -78,7 +81,7 @@ def sweep_curves(services: Services, sweep_ids: Sequence[str]) -> list[TrunkCurv
         for seg, link in services.store.members(sweep_id):
             segs.setdefault(seg.key, seg)
             axes.setdefault(seg.key, link.axes)
-        for o in services.store.observations(sweep_id):
+        for o in cache.records(sweep_id) if cache is not None else services.store.observations(sweep_id):
             observed[o.segment_key] = {f: getattr(o, f) for f in OBSERVATION_FIELDS} | {"segment_key": o.segment_key}
     pieces: dict[str, list[SegmentRecord]] = {}
     decays: dict[str, list[SegmentRecord]] = {}

@@ -54,12 +54,16 @@ class ObservationCache:
         self._records: dict[str, list[ObservationRecord]] = {}
         self._tables: dict[tuple[str, str], pd.DataFrame] = {}
 
+    def records(self, sweep_id: str) -> list[ObservationRecord]:
+        """The sweep's observation records, loaded once (the tables and the trunk curves both read them)."""
+        if sweep_id not in self._records:
+            self._records[sweep_id] = self.services.store.observations(sweep_id)
+        return self._records[sweep_id]
+
     def table(self, sweep_id: str, kind: str) -> pd.DataFrame:
         """The sweep's table of ``kind``; callers get it through `observations_table`, which copies it."""
         if (sweep_id, kind) not in self._tables:
-            if sweep_id not in self._records:
-                self._records[sweep_id] = self.services.store.observations(sweep_id)
-            self._tables[sweep_id, kind] = table(self._records[sweep_id], kind)
+            self._tables[sweep_id, kind] = table(self.records(sweep_id), kind)
         return self._tables[sweep_id, kind]
 
 

@@ -142,8 +142,9 @@ def run_refit(services: Services, schedule: RefitScheduleRecord, force: bool = F
     ``cache`` (one refit tick's) shares observation reads between schedules; the analysis then uses the very tables
     that were hashed."""
     req = RefitRequest.model_validate(schedule.request)
-    tables = sweep_tables(services, req.sweep_ids, cache if cache is not None else ObservationCache(services))
-    trunks = curve_trunks(services, req.sweep_ids, curves=True)  # curves that finish move the predicted decays
+    cache = cache if cache is not None else ObservationCache(services)
+    tables = sweep_tables(services, req.sweep_ids, cache)
+    trunks = curve_trunks(services, req.sweep_ids, curves=True, cache=cache)  # finished curves move the predictions
     digest = inputs_hash(observations_hash(tables),
                          analysis_params([req.n1] if req.n1 else None, req.bootstrap, 0, trunks=trunks),
                          refit_owner=schedule.owner)
