@@ -88,7 +88,7 @@ def test_a_stopped_trunk_is_never_bought(sim: bench.Sim, curved: bench.State) ->
         p for t in state.stopped for p, _, _ in sim.curves.layout[t].pieces}
 
 
-@pytest.mark.slow  # starts bench/active_design.py as a subprocess: ~10 minutes on a 2-core machine
+@pytest.mark.slow  # starts bench/active_design.py as a subprocess: about a minute on a 2-core machine
 def test_quick_bench_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "figures.json"
     methods = "upscale,upscale_curves,anchor,random,cheapest"  # grid_stop has its own test; the rest cost time
