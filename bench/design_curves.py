@@ -193,6 +193,21 @@ class CurveSim:
         """The family's predicted end of every unobserved decay on its trained parts (segment -> loss; off-grid
         decays by their keys), and the predictions' record (None when no trunk of the family is trained), from what
         ``segments`` bought."""
+        key_parts, trunks, wanted, ids = self.family_trunks(family, segments)
+        if not trunks:
+            return None, {}
+        key = (family, tuple(key_parts))
+        if key not in self.cache:
+            with threadpool_limits(1):  # L-BFGS-B runs ~10x slower with BLAS threads fighting over 2 busy cores
+                pred = predict_decay_ends(trunks, wanted, FIT, self.fits)
+            losses = {d: float(v) for d, v in zip(ids, pred.losses, strict=True)
+                      if pred.usable and math.isfinite(v) and v > 0}
+            self.cache[key] = (pred, losses)
+        return self.cache[key]
+
+    def family_trunks(self, family: str, segments: set[str]) -> tuple[list, list[TrunkCurves], list, list[str]]:
+        """What ``segments`` bought of the family as the predictions read it: a cache key part per trained trunk,
+        its curves (`TrunkCurves`), the decays to predict (trunk, LR schedule) and their segments or keys."""
         key_parts, trunks, wanted, ids = [], [], [], []
         for t, lay in self.layout.items():
             if lay.family != family:
@@ -210,13 +225,4 @@ class CurveSim:
                 if d not in segments:
                     wanted.append((t, self.decay_curves[d].lr if d in lay.decays else self.offgrid_lr(t, d)))
                     ids.append(d)
-        if not trunks:
-            return None, {}
-        key = (family, tuple(key_parts))
-        if key not in self.cache:
-            with threadpool_limits(1):  # L-BFGS-B runs ~10x slower with BLAS threads fighting over 2 busy cores
-                pred = predict_decay_ends(trunks, wanted, FIT, self.fits)
-            losses = {d: float(v) for d, v in zip(ids, pred.losses, strict=True)
-                      if pred.usable and math.isfinite(v) and v > 0}
-            self.cache[key] = (pred, losses)
-        return self.cache[key]
+        return key_parts, trunks, wanted, ids
