@@ -121,17 +121,21 @@ def _trunk(trunk: str, chain: list[SegmentRecord], branches: list[SegmentRecord]
     done_decays, interior = [], []
     by_end = sorted(branches, key=lambda s: s.config["end_tokens"])
     ordered = [(seg, SegmentSpec.model_validate(seg.config)) for seg in by_end]
-    for seg, spec in ordered:
+    def schedule(spec: SegmentSpec) -> tuple[float, ...]:
+        """A kept decay's LR multiplier of every step from 1 to its end (built only for the decays kept: a refit
+        tick reads the curves of every schedule's sweeps)."""
         assert spec.decay_start_tokens is not None  # every decay kind has one
-        steps = range(1, spec.end_tokens // tps + 1)
-        schedule = tuple(lr_multiplier(s * tps, sched, spec.decay_start_tokens, spec.end_tokens) for s in steps)
+        return tuple(lr_multiplier(s * tps, sched, spec.decay_start_tokens, spec.end_tokens)
+                     for s in range(1, spec.end_tokens // tps + 1))
+
+    for seg, spec in ordered:
         if seg.status == "done":
             if seg.key in observed:
-                done_decays.append(Decay(seg.key, spec.start_tokens, spec.end_tokens, schedule, tuple(_points(seg)),
-                                         observed[seg.key]["loss"], observed[seg.key]))
+                done_decays.append(Decay(seg.key, spec.start_tokens, spec.end_tokens, schedule(spec),
+                                         tuple(_points(seg)), observed[seg.key]["loss"], observed[seg.key]))
         elif seg.observation is not None and spec.start_tokens <= last:
             planned = {f: seg.observation.get(f) for f in OBSERVATION_FIELDS if f != "loss"} | {"segment_key": seg.key}
-            interior.append(Decay(seg.key, spec.start_tokens, spec.end_tokens, schedule, (), None, planned))
+            interior.append(Decay(seg.key, spec.start_tokens, spec.end_tokens, schedule(spec), (), None, planned))
     return TrunkCurves(
         trunk=trunk, kind=done[0].kind, axes=axes.get(done[0].key, {}), tokens_per_step=tps, peak_lr=first.optim.lr,
         curve=tuple(sorted(points.items())),
