@@ -243,10 +243,12 @@ class _Problem:
         kinds = {s.id: s.spec.kind for s in self.planned.segments}
         todo = [s for s in compare(self.services.store, self.planned).to_train() if kinds.get(s.trunk) in LEAF_TRUNKS]
         flops: dict[str, float] = {}
+        informing: dict[str, list[PlannedSegment]] = {}
         for s in todo:
             flops[s.trunk] = flops.get(s.trunk, 0.0) + s.flops
-        mine = {t for t in flops if any(s.trunk == t and self.informs(s) for s in todo)}  # other groups' are theirs
-        return {t: ([s for s in todo if s.trunk == t and self.informs(s)], flops[t]) for t in sorted(mine)}
+            if self.informs(s):
+                informing.setdefault(s.trunk, []).append(s)
+        return {t: (informing[t], flops[t]) for t in sorted(informing)}  # other groups' trunks are theirs
 
     def observation_rows(self, segs: list[PlannedSegment]) -> dict[str, Rows]:
         """The criterion's rows of planned observations ``segs`` (from scratch, or of the target group)."""
