@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from collections.abc import Sequence
 
@@ -29,7 +28,7 @@ from design_curves import FIT, CurveSim
 from threadpoolctl import threadpool_limits
 
 from upscale.fitting.curve_law import DECAY_PARAMS, Curve, fit_curves, predict
-from upscale.fitting.curve_observations import TrunkCurves, predict_decay_ends
+from upscale.fitting.curve_observations import HeldOut, TrunkCurves, predict_decay_ends
 
 
 def _end(params: dict[str, float], lr: np.ndarray) -> float:
@@ -48,7 +47,7 @@ def pooled_errors(trunks: Sequence[TrunkCurves]) -> list[float]:
         for i, d in enumerate(t.decays):
             rest = t.decays[:i] + t.decays[i + 1:]
             params = fit_curves([t.curve, *rest], fixed=fixed, options=FIT).params
-            out.append(math.log(_end(params, d.lr) / float(d.loss[-1])))
+            out.append(HeldOut(t.trunk, int(d.lr.size), float(d.loss[-1]), _end(params, d.lr)).log_error)
     return out
 
 
