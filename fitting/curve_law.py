@@ -161,17 +161,22 @@ def _fixed_unit(fixed: dict[str, float], scale: float) -> dict[str, float]:
     return out
 
 
-def _parts(T: _Terms, p: dict[str, float]) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, ...]]]:
-    """(A·area^−alpha, LD/B, per decaying curve (x = η_k^−gamma·S_k(t), q = C·x + 1))."""
-    power = p["A"] * T.area ** -p["alpha"]
-    ld = np.zeros_like(power)
+def _decay(T: _Terms, p: dict[str, float]) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
+    """(LD/B, per decaying curve (x = η_k^−gamma·S_k(t), q = C·x + 1)): the decay term, the costly part of the law
+    (a sum over every decay step at every measurement)."""
+    ld = np.zeros_like(T.area)
     xq = []
     for d in T.decays:
         x = np.exp(-p["gamma"] * d.log_lr)[None, :] * d.after
         q = p["C"] * x + 1.0
         ld[d.rows] = (d.drop * (1.0 - q ** -p["beta"])).sum(axis=1)
         xq.append((x, q))
-    return power, ld, xq
+    return ld, xq
+
+
+def _parts(T: _Terms, p: dict[str, float]) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, ...]]]:
+    """(A·area^−alpha, LD/B, per decaying curve (x, q) as `_decay` gives them)."""
+    return p["A"] * T.area ** -p["alpha"], *_decay(T, p)
 
 
 def _predict(T: _Terms, p: dict[str, float]) -> np.ndarray:
@@ -191,6 +196,8 @@ class _Problem:
     def __init__(self, law: CurveLaw, T: _Terms, loss: np.ndarray, fixed: dict[str, float], delta: float) -> None:
         self.law, self.T, self.y, self.fixed, self.delta = law, T, np.log(loss), fixed, delta
         self.free = tuple(p for p in law.params if p.name not in fixed)
+        # with the decay parameters fixed (another fit's, or pooled) the decay term is a constant: computed once
+        self.fixed_decay = _decay(T, fixed)[0] if set(DECAY_PARAMS) <= set(fixed) else None
 
     def params(self, theta: np.ndarray) -> dict[str, float]:
         return {**self.fixed, **{p.name: p.to_user(t) for p, t in zip(self.free, theta, strict=True)}}
@@ -198,14 +205,16 @@ class _Problem:
     def rows(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(L̂, ∂L̂/∂θ): the prediction at every measurement and its exact derivatives (n, free)."""
         p = self.params(theta)
-        power, ld, xq = _parts(self.T, p)
+        power = p["A"] * self.T.area ** -p["alpha"]
+        ld, xq = (self.fixed_decay, []) if self.fixed_decay is not None else _decay(self.T, p)
         pred = np.maximum(p["L0"] + power - p["B"] * ld, 1e-12)  # a negative L̂ is a huge residual, not a NaN
         dC, dbeta, dgamma = np.zeros_like(pred), np.zeros_like(pred), np.zeros_like(pred)
-        for d, (x, q) in zip(self.T.decays, xq, strict=True):
-            bq = d.drop * p["beta"] * q ** (-p["beta"] - 1.0) * p["C"] * x  # ∂G/∂log C, times the drop
-            dC[d.rows] = -p["B"] * bq.sum(axis=1)
-            dbeta[d.rows] = -p["B"] * (d.drop * q ** -p["beta"] * np.log(q)).sum(axis=1)
-            dgamma[d.rows] = p["B"] * (bq * d.log_lr[None, :]).sum(axis=1)
+        if self.fixed_decay is None:  # the decay parameters are free: their derivatives
+            for d, (x, q) in zip(self.T.decays, xq, strict=True):
+                bq = d.drop * p["beta"] * q ** (-p["beta"] - 1.0) * p["C"] * x  # ∂G/∂log C, times the drop
+                dC[d.rows] = -p["B"] * bq.sum(axis=1)
+                dbeta[d.rows] = -p["B"] * (d.drop * q ** -p["beta"] * np.log(q)).sum(axis=1)
+                dgamma[d.rows] = p["B"] * (bq * d.log_lr[None, :]).sum(axis=1)
         d = {"L0": np.full_like(pred, p["L0"]), "A": power, "alpha": -power * np.log(self.T.area),
              "B": -p["B"] * ld, "C": dC, "beta": dbeta, "gamma": dgamma}
         return pred, np.column_stack([d[f.name] for f in self.free])

@@ -97,31 +97,36 @@ class HeldOut:
 @dataclass(frozen=True)
 class CurvePredictions:
     """Predicted decay ends (one per request, NaN where its trunk has no fit), the sd of log loss their held-out
-    errors measure, those errors, and why a trunk or the whole family could not be predicted."""
+    errors measure, those errors, why a trunk or the whole family could not be predicted, whose decay parameters
+    the predictions use (``pooling``: "own" per trunk, or "pooled" over the family) and the held-out RMS log error
+    of each way that was tried (``held_out_rms``, on the decays both could predict)."""
 
     losses: np.ndarray
     sd: float
     held_out: tuple[HeldOut, ...]
     problems: tuple[str, ...]
+    pooling: str = "own"
+    held_out_rms: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def usable(self) -> bool:
         return len(self.held_out) >= MIN_HELD_OUT and math.isfinite(self.sd)
 
     def to_json(self) -> dict:
-        return {"sd": self.sd if math.isfinite(self.sd) else None, "n_held_out": len(self.held_out),
+        return {"sd": self.sd if math.isfinite(self.sd) else None, "pooling": self.pooling,
+                "held_out_rms": dict(self.held_out_rms), "n_held_out": len(self.held_out),
                 "held_out": [{"trunk": h.trunk, "end_step": h.end_step, "observed": h.observed,
                               "predicted": h.predicted} for h in self.held_out],
                 "problems": list(self.problems)}
 
 
-def _fit(curve: Curve, decays: Sequence[Curve], donor: dict[str, float] | None, options: FitOptions,
+def _fit(curve: Curve, decays: Sequence[Curve], fixed: dict[str, float] | None, options: FitOptions,
          memo: dict[str, dict[str, float] | None] | None = None) -> dict[str, float] | None:
-    """The law's parameters for one trunk: all of them from its curve and decays, or its own L0, A, alpha with the
-    donor's decay parameters when it has no decay; None when neither is possible or the fit fails. ``memo`` keeps
-    fits by their data, so a caller that predicts again after one trunk changed refits only what the change moved
-    (a fit is deterministic in its data, so a kept one is the one a refit would give)."""
-    fixed = {k: donor[k] for k in DECAY_PARAMS} if donor is not None and not decays else None
+    """The law's parameters for one trunk from its curve and decays, with its decay parameters ``fixed`` (another
+    trunk's, or pooled) or, when None, fitted too; None when the fit is not possible or fails. ``memo`` keeps fits
+    by their data, so a caller that predicts again after one trunk changed refits only what the change moved (a fit
+    is deterministic in its data, so a kept one is the one a refit would give)."""
+    fixed = {k: fixed[k] for k in DECAY_PARAMS} if fixed is not None else None
     key = None
     if memo is not None:
         h = hashlib.sha256(repr((sorted(fixed.items()) if fixed else None, options)).encode())
@@ -133,13 +138,11 @@ def _fit(curve: Curve, decays: Sequence[Curve], donor: dict[str, float] | None, 
         if key in memo:
             return memo[key]
     params = None
-    try:
-        if decays:
-            params = fit_curves([curve, *decays], options=options).params
-        elif fixed is not None:
-            params = fit_curves([curve], fixed=fixed, options=options).params
-    except FitError:
-        params = None
+    if decays or fixed is not None:
+        try:
+            params = fit_curves([curve, *decays], fixed=fixed, options=options).params
+        except FitError:
+            params = None
     if key is not None:
         memo[key] = params
     return params
@@ -149,24 +152,23 @@ def _end(params: dict[str, float], lr: np.ndarray) -> float:
     return float(predict(params, Curve(lr, np.array([lr.size])))[0])
 
 
-def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str, np.ndarray]],
-                       options: FitOptions | None = None,
-                       memo: dict[str, dict[str, float] | None] | None = None) -> CurvePredictions:
-    """The end loss of each decay in ``wanted`` ((trunk id, LR of every step from 1 to the decay's end)), from the
-    curves of ``trunks`` (one family), with the sd of log loss its held-out decays measure. ``memo``: the per-trunk
-    fits of earlier calls (see `_fit`), for a caller that predicts again as curves arrive."""
-    options = options or FitOptions(n_starts=4)
-    by_id = {t.trunk: t for t in trunks}
-    unknown = sorted({w for w, _ in wanted} - set(by_id))
-    if unknown:
-        raise FitError(f"no curve for trunk(s) {', '.join(unknown[:5])}: a decay end is predicted only from its "
-                       f"own trunk's curve")
-    problems: list[str] = []
-    own = {t.trunk: _fit(t.curve, t.decays, None, options, memo) for t in trunks if t.decays}
-    for t, p in own.items():
-        if p is None:
-            problems.append(f"trunk {t}: the law did not fit its curve and decays")
-    fitted = {t: p for t, p in own.items() if p is not None}
+def _rms(errors: Sequence[float]) -> float:
+    return float(np.sqrt(np.mean(np.square(errors)))) if len(errors) else float("nan")
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """One way of setting a trunk's decay parameters: its parameters for prediction (by trunk) and its held-out
+    decays (by trunk and index of the decay)."""
+
+    params: dict[str, dict[str, float]]
+    held: dict[tuple[str, int], HeldOut]
+
+
+def _own_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]], options: FitOptions,
+              memo: dict | None, problems: list[str]) -> _Mode:
+    """Each trunk's decay parameters fitted to its own decays; a trunk with none borrows those of the trunk of its
+    family with the most decay measurements."""
 
     def donor_for(exclude: str) -> dict[str, float] | None:
         others = [t for t in trunks if t.trunk in fitted and t.trunk != exclude]
@@ -184,22 +186,88 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
             problems.append(f"trunk {t.trunk}: no decay of its own and no other trunk's decay parameters to borrow")
         else:
             params[t.trunk] = p
-
-    held: list[HeldOut] = []
+    held = {}
     for t in trunks:
         for i, d in enumerate(t.decays):
             rest = t.decays[:i] + t.decays[i + 1:]
             p = _fit(t.curve, rest, None if rest else donor_for(t.trunk), options, memo)
             if p is not None:
-                held.append(HeldOut(t.trunk, int(d.lr.size), float(d.loss[-1]), _end(p, d.lr)))
-    errors = np.array([h.log_error for h in held])
-    sd = float(np.sqrt(np.mean(errors ** 2))) if errors.size else float("nan")
+                held[t.trunk, i] = HeldOut(t.trunk, int(d.lr.size), float(d.loss[-1]), _end(p, d.lr))
+    return _Mode(params, held)
+
+
+def _pooled_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]], options: FitOptions,
+                 memo: dict | None) -> _Mode | None:
+    """Each trunk's decay parameters fixed at the median of its family's other fitted trunks' own (its L0, A, alpha
+    still fitted to its curve and decays); None with fewer than two fitted trunks. The median never sees the trunk's
+    own decays, so its held-out decays are held out of the pooled parameters too."""
+    if len(fitted) < 2:
+        return None
+
+    def pooled_for(exclude: str) -> dict[str, float]:
+        others = [p for t, p in fitted.items() if t != exclude]
+        return {k: float(np.median([p[k] for p in others])) for k in DECAY_PARAMS}
+
+    params, held = {}, {}
+    for t in trunks:
+        fixed = pooled_for(t.trunk)
+        p = _fit(t.curve, t.decays, fixed, options, memo)
+        if p is not None:
+            params[t.trunk] = p
+        for i, d in enumerate(t.decays):
+            q = _fit(t.curve, t.decays[:i] + t.decays[i + 1:], fixed, options, memo)
+            if q is not None:
+                held[t.trunk, i] = HeldOut(t.trunk, int(d.lr.size), float(d.loss[-1]), _end(q, d.lr))
+    return _Mode(params, held)
+
+
+def _choose(own: _Mode, pooled: _Mode | None) -> tuple[str, _Mode, list[HeldOut], dict[str, float]]:
+    """The mode whose held-out decays err less, the held-out decays that measure that choice honestly, and each
+    mode's held-out RMS. A choice by the smaller of two errors is optimistic when scored on the decays it was made
+    on, so each decay is scored with the mode that the *other* held-out decays favour (a nested choice)."""
+    if pooled is None:
+        return "own", own, list(own.held.values()), {"own": _rms([h.log_error for h in own.held.values()])}
+    keys = [k for k in own.held if k in pooled.held]
+    if len(keys) < MIN_HELD_OUT:
+        return "own", own, list(own.held.values()), {"own": _rms([h.log_error for h in own.held.values()])}
+    e_own = np.array([own.held[k].log_error for k in keys])
+    e_pool = np.array([pooled.held[k].log_error for k in keys])
+    nested = []
+    for j, k in enumerate(keys):
+        rest = np.arange(len(keys)) != j
+        nested.append(pooled.held[k] if _rms(e_pool[rest]) < _rms(e_own[rest]) else own.held[k])
+    rms = {"own": _rms(e_own), "pooled": _rms(e_pool)}
+    return ("pooled", pooled, nested, rms) if rms["pooled"] < rms["own"] else ("own", own, nested, rms)
+
+
+def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str, np.ndarray]],
+                       options: FitOptions | None = None,
+                       memo: dict[str, dict[str, float] | None] | None = None) -> CurvePredictions:
+    """The end loss of each decay in ``wanted`` ((trunk id, LR of every step from 1 to the decay's end)), from the
+    curves of ``trunks`` (one family), with the sd of log loss its held-out decays measure. The decay parameters
+    are each trunk's own or pooled over the family, whichever predicts the held-out decays better (`_choose`).
+    ``memo``: the per-trunk fits of earlier calls (see `_fit`), for a caller that predicts again as curves arrive."""
+    options = options or FitOptions(n_starts=4)
+    by_id = {t.trunk: t for t in trunks}
+    unknown = sorted({w for w, _ in wanted} - set(by_id))
+    if unknown:
+        raise FitError(f"no curve for trunk(s) {', '.join(unknown[:5])}: a decay end is predicted only from its "
+                       f"own trunk's curve")
+    problems: list[str] = []
+    own = {t.trunk: _fit(t.curve, t.decays, None, options, memo) for t in trunks if t.decays}
+    for t, p in own.items():
+        if p is None:
+            problems.append(f"trunk {t}: the law did not fit its curve and decays")
+    fitted = {t: p for t, p in own.items() if p is not None}
+    pooling, mode, held, rms = _choose(_own_mode(trunks, fitted, options, memo, problems),
+                                  _pooled_mode(trunks, fitted, options, memo))
+    sd = _rms([h.log_error for h in held])
     if len(held) < MIN_HELD_OUT:
         problems.append(f"{len(held)} observed decay(s) could be held out (need {MIN_HELD_OUT}): the predictions' "
                         f"error is not measured, so none is made; observe another decay")
-        return CurvePredictions(np.full(len(wanted), np.nan), sd, tuple(held), tuple(problems))
-    losses = np.array([_end(params[w], lr) if w in params else np.nan for w, lr in wanted])
-    return CurvePredictions(losses, sd, tuple(held), tuple(problems))
+        return CurvePredictions(np.full(len(wanted), np.nan), sd, tuple(held), tuple(problems), pooling, rms)
+    losses = np.array([_end(mode.params[w], lr) if w in mode.params else np.nan for w, lr in wanted])
+    return CurvePredictions(losses, sd, tuple(held), tuple(problems), pooling, rms)
 
 
 def is_predicted(df: pd.DataFrame) -> np.ndarray:

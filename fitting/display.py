@@ -77,15 +77,21 @@ def evidence(r: dict[str, Any]) -> str | None:
 
 def curves_lines(curves: dict[str, Any]) -> list[str]:
     """The record's ``curves``: how many decays each table got from trunk curves, the noise that weighted them, and
-    why a family gave none."""
+    per family its held-out error and whose decay parameters it used, or why it gave none."""
     if not curves:
         return []
     points = ", ".join(f"{k} {v}" for k, v in (curves.get("points") or {}).items() if v)
     sigma = (curves.get("noise") or {}).get("point_sd")
     lines = [f"predicted decays from trunk curves: {points or 'none'}"
              + (f" (weighted against point noise {sigma:.2%})" if sigma is not None else "")]
-    lines += [f"family {name}: no predictions: {f['why']}" for name, f in (curves.get("families") or {}).items()
-              if f.get("why")]
+    for name, f in (curves.get("families") or {}).items():
+        if f.get("why"):
+            lines.append(f"family {name}: no predictions: {f['why']}")
+        elif f.get("sd") is not None:  # a record from before the pooling choice says nothing of it
+            whose = {"pooled": ", decay parameters pooled over its trunks",
+                     "own": ", decay parameters each trunk's own"}.get(f.get("pooling"), "")
+            lines.append(f"family {name}: {f.get('n_predicted', 0)} predicted, held-out error {f['sd']:.2%} on "
+                         f"{f.get('n_held_out', 0)} decays{whose}")
     return lines
 
 

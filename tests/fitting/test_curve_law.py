@@ -70,6 +70,22 @@ def test_gradient_is_exact():
     assert np.allclose(g, numeric, rtol=1e-4, atol=1e-9)
 
 
+def test_a_fixed_decay_term_is_the_one_the_free_law_computes_with_an_exact_gradient():
+    trunk, decay = trunk_and_decay(0.003)
+    T, y = _terms([trunk, decay], PEAK), np.concatenate([trunk.loss, decay.loss])
+    free = _Problem(MULTI_POWER, T, y, {}, 1e-3)
+    theta = free.starts()[0]
+    fixed = _Problem(MULTI_POWER, T, y, {k: v for k, v in free.params(theta).items() if k in DECAY_PARAMS}, 1e-3)
+    assert fixed.fixed_decay is not None  # computed once, not per step of the search
+    sub = theta[[i for i, p in enumerate(free.free) if p.name not in DECAY_PARAMS]]
+    f, g = fixed.value_and_grad(sub)
+    assert f == pytest.approx(free.value_and_grad(theta)[0], rel=1e-12)
+    h = 1e-6
+    numeric = [(fixed.value_and_grad(sub + e)[0] - fixed.value_and_grad(sub - e)[0]) / (2 * h)
+               for e in np.eye(sub.size) * h]
+    assert np.allclose(g, numeric, rtol=1e-4, atol=1e-9)
+
+
 def test_recovers_its_parameters_and_predicts_held_out_decays():
     trunk, decay = trunk_and_decay(0.0)
     fit = fit_curves([trunk, decay], options=FitOptions(n_starts=2))

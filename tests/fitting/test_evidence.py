@@ -53,7 +53,9 @@ def split(tables: dict[str, pd.DataFrame], sd_pred: float) -> tuple[dict[str, pd
                 "scratch": moe[~moe_pred].reset_index(drop=True)}
     predicted = {k: df[m].assign(**{SOURCE: PREDICTED, SD_PRED: sd_pred}).reset_index(drop=True)
                  for k, df, m in (("upcycled", up, up_pred), ("scratch", moe, moe_pred))}
-    return observed, PredictedDecays(predicted, {"all": {"sd": sd_pred, "n_predicted": 0}})
+    report = {"sd": sd_pred, "n_predicted": sum(len(t) for t in predicted.values()), "n_held_out": 6,
+              "pooling": "pooled"}
+    return observed, PredictedDecays(predicted, {"all": report})
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +141,7 @@ def test_the_user_reads_what_each_dstar_rests_on(trusted) -> None:
     assert f"{ev['predicted_share']:.0%} of its precision rests on 72 predicted decays (held-out error 0.0%), " \
            f"{1 - ev['predicted_share']:.0%} on 64 observed; observed decays alone: D* " in text
     assert "predicted decays from trunk curves: scratch 12, upcycled 60 (weighted against point noise" in text
+    assert "family all: 72 predicted, held-out error 0.01% on 6 decays, decay parameters pooled over its trunks" in text
     assert "of its precision rests on" in analysis._repr_html_()
 
 
