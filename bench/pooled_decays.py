@@ -1,11 +1,11 @@
-"""Held-out decay ends with each trunk's own decay parameters (today) against parameters pooled over its family.
+"""Held-out decay ends with each trunk's own decay parameters, pooled over its family, and the family's choice.
 
-fitting/curve_observations.py fits the multi-power law to each trunk's curve and decays, so a trunk's decay parameters
-(B, C, beta, gamma) come from its own two or three decays; its held-out errors set every predicted row's weight. The
-candidate: a trunk's decay parameters fixed at the median of its family's other trunks' own fits, and only L0, A and
-alpha fitted to its curve and decays. Each observed decay is held out in turn and predicted both ways (the pooled
-parameters never see the trunk's own decays), and the root mean square of the log errors is printed for both, with
-their ratio, on two sets of curves:
+fitting/curve_observations.py predicts a family's decay ends with each trunk's decay parameters (B, C, beta, gamma)
+fitted to its own two or three decays ("own") or fixed at the median of the family's other trunks' fits ("pooled"),
+whichever predicts its held-out decays better, and scores that choice nested (each held-out decay predicted the way
+the family's other held-out decays favour) so that picking the better of two errors does not make it look smaller.
+Every observed decay is held out in turn; this prints the root mean square of the held-out log errors each way and
+the nested one the predictions' weight rests on, on two sets of curves:
 
 - the simulation's (bench/design_curves.py: a noise-floor law, not the multi-power one), every decay of the
   active-design grid bought, one ground truth per seed (bench/active_design.py's draw);
@@ -27,47 +27,28 @@ from demo_replay import DATA, Replay
 from design_curves import FIT, CurveSim
 from threadpoolctl import threadpool_limits
 
-from upscale.fitting.curve_law import DECAY_PARAMS, Curve, fit_curves, predict
-from upscale.fitting.curve_observations import HeldOut, TrunkCurves, predict_decay_ends
+from upscale.fitting.curve_observations import CurvePredictions, predict_decay_ends
+
+WAYS = ("own", "pooled", "chosen")
 
 
-def _end(params: dict[str, float], lr: np.ndarray) -> float:
-    return float(predict(params, Curve(lr, np.array([lr.size])))[0])
-
-
-def pooled_errors(trunks: Sequence[TrunkCurves]) -> list[float]:
-    """Each observed decay's held-out log error with the trunk's decay parameters pooled over the other trunks."""
-    own = {t.trunk: fit_curves([t.curve, *t.decays], options=FIT).params for t in trunks if t.decays}
-    out = []
-    for t in trunks:
-        others = [p for name, p in own.items() if name != t.trunk]
-        if not others:
-            continue
-        fixed = {k: float(np.median([p[k] for p in others])) for k in DECAY_PARAMS}
-        for i, d in enumerate(t.decays):
-            rest = t.decays[:i] + t.decays[i + 1:]
-            params = fit_curves([t.curve, *rest], fixed=fixed, options=FIT).params
-            out.append(HeldOut(t.trunk, int(d.lr.size), float(d.loss[-1]), _end(params, d.lr)).log_error)
-    return out
-
-
-def family_errors(curves: CurveSim, family: str, segments: set[str]) -> tuple[list[float], list[float]]:
-    """Today's held-out log errors and the pooled ones, for one family with everything in ``segments`` bought."""
+def family_errors(curves: CurveSim, family: str, segments: set[str]) -> CurvePredictions:
+    """One family's predictions with everything in ``segments`` bought: its held-out errors each way."""
     _, trunks, _, _ = curves.family_trunks(family, segments)
-    today = predict_decay_ends(trunks, [], FIT)
-    return [h.log_error for h in today.held_out], pooled_errors(trunks)
+    return predict_decay_ends(trunks, [], FIT)
 
 
-def rms(errors: Sequence[float]) -> float:
-    return float(np.sqrt(np.mean(np.square(errors)))) if errors else float("nan")
-
-
-def row(label: str, today: list[float], pooled: list[float]) -> dict:
-    out = {"curves": label, "n_today": len(today), "n_pooled": len(pooled), "rms_today": rms(today),
-           "rms_pooled": rms(pooled)}
-    out["ratio"] = out["rms_pooled"] / out["rms_today"]
-    print(f"{label:32s} held out {len(today):3d} / {len(pooled):3d}   rms today {out['rms_today']:.4f}   "
-          f"pooled {out['rms_pooled']:.4f}   pooled / today {out['ratio']:.2f}", flush=True)
+def row(label: str, got: Sequence[CurvePredictions]) -> dict:
+    """The held-out RMS each way over several families' predictions (each weighted by its held-out decays)."""
+    n = np.array([len(g.held_out) for g in got], dtype=float)
+    square = {"own": [g.held_out_rms["own"] ** 2 for g in got],
+              "pooled": [g.held_out_rms.get("pooled", np.nan) ** 2 for g in got],
+              "chosen": [g.sd ** 2 for g in got]}
+    out = {"curves": label, "n_held_out": int(n.sum()), "pooled_chosen": sum(g.pooling == "pooled" for g in got),
+           "families": len(got), **{f"rms_{k}": float(np.sqrt(np.sum(n * v) / n.sum())) for k, v in square.items()}}
+    print(f"{label:32s} held out {out['n_held_out']:3d}   rms own {out['rms_own']:.4f}   pooled "
+          f"{out['rms_pooled']:.4f}   chosen (nested) {out['rms_chosen']:.4f}   pooled in {out['pooled_chosen']} of "
+          f"{len(got)}", flush=True)
     return out
 
 
@@ -79,16 +60,14 @@ def main() -> None:
     t0, rows = time.perf_counter(), []
     p = grid_plan()
     target = float(max(s.observation.N1 for s in p.observations()))
-    sim_errors: dict[str, tuple[list[float], list[float]]] = {"up": ([], []), "moe": ([], [])}
+    sim_got: dict[str, list[CurvePredictions]] = {"up": [], "moe": []}
     with threadpool_limits(1):
         for seed in range(args.truths):
             sim = Sim(p, draw_truths(1, target, np.random.default_rng(100 + seed))[0], target, seed=100 + seed)
             bought = {q.segment for q in sim.pool} | {s for lay in sim.curves.layout.values() for s, _, _ in lay.pieces}
-            for family, (today, pooled) in sim_errors.items():
-                got = family_errors(sim.curves, family, bought)
-                today += got[0]
-                pooled += got[1]
-        rows += [row(f"simulated {family} ({args.truths} truths)", *errs) for family, errs in sim_errors.items()]
+            for family, got in sim_got.items():
+                got.append(family_errors(sim.curves, family, bought))
+        rows += [row(f"simulated {family} ({args.truths} truths)", got) for family, got in sim_got.items()]
         data = json.loads(DATA.read_text())
         for group in ("naive", "drop"):
             curves = Replay(data, group).curves
@@ -97,8 +76,8 @@ def main() -> None:
             for family in sorted({lay.family for lay in curves.layout.values()}):
                 if group == "drop" and family == "moe":
                     continue  # the same from-scratch trunks as the naive group's
-                rows.append(row(f"demo {group if family == 'up' else 'from scratch'}", *family_errors(
-                    curves, family, bought)))
+                rows.append(row(f"demo {group if family == 'up' else 'from scratch'}",
+                                [family_errors(curves, family, bought)]))
     print(f"{time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:

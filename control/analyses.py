@@ -123,13 +123,16 @@ def analysis_params(n1s: Sequence[float] | None, bootstrap: int, seed: int,
 def curve_trunks(services: Services, sweep_ids: Sequence[str], curves: bool,
                  cache: ObservationCache | None = None) -> list[TrunkCurves] | None:
     """The sweeps' trunk curves as the decay predictions read them, when asked for (``curves``) and some trunk has a
-    decay on its trained part to predict; reading them is cheap (through ``cache``, a tick's observation reads),
-    the predictions are the analysis's work."""
+    decay on its trained part to predict; read once per ``cache`` (a refit tick's reads), the predictions are the
+    analysis's work."""
     if not curves:
         return None
     from upscale.control.curves import fitting_trunks, sweep_curves
 
-    trunks = fitting_trunks(sweep_curves(services, sweep_ids, cache))
+    def read() -> list[TrunkCurves]:
+        return fitting_trunks(sweep_curves(services, sweep_ids, cache))
+
+    trunks = cache.curves(sweep_ids, read) if cache is not None else read()
     return trunks if any(t.interior for t in trunks) else None
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,14 +45,23 @@ def fit_path(home: Path, fit_id: str) -> Path:
 
 
 class ObservationCache:
-    """Observation reads shared by one refit tick: each sweep's observations are loaded once and each
-    (sweep, kind) table built once, however many schedules and kinds ask for them. Live for one tick only, so
-    the next tick sees new observations."""
+    """Observation reads shared by one refit tick: each sweep's observations are loaded once, each (sweep, kind)
+    table built once and each set of sweeps' trunk curves read once, however many schedules and kinds ask for them.
+    Live for one tick only, so the next tick sees new observations and curves."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
         self._records: dict[str, list[ObservationRecord]] = {}
         self._tables: dict[tuple[str, str], pd.DataFrame] = {}
+        self._curves: dict[tuple[str, ...], Any] = {}
+
+    def curves(self, sweep_ids: Sequence[str], read: Callable[[], Any]) -> Any:
+        """The trunk curves of ``sweep_ids`` as ``read`` gives them (control/analyses.py `curve_trunks`), read once
+        per tick: on a production sweep the decays' per-step LR schedules are the larger part of a tick's reads."""
+        key = tuple(sweep_ids)
+        if key not in self._curves:
+            self._curves[key] = read()
+        return self._curves[key]
 
     def records(self, sweep_id: str) -> list[ObservationRecord]:
         """The sweep's observation records, loaded once (the tables and the trunk curves both read them)."""

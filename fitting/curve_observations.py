@@ -11,10 +11,13 @@ not see it (its trunk's curve and that trunk's other decays, or, where it has no
 decay parameters of another trunk's fit); the root mean square of those held-out log errors is the predictions' sd.
 With fewer than ``MIN_HELD_OUT`` held-out decays there is no measured error, and nothing is predicted.
 
-A trunk without an observed decay takes its decay parameters (B, C, beta, gamma: how much a decay gains) from the
-fitted trunk of its family with the most decay measurements; the caller passes one family at a time (trunks of one
-kind of model, whose decays behave alike: dense, from-scratch MoE, one upcycled group), with LRs as multipliers of
-each trunk's own peak so that the decay parameters are in one unit across the family.
+The caller passes one family at a time (trunks of one kind of model, whose decays behave alike: dense, from-scratch
+MoE, one upcycled group), with LRs as multipliers of each trunk's own peak so that the decay parameters (B, C, beta,
+gamma: how much a decay gains) are in one unit across the family. Those parameters are set one of two ways, and the
+family uses the one whose held-out decays err less: each trunk's own (fitted to its decays; a trunk with none
+borrows the family's trunk with the most decay measurements), or pooled (the median of the family's other trunks'
+own fits, so that two or three noisy decays of one trunk do not set them alone). The sd then scores that choice on
+decays it was not made on (`_choose`), so picking the better of two errors does not make the error look smaller.
 
 ``predicted_decays`` turns the trunks of every family into rows of the analysis tables (``source`` "predicted", the
 trunk id of the observed branches of that trunk, so that the cluster bootstrap resamples a trunk's predicted and

@@ -70,8 +70,9 @@ def test_racing_refit_loops_claim_a_cron_minute_once(tmp_path, mlflow_uri) -> No
 
 
 def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, monkeypatch) -> None:
-    """Two schedules over the same two sweeps: one tick loads each sweep's observations once (the analyses then
-    cannot run, as there are none yet, and each schedule records its own error)."""
+    """Two schedules over the same two sweeps: one tick loads each sweep's observations and reads its trunk curves
+    (its segments) once (the analyses then cannot run, as there are none yet, and each schedule records its own
+    error)."""
     from collections import Counter
 
     from tests.api.test_auth_validation import SPEC
@@ -89,10 +90,12 @@ def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, 
         create_schedule(services, RefitScheduleCreate(name=name, trigger="on_new_observations", request=request), "t")
     reads, observations = Counter(), services.store.observations
     monkeypatch.setattr(services.store, "observations", lambda s: reads.update([s]) or observations(s))
+    segment_reads, members = Counter(), services.store.members
+    monkeypatch.setattr(services.store, "members", lambda s: segment_reads.update([s]) or members(s))
     RefitLoop(services).tick()
-    assert reads == Counter(ids)
+    assert reads == Counter(ids) and segment_reads == Counter(ids)
     assert [s.last_error for s in schedules(services)] == [f"sweep {', '.join(sorted(ids))} has no finished "
                                                            "segments yet: the analysis needs the losses of finished "
                                                            "decay segments; it runs by itself when they finish"] * 2
     RefitLoop(services).tick()  # a new tick reads afresh (the inputs are unchanged: nothing fires)
-    assert reads == Counter(ids * 2)
+    assert reads == Counter(ids * 2) and segment_reads == Counter(ids * 2)
