@@ -7,9 +7,10 @@ any of those points, so a grid point on an already-trained part of a trunk has a
 
 Such a number is a prediction, not an observation, and is kept apart from observed decays everywhere: it carries how
 far it can be trusted, measured rather than assumed. Each observed decay is predicted once more from a fit that does
-not see it (its trunk's curve and that trunk's other decays, or, where it has none left, the trunk's curve with the
-decay parameters of another trunk's fit); the root mean square of those held-out log errors is the predictions' sd.
-With fewer than ``MIN_HELD_OUT`` held-out decays there is no measured error, and nothing is predicted.
+not see it (its trunk's curve and that trunk's other decays, with the trunk's own decay parameters, another trunk's
+where it has no decay left, or the family's pooled ones: see below); the root mean square of those held-out log
+errors is the predictions' sd. With fewer than ``MIN_HELD_OUT`` held-out decays there is no measured error, and
+nothing is predicted.
 
 The caller passes one family at a time (trunks of one kind of model, whose decays behave alike: dense, from-scratch
 MoE, one upcycled group), with LRs as multipliers of each trunk's own peak so that the decay parameters (B, C, beta,
@@ -200,7 +201,7 @@ def _own_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]]
 
 
 def _pooled_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]], options: FitOptions,
-                 memo: dict | None) -> _Mode | None:
+                 memo: dict | None, problems: list[str]) -> _Mode | None:
     """Each trunk's decay parameters fixed at the median of its family's other fitted trunks' own (its L0, A, alpha
     still fitted to its curve and decays); None with fewer than two fitted trunks. The median never sees the trunk's
     own decays, so its held-out decays are held out of the pooled parameters too."""
@@ -215,7 +216,10 @@ def _pooled_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, floa
     for t in trunks:
         fixed = pooled_for(t.trunk)
         p = _fit(t.curve, t.decays, fixed, options, memo)
-        if p is not None:
+        if p is None:
+            problems.append(f"trunk {t.trunk}: the law did not fit its curve with its family's pooled decay "
+                            f"parameters")
+        else:
             params[t.trunk] = p
         for i, d in enumerate(t.decays):
             q = _fit(t.curve, t.decays[:i] + t.decays[i + 1:], fixed, options, memo)
@@ -262,8 +266,11 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
         if p is None:
             problems.append(f"trunk {t}: the law did not fit its curve and decays")
     fitted = {t: p for t, p in own.items() if p is not None}
-    pooling, mode, held, rms = _choose(_own_mode(trunks, fitted, options, memo, problems),
-                                  _pooled_mode(trunks, fitted, options, memo))
+    pooled_problems: list[str] = []
+    own_mode = _own_mode(trunks, fitted, options, memo, problems)
+    pooling, mode, held, rms = _choose(own_mode, _pooled_mode(trunks, fitted, options, memo, pooled_problems))
+    if pooling == "pooled":
+        problems += pooled_problems
     sd = _rms([h.log_error for h in held])
     if len(held) < MIN_HELD_OUT:
         problems.append(f"{len(held)} observed decay(s) could be held out (need {MIN_HELD_OUT}): the predictions' "
