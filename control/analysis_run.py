@@ -23,7 +23,8 @@ chart as one point, so it is a tag (`headline`), a column the runs table can sho
 run logs its points again at the same N1 and D2, later in time. With decays predicted from trunk curves, each D*'s
 share of its precision on them and the D* of the observed decays alone are curves too
 (`dstar/<group>/predicted_share`, `dstar/<group>/observed_only`), and per group the largest share and the decays
-behind its laws are tags (`analysis.evidence.<group>.*`). Tags go in batches of MLflow's limit per call.
+behind its laws are tags (`analysis.evidence.<group>.*`), as are each curve family's held-out error and whose decay
+parameters it used (`analysis.curves.<family>.*`). Tags go in batches of MLflow's limit per call.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, RunTag
 
-from upscale.fitting.groups import group_label, group_slug
+from upscale.fitting.groups import as_slug, group_label, group_slug
 from upscale.orchestrator.tracking import NOTE, RunTree, run_link
 from upscale.sweeps import run_tags
 
@@ -218,7 +219,24 @@ def headline(record: dict) -> dict[str, str]:
         for k, v in ((up.get("fit") or {}).get("params") or {}).items():
             out[f"analysis.fit.{slug}.{k}"] = v
         out |= _evidence(slug, up)
-    return {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in out.items() if _number(v)}
+    numbers = {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in out.items() if _number(v)}
+    return numbers | _curve_families(record)
+
+
+def _curve_families(record: dict) -> dict[str, str]:
+    """With curves: per family that predicted decays, their held-out error and whose decay parameters they use
+    (`analysis.curves.<family>.held_out_sd`, `.decay_parameters`: "own" or "pooled"; the record says why a family
+    predicted none)."""
+    out = {}
+    for name, f in ((record.get("curves") or {}).get("families") or {}).items():
+        base = f"analysis.curves.{as_slug(name) or 'all'}"
+        if f.get("why"):
+            continue
+        if _number(f.get("sd")):
+            out[f"{base}.held_out_sd"] = f"{f['sd']:.4g}"
+        if f.get("pooling"):
+            out[f"{base}.decay_parameters"] = str(f["pooling"])
+    return out
 
 
 def _evidence(slug: str, up: dict[str, Any]) -> dict[str, Any]:

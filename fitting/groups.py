@@ -33,7 +33,13 @@ def group_label(group: dict[str, Any]) -> str:
 
 def group_slug(group: dict[str, Any]) -> str:
     """``group_label`` as a file or folder name: ``naive_8x2``, ``drop_r0.5_8x2``; ``all`` for an ungrouped table."""
-    return re.sub(r"[^A-Za-z0-9.x]+", "_", group_label(group).replace("r=", "r")).strip("_") or "all"
+    return as_slug(group_label(group).replace("r=", "r")) or "all"
+
+
+def as_slug(text: str) -> str:
+    """``text`` as a file, folder or tag name part: every run of other characters than letters, digits and dots one
+    underscore, none at either end (``upcycled naive 8x2`` -> ``upcycled_naive_8x2``)."""
+    return re.sub(r"[^A-Za-z0-9.x]+", "_", text).strip("_")
 
 
 def upcycled_groups(upcycled: pd.DataFrame) -> list[tuple[dict[str, Any], pd.DataFrame]]:

@@ -247,9 +247,15 @@ def test_curves_put_each_dstars_predicted_share_in_mlflow_in_batches_it_accepts(
                                   "predicted_share": share, "observed_dstar": 2.5e9}}
                for r, share in zip(RECORD_NEW["upcycled"][0]["dstar"]["results"], (0.38, 0.6), strict=False)]
     up = {**RECORD_NEW["upcycled"][0], "dstar": {**RECORD_NEW["upcycled"][0]["dstar"], "results": results}}
-    record = {**RECORD_NEW, "upcycled": [up]}
+    families = {"upcycled naive 8x2": {"sd": 0.01523, "pooling": "pooled", "n_predicted": 8},
+                "scratch": {"sd": 0.0199, "pooling": "own", "n_predicted": 0, "why": "no decay to predict"}}
+    record = {**RECORD_NEW, "upcycled": [up], "curves": {"families": families}}
     tags = headline(record)
     assert tags["analysis.evidence.all.predicted"] == "12" and tags["analysis.evidence.all.observed"] == "50"
+    # each family that predicted: its held-out error and whose decay parameters (none for one that predicted none)
+    assert {k: v for k, v in tags.items() if k.startswith("analysis.curves.")} == {
+        "analysis.curves.upcycled_naive_8x2.held_out_sd": "0.01523",
+        "analysis.curves.upcycled_naive_8x2.decay_parameters": "pooled"}
     assert tags["analysis.evidence.all.predicted_share"] == "0.6"  # the largest of its D*s
     points = {(m.key, m.step): m.value for m in curves(record)}
     assert points[("dstar/all/predicted_share", 10000)] == 0.6 and points[("dstar/all/observed_only", 10000)] == 2.5e9
