@@ -23,7 +23,7 @@ from sqlalchemy import bindparam, select, update
 
 from upscale.control.records import TokenRecord
 from upscale.control.services import LOCAL_OWNER
-from upscale.orchestrator.records import as_utc, utcnow
+from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.store import Store
 
 Scope = Literal["read", "write", "admin"]

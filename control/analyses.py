@@ -42,7 +42,7 @@ from upscale.control.records import AnalysisRecord
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic, DecisionPublic
 from upscale.control.supervised import SupervisedLoop
 from upscale.fitting.errors import FitError
-from upscale.orchestrator.records import as_utc, utcnow
+from upscale.orchestrator.clock import as_utc, utcnow
 
 if TYPE_CHECKING:
     from upscale.control.analysis_jobs import AnalysisJobs

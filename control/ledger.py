@@ -24,8 +24,9 @@ from upscale.control.analyses import latest_analysis
 from upscale.control.records import AnalysisRecord, PredictionRecord, SweepOwnerRecord
 from upscale.fitting.design import Z80, Z95
 from upscale.fitting.prediction import predict_observation
+from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.hooks import Hooks
-from upscale.orchestrator.records import SegmentRecord, as_utc, utcnow
+from upscale.orchestrator.records import SegmentRecord
 
 if TYPE_CHECKING:
     from upscale.orchestrator.store import Store

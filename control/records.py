@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from upscale.orchestrator.records import Base, utcnow
+from upscale.orchestrator.clock import utcnow
+from upscale.orchestrator.records import Base
 
 
 class TokenRecord(Base):

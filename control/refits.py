@@ -39,7 +39,8 @@ from upscale.control.records import AnalysisRecord, RefitRecord, RefitScheduleRe
 from upscale.control.schemas import RefitPublic, RefitRequest, RefitRun, RefitScheduleCreate
 from upscale.control.services import Services
 from upscale.control.supervised import SupervisedLoop
-from upscale.orchestrator.records import ObservationRecord, SweepSegmentRecord, as_utc, utcnow
+from upscale.orchestrator.clock import as_utc, utcnow
+from upscale.orchestrator.records import ObservationRecord, SweepSegmentRecord
 
 STUCK_AFTER_S = 3600.0  # a refit runs one analysis: longer than any of them takes
 

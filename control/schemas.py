@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from upscale.orchestrator.records import as_utc
+from upscale.orchestrator.clock import as_utc
 
 Kind = Literal["dense", "upcycled", "scratch"]
 # Every timestamp the API returns: timezone-aware UTC, so every route writes one ISO form ("2026-01-31T12:00:00.5Z");

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from upscale import storage
-from upscale.orchestrator.records import CheckpointRecord, SegmentRecord, utcnow
+from upscale.orchestrator.clock import utcnow
+from upscale.orchestrator.records import CheckpointRecord, SegmentRecord
 from upscale.orchestrator.store import Store
 from upscale.sweeps.segments import TRUNK_KINDS
 

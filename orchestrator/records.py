@@ -8,26 +8,19 @@ PostgreSQL.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar, Literal
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy import false as sa_false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from upscale.orchestrator.clock import utcnow
+
 SweepStatus = Literal["pending", "running", "done", "failed", "cancelling", "cancelled"]
 SegmentStatus = Literal["pending", "running", "done", "failed"]
 AttemptStatus = Literal["running", "done", "failed", "cancelled", "orphaned", "adopted", "invalidated"]
 CheckpointRole = Literal["final", "branch"]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def as_utc(when: datetime) -> datetime:
-    """``when`` as a timezone-aware UTC time: SQLite gives timestamps back naive, and they were written in UTC."""
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 class Base(DeclarativeBase):

@@ -42,11 +42,12 @@ from ray.core.generated.gcs_pb2 import GcsNodeInfo
 from upscale import storage
 from upscale.orchestrator import verbosity
 from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_running
+from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.infra import ClusterUnavailable, InfrastructureError, is_deterministic, is_infrastructure
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.observations import table
-from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, as_utc, utcnow
+from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store, checkpoint_at
 from upscale.orchestrator.task import SegmentFn, segment_task, train_segment

@@ -70,3 +70,13 @@ def test_import_upscale_is_light() -> None:
     code = "import sys, upscale; print(sorted(m for m in ('torch', 'ray', 'mlflow', 'deepspeed') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "[]"
+
+
+def test_the_cli_starts_without_the_store_or_the_server() -> None:
+    """The CLI's start (every `upscale` command, `--help` included) loads no SQLAlchemy, Alembic or FastAPI: the
+    commands that read the store or serve import them when they run (orchestrator/clock.py is why the request
+    schemas need no SQLAlchemy)."""
+    heavy = ('torch', 'ray', 'mlflow', 'deepspeed', 'sqlalchemy', 'alembic', 'fastapi')
+    code = f"import sys, upscale.api.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip() == "[]"

@@ -43,7 +43,7 @@ def token_create_command(
 def token_list_command() -> None:
     """Every token: name, id, scope, created, expires and state (active, expired or revoked); never the token."""
     from upscale.api.auth import state, tokens
-    from upscale.orchestrator.records import as_utc
+    from upscale.orchestrator.clock import as_utc
 
     def when(t) -> str:
         return "" if t is None else f"{as_utc(t):%Y-%m-%d %H:%M} UTC"

@@ -15,7 +15,7 @@ import pytest
 from tests.api.conftest import serve
 from upscale.api.auth import create_token, digest, tokens
 from upscale.client import ApiError, Client
-from upscale.orchestrator.records import as_utc, utcnow
+from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.settings import Settings
 
 UPSCALE = str(Path(sys.executable).parent / "upscale")

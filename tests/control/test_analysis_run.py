@@ -38,7 +38,7 @@ from upscale.control.analysis_run import (
 from upscale.control.refits import create_schedule, run_refit
 from upscale.control.schemas import RefitScheduleCreate
 from upscale.control.services import Services
-from upscale.orchestrator.records import as_utc
+from upscale.orchestrator.clock import as_utc
 from upscale.orchestrator.tracking import NOTE, RunTree
 
 

@@ -23,8 +23,9 @@ from upscale.fitting.analysis import analyze
 from upscale.fitting.design import Z80
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2
+from upscale.orchestrator.clock import utcnow
 from upscale.orchestrator.observations import table
-from upscale.orchestrator.records import ObservationRecord, utcnow
+from upscale.orchestrator.records import ObservationRecord
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.sweeps.planner import Observation, plan

@@ -22,7 +22,7 @@ from tests.orchestrator.segment_fns import counting_segment
 from tests.orchestrator.test_scheduler import ends, knobs, scheduler
 from upscale.control.services import Services
 from upscale.control.sweep_loop import SweepLoop
-from upscale.orchestrator.records import utcnow
+from upscale.orchestrator.clock import utcnow
 from upscale.orchestrator.scheduler import owner_id, runner_gone
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.tracking import RunTree
