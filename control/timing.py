@@ -18,14 +18,8 @@ from sqlalchemy import select
 from upscale.control.plans import estimate_basis
 from upscale.control.schemas import SweepTiming
 from upscale.control.services import Services
-from upscale.orchestrator.records import (
-    AttemptRecord,
-    SegmentRecord,
-    SweepRecord,
-    SweepSegmentRecord,
-    as_utc,
-    utcnow,
-)
+from upscale.orchestrator.clock import as_utc, utcnow
+from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
 from upscale.sweeps.planner import eta_s, gpu_flops_per_s, seconds_of
 from upscale.sweeps.segments import SegmentSpec
 from upscale.sweeps.spec import SweepSpec

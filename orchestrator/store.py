@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from upscale.home import private_file
+from upscale.orchestrator.clock import utcnow
 from upscale.orchestrator.errors import ConflictError, NotFoundError
 from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.records import (
@@ -34,7 +35,6 @@ from upscale.orchestrator.records import (
     SegmentRecord,
     SweepRecord,
     SweepSegmentRecord,
-    utcnow,
 )
 from upscale.sweeps.planner import PlannedSegment
 from upscale.sweeps.reuse import unversioned_ids
