@@ -9,12 +9,14 @@ plan` reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from upscale.orchestrator.store import Store
 from upscale.sweeps.planner import Plan, PlannedSegment
 from upscale.sweeps.reuse import other_cuts, unversioned_ids
 from upscale.sweeps.segments import TRUNK_KINDS
+
+if TYPE_CHECKING:  # SQLAlchemy: a plan with no store to compare with (a base-only install) needs none
+    from upscale.orchestrator.store import Store
 
 
 @dataclass(frozen=True)

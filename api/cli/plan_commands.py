@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from upscale.api.cli.app import console, register_user_error
+from upscale.orchestrator.errors import OrchestratorError
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.spec import SpecError, check_memory, load_spec
 
@@ -41,14 +42,20 @@ def segment_list(p: Plan) -> list[dict]:
 
 
 def in_store(p: Plan, reuse_stale: bool) -> PlanInStore:
-    """``p`` compared with the local state store; with no store yet, nothing is done (planning creates none)."""
+    """``p`` compared with the local state store; with no store yet, nothing is done (planning creates none), and a
+    base-only install (no SQLAlchemy) plans with no store and is told what to install to read one."""
     from upscale.orchestrator.plan_in_store import PlanInStore, compare
     from upscale.orchestrator.settings import get_settings
-    from upscale.orchestrator.store import Store
 
     url = get_settings().db_url
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         return PlanInStore(p, reuse_stale=reuse_stale)
+    try:
+        from upscale.orchestrator.store import Store
+    except ImportError as e:
+        raise OrchestratorError(f"the state store at {url} is read with the worker extra, which this install lacks "
+                                f"({e}): pip install 'upscale[worker]' to see what of the plan is done, or plan with "
+                                f"an UPSCALE_HOME that holds no store") from None
     store = Store(url)
     try:
         return compare(store, p, reuse_stale)
