@@ -52,7 +52,7 @@ def in_store(p: Plan, reuse_stale: bool) -> PlanInStore:
         return PlanInStore(p, reuse_stale=reuse_stale)
     try:
         from upscale.orchestrator.store import Store
-    except ImportError as e:
+    except ModuleNotFoundError as e:  # a package of the worker extra (any other import error is a bug: raised)
         raise OrchestratorError(f"the state store at {url} is read with the worker extra, which this install lacks "
                                 f"({e}): pip install 'upscale[worker]' to see what of the plan is done, or plan with "
                                 f"an UPSCALE_HOME that holds no store") from None
