@@ -13,7 +13,8 @@ one trunk shares the trunk's draw (the one its observed decays carry); each curv
 Curves are in units of STEP optimiser steps (STEP x 512 x 1024 tokens), sampled at ~24 points a trunk piece and 16 a
 decay, so a family's curve fits stay affordable; each family's predictions are cached on what its trunks have
 bought, so nothing is refitted until new curve data arrive, and each trunk's fits are kept by their data, so new data
-refit only the trunks they change (and those borrowing decay parameters from a changed donor).
+refit only the trunks they change, those borrowing decay parameters from a changed donor, and the pooled fits whose
+family median they move.
 """
 
 from __future__ import annotations

@@ -552,8 +552,10 @@ def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_A
         latest = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == sweep_id, ANSWERING)
                           .order_by(AnalysisRecord.created_at.desc()).limit(1))
     if latest is not None and latest.observations_hash == observations_hash(tables) and not interrupted(latest):
-        had = (latest.params or {}).get("curves")
-        if had is None or had == analysis_params(None, 0, 0, trunks=trunks).get("curves"):
+        from upscale.fitting.curve_observations import trunks_hash
+
+        had = (latest.params or {}).get("curves")  # the hash of the curves it predicted from (`analysis_params`)
+        if had is None or had == (trunks_hash(trunks) if trunks else None):
             return None
     return run_analysis(services, [sweep_id], bootstrap=bootstrap, owner=sweep_owner(services, sweep_id),
                         trigger="completed" if latest is None else "observations", tables=tables, progress=progress,

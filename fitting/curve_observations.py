@@ -125,31 +125,27 @@ class CurvePredictions:
 
 
 def _fit(curve: Curve, decays: Sequence[Curve], fixed: dict[str, float] | None, options: FitOptions,
-         memo: dict[str, dict[str, float] | None] | None = None) -> dict[str, float] | None:
+         memo: dict[str, dict[str, float] | None]) -> dict[str, float] | None:
     """The law's parameters for one trunk from its curve and decays, with its decay parameters ``fixed`` (another
     trunk's, or pooled) or, when None, fitted too; None when the fit is not possible or fails. ``memo`` keeps fits
-    by their data, so a caller that predicts again after one trunk changed refits only what the change moved (a fit
-    is deterministic in its data, so a kept one is the one a refit would give)."""
+    by their data, so the same fit is run once and a caller that predicts again after one trunk changed refits only
+    what the change moved (a fit is deterministic in its data, so a kept one is the one a refit would give)."""
     fixed = {k: fixed[k] for k in DECAY_PARAMS} if fixed is not None else None
-    key = None
-    if memo is not None:
-        h = hashlib.sha256(repr((sorted(fixed.items()) if fixed else None, options)).encode())
-        for c in (curve, *decays):
-            for a in (c.lr, c.steps, c.loss):
-                h.update(np.ascontiguousarray(a, dtype=float).tobytes())
-            h.update(b"|")
-        key = h.hexdigest()
-        if key in memo:
-            return memo[key]
-    params = None
-    if decays or fixed is not None:
-        try:
-            params = fit_curves([curve, *decays], fixed=fixed, options=options).params
-        except FitError:
-            params = None
-    if key is not None:
+    h = hashlib.sha256(repr((sorted(fixed.items()) if fixed else None, options)).encode())
+    for c in (curve, *decays):
+        for a in (c.lr, c.steps, c.loss):
+            h.update(np.ascontiguousarray(a, dtype=float).tobytes())
+        h.update(b"|")
+    key = h.hexdigest()
+    if key not in memo:
+        params = None
+        if decays or fixed is not None:
+            try:
+                params = fit_curves([curve, *decays], fixed=fixed, options=options).params
+            except FitError:
+                params = None
         memo[key] = params
-    return params
+    return memo[key]
 
 
 def _end(params: dict[str, float], lr: np.ndarray) -> float:
@@ -170,7 +166,7 @@ class _Mode:
 
 
 def _own_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]], options: FitOptions,
-              memo: dict | None, problems: list[str]) -> _Mode:
+              memo: dict, problems: list[str]) -> _Mode:
     """Each trunk's decay parameters fitted to its own decays; a trunk with none borrows those of the trunk of its
     family with the most decay measurements."""
 
@@ -201,7 +197,7 @@ def _own_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]]
 
 
 def _pooled_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]], options: FitOptions,
-                 memo: dict | None, problems: list[str]) -> _Mode | None:
+                 memo: dict, problems: list[str]) -> _Mode | None:
     """Each trunk's decay parameters fixed at the median of its family's other fitted trunks' own (its L0, A, alpha
     still fitted to its curve and decays); None with fewer than two fitted trunks. The median never sees the trunk's
     own decays, so its held-out decays are held out of the pooled parameters too."""
@@ -232,10 +228,8 @@ def _choose(own: _Mode, pooled: _Mode | None) -> tuple[str, _Mode, list[HeldOut]
     """The mode whose held-out decays err less, the held-out decays that measure that choice honestly, and each
     mode's held-out RMS. A choice by the smaller of two errors is optimistic when scored on the decays it was made
     on, so each decay is scored with the mode that the *other* held-out decays favour (a nested choice)."""
-    if pooled is None:
-        return "own", own, list(own.held.values()), {"own": _rms([h.log_error for h in own.held.values()])}
-    keys = [k for k in own.held if k in pooled.held]
-    if len(keys) < MIN_HELD_OUT:
+    keys = [k for k in own.held if pooled is not None and k in pooled.held]
+    if pooled is None or len(keys) < MIN_HELD_OUT:
         return "own", own, list(own.held.values()), {"own": _rms([h.log_error for h in own.held.values()])}
     e_own = np.array([own.held[k].log_error for k in keys])
     e_pool = np.array([pooled.held[k].log_error for k in keys])
@@ -255,6 +249,8 @@ def predict_decay_ends(trunks: Sequence[TrunkCurves], wanted: Sequence[tuple[str
     are each trunk's own or pooled over the family, whichever predicts the held-out decays better (`_choose`).
     ``memo``: the per-trunk fits of earlier calls (see `_fit`), for a caller that predicts again as curves arrive."""
     options = options or FitOptions(n_starts=4)
+    memo = memo if memo is not None else {}  # within one call too: the two ways share fits (in a family of two
+    # trunks the pooled decay parameters are the borrowed donor's)
     by_id = {t.trunk: t for t in trunks}
     unknown = sorted({w for w, _ in wanted} - set(by_id))
     if unknown:
