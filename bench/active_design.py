@@ -29,12 +29,19 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
 - upscale_curves: the same with loss curves (bench/design_curves.py: every bought trunk piece and decay logs a curve
   drawn from a noise-floor law, not the multi-power law that predicts from it). Each family's curves predict the
   decay ends on the trained trunk parts (fitting/curve_observations.py), at the grid's budgets and at off-grid ones
-  between them (bench/design_curves.py's `offgrid_ends`: never bought, never in the pool), which the fit takes as
-  rows weighted by `prediction_weight` and the criterion as rows with their held-out sd; actions also include trunk
-  extensions (to the next branch point, no decay), and a started trunk whose remaining decays cannot move D* at the
-  fit nor at a few parameter draws from its covariance is stopped, re-examined every round (`StopRule`). Its design
+  between them (bench/design_curves.py's `offgrid_ends`: never in the pool, and this method never buys them), which
+  the fit takes as rows weighted by `prediction_weight` and the criterion as rows with their held-out sd; actions
+  also include trunk extensions (to the next branch point, no decay), and a started trunk whose remaining decays
+  cannot move D* at the fit nor at a few parameter draws from its covariance is stopped, re-examined every round
+  (`StopRule`). Its design
   width counts its predicted rows with their measured sd; its intervals weigh them too. upscale_curves_grid_rows is
   the same without the off-grid rows, upscale_curves_no_stop without stopping (each part measured on the same cases).
+- upscale_curves_any_branch: upscale_curves free to branch a decay anywhere along a trunk, as `upscale suggest`'s
+  interior budgets do: the off-grid decays can be bought too, each observed as a grid decay is (its end drawn from
+  the truth with its trunk's draw, its curve from the same noise-floor law) and charged its decay and its trunk only
+  up to its branch point, which may lie inside a trunk piece (the curve it reveals stops there); on a trunk already
+  trained past it, the span from the cut before it is retrained too (`Sim.retrain`). They never join the pool: the
+  full grid's width stays the target.
 - grid_stop: the full planned grid in the order a scheduler finishes it (waves of equal tokens along the DAG), with
   curves and off-grid rows, refitting after each wave and stopping the trunks the same rule says cannot move D*; its
   fraction is where it reaches the full grid's width, ``grid_stop_spent`` what it spent by its end (at most 1).
@@ -124,8 +131,10 @@ SLACK = 1.10  # "as narrow as the full grid's": within 10% of its width (a subse
 ERROR_CAP = 3.0  # decades: the error of an estimate without a crossing
 LAW = {"moe": get_law("chinchilla"), "up": get_law("joint")}
 FREE = {k: tuple(n for n in law.param_names if n != "E") for k, law in LAW.items()}
-CURVE_METHODS = {  # name: (off-grid predicted rows, stopping): upscale_curves and its parts switched off one by one
-    "upscale_curves": (True, True), "upscale_curves_grid_rows": (False, True), "upscale_curves_no_stop": (True, False)}
+CURVE_METHODS = {  # name: (off-grid predicted rows, stopping, off-grid decays bought): upscale_curves, its parts
+    # switched off one by one, and the same free to branch anywhere along a trunk
+    "upscale_curves": (True, True, False), "upscale_curves_grid_rows": (False, True, False),
+    "upscale_curves_no_stop": (True, False, False), "upscale_curves_any_branch": (True, True, True)}
 METHODS = ("upscale", *CURVE_METHODS, "grid_stop", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
 Seed = int | list[int]  # of one ground truth's noise draw: numpy takes a list as one seed
 
@@ -317,6 +326,8 @@ class Sim:
         self.curves = CurveSim(p, self.end_loss, effect, self.y, GAIN_AT_1E9 * math.exp(rng.normal(0, 0.2)),
                                np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0]), NOISE)
         self.virtual = self.offgrid_points()
+        self.offgrid_pool = self.observe_offgrid(p, effect, np.random.default_rng(np.random.SeedSequence(seed)
+                                                                                  .spawn(3)[2]))
         self.pilot = self._pilot()
         self.budgets = BUDGETS
         self.oracle = Fitter()
@@ -327,8 +338,8 @@ class Sim:
         self.run_cost = {q.segment: self.dag.cost({q.segment}) for q in self.pool}
 
     def offgrid_points(self) -> dict[str, Point]:
-        """The off-grid decays the curves predict, as points of their trunk's law (never in the pool: nothing can
-        buy them, a design only learns their predicted loss)."""
+        """The off-grid decays the curves predict, as points of their trunk's law (never in the pool: the grid's
+        designs only learn their predicted loss; upscale_curves_any_branch may buy them, `observe_offgrid`)."""
         out = {}
         for t, decays in self.curves.offgrid.items():
             q = next(q for q in self.pool if q.trunk == t)
@@ -336,6 +347,26 @@ class Sim:
                 coords = {**q.coords, "D" if q.law == "moe" else "D2": float(self.curves.offgrid_tokens(key))}
                 out[key] = Point(q.law, coords, t, key)
         return out
+
+    def observe_offgrid(self, p: Plan, effect: dict[str, float], rng: np.random.Generator) -> list[Point]:
+        """The off-grid decays made buyable (upscale_curves_any_branch): each gets an observed end (the truth's law
+        times its trunk's draw and its own noise), the curve its decay logs, and a segment of the DAG (its decay,
+        costing what its trunk's grid decays cost per token, hanging from the trunk piece it branches from, which
+        it needs only up to its branch point). Drawn from a stream of their own: the grid's draws stay put."""
+        for key, q in self.virtual.items():
+            mean = LAW[q.law].predict(self.true[q.law], {c: np.array([v]) for c, v in q.coords.items()})[0]
+            self.y[key] = mean * math.exp(effect[q.trunk] + rng.normal(0, NOISE))
+        self.curves.add_offgrid_curves(self.y, self.end_loss, effect, rng, NOISE)
+        unit = self.curves.unit
+        for t, decays in self.curves.offgrid.items():
+            lay = self.curves.layout[t]
+            grid = self.dag.segments[next(iter(lay.decays))]
+            for key, branch, end in decays:
+                start = branch * unit
+                piece = next(sid for sid, a, b in lay.pieces if a < start <= b)
+                self.dag.segments[key] = DagSegment(grid.flops / grid.tokens * (end - branch) * unit,
+                                                    (end - branch) * unit, (piece,), start, end * unit)
+        return list(self.virtual.values())
 
     def point(self, key: str) -> Point:
         """A decay of the pool or an off-grid one, by its segment or key."""
@@ -362,7 +393,22 @@ class Sim:
         return self.cost_segments({q.segment for q in bought}, {q.segment for q in extra})
 
     def cost_segments(self, have: set[str], extra: set[str]) -> float:
-        return self.dag.cost(have | extra) - self.dag.cost(have)
+        return self.dag.cost(have | extra) - self.dag.cost(have) + self.retrain(have, extra)
+
+    def retrain(self, have: set[str], extra: set[str]) -> float:
+        """The FLOPs of retraining a trunk span for each off-grid decay in ``extra`` whose trunk ``have`` trained
+        past its branch point: a trunk keeps checkpoints only at its cuts (its pieces' ends and the off-grid decays
+        bought on it), so such a branch retrains from the cut before it, as a store's interior budget does."""
+        flops = 0.0
+        for key in extra & set(self.virtual):
+            seg, t = self.dag.segments[key], self.virtual[key].trunk
+            if self.curves.reach(t, have) <= seg.start:
+                continue
+            piece = self.dag.segments[seg.parents[0]]
+            cuts = [self.dag.segments[k].start for k in (have | extra) & set(self.virtual)
+                    if self.virtual[k].trunk == t and piece.start <= self.dag.segments[k].start < seg.start]
+            flops += piece.flops * (seg.start - max([piece.start, *cuts])) / piece.tokens
+        return flops
 
     def rows(self, fitter: Fitter, points: list[Point]) -> dict[str, Rows]:
         """Observed rows, each keyed by its decay segment (it replaces a predicted row of that decay)."""
@@ -557,8 +603,8 @@ def choose_upscale_curves(sim: Sim, state: State, left: list[Point],
 
     def rows_of(a: tuple[Point, ...] | Extension) -> dict[str, Rows]:
         after = have | bought_by(a)
-        newly = [d for t in {sim.by_segment[s].trunk if s in sim.by_segment else a.trunk for s in bought_by(a)}
-                 for d in sim.curves.predictable(t, sim.curves.trained(t, after), state.offgrid)
+        trunks = {a.trunk} if isinstance(a, Extension) else {q.trunk for q in a}
+        newly = [d for t in trunks for d in sim.curves.predictable(t, sim.curves.reach(t, after), state.offgrid)
                  if d not in after and d not in state.predicted]
         observed = sim.rows(state.fitter, [] if isinstance(a, Extension) else list(a))
         guessed = sim.predicted_rows(state.fitter, newly, state.sd_pred)
@@ -581,7 +627,7 @@ def stop_trunks(sim: Sim, state: State, left: list[Point], rng: np.random.Genera
         return
     have = state.have()
     rests = {t: [q for q in left if q.trunk == t] for t in sim.curves.layout}
-    rests = {t: rest for t, rest in rests.items() if rest and sim.curves.trained(t, have)}
+    rests = {t: rest for t, rest in rests.items() if rest and sim.curves.reach(t, have)}
     if not rests:
         return
     views = [(state.fitter, state.criterion), *sim.plausible(state, rule.draws, rng)]
@@ -676,11 +722,11 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed, until_width: 
     if name == "grid_stop":
         return run_grid_stop(sim, width_full, seed)
     rng, draws = np.random.default_rng(seed), stop_rng(seed)
-    offgrid, stopping = CURVE_METHODS.get(name, (False, False))
+    offgrid, stopping, anywhere = CURVE_METHODS.get(name, (False, False, False))
     state = State(list(sim.pilot), sim.fitter(), curves=name in CURVE_METHODS, offgrid=offgrid, stopping=stopping)
     state.spent = sim.cost([], state.bought)
     sim.refit(state, set(LAW), None)
-    left = [q for q in sim.pool if q not in set(state.bought)]
+    left = [q for q in sim.pool if q not in set(state.bought)] + (sim.offgrid_pool if anywhere else [])
     full = sim.dag.full
     errors = {f: sim.error(state) for f in ("0.1", "0.2")}
     reached: Outcome | None = None

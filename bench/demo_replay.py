@@ -133,6 +133,7 @@ class Replay(Sim):
         pieces = [Piece(s["key"], s["kind"], s["start_tokens"], s["end_tokens"], s["trunk"]) for s in segs]
         self.curves = DemoCurves(data, {q.trunk for q in self.pool}, pieces)
         self.virtual = self.offgrid_points()
+        self.offgrid_pool = []  # nothing trained an off-grid decay: they are predicted, never bought
         self.pilot = self._pilot()
         ceiling = min(self.y[q.segment] for q in self.pool)
         search = minimize_scalar(lambda e: fit_all(self.pool, self.y, e)[1], bounds=(0.05, 0.99 * ceiling),

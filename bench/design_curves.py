@@ -126,34 +126,49 @@ class CurveSim:
         self.cache: dict[tuple, tuple[CurvePredictions, dict[str, float]]] = {}
         self.fits: dict[str, dict[str, float] | None] = {}  # per-trunk curve fits by their data (predict_decay_ends)
 
-        def g(tokens: np.ndarray) -> np.ndarray:
-            return gain * (tokens / 1e9) ** -GAIN_SLOPE
-
+        self.gain = gain
         for t, lay in self.layout.items():
             for sid, start, end in lay.pieces:
                 at = np.unique(np.linspace(max(units(p, start), self.warmup) + 1, units(p, end), PIECE_POINTS)
                                .round().astype(int))
-                tokens = at * STEP * p.segments[0].spec.tokens_per_step
-                log_loss = np.log([end_loss(t, float(d)) for d in tokens]) + g(tokens)
+                tokens = at * self.unit
+                log_loss = np.log([end_loss(t, float(d)) for d in tokens]) + self.g(tokens)
                 self.piece_curves[sid] = (at, np.exp(log_loss + effect[t] + rng.normal(0, noise, at.size)))
             for sid, (start, end) in lay.decays.items():
-                s0, s1 = units(p, start), units(p, end)
-                lr = self.lr(s1, s0)
-                ema, m = np.empty(s1 - s0), 1.0
-                tau = max((s1 - s0) / 4, 1.0)
-                for i, eta in enumerate(lr[s0:]):
-                    m += (eta - m) / tau
-                    ema[i] = m
-                h = (ema - self.final) / (1 - self.final)
-                u = np.arange(1, s1 - s0 + 1) / (s1 - s0)
-                at = np.unique(np.linspace(s0 + 1, s1, DECAY_POINTS).round().astype(int))
-                idx = at - s0 - 1
-                tokens = at * STEP * p.segments[0].spec.tokens_per_step
-                log_loss = np.log([end_loss(t, float(d)) for d in tokens]) + g(tokens) * (h[idx] - h[-1] * u[idx])
-                loss = np.exp(log_loss + effect[t] + rng.normal(0, noise, at.size))
-                loss[-1] = observed[sid]  # the decay's end is the observation itself
-                self.decay_curves[sid] = Curve(lr, at, loss)
+                self.decay_curves[sid] = self.decay_curve(t, units(p, start), units(p, end), observed[sid],
+                                                          end_loss, effect[t], rng, noise)
         self.offgrid = self.offgrid_decays(sched.decay_fraction)
+
+    def g(self, tokens: np.ndarray) -> np.ndarray:
+        """The decay gain at constant LR, of log loss: how far a trunk sits above its decay ends at ``tokens``."""
+        return self.gain * (tokens / 1e9) ** -GAIN_SLOPE
+
+    def decay_curve(self, trunk: str, s0: int, s1: int, end: float, end_loss: Callable[[str, float], float],
+                    effect: float, rng: np.random.Generator, noise: float) -> Curve:
+        """The curve a decay from curve step ``s0`` to ``s1`` on ``trunk`` logs, ending on its observation ``end``."""
+        lr = self.lr(s1, s0)
+        ema, m = np.empty(s1 - s0), 1.0
+        tau = max((s1 - s0) / 4, 1.0)
+        for i, eta in enumerate(lr[s0:]):
+            m += (eta - m) / tau
+            ema[i] = m
+        h = (ema - self.final) / (1 - self.final)
+        u = np.arange(1, s1 - s0 + 1) / (s1 - s0)
+        at = np.unique(np.linspace(s0 + 1, s1, DECAY_POINTS).round().astype(int))
+        idx = at - s0 - 1
+        tokens = at * self.unit
+        log_loss = np.log([end_loss(trunk, float(d)) for d in tokens]) + self.g(tokens) * (h[idx] - h[-1] * u[idx])
+        loss = np.exp(log_loss + effect + rng.normal(0, noise, at.size))
+        loss[-1] = end  # the decay's end is the observation itself
+        return Curve(lr, at, loss)
+
+    def add_offgrid_curves(self, observed: Mapping[str, float], end_loss: Callable[[str, float], float],
+                           effect: Mapping[str, float], rng: np.random.Generator, noise: float) -> None:
+        """The curves the off-grid decays would log if bought (each ending on its ``observed`` loss), drawn from a
+        stream of their own so that the grid's curves stay those of a design that cannot buy them."""
+        for t, decays in self.offgrid.items():
+            for key, s0, s1 in decays:
+                self.decay_curves[key] = self.decay_curve(t, s0, s1, observed[key], end_loss, effect[t], rng, noise)
 
     def offgrid_decays(self, fraction: float) -> dict[str, list[tuple[str, int, int]]]:
         """Each trunk's off-grid decays (key, branch step, end step): `offgrid_ends` of its grid's budgets, each
@@ -175,18 +190,25 @@ class CurveSim:
         _, branch, end = next(x for x in self.offgrid[trunk] if x[0] == key)
         return self.lr(end, branch)
 
-    def trained(self, trunk: str, segments: set[str]) -> int:
-        """How many of ``trunk``'s pieces the bought ``segments`` (pieces and decays) have trained."""
+    def reach(self, trunk: str, segments: set[str]) -> int:
+        """How far, in tokens, the bought ``segments`` have trained ``trunk`` (0: not at all): the end of its last
+        bought piece, or the branch point of a bought decay (a grid decay's needs its whole piece, an off-grid one's
+        only the part up to where it branches)."""
         lay = self.layout[trunk]
-        n = max((i + 1 for i, (sid, _, _) in enumerate(lay.pieces) if sid in segments), default=0)
-        branches = [lay.decays[d][0] for d in lay.decays if d in segments]
-        return max([n] + [lay.piece_reaching(b) for b in branches])
+        ends = [end for sid, _, end in lay.pieces if sid in segments]
+        ends += [lay.pieces[lay.piece_reaching(lay.decays[d][0]) - 1][2] for d in lay.decays if d in segments]
+        ends += [b * self.unit for k, b, _ in self.offgrid[trunk] if k in segments]
+        return max(ends, default=0)
 
-    def predictable(self, trunk: str, n_pieces: int, offgrid: bool = False) -> list[str]:
-        """The decays of ``trunk`` whose branch point lies on its first ``n_pieces`` pieces (with ``offgrid``, its
+    def trained(self, trunk: str, segments: set[str]) -> int:
+        """How many of ``trunk``'s pieces the bought ``segments`` (pieces and decays) have trained whole."""
+        reach = self.reach(trunk, segments)
+        return sum(end <= reach for _, _, end in self.layout[trunk].pieces)
+
+    def predictable(self, trunk: str, reach: int, offgrid: bool = False) -> list[str]:
+        """The decays of ``trunk`` whose branch point lies on its first ``reach`` tokens (with ``offgrid``, its
         off-grid decays there too: keys `offgrid_decays` names)."""
         lay = self.layout[trunk]
-        reach = lay.pieces[n_pieces - 1][2] if n_pieces else -1
         out = [d for d, (b, _) in lay.decays.items() if b <= reach]
         return out + [k for k, b, _ in self.offgrid[trunk] if b * self.unit <= reach] if offgrid else out
 
@@ -213,16 +235,21 @@ class CurveSim:
         for t, lay in self.layout.items():
             if lay.family != family:
                 continue
-            n = self.trained(t, segments)
-            if not n:
+            reach = self.reach(t, segments)
+            if not reach:
                 continue
-            decays = tuple(sorted(d for d in lay.decays if d in segments))
-            key_parts.append((t, n, decays))
-            at = np.concatenate([self.piece_curves[sid][0] for sid, _, _ in lay.pieces[:n]])
-            loss = np.concatenate([self.piece_curves[sid][1] for sid, _, _ in lay.pieces[:n]])
+            decays = tuple(sorted(d for d in [*lay.decays, *(k for k, _, _ in self.offgrid[t])] if d in segments))
+            key_parts.append((t, reach, decays))
+            parts = []
+            for sid, start, end in lay.pieces:
+                if start < reach:  # a piece trained whole, or the part of one up to an off-grid decay's branch
+                    a, v = self.piece_curves[sid]
+                    keep = a * self.unit <= reach if end > reach else slice(None)
+                    parts.append((a[keep], v[keep]))
+            at, loss = np.concatenate([a for a, _ in parts]), np.concatenate([v for _, v in parts])
             curve = Curve(self.lr(int(at[-1]), None), at, loss)
             trunks.append(TrunkCurves(t, curve, tuple(self.decay_curves[d] for d in decays), family, family))
-            for d in self.predictable(t, n, offgrid=True):
+            for d in self.predictable(t, reach, offgrid=True):
                 if d not in segments:
                     wanted.append((t, self.decay_curves[d].lr if d in lay.decays else self.offgrid_lr(t, d)))
                     ids.append(d)

@@ -1,7 +1,8 @@
 """bench/active_design.py --quick: the JSON the issue specifies, with figures a broken criterion or cost model would
 get wrong (the c-optimal design needs less of the full grid's FLOPs than picking points at random), and the
 curve-aware method's parts: its curves end where the truth's decays end, its off-grid predicted decays lie on bought
-trunk parts and are never bought, it never buys a stopped trunk; bench/demo_replay.py charges the planner's FLOPs
+trunk parts and never join the pool, one bought (upscale_curves_any_branch) costs its trunk only up to its branch and
+reveals no curve beyond it, it never buys a stopped trunk; bench/demo_replay.py charges the planner's FLOPs
 and grid_stop never spends more than the full grid."""
 
 from __future__ import annotations
@@ -68,6 +69,37 @@ def test_offgrid_predicted_decays_lie_on_bought_trunk_parts_and_never_join_the_p
     picked = bench.choose_upscale_curves(sim, curved, [q for q in sim.pool if q not in set(curved.bought)],
                                          np.random.default_rng(0))
     assert isinstance(picked, bench.Extension) or {q.segment for q in picked} <= pool
+
+
+def test_an_offgrid_decay_bought_costs_its_decay_and_its_trunk_to_its_branch_and_reveals_the_curve_to_there(
+        sim: bench.Sim) -> None:
+    curves, unit = sim.curves, sim.curves.unit
+    t, lay = next((t, lay) for t, lay in curves.layout.items() if lay.family == "up")
+    key, branch, _ = curves.offgrid[t][2]  # between the grid's second and third budgets
+    piece, start, end = next(p for p in lay.pieces if p[1] < branch * unit <= p[2])
+    assert start < branch * unit < end  # it branches inside a trunk piece
+    before = {sid for sid, _, e in lay.pieces if e <= start}
+    seg, decay, grid = sim.dag.segments[piece], sim.dag.segments[key], sim.dag.segments[next(iter(lay.decays))]
+    assert decay.flops / decay.tokens == pytest.approx(grid.flops / grid.tokens)
+    partial = seg.flops * (branch * unit - start) / seg.tokens
+    assert sim.cost_segments(before, {key}) == pytest.approx(partial + decay.flops)
+    trained_past = before | {piece}  # no checkpoint at its branch point: the span from the piece's start is retrained
+    assert sim.cost_segments(trained_past, {key}) == pytest.approx(partial + decay.flops)
+    lower, low_branch, _ = curves.offgrid[t][1]  # on the piece before: trained past too, retrained from its start
+    start_before = next(p[1] for p in lay.pieces if p[1] < low_branch * unit <= p[2])
+    low = sim.dag.segments[lower]
+    assert sim.cost_segments(trained_past, {key, lower}) == pytest.approx(
+        partial + decay.flops + low.flops + sim.dag.segments[low.parents[0]].flops * (low_branch * unit - start_before)
+        / sim.dag.segments[low.parents[0]].tokens)
+    assert sim.cost_segments(before | {key}, {piece}) == pytest.approx(seg.flops - partial)  # on from its branch
+    have = before | {key}
+    assert curves.reach(t, have) == branch * unit and curves.trained(t, have) == len(before)
+    _, trunks, _, ids = curves.family_trunks("up", have)
+    mine = next(tc for tc in trunks if tc.trunk == t)
+    assert start / unit < mine.curve.steps[-1] <= branch  # no curve beyond what was paid for
+    assert curves.decay_curves[key] in mine.decays and key not in ids  # observed, not predicted
+    assert curves.decay_curves[key].loss[-1] == sim.y[key] and key in {q.segment for q in sim.offgrid_pool}
+    assert not {q.segment for q in sim.offgrid_pool} & {q.segment for q in sim.pool}
 
 
 def test_a_stopped_trunk_is_never_bought(sim: bench.Sim, curved: bench.State) -> None:
