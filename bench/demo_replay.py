@@ -16,7 +16,12 @@ coverage is whether the design's 80% profile interval holds the full grid's D*. 
 with several seeds of the random choosers and the stop rule's parameter draws (the pilot is fixed: the cheapest
 corner, as in the simulation).
 
-    nice -n 10 .venv/bin/python bench/demo_replay.py [--group naive] [--seeds 3] [--json OUT]
+The demo grid decays only at its budgets, so its off-grid decays are predicted, never bought. With
+``--any-branch-data`` (bench/data/demo_any_branch.json: the same grid trained with a budget at every off-grid point
+besides, by bench/export_curves.py) upscale_curves_any_branch may buy them at their real losses and FLOPs; the pool,
+the full grid and its D* stay the demo grid's.
+
+    nice -n 10 .venv/bin/python bench/demo_replay.py [--group naive] [--seeds 3] [--any-branch-data FILE] [--json OUT]
 """
 
 from __future__ import annotations
@@ -117,7 +122,7 @@ def fit_all(pool: list[Point], y: dict[str, float], e: float) -> tuple[Fitter, f
 class Replay(Sim):
     """One real case: the demo's pool, costs and curves, the full grid's fit standing in for the truth."""
 
-    def __init__(self, data: dict, group: str) -> None:
+    def __init__(self, data: dict, group: str, extended: dict | None = None) -> None:
         self.pool = pool_of(data, group)
         if not any(q.law == "up" for q in self.pool):
             groups = sorted({o["method"] for o in data["observations"] if o["kind"] == "upcycled"})
@@ -132,8 +137,10 @@ class Replay(Sim):
         self.budgets = sorted({q.coords["D"] for q in self.pool if q.law == "moe"})
         pieces = [Piece(s["key"], s["kind"], s["start_tokens"], s["end_tokens"], s["trunk"]) for s in segs]
         self.curves = DemoCurves(data, {q.trunk for q in self.pool}, pieces)
+        if extended is not None:
+            self.observe_trained_offgrid(data, extended)
         self.virtual = self.offgrid_points()
-        self.offgrid_pool = []  # nothing trained an off-grid decay: they are predicted, never bought
+        self.offgrid_pool = [] if extended is None else list(self.virtual.values())  # else nothing trained them
         self.pilot = self._pilot()
         ceiling = min(self.y[q.segment] for q in self.pool)
         search = minimize_scalar(lambda e: fit_all(self.pool, self.y, e)[1], bounds=(0.05, 0.99 * ceiling),
@@ -154,14 +161,48 @@ class Replay(Sim):
     def fitter(self) -> Fitter:
         return Fitter(self.oracle.e)
 
+    def observe_trained_offgrid(self, data: dict, extended: dict) -> None:
+        """The off-grid decays as a real run trained them (``extended``: the demo grid with a budget at every
+        off-grid point besides, bench/data/demo_any_branch.json), buyable by upscale_curves_any_branch: each trunk's
+        off-grid decays become that run's (branch and end as it cut them), with their observed ends and curves, and
+        each a segment of this DAG hanging from the trunk piece it branches from, at that run's FLOPs. Trunks are
+        matched by their axes (the two runs cut them at other points, so their keys differ)."""
+        def axes(t: dict) -> tuple:
+            return tuple(sorted((k, v) for k, v in t["axes"].items() if k != "sweep"))
 
-def replay(data: dict, group: str, seeds: int, methods: tuple[str, ...]) -> dict:
+        ours = {t["trunk"]: axes(t) for t in data["trunks"]}
+        theirs = {axes(t): t for t in extended["trunks"]}
+        segments = {s["key"]: s for s in extended["segments"]}
+        unit = self.curves.unit
+        for t, lay in self.curves.layout.items():
+            grid_ends = {end for _, end in lay.decays.values()}
+            offgrid = []
+            for d in theirs[ours[t]]["decays"]:
+                if d["end_tokens"] in grid_ends:
+                    continue
+                key, branch, end = f"{t}@{d['end_tokens']}", d["branch_tokens"], d["end_tokens"]
+                lr = np.asarray(d["lr_multipliers"])
+                if not np.allclose(lr, self.curves.lr(end // unit, branch // unit)):
+                    raise ValueError(f"trunk {t}: the decay to {end} tokens is not the schedule the predictions assume")
+                at = np.array([tok for tok, _ in d["curve"]]) // unit
+                keep = at > branch // unit
+                self.curves.decay_curves[key] = Curve(lr, at[keep], np.array([v for _, v in d["curve"]])[keep])
+                self.y[key] = float(d["loss"])
+                piece = next(sid for sid, a, b in lay.pieces if a < branch <= b)
+                seg = segments[d["segment_key"]]
+                self.dag.segments[key] = DagSegment(seg["flops"], seg["tokens"], (piece,), branch, end)
+                offgrid.append((key, branch // unit, end // unit))
+            self.curves.offgrid[t] = offgrid
+
+
+def replay(data: dict, group: str, seeds: int, methods: tuple[str, ...], extended: dict | None = None) -> dict:
     t0 = time.perf_counter()
-    sim = Replay(data, group)
+    sim = Replay(data, group, extended)
     ref = State(list(sim.pool), sim.fitter())
     sim.refit(ref, set(LAW))
     width_full = sim.width(sim.pool)
-    random = {"random", "cost_random", "upscale_curves", "grid_stop"}  # methods a seed changes (draws, choosers)
+    # methods a seed changes (draws, choosers)
+    random = {"random", "cost_random", "upscale_curves", "upscale_curves_any_branch", "grid_stop"}
     out: dict[str, list] = {}
     for m in methods:
         for seed in range(seeds if m in random else 1):
@@ -193,8 +234,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seeds", type=int, default=1, help="seeds of the random choosers and the stop rule's draws")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods to replay")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    ap.add_argument("--any-branch-data", type=Path, default=None,
+                    help="the demo grid trained with its off-grid decays too (bench/data/demo_any_branch.json): "
+                         "upscale_curves_any_branch may then buy them; without it they are only predicted")
     args = ap.parse_args(argv)
-    figures = replay(json.loads(args.data.read_text()), args.group, args.seeds, tuple(args.methods.split(",")))
+    extended = json.loads(args.any_branch_data.read_text()) if args.any_branch_data else None
+    figures = replay(json.loads(args.data.read_text()), args.group, args.seeds, tuple(args.methods.split(",")),
+                     extended)
     text = json.dumps(figures, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
     print(text)
     if args.json:

@@ -175,6 +175,28 @@ def test_the_replay_charges_the_planners_flops_for_what_it_buys(replay: demo_rep
                                                            rel=1e-12)  # the trunk and dense parts are bought
     assert len(replay.pool) == 36 and not {q.segment for q in replay.pool} & set(replay.virtual)
     assert replay.dag.full == pytest.approx(replay.dag.cost({q.segment for q in replay.pool}))
+    assert not replay.offgrid_pool  # the demo grid trained no off-grid decay: they are only predicted
+
+
+def test_the_any_branch_replay_buys_the_off_grid_decays_a_real_run_trained(replay: demo_replay.Replay) -> None:
+    data = json.loads(demo_replay.DATA.read_text())
+    extended = json.loads((ROOT / "bench" / "data" / "demo_any_branch.json").read_text())
+    sim = demo_replay.Replay(data, "naive", extended)
+    assert [q.segment for q in sim.pool] == [q.segment for q in replay.pool] and sim.dag.full == replay.dag.full
+    assert {q.segment for q in sim.offgrid_pool} == set(sim.virtual) and len(sim.offgrid_pool) == 3 * 12
+    q = next(q for q in sim.offgrid_pool if q.law == "up" and q.coords["D2"] == 174080.0)
+    ours = next(t for t in data["trunks"] if t["trunk"] == q.trunk)["axes"]
+    theirs = next(t for t in extended["trunks"] if {**t["axes"], "sweep": "demo"} == ours)
+    decay = next(d for d in theirs["decays"] if d["end_tokens"] == 174080)
+    flops = next(s["flops"] for s in extended["segments"] if s["key"] == decay["segment_key"])
+    assert sim.y[q.segment] == decay["loss"] and sim.dag.segments[q.segment].flops == flops
+    assert sim.curves.decay_curves[q.segment].loss[-1] == decay["loss"]
+    lay = sim.curves.layout[q.trunk]
+    before = {sid for sid, _, end in lay.pieces if end <= decay["branch_tokens"]}
+    piece = next(sid for sid, a, b in lay.pieces if a < decay["branch_tokens"] < b)
+    partial = (sim.dag.segments[piece].flops * (decay["branch_tokens"] - sim.dag.segments[piece].start)
+               / sim.dag.segments[piece].tokens)
+    assert sim.cost_segments(before, {q.segment}) == pytest.approx(partial + flops)
 
 
 @pytest.mark.slow  # ~20 s: grid_stop refits the replay's curves after every wave
