@@ -33,9 +33,9 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
   the fit takes as rows weighted by `prediction_weight` and the criterion as rows with their held-out sd; actions
   also include trunk extensions (to the next branch point, no decay), and a started trunk whose remaining decays
   cannot move D* at the fit nor at a few parameter draws from its covariance is stopped, re-examined every round
-  (`StopRule`). Its design
-  width counts its predicted rows with their measured sd; its intervals weigh them too. upscale_curves_grid_rows is
-  the same without the off-grid rows, upscale_curves_no_stop without stopping (each part measured on the same cases).
+  (`StopRule`). Its design width counts its predicted rows with their measured sd; its intervals weigh them too.
+  upscale_curves_grid_rows is the same without the off-grid rows, upscale_curves_no_stop without stopping (each part
+  measured on the same cases).
 - upscale_curves_any_branch: upscale_curves free to branch a decay anywhere along a trunk, as `upscale suggest`'s
   interior budgets do: the off-grid decays can be bought too, each observed as a grid decay is (its end drawn from
   the truth with its trunk's draw, its curve from the same noise-floor law) and charged its decay and its trunk only

@@ -18,8 +18,9 @@ corner, as in the simulation).
 
 The demo grid decays only at its budgets, so its off-grid decays are predicted, never bought. With
 ``--any-branch-data`` (bench/data/demo_any_branch.json: the same grid trained with a budget at every off-grid point
-besides, by bench/export_curves.py) upscale_curves_any_branch may buy them at their real losses and FLOPs; the pool,
-the full grid and its D* stay the demo grid's.
+besides, by bench/export_curves.py) upscale_curves_any_branch may buy them at their real losses and FLOPs (and the
+retrained span where a trunk was trained past one, as in the simulation); the pool, the full grid and its D* stay the
+demo grid's.
 
     nice -n 10 .venv/bin/python bench/demo_replay.py [--group naive] [--seeds 3] [--any-branch-data FILE] [--json OUT]
 """
