@@ -41,7 +41,8 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
   the truth with its trunk's draw, its curve from the same noise-floor law) and charged its decay and its trunk only
   up to its branch point, which may lie inside a trunk piece (the curve it reveals stops there); on a trunk already
   trained past it, the span from the cut before it is retrained too (`Sim.retrain`). They never join the pool: the
-  full grid's width stays the target.
+  full grid's width stays the target. upscale_any_branch is today's design given the same freedom and no curve (its
+  chooser's actions are branches and whole trunks, none predicted): what branching anywhere gains by itself.
 - grid_stop: the full planned grid in the order a scheduler finishes it (waves of equal tokens along the DAG), with
   curves and off-grid rows, refitting after each wave and stopping the trunks the same rule says cannot move D*; its
   fraction is where it reaches the full grid's width, ``grid_stop_spent`` what it spent by its end (at most 1).
@@ -135,7 +136,9 @@ CURVE_METHODS = {  # name: (off-grid predicted rows, stopping, off-grid decays b
     # switched off one by one, and the same free to branch anywhere along a trunk
     "upscale_curves": (True, True, False), "upscale_curves_grid_rows": (False, True, False),
     "upscale_curves_no_stop": (True, False, False), "upscale_curves_any_branch": (True, True, True)}
-METHODS = ("upscale", *CURVE_METHODS, "grid_stop", "anchor", "anchor_marginal", "random", "cost_random", "cheapest")
+ANY_BRANCH = "upscale_any_branch"  # today's design free to branch anywhere too, reading no curve
+METHODS = ("upscale", ANY_BRANCH, *CURVE_METHODS, "grid_stop", "anchor", "anchor_marginal", "random", "cost_random",
+           "cheapest")
 Seed = int | list[int]  # of one ground truth's noise draw: numpy takes a list as one seed
 
 
@@ -692,7 +695,8 @@ def anchor_chooser(marginal: bool) -> Chooser:
     return choose
 
 
-CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, **{m: choose_upscale_curves for m in CURVE_METHODS},
+CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, ANY_BRANCH: choose_upscale_curves,
+                                **{m: choose_upscale_curves for m in CURVE_METHODS},
                                 "anchor": anchor_chooser(False),
                                 "anchor_marginal": anchor_chooser(True), "random": choose_random,
                                 "cost_random": choose_cost_random, "cheapest": choose_cheapest}
@@ -722,7 +726,7 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed, until_width: 
     if name == "grid_stop":
         return run_grid_stop(sim, width_full, seed)
     rng, draws = np.random.default_rng(seed), stop_rng(seed)
-    offgrid, stopping, anywhere = CURVE_METHODS.get(name, (False, False, False))
+    offgrid, stopping, anywhere = CURVE_METHODS.get(name, (False, False, name == ANY_BRANCH))
     state = State(list(sim.pilot), sim.fitter(), curves=name in CURVE_METHODS, offgrid=offgrid, stopping=stopping)
     state.spent = sim.cost([], state.bought)
     sim.refit(state, set(LAW), None)
