@@ -366,7 +366,7 @@ class Sim:
             grid = self.dag.segments[next(iter(lay.decays))]
             for key, branch, end in decays:
                 start = branch * unit
-                piece = next(sid for sid, a, b in lay.pieces if a < start <= b)
+                piece = lay.pieces[lay.piece_reaching(start) - 1][0]
                 self.dag.segments[key] = DagSegment(grid.flops / grid.tokens * (end - branch) * unit,
                                                     (end - branch) * unit, (piece,), start, end * unit)
         return list(self.virtual.values())
@@ -403,12 +403,13 @@ class Sim:
         past its branch point: a trunk keeps checkpoints only at its cuts (its pieces' ends and the off-grid decays
         bought on it), so such a branch retrains from the cut before it, as a store's interior budget does."""
         flops = 0.0
-        for key in extra & set(self.virtual):
+        offgrid = self.virtual.keys()
+        for key in offgrid & extra:
             seg, t = self.dag.segments[key], self.virtual[key].trunk
             if self.curves.reach(t, have) <= seg.start:
                 continue
             piece = self.dag.segments[seg.parents[0]]
-            cuts = [self.dag.segments[k].start for k in (have | extra) & set(self.virtual)
+            cuts = [self.dag.segments[k].start for k in offgrid & (have | extra)
                     if self.virtual[k].trunk == t and piece.start <= self.dag.segments[k].start < seg.start]
             flops += piece.flops * (seg.start - max([piece.start, *cuts])) / piece.tokens
         return flops

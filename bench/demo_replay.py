@@ -189,7 +189,7 @@ class Replay(Sim):
                 keep = at > branch // unit
                 self.curves.decay_curves[key] = Curve(lr, at[keep], np.array([v for _, v in d["curve"]])[keep])
                 self.y[key] = float(d["loss"])
-                piece = next(sid for sid, a, b in lay.pieces if a < branch <= b)
+                piece = lay.pieces[lay.piece_reaching(branch) - 1][0]
                 seg = segments[d["segment_key"]]
                 self.dag.segments[key] = DagSegment(seg["flops"], seg["tokens"], (piece,), branch, end)
                 offgrid.append((key, branch // unit, end // unit))

@@ -229,9 +229,9 @@ def _curve_families(record: dict) -> dict[str, str]:
     predicted none)."""
     out = {}
     for name, f in ((record.get("curves") or {}).get("families") or {}).items():
-        base = f"analysis.curves.{as_slug(name) or 'all'}"
         if f.get("why"):
             continue
+        base = f"analysis.curves.{as_slug(name) or 'all'}"
         if _number(f.get("sd")):
             out[f"{base}.held_out_sd"] = f"{f['sd']:.4g}"
         if f.get("pooling"):
