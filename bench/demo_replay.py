@@ -22,7 +22,14 @@ besides, by bench/export_curves.py) upscale_curves_any_branch may buy them at th
 retrained span where a trunk was trained past one, as in the simulation); the pool, the full grid and its D* stay the
 demo grid's.
 
-    nice -n 10 .venv/bin/python bench/demo_replay.py [--group naive] [--seeds 3] [--any-branch-data FILE] [--json OUT]
+The demo grid is too small for a design to save much: its pilot alone costs 0.23 of it. ``--grid-of``
+(bench/data/wide_any_branch.json: a wider grid at the demo's scale, 4 sizes and 4 budgets of naive upcycling, trained
+with its off-grid decays) replays the grid that run holds (`grid_view`: the off-grid decays removed, each trunk's
+pieces merged back to the grid's cuts; the demo's view is the demo grid itself, plan, FLOPs and losses) and lets
+upscale_curves_any_branch buy the off-grid decays from the same run.
+
+    nice -n 10 .venv/bin/python bench/demo_replay.py [--group naive] [--seeds 3] [--any-branch-data FILE]
+        [--grid-of FILE] [--json OUT]
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from active_design import (  # bench/active_design.py: the methods, fit and inte
     run_method,
     table,
 )
-from design_curves import CurveSim, Piece, layouts
+from design_curves import TRUNK_KINDS, CurveSim, Piece, layouts
 from scipy.optimize import minimize_scalar
 
 from upscale.fitting.curve_law import Curve
@@ -196,6 +203,37 @@ class Replay(Sim):
             self.curves.offgrid[t] = offgrid
 
 
+def grid_view(raw: dict) -> dict:
+    """The grid of a run trained with its off-grid decays too (bench/data/wide_any_branch.json), as if it had been
+    trained alone: its budgets are the upcycled D1s (the grid's D1, D2 and from-scratch budgets are one list), the
+    decays that end elsewhere are dropped, and each trunk's pieces are merged back to the cuts the grid needs (a
+    merged piece keeps its last piece's key, so what branches from it still finds its parent, and sums the FLOPs)."""
+    grid = {o["D1"] for o in raw["observations"] if o["kind"] == "upcycled"}
+    dropped = {o["segment_key"] for o in raw["observations"]
+               if (o["kind"] == "upcycled" and o["D2"] not in grid) or (o["kind"] == "scratch" and o["D"] not in grid)}
+    segments = [s for s in raw["segments"] if s["key"] not in dropped]
+    children: dict[str, set[str]] = {}
+    for s in segments:
+        for p in s["parents"]:
+            children.setdefault(p, set()).add(s["key"])
+    kept = []
+    for trunk in dict.fromkeys(s["trunk"] for s in segments):
+        pieces = sorted((s for s in segments if s["trunk"] == trunk and s["kind"] in TRUNK_KINDS),
+                        key=lambda s: s["start_tokens"])
+        run: list[dict] = []
+        for s, after in zip(pieces, [*pieces[1:], None], strict=False):
+            run.append(s)
+            if after is None or children.get(s["key"], set()) - {after["key"]}:  # something else branches here
+                kept.append({**s, "flops": sum(r["flops"] for r in run), "tokens": sum(r["tokens"] for r in run),
+                             "parents": run[0]["parents"], "start_tokens": run[0]["start_tokens"]})
+                run = []
+    merged = {s["key"] for s in segments if s["kind"] in TRUNK_KINDS}
+    out = [s for s in segments if s["key"] not in merged] + kept
+    trunks = [{**t, "decays": [d for d in t["decays"] if d["segment_key"] not in dropped]} for t in raw["trunks"]]
+    return {**raw, "observations": [o for o in raw["observations"] if o["segment_key"] not in dropped],
+            "segments": out, "trunks": trunks, "total_flops": sum(s["flops"] for s in out)}
+
+
 def replay(data: dict, group: str, seeds: int, methods: tuple[str, ...], extended: dict | None = None) -> dict:
     t0 = time.perf_counter()
     sim = Replay(data, group, extended)
@@ -238,10 +276,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--any-branch-data", type=Path, default=None,
                     help="the demo grid trained with its off-grid decays too (bench/data/demo_any_branch.json): "
                          "upscale_curves_any_branch may then buy them; without it they are only predicted")
+    ap.add_argument("--grid-of", type=Path, default=None,
+                    help="a grid trained with its off-grid decays too (bench/data/wide_any_branch.json): replay its "
+                         "grid (`grid_view`), upscale_curves_any_branch free to buy the off-grid decays; replaces "
+                         "--data and --any-branch-data")
     args = ap.parse_args(argv)
-    extended = json.loads(args.any_branch_data.read_text()) if args.any_branch_data else None
-    figures = replay(json.loads(args.data.read_text()), args.group, args.seeds, tuple(args.methods.split(",")),
-                     extended)
+    if args.grid_of is not None:
+        extended = json.loads(args.grid_of.read_text())
+        data = grid_view(extended)
+    else:
+        extended = json.loads(args.any_branch_data.read_text()) if args.any_branch_data else None
+        data = json.loads(args.data.read_text())
+    figures = replay(data, args.group, args.seeds, tuple(args.methods.split(",")), extended)
     text = json.dumps(figures, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
     print(text)
     if args.json:

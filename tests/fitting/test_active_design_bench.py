@@ -199,6 +199,25 @@ def test_the_any_branch_replay_buys_the_off_grid_decays_a_real_run_trained(repla
     assert sim.cost_segments(before, {q.segment}) == pytest.approx(partial + flops)
 
 
+def test_the_grid_view_of_a_run_with_off_grid_decays_is_the_grid_trained_alone() -> None:
+    """`grid_view` of the demo trained with its off-grid decays gives back the demo grid's plan, FLOPs and losses,
+    which is what lets the wide grid (bench/data/wide_any_branch.json) be replayed from one training run."""
+    demo = json.loads(demo_replay.DATA.read_text())
+    view = demo_replay.grid_view(json.loads((ROOT / "bench" / "data" / "demo_any_branch.json").read_text()))
+
+    def shape(data: dict) -> list:
+        return sorted((s["kind"], s["start_tokens"], s["end_tokens"], s["flops"]) for s in data["segments"])
+
+    def losses(data: dict) -> dict:
+        return {(o["kind"], o["N1"], o["D1"], o["D2"], o["D"], o["method"]): o["loss"] for o in data["observations"]}
+
+    assert shape(view) == shape(demo) and view["total_flops"] == demo["total_flops"]
+    assert losses(view) == losses(demo)  # training is deterministic: cutting a trunk elsewhere changes no loss
+    keys = {s["key"] for s in view["segments"]}
+    assert all(p in keys for s in view["segments"] for p in s["parents"])  # every branch finds its merged parent
+    assert {d["segment_key"] for t in view["trunks"] for d in t["decays"]} <= keys
+
+
 @pytest.mark.slow  # ~20 s: grid_stop refits the replay's curves after every wave
 def test_grid_stop_never_buys_a_stopped_trunk_nor_more_than_the_full_grid(replay: demo_replay.Replay) -> None:
     width = replay.width(replay.pool)
