@@ -8,13 +8,13 @@ branch point, the dense trunk and decay an upcycled trunk starts from, what was 
 trunk part reveals the curve points the run logged up to there. The curves the designs read are the real ones, their
 predicted decays (fitting/curve_observations.py) scored against real held-out decays.
 
-There is no truth: the full grid's fit is the reference. E is fixed for every fit at the value that minimises the two
-laws' summed squared log residuals over the whole pool (E shared, the rest free per law: one bounded 1-d search).
-The reference D* is the full fit's crossing at the largest N1 (the gap at the grid's end stands in where the laws do
-not cross, as in the simulation). A design's width is the delta-method width at the full fit and its noise estimate;
-coverage is whether the design's 80% profile interval holds the full grid's D*. One case: ``--seeds`` replays it
-with several seeds of the random choosers and the stop rule's parameter draws (the pilot is fixed: the cheapest
-corner, as in the simulation).
+There is no truth: the full grid's fit is the reference. E is fixed for every fit at the value that minimises the
+two laws' summed squared log residuals over the whole pool (E shared, the rest free per law: one bounded 1-d
+search). The reference D* is the full fit's crossing at the largest N1 (``--n1``: another of the grid's sizes; a
+size where the full fit's laws do not cross has no D* to pin down, and is refused). A design's width is the
+delta-method width at the full fit and its noise estimate; coverage is whether the design's 80% profile interval
+holds the full grid's D*. One case: ``--seeds`` replays it with several seeds of the random choosers and the stop
+rule's parameter draws (the pilot is fixed: the cheapest corner, as in the simulation).
 
 The demo grid decays only at its budgets, so its off-grid decays are predicted, never bought. With
 ``--any-branch-data`` (bench/data/demo_any_branch.json: the same grid trained with a budget at every off-grid point
@@ -130,7 +130,7 @@ def fit_all(pool: list[Point], y: dict[str, float], e: float) -> tuple[Fitter, f
 class Replay(Sim):
     """One real case: the demo's pool, costs and curves, the full grid's fit standing in for the truth."""
 
-    def __init__(self, data: dict, group: str, extended: dict | None = None) -> None:
+    def __init__(self, data: dict, group: str, extended: dict | None = None, n1: float | None = None) -> None:
         self.pool = pool_of(data, group)
         if not any(q.law == "up" for q in self.pool):
             groups = sorted({o["method"] for o in data["observations"] if o["kind"] == "upcycled"})
@@ -141,7 +141,11 @@ class Replay(Sim):
         self.dag = Dag({s["key"]: DagSegment(s["flops"], s["tokens"], tuple(s["parents"]), s["start_tokens"],
                                              s["end_tokens"]) for s in segs}, data["total_flops"])
         self.dag.full = self.dag.cost({q.segment for q in self.pool})  # the full grid: this pool's DAG, not the demo's
-        self.target = max(q.coords.get("N1", q.coords.get("N")) for q in self.pool)
+        sizes = sorted({q.coords.get("N1", q.coords.get("N")) for q in self.pool})
+        if n1 is not None and n1 not in sizes:
+            raise SystemExit(f"--n1 {n1:g} is not a size of the grid: choose one of "
+                             f"{', '.join(f'{n:g}' for n in sizes)}")
+        self.target = sizes[-1] if n1 is None else n1
         self.budgets = sorted({q.coords["D"] for q in self.pool if q.law == "moe"})
         pieces = [Piece(s["key"], s["kind"], s["start_tokens"], s["end_tokens"], s["trunk"]) for s in segs]
         self.curves = DemoCurves(data, {q.trunk for q in self.pool}, pieces)
@@ -159,12 +163,14 @@ class Replay(Sim):
         self.true_dstar = crossings(moe, up, self.target).dstar
         _, grad = dstar_gradient(moe, up, self.target, *(tuple(n for n in LAW[k].param_names if n != "E")
                                                          for k in ("moe", "up")))
+        if grad is None:
+            crossing = [f"{n:g}" for n in sizes if 0 < crossings(moe, up, n).dstar < math.inf]
+            raise SystemExit(f"the full grid's laws do not cross at N1 = {self.target:g} (D* = {self.true_dstar:g}): "
+                             f"no D* to pin down there; they cross at N1 = {', '.join(crossing) or 'no size'} (--n1)")
         full = self.rows(self.oracle, self.pool)
         noise = noise_from_fits([(self.oracle.residuals[k], full[k]) for k in LAW])
-        self.oracle_criterion = DstarCriterion(self.gap_gradient(self.oracle) if grad is None else grad,
-                                               self.rows(self.oracle, []), noise)
+        self.oracle_criterion = DstarCriterion(grad, self.rows(self.oracle, []), noise)
         self.run_cost = {q.segment: self.dag.cost({q.segment}) for q in self.pool}
-        self.crossing = grad is not None
 
     def fitter(self) -> Fitter:
         return Fitter(self.oracle.e)
@@ -234,9 +240,10 @@ def grid_view(raw: dict) -> dict:
             "segments": out, "trunks": trunks, "total_flops": sum(s["flops"] for s in out)}
 
 
-def replay(data: dict, group: str, seeds: int, methods: tuple[str, ...], extended: dict | None = None) -> dict:
+def replay(data: dict, group: str, seeds: int, methods: tuple[str, ...], extended: dict | None = None,
+           n1: float | None = None) -> dict:
     t0 = time.perf_counter()
-    sim = Replay(data, group, extended)
+    sim = Replay(data, group, extended, n1)
     ref = State(list(sim.pool), sim.fitter())
     sim.refit(ref, set(LAW))
     width_full = sim.width(sim.pool)
@@ -251,7 +258,7 @@ def replay(data: dict, group: str, seeds: int, methods: tuple[str, ...], extende
                   flush=True)
     return {
         "group": group, "target_n1": sim.target, "E": sim.oracle.e, "full_dstar": sim.true_dstar,
-        "crossing": sim.crossing, "full_width_80": width_full, "full_covered": sim.covers(ref),
+        "full_width_80": width_full, "full_covered": sim.covers(ref),
         "noise": sim.oracle_criterion.noise.to_json(), "pool": len(sim.pool), "full_flops": sim.dag.full,
         "demo_flops": data["total_flops"],
         "pilot_fraction": sim.dag.cost({q.segment for q in sim.pilot}) / sim.dag.full,
@@ -276,6 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--any-branch-data", type=Path, default=None,
                     help="the demo grid trained with its off-grid decays too (bench/data/demo_any_branch.json): "
                          "upscale_curves_any_branch may then buy them; without it they are only predicted")
+    ap.add_argument("--n1", type=float, default=None,
+                    help="the dense size (parameters) whose D* the designs pin down; default the grid's largest")
     ap.add_argument("--grid-of", type=Path, default=None,
                     help="a grid trained with its off-grid decays too (bench/data/wide_any_branch.json): replay its "
                          "grid (`grid_view`), upscale_curves_any_branch free to buy the off-grid decays; replaces "
@@ -287,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         extended = json.loads(args.any_branch_data.read_text()) if args.any_branch_data else None
         data = json.loads(args.data.read_text())
-    figures = replay(data, args.group, args.seeds, tuple(args.methods.split(",")), extended)
+    figures = replay(data, args.group, args.seeds, tuple(args.methods.split(",")), extended, args.n1)
     text = json.dumps(figures, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
     print(text)
     if args.json:
