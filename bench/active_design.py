@@ -43,6 +43,9 @@ was (a fitted width dips below the full grid's by chance on a poor fit, which th
   trained past it, the span from the cut before it is retrained too (`Sim.retrain`). They never join the pool: the
   full grid's width stays the target. upscale_any_branch is today's design given the same freedom and no curve (its
   chooser's actions are branches and whole trunks, none predicted): what branching anywhere gains by itself.
+- oracle_any_branch: upscale_any_branch choosing with its criterion read at the truth (the true laws, D* gradient
+  and noise) instead of the fit: not a design anyone can run, but a reference for how much of a grid a design that
+  chooses by this criterion needs even when every fit is exact (on the replay, the full grid's fit is the truth).
 - grid_stop: the full planned grid in the order a scheduler finishes it (waves of equal tokens along the DAG), with
   curves and off-grid rows, refitting after each wave and stopping the trunks the same rule says cannot move D*; its
   fraction is where it reaches the full grid's width, ``grid_stop_spent`` what it spent by its end (at most 1).
@@ -137,8 +140,9 @@ CURVE_METHODS = {  # name: (off-grid predicted rows, stopping, off-grid decays b
     "upscale_curves": (True, True, False), "upscale_curves_grid_rows": (False, True, False),
     "upscale_curves_no_stop": (True, False, False), "upscale_curves_any_branch": (True, True, True)}
 ANY_BRANCH = "upscale_any_branch"  # today's design free to branch anywhere too, reading no curve
-METHODS = ("upscale", ANY_BRANCH, *CURVE_METHODS, "grid_stop", "anchor", "anchor_marginal", "random", "cost_random",
-           "cheapest")
+ORACLE = "oracle_any_branch"  # the same choosing at the truth: a reference, not a design anyone can run
+METHODS = ("upscale", ANY_BRANCH, *CURVE_METHODS, ORACLE, "grid_stop", "anchor", "anchor_marginal", "random",
+           "cost_random", "cheapest")
 Seed = int | list[int]  # of one ground truth's noise draw: numpy takes a list as one seed
 
 
@@ -588,6 +592,17 @@ def choose_upscale(sim: Sim, state: State, left: list[Point], rng: np.random.Gen
     return list(steps[0].action)
 
 
+def choose_oracle(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+    """Today's criterion read at the truth (its laws, its D* gradient and noise) rather than at the fit: what its
+    greedy choices would cost if every fit were exact, so what no design choosing by it can beat by much."""
+    have = state.have()
+    steps, _ = greedy(sim.at_truth(state.bought), upscale_actions(left), lambda a: sim.rows(sim.oracle, list(a)),
+                      lambda chosen, a: sim.cost_segments(have, {q.segment for q in a}), math.inf, limit=1)
+    if not steps:
+        return choose_cheapest(sim, state, left, rng)
+    return list(steps[0].action)
+
+
 def choose_upscale_curves(sim: Sim, state: State, left: list[Point],
                           rng: np.random.Generator) -> list[Point] | Extension:
     """upscale's criterion with curves: besides branches (at any point, interior ones of a bought trunk part cost
@@ -696,7 +711,7 @@ def anchor_chooser(marginal: bool) -> Chooser:
     return choose
 
 
-CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, ANY_BRANCH: choose_upscale_curves,
+CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, ANY_BRANCH: choose_upscale_curves, ORACLE: choose_oracle,
                                 **{m: choose_upscale_curves for m in CURVE_METHODS},
                                 "anchor": anchor_chooser(False),
                                 "anchor_marginal": anchor_chooser(True), "random": choose_random,
@@ -727,7 +742,7 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed, until_width: 
     if name == "grid_stop":
         return run_grid_stop(sim, width_full, seed)
     rng, draws = np.random.default_rng(seed), stop_rng(seed)
-    offgrid, stopping, anywhere = CURVE_METHODS.get(name, (False, False, name == ANY_BRANCH))
+    offgrid, stopping, anywhere = CURVE_METHODS.get(name, (False, False, name in (ANY_BRANCH, ORACLE)))
     state = State(list(sim.pilot), sim.fitter(), curves=name in CURVE_METHODS, offgrid=offgrid, stopping=stopping)
     state.spent = sim.cost([], state.bought)
     sim.refit(state, set(LAW), None)

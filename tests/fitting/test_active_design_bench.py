@@ -199,6 +199,29 @@ def test_the_any_branch_replay_buys_the_off_grid_decays_a_real_run_trained(repla
     assert sim.cost_segments(before, {q.segment}) == pytest.approx(partial + flops)
 
 
+def test_the_oracle_design_chooses_at_the_truth_and_may_branch_anywhere(replay: demo_replay.Replay) -> None:
+    """oracle_any_branch reads today's criterion at the replay's truth (the full grid's fit) and may buy the real
+    off-grid decays; it reaches the full grid's width, and its first purchases are off-grid decays."""
+    extended = json.loads((ROOT / "bench" / "data" / "demo_any_branch.json").read_text())
+    sim = demo_replay.Replay(json.loads(demo_replay.DATA.read_text()), "naive", extended)
+    bought: list = []
+    choose = bench.CHOOSERS[bench.ORACLE]
+
+    def recording(*args):
+        picked = choose(*args)
+        bought.append(picked)
+        return picked
+
+    bench.CHOOSERS[bench.ORACLE] = recording
+    try:
+        outcome = bench.run_method(sim, bench.ORACLE, sim.width(sim.pool), seed=0, until_width=True)
+    finally:
+        bench.CHOOSERS[bench.ORACLE] = choose
+    assert 0 < outcome.fraction < 1 and bought
+    assert all(q.segment in sim.virtual for q in bought[0])
+    assert sim.width([*sim.pilot, *(q for a in bought for q in a)]) <= sim.width(sim.pool) * bench.SLACK
+
+
 def test_the_grid_view_of_a_run_with_off_grid_decays_is_the_grid_trained_alone() -> None:
     """`grid_view` of the demo trained with its off-grid decays gives back the demo grid's plan, FLOPs and losses,
     which is what lets the wide grid (bench/data/wide_any_branch.json) be replayed from one training run."""
