@@ -67,7 +67,7 @@ where it got there), ``stopped_trunks`` (mean count stopped then) and ``stopped_
 trunks' rest would cost then, over the full grid's; for grid_stop what its stops saved by its end).
 
     nice -n 10 .venv/bin/python bench/active_design.py [--quick] [--seed S] [--truths N] [--draws K] [--workers W]
-        [--methods a,b] [--until-width] [--json OUT]
+        [--methods a,b] [--until-width] [--budgets B1,B2,...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -109,13 +109,13 @@ from upscale.fitting.synthetic import TABLE2
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.spec import parse_spec
 
-BUDGETS = [5e8, 2e9, 8e9, 3.2e10]
+BUDGETS = (5e8, 2e9, 8e9, 3.2e10)
 GRID = {
     "name": "active-design-bench",
     "model": {"sizes": ["44M", "0.1B", "0.2B", "0.5B"]},
     "moe": {"experts": [8], "topk": [2]},
     "upcycling": {"methods": ["naive"]},
-    "tokens": {"d1": BUDGETS, "d2": BUDGETS, "scratch": BUDGETS},
+    "tokens": {"d1": list(BUDGETS), "d2": list(BUDGETS), "scratch": list(BUDGETS)},
     "train": {"context": 1024, "batch_size": 512, "lr": {"dense": 3e-4, "moe": 2e-4}, "warmup_tokens": 1e8},
 }
 E = TABLE2["moe"]["E"]
@@ -219,9 +219,10 @@ def table(points: list[Point], law: str) -> dict[str, np.ndarray]:
     return {c: np.array([r[c] for r in rows]) for c in LAW[law].columns}
 
 
-def draw_truths(n: int, target: float, rng: np.random.Generator) -> list[tuple[dict, dict, float, str]]:
-    """Perturbed Table 2 laws, ~a third each with D* inside, near the edge of and outside the grid."""
-    lo, hi = min(BUDGETS), max(BUDGETS)
+def draw_truths(n: int, target: float, rng: np.random.Generator,
+                budgets: tuple[float, ...] = BUDGETS) -> list[tuple[dict, dict, float, str]]:
+    """Perturbed Table 2 laws, ~a third each with D* inside, near the edge of and outside the grid's budgets."""
+    lo, hi = min(budgets), max(budgets)
     wanted = {"inside": n - 2 * (n // 3), "edge": n // 3, "outside": n // 3}
     out = []
     while any(wanted.values()):
@@ -318,7 +319,8 @@ class State:
 class Sim:
     """One ground truth: its noisy pool, the DAG costs and the shared fit/interval machinery."""
 
-    def __init__(self, p: Plan, truth: tuple[dict, dict, float, str], target: float, seed: Seed) -> None:
+    def __init__(self, p: Plan, truth: tuple[dict, dict, float, str], target: float, seed: Seed,
+                 budgets: tuple[float, ...] = BUDGETS) -> None:
         self.dag, self.pool, self.target = Dag.of_plan(p), pool_of(p), target
         self.true = {"moe": truth[0], "up": truth[1]}
         self.true_dstar = truth[2]
@@ -336,7 +338,7 @@ class Sim:
         self.offgrid_pool = self.observe_offgrid(p, effect, np.random.default_rng(np.random.SeedSequence(seed)
                                                                                   .spawn(3)[2]))
         self.pilot = self._pilot()
-        self.budgets = BUDGETS
+        self.budgets = list(budgets)
         self.oracle = Fitter()
         self.oracle.params = {k: dict(v) for k, v in self.true.items()}
         _, grad = dstar_gradient(FittedLaw(LAW["moe"], self.true["moe"]), FittedLaw(LAW["up"], self.true["up"]),
@@ -836,8 +838,9 @@ def noise_seed(seed: int, truth: int, draw: int) -> Seed:
 
 
 @cache
-def grid_plan() -> Plan:
-    return plan(parse_spec(GRID))
+def grid_plan(budgets: tuple[float, ...] = BUDGETS) -> Plan:
+    """`GRID` planned, with other D1, D2 and from-scratch budgets where given (``--budgets``)."""
+    return plan(parse_spec({**GRID, "tokens": {"d1": list(budgets), "d2": list(budgets), "scratch": list(budgets)}}))
 
 
 @dataclass(frozen=True)
@@ -850,6 +853,7 @@ class Case:
     seed: Seed
     methods: tuple[str, ...] = METHODS
     until_width: bool = False  # stop each design where it reaches the full grid's width: no error figures
+    budgets: tuple[float, ...] = BUDGETS  # the grid's D1, D2 and from-scratch budgets
 
 
 @dataclass(frozen=True)
@@ -861,9 +865,9 @@ class CaseResult:
 
 
 def run_case(case: Case) -> CaseResult:
-    p = grid_plan()
+    p = grid_plan(case.budgets)
     target = float(max(s.observation.N1 for s in p.observations()))
-    sim = Sim(p, case.truth, target, seed=case.seed)
+    sim = Sim(p, case.truth, target, seed=case.seed, budgets=case.budgets)
     ref = State(list(sim.pool), Fitter())
     sim.refit(ref, set(LAW))
     width_full = sim.width(sim.pool)
@@ -913,6 +917,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--until-width", action="store_true",
                     help="stop each design where it reaches the full grid's width (fraction and coverage only, no "
                          "error figures): several times faster for the curve-aware designs")
+    ap.add_argument("--budgets", type=lambda v: [float(x) for x in v.split(",")], default=list(BUDGETS),
+                    help="the grid's D1, D2 and from-scratch budgets in tokens, comma-separated (default "
+                         f"{','.join(f'{b:g}' for b in BUDGETS)}): the truths are drawn around them")
     args = ap.parse_args(argv)
     methods = tuple(args.methods.split(","))
     unknown = set(methods) - set(METHODS)
@@ -921,10 +928,11 @@ def main(argv: list[str] | None = None) -> dict:
     n = args.truths or (3 if args.quick else 20)
     draws = args.draws or (1 if args.quick else 5)
     t0 = time.perf_counter()
-    p = grid_plan()
+    budgets = tuple(sorted(args.budgets))
+    p = grid_plan(budgets)
     target = float(max(s.observation.N1 for s in p.observations()))
-    truths = draw_truths(n, target, np.random.default_rng(args.seed))
-    cases = [Case(truth, i, r, noise_seed(args.seed, i, r), methods, args.until_width) for r in range(draws)
+    truths = draw_truths(n, target, np.random.default_rng(args.seed), budgets)
+    cases = [Case(truth, i, r, noise_seed(args.seed, i, r), methods, args.until_width, budgets) for r in range(draws)
              for i, truth in enumerate(truths)]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, len(cases)))) as pool:
         results = []

@@ -121,6 +121,23 @@ def test_a_stopped_trunk_is_never_bought(sim: bench.Sim, curved: bench.State) ->
 
 
 @pytest.mark.slow  # starts bench/active_design.py as a subprocess: about a minute on a 2-core machine
+def test_the_grid_budgets_and_the_truths_around_them_follow_budgets() -> None:
+    """``--budgets``: the planned grid decays at the budgets given (to whole steps), and the truths' D* are placed
+    inside, at the edge of and outside those budgets, not the default ones."""
+    budgets = (4e9, 8e9, 1.6e10, 3.2e10)
+    p = bench.grid_plan(budgets)
+    pool = bench.pool_of(p)
+    assert len(pool) == 4 * 4 * 4 + 4 * 4
+    assert sorted({q.coords["D"] for q in pool if q.law == "moe"}) == pytest.approx(budgets, rel=1e-3)
+    assert sorted({q.coords["D1"] for q in pool if q.law == "up"}) == pytest.approx(budgets, rel=1e-3)
+    target = float(max(s.observation.N1 for s in p.observations()))
+    truths = bench.draw_truths(6, target, np.random.default_rng(0), budgets)
+    for _, _, dstar, where in truths:
+        inside = budgets[0] <= dstar <= budgets[-1]
+        assert inside == (where == "inside") and (where != "edge" or budgets[0] / 2 <= dstar <= budgets[-1] * 2)
+    assert {w for *_, w in truths} == {"inside", "edge", "outside"}
+
+
 def test_quick_bench_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "figures.json"
     methods = "upscale,upscale_curves,anchor,random,cheapest"  # grid_stop has its own test; the rest cost time
