@@ -22,11 +22,12 @@ besides, by bench/export_curves.py) upscale_curves_any_branch may buy them at th
 retrained span where a trunk was trained past one, as in the simulation); the pool, the full grid and its D* stay the
 demo grid's.
 
-The demo grid is too small for a design to save much: its pilot alone costs 0.23 of it. ``--grid-of``
-(bench/data/wide_any_branch.json: a wider grid at the demo's scale, 4 sizes and 4 budgets of naive upcycling, trained
-with its off-grid decays) replays the grid that run holds (`grid_view`: the off-grid decays removed, each trunk's
-pieces merged back to the grid's cuts; the demo's view is the demo grid itself, plan, FLOPs and losses) and lets
-upscale_curves_any_branch buy the off-grid decays from the same run.
+The demo grid is too small for a design to save much: its pilot alone costs 0.23 of it. ``--grid-of`` replays a
+wider grid at the demo's scale trained with its off-grid decays (bench/data/wide_any_branch.json: 4 sizes, budgets 2x
+apart over 8x; wide64_any_branch.json: 3 sizes, budgets 4x apart over 64x as in the simulation; naive upcycling):
+the grid that run holds (`grid_view`: the off-grid decays removed, each trunk's pieces merged back to the grid's cuts;
+the demo's view is the demo grid itself, plan, FLOPs and losses), the any-branch designs free to buy the off-grid
+decays from the same run.
 
     nice -n 10 .venv/bin/python bench/demo_replay.py [--group naive] [--seeds 3] [--any-branch-data FILE]
         [--grid-of FILE] [--json OUT]
@@ -210,7 +211,7 @@ class Replay(Sim):
 
 
 def grid_view(raw: dict) -> dict:
-    """The grid of a run trained with its off-grid decays too (bench/data/wide_any_branch.json), as if it had been
+    """The grid of a run trained with its off-grid decays too (bench/data/wide*_any_branch.json), as if it had been
     trained alone: its budgets are the upcycled D1s (the grid's D1, D2 and from-scratch budgets are one list), the
     decays that end elsewhere are dropped, and each trunk's pieces are merged back to the cuts the grid needs (a
     merged piece keeps its last piece's key, so what branches from it still finds its parent, and sums the FLOPs)."""
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n1", type=float, default=None,
                     help="the dense size (parameters) whose D* the designs pin down; default the grid's largest")
     ap.add_argument("--grid-of", type=Path, default=None,
-                    help="a grid trained with its off-grid decays too (bench/data/wide_any_branch.json): replay its "
+                    help="a grid trained with its off-grid decays too (bench/data/wide*_any_branch.json): replay its "
                          "grid (`grid_view`), upscale_curves_any_branch free to buy the off-grid decays; replaces "
                          "--data and --any-branch-data")
     args = ap.parse_args(argv)

@@ -274,6 +274,17 @@ def test_the_wide_replay_holds_its_grid_and_refuses_a_size_without_a_dstar() -> 
     assert 0 < sim.true_dstar < math.inf
 
 
+def test_the_wide64_replay_spans_the_simulated_grids_budgets() -> None:
+    """bench/data/wide64_any_branch.json: the demo's three sizes with budgets 4x apart over 64x, as the simulated grid's
+    are, and three off-grid decays a trunk (their midpoints); the replay's default size has a D*."""
+    raw = json.loads((ROOT / "bench" / "data" / "wide64_any_branch.json").read_text())
+    sim = demo_replay.Replay(demo_replay.grid_view(raw), "naive", raw)
+    budgets = sorted({q.coords["D"] for q in sim.pool if q.law == "moe"})
+    assert budgets == [32768.0, 131072.0, 524288.0, 2097152.0]
+    assert len(sim.pool) == 3 * 4 * 4 + 3 * 4 and len(sim.offgrid_pool) == (3 * 4 + 3) * 3
+    assert 0 < sim.true_dstar < math.inf
+
+
 @pytest.mark.slow  # ~20 s: grid_stop refits the replay's curves after every wave
 def test_grid_stop_never_buys_a_stopped_trunk_nor_more_than_the_full_grid(replay: demo_replay.Replay) -> None:
     width = replay.width(replay.pool)
