@@ -120,7 +120,6 @@ def test_a_stopped_trunk_is_never_bought(sim: bench.Sim, curved: bench.State) ->
         p for t in state.stopped for p, _, _ in sim.curves.layout[t].pieces}
 
 
-@pytest.mark.slow  # starts bench/active_design.py as a subprocess: about a minute on a 2-core machine
 def test_the_grid_budgets_and_the_truths_around_them_follow_budgets() -> None:
     """``--budgets``: the planned grid decays at the budgets given (to whole steps), and the truths' D* are placed
     inside, at the edge of and outside those budgets, not the default ones."""
@@ -138,6 +137,7 @@ def test_the_grid_budgets_and_the_truths_around_them_follow_budgets() -> None:
     assert {w for *_, w in truths} == {"inside", "edge", "outside"}
 
 
+@pytest.mark.slow  # starts bench/active_design.py as a subprocess: about a minute on a 2-core machine
 def test_quick_bench_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "figures.json"
     methods = "upscale,upscale_curves,anchor,random,cheapest"  # grid_stop has its own test; the rest cost time
@@ -216,7 +216,7 @@ def test_the_any_branch_replay_buys_the_off_grid_decays_a_real_run_trained(repla
     assert sim.cost_segments(before, {q.segment}) == pytest.approx(partial + flops)
 
 
-def test_the_oracle_design_chooses_at_the_truth_and_may_branch_anywhere(replay: demo_replay.Replay) -> None:
+def test_the_oracle_design_chooses_at_the_truth_and_may_branch_anywhere() -> None:
     """oracle_any_branch reads today's criterion at the replay's truth (the full grid's fit) and may buy the real
     off-grid decays; it reaches the full grid's width, and its first purchases are off-grid decays."""
     extended = json.loads((ROOT / "bench" / "data" / "demo_any_branch.json").read_text())
