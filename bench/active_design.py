@@ -5,9 +5,10 @@ Ground truths: the upcycling paper's Table 2 laws (from-scratch MoE on (D, N1), 
 E = 0.165) with their scales and exponents perturbed, kept so that D* at the target N1 falls inside the grid's
 D1 = D2 range (7), near its edge (within 2x outside, 7) and outside it (2x to 8x, 6). Observations: the law's loss
 times exp(trunk effect + point noise), both N(0, 0.005), the trunk being the planner's (every branch of one MoE or
-from-scratch trunk shares its draw). The pool is the full grid of `GRID` as the planner plans it; an observation's
-cost is the planner's FLOPs over the DAG: its decay plus the part of every ancestor it needs (a trunk up to its branch
-point), and what is already bought is free, so all methods are charged the marginal FLOPs a store with reuse charges.
+from-scratch trunk shares its draw). The pool is the full grid of `GRID` at `BUDGETS` (or ``--budgets``) as the
+planner plans it; an observation's cost is the planner's FLOPs over the DAG: its decay plus the part of every ancestor
+it needs (a trunk up to its branch point), and what is already bought is free, so all methods are charged the
+marginal FLOPs a store with reuse charges.
 
 Every method starts from the same pilot (the cheapest corner: two sizes, two D1, two D2, three from-scratch budgets),
 uses the same fitter (least squares on log loss, E fixed at the truth, warm-started), the same noise estimate
@@ -110,12 +111,11 @@ from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.spec import parse_spec
 
 BUDGETS = (5e8, 2e9, 8e9, 3.2e10)
-GRID = {
+GRID = {  # the D1, D2 and from-scratch budgets come from `grid_plan`: BUDGETS, or --budgets
     "name": "active-design-bench",
     "model": {"sizes": ["44M", "0.1B", "0.2B", "0.5B"]},
     "moe": {"experts": [8], "topk": [2]},
     "upcycling": {"methods": ["naive"]},
-    "tokens": {"d1": list(BUDGETS), "d2": list(BUDGETS), "scratch": list(BUDGETS)},
     "train": {"context": 1024, "batch_size": 512, "lr": {"dense": 3e-4, "moe": 2e-4}, "warmup_tokens": 1e8},
 }
 E = TABLE2["moe"]["E"]
@@ -135,12 +135,13 @@ SLACK = 1.10  # "as narrow as the full grid's": within 10% of its width (a subse
 ERROR_CAP = 3.0  # decades: the error of an estimate without a crossing
 LAW = {"moe": get_law("chinchilla"), "up": get_law("joint")}
 FREE = {k: tuple(n for n in law.param_names if n != "E") for k, law in LAW.items()}
-CURVE_METHODS = {  # name: (off-grid predicted rows, stopping, off-grid decays bought): upscale_curves, its parts
-    # switched off one by one, and the same free to branch anywhere along a trunk
-    "upscale_curves": (True, True, False), "upscale_curves_grid_rows": (False, True, False),
-    "upscale_curves_no_stop": (True, False, False), "upscale_curves_any_branch": (True, True, True)}
+CURVE_METHODS = {  # name: (off-grid predicted rows, stopping): upscale_curves, its parts switched off one by one,
+    # and the same free to branch anywhere along a trunk
+    "upscale_curves": (True, True), "upscale_curves_grid_rows": (False, True), "upscale_curves_no_stop": (True, False),
+    "upscale_curves_any_branch": (True, True)}
 ANY_BRANCH = "upscale_any_branch"  # today's design free to branch anywhere too, reading no curve
 ORACLE = "oracle_any_branch"  # the same choosing at the truth: a reference, not a design anyone can run
+ANYWHERE = {"upscale_curves_any_branch", ANY_BRANCH, ORACLE}  # the methods that may buy the off-grid decays too
 METHODS = ("upscale", ANY_BRANCH, *CURVE_METHODS, ORACLE, "grid_stop", "anchor", "anchor_marginal", "random",
            "cost_random", "cheapest")
 Seed = int | list[int]  # of one ground truth's noise draw: numpy takes a list as one seed
@@ -348,7 +349,7 @@ class Sim:
 
     def offgrid_points(self) -> dict[str, Point]:
         """The off-grid decays the curves predict, as points of their trunk's law (never in the pool: the grid's
-        designs only learn their predicted loss; upscale_curves_any_branch may buy them, `observe_offgrid`)."""
+        designs only learn their predicted loss; the `ANYWHERE` methods may buy them, `observe_offgrid`)."""
         out = {}
         for t, decays in self.curves.offgrid.items():
             q = next(q for q in self.pool if q.trunk == t)
@@ -358,7 +359,7 @@ class Sim:
         return out
 
     def observe_offgrid(self, p: Plan, effect: dict[str, float], rng: np.random.Generator) -> list[Point]:
-        """The off-grid decays made buyable (upscale_curves_any_branch): each gets an observed end (the truth's law
+        """The off-grid decays made buyable (by the `ANYWHERE` methods): each gets an observed end (the truth's law
         times its trunk's draw and its own noise), the curve its decay logs, and a segment of the DAG (its decay,
         costing what its trunk's grid decays cost per token, hanging from the trunk piece it branches from, which
         it needs only up to its branch point). Drawn from a stream of their own: the grid's draws stay put."""
@@ -372,7 +373,7 @@ class Sim:
             grid = self.dag.segments[next(iter(lay.decays))]
             for key, branch, end in decays:
                 start = branch * unit
-                piece = lay.pieces[lay.piece_reaching(start) - 1][0]
+                piece = lay.piece_reaching(start)[0]
                 self.dag.segments[key] = DagSegment(grid.flops / grid.tokens * (end - branch) * unit,
                                                     (end - branch) * unit, (piece,), start, end * unit)
         return list(self.virtual.values())
@@ -584,25 +585,28 @@ def upscale_actions(left: list[Point]) -> list[tuple[Point, ...]]:
     return actions
 
 
-def choose_upscale(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+def greedy_branch(sim: Sim, state: State, left: list[Point], rng: np.random.Generator, criterion: DstarCriterion,
+                  fitter: Fitter) -> list[Point]:
+    """The action (`upscale_actions`) that shrinks ``criterion``'s sd most per marginal FLOP, its rows at ``fitter``'s
+    laws; the cheapest branch where none shrinks it."""
     actions = upscale_actions(left)
-    rows = {a: sim.rows(state.fitter, list(a)) for a in actions}
-    steps, _ = greedy(state.criterion, actions, rows.__getitem__,
-                      lambda chosen, a: sim.cost(state.bought, list(a)), math.inf, limit=1)
+    rows = {a: sim.rows(fitter, list(a)) for a in actions}
+    have = state.have()
+    steps, _ = greedy(criterion, actions, rows.__getitem__,
+                      lambda chosen, a: sim.cost_segments(have, {q.segment for q in a}), math.inf, limit=1)
     if not steps:  # nothing the criterion can tell apart: the cheapest branch
         return choose_cheapest(sim, state, left, rng)
     return list(steps[0].action)
 
 
+def choose_upscale(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
+    return greedy_branch(sim, state, left, rng, state.criterion, state.fitter)
+
+
 def choose_oracle(sim: Sim, state: State, left: list[Point], rng: np.random.Generator) -> list[Point]:
     """Today's criterion read at the truth (its laws, its D* gradient and noise) rather than at the fit: what its
     greedy choices would cost if every fit were exact, so what no design choosing by it can beat by much."""
-    have = state.have()
-    steps, _ = greedy(sim.at_truth(state.bought), upscale_actions(left), lambda a: sim.rows(sim.oracle, list(a)),
-                      lambda chosen, a: sim.cost_segments(have, {q.segment for q in a}), math.inf, limit=1)
-    if not steps:
-        return choose_cheapest(sim, state, left, rng)
-    return list(steps[0].action)
+    return greedy_branch(sim, state, left, rng, sim.at_truth(state.bought), sim.oracle)
 
 
 def choose_upscale_curves(sim: Sim, state: State, left: list[Point],
@@ -713,7 +717,7 @@ def anchor_chooser(marginal: bool) -> Chooser:
     return choose
 
 
-CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, ANY_BRANCH: choose_upscale_curves, ORACLE: choose_oracle,
+CHOOSERS: dict[str, Chooser] = {"upscale": choose_upscale, ANY_BRANCH: choose_upscale, ORACLE: choose_oracle,
                                 **{m: choose_upscale_curves for m in CURVE_METHODS},
                                 "anchor": anchor_chooser(False),
                                 "anchor_marginal": anchor_chooser(True), "random": choose_random,
@@ -744,11 +748,11 @@ def run_method(sim: Sim, name: str, width_full: float, seed: Seed, until_width: 
     if name == "grid_stop":
         return run_grid_stop(sim, width_full, seed)
     rng, draws = np.random.default_rng(seed), stop_rng(seed)
-    offgrid, stopping, anywhere = CURVE_METHODS.get(name, (False, False, name in (ANY_BRANCH, ORACLE)))
+    offgrid, stopping = CURVE_METHODS.get(name, (False, False))
     state = State(list(sim.pilot), sim.fitter(), curves=name in CURVE_METHODS, offgrid=offgrid, stopping=stopping)
     state.spent = sim.cost([], state.bought)
     sim.refit(state, set(LAW), None)
-    left = [q for q in sim.pool if q not in set(state.bought)] + (sim.offgrid_pool if anywhere else [])
+    left = [q for q in sim.pool if q not in set(state.bought)] + (sim.offgrid_pool if name in ANYWHERE else [])
     full = sim.dag.full
     errors = {f: sim.error(state) for f in ("0.1", "0.2")}
     reached: Outcome | None = None
@@ -839,7 +843,7 @@ def noise_seed(seed: int, truth: int, draw: int) -> Seed:
 
 @cache
 def grid_plan(budgets: tuple[float, ...] = BUDGETS) -> Plan:
-    """`GRID` planned, with other D1, D2 and from-scratch budgets where given (``--budgets``)."""
+    """`GRID` planned with ``budgets`` for D1, D2 and from scratch."""
     return plan(parse_spec({**GRID, "tokens": {"d1": list(budgets), "d2": list(budgets), "scratch": list(budgets)}}))
 
 

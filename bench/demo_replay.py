@@ -18,7 +18,7 @@ rule's parameter draws (the pilot is fixed: the cheapest corner, as in the simul
 
 The demo grid decays only at its budgets, so its off-grid decays are predicted, never bought. With
 ``--any-branch-data`` (bench/data/demo_any_branch.json: the same grid trained with a budget at every off-grid point
-besides, by bench/export_curves.py) upscale_curves_any_branch may buy them at their real losses and FLOPs (and the
+besides, by bench/export_curves.py) the any-branch designs may buy them at their real losses and FLOPs (and the
 retrained span where a trunk was trained past one, as in the simulation); the pool, the full grid and its D* stay the
 demo grid's.
 
@@ -178,7 +178,7 @@ class Replay(Sim):
 
     def observe_trained_offgrid(self, data: dict, extended: dict) -> None:
         """The off-grid decays as a real run trained them (``extended``: the demo grid with a budget at every
-        off-grid point besides, bench/data/demo_any_branch.json), buyable by upscale_curves_any_branch: each trunk's
+        off-grid point besides, bench/data/demo_any_branch.json), buyable by the any-branch designs: each trunk's
         off-grid decays become that run's (branch and end as it cut them), with their observed ends and curves, and
         each a segment of this DAG hanging from the trunk piece it branches from, at that run's FLOPs. Trunks are
         matched by their axes (the two runs cut them at other points, so their keys differ)."""
@@ -203,7 +203,7 @@ class Replay(Sim):
                 keep = at > branch // unit
                 self.curves.decay_curves[key] = Curve(lr, at[keep], np.array([v for _, v in d["curve"]])[keep])
                 self.y[key] = float(d["loss"])
-                piece = lay.pieces[lay.piece_reaching(branch) - 1][0]
+                piece = lay.piece_reaching(branch)[0]
                 seg = segments[d["segment_key"]]
                 self.dag.segments[key] = DagSegment(seg["flops"], seg["tokens"], (piece,), branch, end)
                 offgrid.append((key, branch // unit, end // unit))
@@ -283,12 +283,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     ap.add_argument("--any-branch-data", type=Path, default=None,
                     help="the demo grid trained with its off-grid decays too (bench/data/demo_any_branch.json): "
-                         "upscale_curves_any_branch may then buy them; without it they are only predicted")
+                         "the any-branch designs may then buy them; without it they are only predicted")
     ap.add_argument("--n1", type=float, default=None,
                     help="the dense size (parameters) whose D* the designs pin down; default the grid's largest")
     ap.add_argument("--grid-of", type=Path, default=None,
                     help="a grid trained with its off-grid decays too (bench/data/wide*_any_branch.json): replay its "
-                         "grid (`grid_view`), upscale_curves_any_branch free to buy the off-grid decays; replaces "
+                         "grid (`grid_view`), the any-branch designs free to buy the off-grid decays; replaces "
                          "--data and --any-branch-data")
     args = ap.parse_args(argv)
     if args.grid_of is not None:

@@ -51,9 +51,9 @@ class Layout:
     pieces: tuple[tuple[str, int, int], ...]
     decays: Mapping[str, tuple[int, int]]
 
-    def piece_reaching(self, tokens: int) -> int:
-        """How many pieces must be trained for the trunk to reach ``tokens``."""
-        return next(i + 1 for i, (_, _, end) in enumerate(self.pieces) if end >= tokens)
+    def piece_reaching(self, tokens: int) -> tuple[str, int, int]:
+        """The first piece that reaches ``tokens``: the one a branch there hangs from."""
+        return next(piece for piece in self.pieces if piece[2] >= tokens)
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class CurveSim:
         only the part up to where it branches)."""
         lay = self.layout[trunk]
         ends = [end for sid, _, end in lay.pieces if sid in segments]
-        ends += [lay.pieces[lay.piece_reaching(lay.decays[d][0]) - 1][2] for d in lay.decays if d in segments]
+        ends += [lay.piece_reaching(lay.decays[d][0])[2] for d in lay.decays if d in segments]
         ends += [b * self.unit for k, b, _ in self.offgrid[trunk] if k in segments]
         return max(ends, default=0)
 

@@ -166,9 +166,20 @@ def test_quick_bench_writes_the_figures(tmp_path) -> None:
     assert 0 <= figures["stopped_flops"]["upscale_curves"] <= 1 and figures["grid_stop_spent"] is None
 
 
+def bench_data(name: str) -> dict:
+    """A dataset of bench/data as bench/export_curves.py wrote it."""
+    return json.loads((ROOT / "bench" / "data" / name).read_text())
+
+
 @pytest.fixture(scope="module")
 def replay() -> demo_replay.Replay:
     return demo_replay.Replay(json.loads(demo_replay.DATA.read_text()), "naive")
+
+
+@pytest.fixture(scope="module")
+def any_branch() -> demo_replay.Replay:
+    """The demo replayed with its off-grid decays buyable, as a real run trained them."""
+    return demo_replay.Replay(json.loads(demo_replay.DATA.read_text()), "naive", bench_data("demo_any_branch.json"))
 
 
 def test_the_replay_charges_the_planners_flops_for_what_it_buys(replay: demo_replay.Replay) -> None:
@@ -195,10 +206,9 @@ def test_the_replay_charges_the_planners_flops_for_what_it_buys(replay: demo_rep
     assert not replay.offgrid_pool  # the demo grid trained no off-grid decay: they are only predicted
 
 
-def test_the_any_branch_replay_buys_the_off_grid_decays_a_real_run_trained(replay: demo_replay.Replay) -> None:
-    data = json.loads(demo_replay.DATA.read_text())
-    extended = json.loads((ROOT / "bench" / "data" / "demo_any_branch.json").read_text())
-    sim = demo_replay.Replay(data, "naive", extended)
+def test_the_any_branch_replay_buys_the_off_grid_decays_a_real_run_trained(replay: demo_replay.Replay,
+                                                                           any_branch: demo_replay.Replay) -> None:
+    data, extended, sim = json.loads(demo_replay.DATA.read_text()), bench_data("demo_any_branch.json"), any_branch
     assert [q.segment for q in sim.pool] == [q.segment for q in replay.pool] and sim.dag.full == replay.dag.full
     assert {q.segment for q in sim.offgrid_pool} == set(sim.virtual) and len(sim.offgrid_pool) == 3 * 12
     q = next(q for q in sim.offgrid_pool if q.law == "up" and q.coords["D2"] == 174080.0)
@@ -216,11 +226,10 @@ def test_the_any_branch_replay_buys_the_off_grid_decays_a_real_run_trained(repla
     assert sim.cost_segments(before, {q.segment}) == pytest.approx(partial + flops)
 
 
-def test_the_oracle_design_chooses_at_the_truth_and_may_branch_anywhere() -> None:
+def test_the_oracle_design_chooses_at_the_truth_and_may_branch_anywhere(any_branch: demo_replay.Replay) -> None:
     """oracle_any_branch reads today's criterion at the replay's truth (the full grid's fit) and may buy the real
     off-grid decays; it reaches the full grid's width, and its first purchases are off-grid decays."""
-    extended = json.loads((ROOT / "bench" / "data" / "demo_any_branch.json").read_text())
-    sim = demo_replay.Replay(json.loads(demo_replay.DATA.read_text()), "naive", extended)
+    sim = any_branch
     bought: list = []
     choose = bench.CHOOSERS[bench.ORACLE]
 
@@ -243,7 +252,7 @@ def test_the_grid_view_of_a_run_with_off_grid_decays_is_the_grid_trained_alone()
     """`grid_view` of the demo trained with its off-grid decays gives back the demo grid's plan, FLOPs and losses,
     which is what lets the wide grid (bench/data/wide_any_branch.json) be replayed from one training run."""
     demo = json.loads(demo_replay.DATA.read_text())
-    view = demo_replay.grid_view(json.loads((ROOT / "bench" / "data" / "demo_any_branch.json").read_text()))
+    view = demo_replay.grid_view(bench_data("demo_any_branch.json"))
 
     def shape(data: dict) -> list:
         return sorted((s["kind"], s["start_tokens"], s["end_tokens"], s["flops"]) for s in data["segments"])
@@ -262,7 +271,7 @@ def test_the_wide_replay_holds_its_grid_and_refuses_a_size_without_a_dstar() -> 
     """The wide grid (4 sizes x 4 budgets at the demo's scale) is replayed from its one run; at its largest size the
     full fit's laws do not cross, so there is nothing to pin down: the replay says so and names the sizes that have
     a D*, as it does for a size the grid lacks."""
-    raw = json.loads((ROOT / "bench" / "data" / "wide_any_branch.json").read_text())
+    raw = bench_data("wide_any_branch.json")
     view = demo_replay.grid_view(raw)
     with pytest.raises(SystemExit, match=r"do not cross at N1 = 295392 .*cross at N1 = 32928, 73968, 131392"):
         demo_replay.Replay(view, "naive", raw)
@@ -277,7 +286,7 @@ def test_the_wide_replay_holds_its_grid_and_refuses_a_size_without_a_dstar() -> 
 def test_the_wide64_replay_spans_the_simulated_grids_budgets() -> None:
     """bench/data/wide64_any_branch.json: the demo's three sizes with budgets 4x apart over 64x, as the simulated grid's
     are, and three off-grid decays a trunk (their midpoints); the replay's default size has a D*."""
-    raw = json.loads((ROOT / "bench" / "data" / "wide64_any_branch.json").read_text())
+    raw = bench_data("wide64_any_branch.json")
     sim = demo_replay.Replay(demo_replay.grid_view(raw), "naive", raw)
     budgets = sorted({q.coords["D"] for q in sim.pool if q.law == "moe"})
     assert budgets == [32768.0, 131072.0, 524288.0, 2097152.0]
