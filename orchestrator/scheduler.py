@@ -14,12 +14,13 @@ so a sweep loop that starts later can tell a sweep whose runner died (`runner_go
 segment (orchestrator/task.py): the store's attempts are the only retries.
 
 Failures are sorted by whose they are (orchestrator/infra.py): a bad value is one failed attempt, never retried; a
-crash is retried within the attempts; Ray dying, a full disk or a failing store count against nothing: the attempt
-is released, the run stops with `InfrastructureError` and the sweep goes back to `pending` to resume once the
-infrastructure is back (the sweep loop restarts Ray). A scheduler that stops for any reason is *retired*: its
-process lives on, yet the segments and sweep it left `running` count as orphaned (`owner_alive`), so the next
-scheduler adopts or re-queues them instead of waiting for ever. MLflow is the dashboard, never a dependency: every
-tracking call is best effort (`BestEffortTracker`).
+crash is retried within the attempts; Ray dying, a full disk or a failing store count against nothing: the run stops
+with `InfrastructureError`, its running workers are left to finish (a worker killed after its last step would have
+its segment trained again) and the sweep goes back to `pending` to resume once the infrastructure is back (the sweep
+loop restarts Ray). A scheduler that stops for any reason is *retired*: its process lives on, yet the segments and
+sweep it left `running` count as orphaned (`owner_alive`), so the next scheduler adopts or re-queues them instead of
+waiting for ever. MLflow is the dashboard, never a dependency: every tracking call is best effort
+(`BestEffortTracker`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ NODE_PROBE_S = 5.0  # how long a RAY_ADDRESS cluster's GCS may take to list its 
 _RAY_LOCK = threading.RLock()  # one thread starts, restarts or probes Ray at a time (the loops and request threads)
 _RESTARTING = threading.Event()  # `restart_ray` is under way: Ray is down even while `ray.is_initialized()` says not
 _RETIRED: set[str] = set()  # owners of the schedulers of this process that have stopped (`owner_alive`)
+# segment key -> the Ray task a stopped scheduler of this process left running (`Scheduler._abandon`): the next
+# scheduler waits for it wherever it runs, as it waits for a live worker's pid on this host.
+_LEFT_RUNNING: dict[str, ray.ObjectRef] = {}
 
 
 def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
@@ -147,6 +151,7 @@ def restart_ray(settings: Settings) -> None:
     try:
         with _RAY_LOCK:
             ray.shutdown()
+            _LEFT_RUNNING.clear()  # their tasks died with the old Ray
             ensure_ray(settings)
     finally:
         _RESTARTING.clear()
@@ -484,11 +489,12 @@ class Scheduler:
             directory = self.segment_dir(seg.key)
             result = read_result(directory, seg.key)
             if result is not None and self.store.complete(seg.key, attempt, result, adopted=True):
+                _LEFT_RUNNING.pop(seg.key, None)
                 out.adopted.append(seg.key)
                 out.compute_s += result.wall_s
                 self._end_finished(seg, result)
                 self._report_msg(f"adopted {seg.kind} {seg.key}")
-            elif result is None and worker_running(directory):
+            elif result is None and (worker_running(directory) or task_left_running(seg.key)):
                 continue  # its worker outlived the scheduler: adopt the result when it lands
             elif result is None:
                 self.store.release(seg.key, attempt, "orphaned")
@@ -518,12 +524,14 @@ class Scheduler:
             self.tracker.end_segment(seg.mlflow_run_id, "FINISHED", _summary(result), seg.config["end_tokens"])
 
     def _abandon(self, inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
-        """Stop the running segments after a failure of the store or of Ray, best effort: what cannot be released
-        now stays `running` under this (retired) scheduler and the next one adopts or re-queues it (`_recover`)."""
-        try:
-            self._cancel(inflight)
-        except Exception as e:  # the store or Ray is down: the next scheduler tidies up
-            self._report_msg(f"left {len(inflight)} segment(s) for the next run to recover: {_one_line(e)}")
+        """Leave the running segments running after a failure of the store, of Ray or of this loop: killed between
+        its last step and its result file, a worker's segment would be trained again. Each stays `running` under
+        this (retired) scheduler; the next one adopts its result once the task ends, or re-queues it if the task
+        died with Ray (`_recover`)."""
+        if inflight:
+            _LEFT_RUNNING.update({key: ref for ref, (key, _) in inflight.items()})
+            self._report_msg(f"left {len(inflight)} segment(s) running for the next run to adopt")
+        inflight.clear()
 
     @staticmethod
     def _stop_tasks(inflight: dict[ray.ObjectRef, tuple[str, AttemptRecord]]) -> None:
@@ -548,6 +556,21 @@ class Scheduler:
     def _report_msg(self, message: str) -> None:
         if self.on_progress is not None:
             self.on_progress(Progress(total=0, message=message))
+
+
+def task_left_running(key: str) -> bool:
+    """Whether the task a stopped scheduler of this process left running on segment ``key`` still runs (a Ray that
+    cannot answer has lost it)."""
+    ref = _LEFT_RUNNING.get(key)
+    if ref is None:
+        return False
+    try:
+        ready, _ = ray.wait([ref], timeout=0)
+    except Exception:  # Ray is down: the task died with it
+        ready = [ref]
+    if ready:
+        del _LEFT_RUNNING[key]
+    return not ready
 
 
 def parent_checkpoint(parent: SegmentRecord, start_tokens: int, parent_dir: str) -> str:

@@ -9,6 +9,8 @@
   checkpoint), which is how tests inject worker failures; holding `bad` makes it raise a WorkerError (a bad value,
   which no retry can fix) at once; holding `die` makes the worker process SIGKILL itself half-way, once.
 * `<checkpoint root>/events.jsonl` gets one line per start (with the token count it resumed from) and per finish.
+  A `linger_s` knob holds the worker that long after its finish line, before it returns its result: the window in
+  which a worker killed would have its segment trained again.
 * `<checkpoint root>/losses.json` ({segment id: loss}) overrides the loss of the segments it names: the prediction
   ledger's test draws them from a known law with known noise.
 * Into the orchestrator's MLflow run it logs a `train_loss` curve, one point per step (step = tokens seen), as the
@@ -83,6 +85,7 @@ def counting_segment(spec: SegmentSpec, runtime: SegmentRuntime) -> SegmentResul
     # branch points passed in an earlier (failed) attempt are on disk already
     branches = {t: str(out / f"tokens-{t}") for t in spec.save_at_tokens if (out / f"tokens-{t}").is_dir()}
     log_event(root, event="end", segment=spec.id, kind=spec.kind)
+    time.sleep(knobs.get("linger_s", 0.0))
     wall = time.perf_counter() - t0
     trained = spec.end_tokens - spec.start_tokens
     has_loss = spec.kind not in ("upcycle", "lr_search")
