@@ -276,7 +276,7 @@ def replay(data: dict, group: str, seeds: int, methods: tuple[str, ...], extende
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--data", type=Path, default=None, help=f"the grid to replay (default {DATA.name})")
     ap.add_argument("--group", default="naive", help="the upcycled group whose observations join the pool")
     ap.add_argument("--seeds", type=int, default=1, help="seeds of the random choosers and the stop rule's draws")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods to replay")
@@ -291,12 +291,14 @@ def main(argv: list[str] | None = None) -> dict:
                          "grid (`grid_view`), the any-branch designs free to buy the off-grid decays; replaces "
                          "--data and --any-branch-data")
     args = ap.parse_args(argv)
+    if args.grid_of is not None and (args.data or args.any_branch_data):
+        ap.error("--grid-of replaces --data and --any-branch-data: give either --grid-of or those")
     if args.grid_of is not None:
         extended = json.loads(args.grid_of.read_text())
         data = grid_view(extended)
     else:
         extended = json.loads(args.any_branch_data.read_text()) if args.any_branch_data else None
-        data = json.loads(args.data.read_text())
+        data = json.loads((args.data or DATA).read_text())
     figures = replay(data, args.group, args.seeds, tuple(args.methods.split(",")), extended, args.n1)
     text = json.dumps(figures, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
     print(text)

@@ -267,7 +267,7 @@ def test_the_grid_view_of_a_run_with_off_grid_decays_is_the_grid_trained_alone()
     assert {d["segment_key"] for t in view["trunks"] for d in t["decays"]} <= keys
 
 
-def test_the_wide_replay_holds_its_grid_and_refuses_a_size_without_a_dstar() -> None:
+def test_the_wide_replay_holds_its_grid_and_refuses_a_size_without_a_dstar(capsys) -> None:
     """The wide grid (4 sizes x 4 budgets at the demo's scale) is replayed from its one run; at its largest size the
     full fit's laws do not cross, so there is nothing to pin down: the replay says so and names the sizes that have
     a D*, as it does for a size the grid lacks."""
@@ -277,6 +277,10 @@ def test_the_wide_replay_holds_its_grid_and_refuses_a_size_without_a_dstar() -> 
         demo_replay.Replay(view, "naive", raw)
     with pytest.raises(SystemExit, match="--n1 5 is not a size of the grid: choose one of 32928"):
         demo_replay.Replay(view, "naive", raw, 5.0)
+    with pytest.raises(SystemExit):  # --grid-of replaces the demo's files: both at once is a mistake, said so
+        demo_replay.main(["--grid-of", str(demo_replay.DATA.parent / "wide_any_branch.json"),
+                          "--data", str(demo_replay.DATA)])
+    assert "--grid-of replaces --data" in capsys.readouterr().err
     sim = demo_replay.Replay(view, "naive", raw, 131392.0)
     assert len(sim.pool) == 4 * 4 * 4 + 4 * 4 and len(sim.offgrid_pool) == (4 * 4 + 4) * 4  # 4 off-grid ends a trunk
     assert sim.dag.cost({q.segment for q in sim.pilot}) < 0.05 * sim.dag.full  # the demo's pilot costs 0.23 of it
