@@ -72,6 +72,21 @@ def sweep_under_loop(settings: Settings, spec: str, step_s: float,
     return services, sweep, loop
 
 
+def fail_once(monkeypatch, method: str, when: Callable[[], bool] = lambda: True) -> list[tuple]:
+    """Make `Store.<method>` raise a locked database's error once, the first time ``when()`` holds; the list returned
+    gets that call's arguments."""
+    real, failures = getattr(Store, method), []
+
+    def failing_once(self, *args, **kwargs):
+        if not failures and when():
+            failures.append(args)
+            raise OperationalError(method, {}, Exception("database is locked"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, method, failing_once)
+    return failures
+
+
 def test_failures_are_sorted_by_whose_they_are() -> None:
     full = OSError(errno.ENOSPC, "No space left on device")
     assert is_infrastructure(full) and not is_deterministic(full)
@@ -111,15 +126,7 @@ def test_the_sweep_loop_survives_the_store_failing_and_still_runs_the_sweep(sett
     services = Services.open(settings)
     knobs(settings)
     sweep = services.orch.submit(load_spec(TINY_NAIVE_SPEC))
-    real, failures = Store.sweeps, []
-
-    def sweeps_failing_once(self, status=None):
-        if not failures:
-            failures.append(status)
-            raise OperationalError("SELECT sweeps", {}, Exception("database is locked"))
-        return real(self, status)
-
-    monkeypatch.setattr(Store, "sweeps", sweeps_failing_once)
+    failures = fail_once(monkeypatch, "sweeps")
     loop = start_loop(services)
     try:
         wait_for(lambda: services.store.sweep(sweep.id).status == "done", 180, "the sweep to finish")
@@ -135,15 +142,7 @@ def test_a_store_failing_while_a_worker_finishes_leaves_the_worker_to_finish_and
     services = Services.open(settings)
     knobs(settings, linger_s=1.5)
     sweep = services.orch.submit(load_spec(TINY_NAIVE_SPEC))
-    real, failures = Store.poll, []
-
-    def poll_failing_once_a_worker_has_finished(self, sweep_id):
-        if not failures and ends(settings):  # a worker lingers after its last step
-            failures.append(sweep_id)
-            raise OperationalError("SELECT segments", {}, Exception("disk I/O error"))
-        return real(self, sweep_id)
-
-    monkeypatch.setattr(Store, "poll", poll_failing_once_a_worker_has_finished)
+    failures = fail_once(monkeypatch, "poll", when=lambda: bool(ends(settings)))  # a worker lingers after its end
     loop = start_loop(services)
     try:
         wait_for(lambda: services.store.sweep(sweep.id).status == "done", 180, "the sweep to finish")
