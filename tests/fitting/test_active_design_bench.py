@@ -298,6 +298,25 @@ def test_the_wide64_replay_spans_the_simulated_grids_budgets() -> None:
     assert 0 < sim.true_dstar < math.inf
 
 
+def test_the_inside_grid_moves_up_and_its_dstar_moves_with_it() -> None:
+    """bench/data/inside_any_branch.json is the wide64 grid moved up 2x, so that wide64's D* (1.05-1.7x its largest
+    budget) would lie inside it. It does not stay there: upcycling still wins at every size at the new largest
+    budget, by 0.05 in loss, and the full fit's D* moves up with the grid, to 0.9-1.2x its largest budget again."""
+    raw = bench_data("inside_any_branch.json")
+    view = demo_replay.grid_view(raw)
+    top = 2048 * 2048.0
+    sizes = (32928.0, 73968.0, 131392.0)
+    up = {o["N1"]: o["loss"] for o in raw["observations"]
+          if o["kind"] == "upcycled" and o["D1"] == o["D2"] == top}
+    scratch = {o["N1"]: o["loss"] for o in raw["observations"] if o["kind"] == "scratch" and o["D"] == top}
+    assert all(0.04 < scratch[n] - up[n] < 0.07 for n in sizes), (up, scratch)
+    wide64 = bench_data("wide64_any_branch.json")
+    for n1 in sizes:
+        before = demo_replay.Replay(demo_replay.grid_view(wide64), "naive", wide64, n1).true_dstar
+        now = demo_replay.Replay(view, "naive", raw, n1).true_dstar
+        assert before < top and 0.85 * top < now < 1.25 * top, (n1, before, now)  # inside the new grid, then not
+
+
 @pytest.mark.slow  # ~20 s: grid_stop refits the replay's curves after every wave
 def test_grid_stop_never_buys_a_stopped_trunk_nor_more_than_the_full_grid(replay: demo_replay.Replay) -> None:
     width = replay.width(replay.pool)
