@@ -317,6 +317,27 @@ def test_the_inside_grid_moves_up_and_its_dstar_moves_with_it() -> None:
         assert before < top and 0.85 * top < now < 1.25 * top, (n1, before, now)  # inside the new grid, then not
 
 
+def test_upcycling_ties_from_scratch_four_times_past_the_inside_grid_where_its_full_fit_is_far_off() -> None:
+    """bench/data/beyond_probe.json trains D1 = D2 = D = 8192 steps, 4x the inside grid's largest budget, at the
+    smallest and largest demo sizes: upcycled and from scratch tie there (upcycling was ahead by 0.05 at the inside
+    grid's top), so the lead ends between 2048 and 8192 steps. The inside grid's full fit, which the replay scores
+    designs against, put scratch ahead there by more than 0.2 and its D* below a third of that budget."""
+    probe = bench_data("beyond_probe.json")
+    top = 8192 * 2048.0
+    up = {o["N1"]: o["loss"] for o in probe["observations"] if o["kind"] == "upcycled" and o["D1"] == o["D2"] == top}
+    scratch = {o["N1"]: o["loss"] for o in probe["observations"] if o["kind"] == "scratch" and o["D"] == top}
+    raw = bench_data("inside_any_branch.json")
+    view = demo_replay.grid_view(raw)
+    for n1 in (32928, 131392):
+        assert abs(scratch[n1] - up[n1]) < 0.01, (n1, up, scratch)
+        fit = demo_replay.Replay(view, "naive", raw, float(n1))
+        at = {"N": np.array([n1]), "N1": np.array([n1]), "D": np.array([top]), "D1": np.array([top]),
+              "D2": np.array([top])}
+        predicted = {k: float(law.predict(fit.oracle.params[k], at)[0]) for k, law in bench.LAW.items()}
+        assert predicted["up"] - predicted["moe"] > 0.2, predicted
+        assert fit.true_dstar < top / 3
+
+
 @pytest.mark.slow  # ~20 s: grid_stop refits the replay's curves after every wave
 def test_grid_stop_never_buys_a_stopped_trunk_nor_more_than_the_full_grid(replay: demo_replay.Replay) -> None:
     width = replay.width(replay.pool)
