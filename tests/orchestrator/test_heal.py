@@ -1,8 +1,8 @@
 """The sweep loop heals itself, on a real embedded Ray, SQLite store and MLflow store: an iteration that raises is
 retried, not fatal; a store on a disk that fills up mid-sweep, then frees, costs retries, never a segment's attempts
 nor the sweep, and trains nothing twice (a worker finishing when the store fails is left to finish and adopted); a
-tracking store deleted mid-sweep costs only the dashboard's history. Failures are sorted by whose
-they are (orchestrator/infra.py). tests/api/test_heal.py kills the raylet of a real `upscale serve`."""
+tracking store deleted mid-sweep costs only the dashboard's history. Failures are sorted by whose they are
+(orchestrator/infra.py). tests/api/test_heal.py kills the raylet of a real `upscale serve`."""
 
 from __future__ import annotations
 
