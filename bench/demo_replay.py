@@ -22,12 +22,12 @@ besides, by bench/export_curves.py) the any-branch designs may buy them at their
 retrained span where a trunk was trained past one, as in the simulation); the pool, the full grid and its D* stay the
 demo grid's.
 
-The demo grid is too small for a design to save much: its pilot alone costs 0.23 of it. ``--grid-of`` replays a
-wider grid at the demo's scale trained with its off-grid decays (bench/data/wide_any_branch.json: 4 sizes, budgets 2x
-apart over 8x; wide64_any_branch.json: 3 sizes, budgets 4x apart over 64x as in the simulation; naive upcycling):
-the grid that run holds (`grid_view`: the off-grid decays removed, each trunk's pieces merged back to the grid's cuts;
-the demo's view is the demo grid itself, plan, FLOPs and losses), the any-branch designs free to buy the off-grid
-decays from the same run.
+The demo grid is too small for a design to save much: its pilot alone costs 0.23 of it. ``--grid-of`` replays a wider
+grid at the demo's scale trained with its off-grid decays (bench/data/wide_any_branch.json: 4 sizes, budgets 2x apart
+over 8x; wide64_any_branch.json: 3 sizes, budgets 4x apart over 64x as in the simulation; inside_any_branch.json: the
+same moved up 2x; naive upcycling): the grid that run holds (`grid_view`: the off-grid decays removed, each trunk's
+pieces merged back to the grid's cuts; the demo's view is the demo grid itself, plan, FLOPs and losses), the any-branch
+designs free to buy the off-grid decays from the same run.
 
     nice -n 10 .venv/bin/python bench/demo_replay.py [--group naive] [--seeds 3] [--any-branch-data FILE]
         [--grid-of FILE] [--json OUT]
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n1", type=float, default=None,
                     help="the dense size (parameters) whose D* the designs pin down; default the grid's largest")
     ap.add_argument("--grid-of", type=Path, default=None,
-                    help="a grid trained with its off-grid decays too (bench/data/wide*_any_branch.json): replay its "
+                    help="a grid trained with its off-grid decays too (bench/data/*_any_branch.json): replay its "
                          "grid (`grid_view`), the any-branch designs free to buy the off-grid decays; replaces "
                          "--data and --any-branch-data")
     args = ap.parse_args(argv)

@@ -171,6 +171,14 @@ def bench_data(name: str) -> dict:
     return json.loads((ROOT / "bench" / "data" / name).read_text())
 
 
+def losses_at_equal_budgets(raw: dict, tokens: float) -> tuple[dict, dict]:
+    """A dataset's upcycled losses at D1 = D2 = ``tokens`` and from-scratch losses at D = ``tokens``, by N1."""
+    up = {o["N1"]: o["loss"] for o in raw["observations"]
+          if o["kind"] == "upcycled" and o["D1"] == o["D2"] == tokens}
+    scratch = {o["N1"]: o["loss"] for o in raw["observations"] if o["kind"] == "scratch" and o["D"] == tokens}
+    return up, scratch
+
+
 @pytest.fixture(scope="module")
 def replay() -> demo_replay.Replay:
     return demo_replay.Replay(json.loads(demo_replay.DATA.read_text()), "naive")
@@ -306,13 +314,12 @@ def test_the_inside_grid_moves_up_and_its_dstar_moves_with_it() -> None:
     view = demo_replay.grid_view(raw)
     top = 2048 * 2048.0
     sizes = (32928.0, 73968.0, 131392.0)
-    up = {o["N1"]: o["loss"] for o in raw["observations"]
-          if o["kind"] == "upcycled" and o["D1"] == o["D2"] == top}
-    scratch = {o["N1"]: o["loss"] for o in raw["observations"] if o["kind"] == "scratch" and o["D"] == top}
+    up, scratch = losses_at_equal_budgets(raw, top)
     assert all(0.04 < scratch[n] - up[n] < 0.07 for n in sizes), (up, scratch)
     wide64 = bench_data("wide64_any_branch.json")
+    wide64_view = demo_replay.grid_view(wide64)
     for n1 in sizes:
-        before = demo_replay.Replay(demo_replay.grid_view(wide64), "naive", wide64, n1).true_dstar
+        before = demo_replay.Replay(wide64_view, "naive", wide64, n1).true_dstar
         now = demo_replay.Replay(view, "naive", raw, n1).true_dstar
         assert before < top and 0.85 * top < now < 1.25 * top, (n1, before, now)  # inside the new grid, then not
 
@@ -322,10 +329,8 @@ def test_upcycling_ties_from_scratch_four_times_past_the_inside_grid_where_its_f
     smallest and largest demo sizes: upcycled and from scratch tie there (upcycling was ahead by 0.05 at the inside
     grid's top), so the lead ends between 2048 and 8192 steps. The inside grid's full fit, which the replay scores
     designs against, put scratch ahead there by more than 0.2 and its D* below a third of that budget."""
-    probe = bench_data("beyond_probe.json")
     top = 8192 * 2048.0
-    up = {o["N1"]: o["loss"] for o in probe["observations"] if o["kind"] == "upcycled" and o["D1"] == o["D2"] == top}
-    scratch = {o["N1"]: o["loss"] for o in probe["observations"] if o["kind"] == "scratch" and o["D"] == top}
+    up, scratch = losses_at_equal_budgets(bench_data("beyond_probe.json"), top)
     raw = bench_data("inside_any_branch.json")
     view = demo_replay.grid_view(raw)
     for n1 in (32928, 131392):
