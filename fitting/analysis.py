@@ -37,8 +37,14 @@ import numpy as np
 import pandas as pd
 
 from upscale.fitting import display
-from upscale.fitting.answer import GroupAnswer, answer_group, answer_problems, merge_answer, size_independent, \
-    verdict_from_runs
+from upscale.fitting.answer import (
+    GroupAnswer,
+    answer_group,
+    answer_problems,
+    merge_answer,
+    size_independent,
+    verdict_from_runs,
+)
 from upscale.fitting.curve_observations import PredictedDecays, is_predicted
 from upscale.fitting.dstar import (
     EXTRAPOLATION_FACTOR,
@@ -388,13 +394,13 @@ def _weigh_evidence(out: Analysis, observed: Analysis, combined: Mapping[str, pd
         _mark_health(u.dstar, u.decisions, out.problems, fit, u.label)
 
 
-def _answer(dense: pd.DataFrame, scratch: pd.DataFrame, rows: pd.DataFrame, sizes: list[float], moe: LawFit,
+def _answer(scratch: pd.DataFrame, rows: pd.DataFrame, sizes: list[float], moe: LawFit,
             up: LawFit, E: float, E_draws: list[dict[str, float] | None] | None, bootstrap: int, seed: int,
             stage: Callable[[str, int], Callable[[int], None] | None],
             where: str) -> tuple[GroupAnswer, list[dict[str, Any]]]:
     """fitting/answer.py's answer for one group: every form fitted, backtested and weighed, at every size."""
     advance = stage(f"law forms, backtests (upcycled{where})", 1)
-    out = answer_group({"dense": dense, "scratch": scratch, "upcycled": rows}, sizes,
+    out = answer_group({"scratch": scratch, "upcycled": rows}, sizes,
                        search_range(moe.fitted, up.fitted),
                        {"scratch": (moe.params, moe.fitted.samples), "upcycled": (up.params, up.fitted.samples)},
                        E, E_draws, bootstrap, seed)
@@ -470,7 +476,7 @@ def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
             cases = decisions if decisions is not None else _extreme_cases(sizes, rows)
             verdicts = [_verdict(moe, up, case, limits, extrapolation_factor) for case in cases]
             if answers:
-                group_answer = _answer(dense, scratch, rows, sizes, moe, up, E, E_draws, bootstrap, seed, stage, where)
+                group_answer = _answer(scratch, rows, sizes, moe, up, E, E_draws, bootstrap, seed, stage, where)
                 for r, a in zip(star["results"], group_answer[1], strict=True):
                     merge_answer(r, a)
                 verdicts = [verdict_from_runs(v, group_answer[0].observed) for v in verdicts]

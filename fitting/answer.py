@@ -367,7 +367,7 @@ def answer_group(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float], span:
     full, failed = {}, {}
     for arm, table in (("scratch", tables["scratch"]), ("upcycled", tables["upcycled"])):
         full[arm], failed[arm] = fit_forms(arm, table, E, known={PRIMARY[arm]: primary[arm]})
-    backtests = run_backtests(tables, n1s, span, full)
+    backtests = run_backtests(tables, n1s, span, full, E)
     calibration = calibrate(backtests, full, seed)
     for arm, table in (("scratch", tables["scratch"]), ("upcycled", tables["upcycled"])):
         for name, w in calibration.weights[arm].items():

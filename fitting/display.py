@@ -264,7 +264,7 @@ def analysis_lines(record: dict[str, Any], details: bool = True) -> list[str]:
     lines = summary_lines(record)
     if not details:
         return lines
-    title, *rest = _analysis_head(record)
+    _, *rest = _analysis_head(record)
     lines += ["", "detail:", *(f"  {line}" for line in rest)]
     if record.get("scratch"):
         lines += ["  from scratch:", *fit_lines(record["scratch"], "    ")]

@@ -9,8 +9,8 @@ contradicts the runs, and the runs win (fitting/answer.py).
 
 Noise: the third differences of log loss along each curve of budgets equally spaced in log tokens (from scratch
 along D at one size; upcycled along D2 at one (N1, D1)), which a smooth curve keeps near zero: a law-free estimate,
-so a law's misfit does not inflate it. Rows repeated at the same coordinates average first. A gap is beyond noise past ``Z`` standard
-deviations of the difference of two runs.
+so a law's misfit does not inflate it. Rows repeated at the same coordinates average first. A gap is beyond noise
+past ``Z`` standard deviations of the difference of two runs.
 """
 
 from __future__ import annotations
