@@ -222,9 +222,10 @@ class Analysis:
         star = dstar_at(self.scratch.fitted, best.fit.fitted, n1, factor)
         no_size = size_independent(best.fit.fitted, self.scratch.fitted, n1, d1, d2)
         if no_size:
-            verdict |= {"verdict": None, "refused": no_size}
+            verdict |= {"verdict": "undecided", "verdict_note": no_size}
         if best.answer is not None:  # the answer as the analysis made it: the runs first, the weighed forms
             group = GroupAnswer.from_json(best.answer)
+            group.check_point(n1, d1, d2)
             merge_answer(star, group.at(n1))
             verdict = verdict_from_runs(verdict, group.observed)
         fit = f"upcycled {best.label}" if best.label else "upcycled"

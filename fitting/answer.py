@@ -31,6 +31,7 @@ import pandas as pd
 
 from upscale.fitting.backtest import run_backtests
 from upscale.fitting.bands import LEVELS, Calibration, backtest_record, calibrate
+from upscale.fitting.dstar import OutOfRange
 from upscale.fitting.form_fits import FormFit, fit_forms, with_samples
 from upscale.fitting.forms import FORMS, PRIMARY, form, path_columns, turned
 from upscale.fitting.observed import Observed, observe
@@ -334,6 +335,17 @@ class GroupAnswer:
 
     def at(self, n1: float) -> dict[str, Any]:
         return answer_at(self.arms, self.observed, n1, self.span)
+
+    def check_point(self, n1: float, d1: float, d2: float) -> None:
+        """OutOfRange (a 422 at the decision endpoint) when every weighted form of an arm has turned at this
+        question's point: no form the backtests trust can speak there. A point merely far from the data is
+        answered, its distance named."""
+        for arm, at, tokens in (("upcycled", d1, d2), ("scratch", None, d1)):
+            parts = self.arms.weighted(arm)
+            if parts and all(turned(ff.form, ff.row(), n1, np.array([tokens]), at)[0, 0] for ff, _ in parts):
+                names = ", ".join(ff.form.name for ff, _ in parts)
+                raise OutOfRange(f"every {arm} law form the backtests weigh ({names}) has stopped falling with "
+                                 f"tokens at N1={n1:.3g}, D1={d1:.3g}, D2={d2:.3g}: none means anything there")
 
     def to_json(self) -> dict[str, Any]:
         forms = {arm: {name: {"params": f.params, "samples": f.samples.tolist(), "rms": f.rms,

@@ -111,12 +111,12 @@ def path_columns(arm: str, n1: float, tokens: np.ndarray, d1: np.ndarray | None 
     return {"D1": t if d1 is None else np.broadcast_to(d1, t.shape).astype(float), "D2": t, "N1": np.full(t.shape, n1)}
 
 
-def turned(f: Form, rows: np.ndarray, n1: float, tokens: np.ndarray) -> np.ndarray:
-    """(point, row): True where the form's loss no longer falls with tokens at that point of the D* path: along
-    the path itself, and for the upcycled arm along D2 and along D1 alone. Past such a point the form is not used
-    (fitting/answer.py stops the search there with the reason)."""
+def turned(f: Form, rows: np.ndarray, n1: float, tokens: np.ndarray, d1: float | None = None) -> np.ndarray:
+    """(point, row): True where the form's loss no longer falls with tokens at that point of the D* path (``d1``:
+    of a verdict's path, D1 fixed): along the path itself, and for the upcycled arm along D2 and along D1 alone.
+    Past such a point the form is not used (fitting/answer.py stops the search there with the reason)."""
     h = 1e-3
-    cols = path_columns(f.arm, n1, tokens)
+    cols = path_columns(f.arm, n1, tokens, d1)
     base = f.log_losses(rows, cols)
     moves = [{**cols, "D": cols["D"] * np.exp(h)}] if f.arm == "scratch" else [
         {**cols, "D1": cols["D1"] * np.exp(h), "D2": cols["D2"] * np.exp(h)},
