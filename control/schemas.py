@@ -603,6 +603,11 @@ class Suggestion(BaseModel):
                     "candidate shrinks the interval, or the most actions one call chooses (4: each costs a plan of "
                     "the extended grid per candidate) were chosen; apply them and ask again for more.")
     actions: list[SuggestedAction]
+    forms_disagree: dict[str, Any] | None = Field(None, description="The pair of runs the analysis's law forms "
+                                                  "disagree most about inside D*'s 80% interval (upcycled at D1 = D2 "
+                                                  "= `tokens`, from scratch at `tokens`, with their FLOPs): what "
+                                                  "would most narrow D* across forms, beside the actions that narrow "
+                                                  "it for the paper's laws.")
     additions: dict[str, Any] = Field(description="All the actions' additions merged: the extension to apply.")
     applied: SweepCreated | None = Field(None, description="The extension sweep, with `apply`.")
     stop: list[StopAdvice] = Field(default_factory=list, description="From-scratch and MoE trunks of the sweep still "
