@@ -1,5 +1,5 @@
 """The answer about D*, honest beyond the law: the runs first, then what the weighed forms project, how far, and how
-well such projections held when tried on the runs already there (docs/laws.md, "The answer").
+well such projections held when tried on the runs already there (docs/laws.md, "The answer beyond one law").
 
 For one upcycling group, at every size asked:
 

@@ -1,14 +1,14 @@
 """Leave-future-out backtests: refit every form without the grid's largest budget, then without its largest size
 (and without both), and predict the runs left out.
 
-This is how a projection is checked before it is trusted (docs/laws.md, "Backtests"): each held-out run is a
-projection the laws made beyond the data they were fitted on, at a known distance (log10 of the factor beyond the
+This is how a projection is checked before it is trusted (docs/laws.md, "The answer beyond one law"): each held-out run
+is a projection the laws made beyond the data they were fitted on, at a known distance (log10 of the factor beyond the
 fitted range, the worst column), and its signed log error (log predicted − log observed: positive means the law
-predicted too high a loss) is what the answer's weights and calibrated bands are made of (fitting/bands.py). So is
-D*: the truncated grid's D* against the full grid's, per pair of forms and size.
+predicted too high a loss) is what the answer's weights and calibrated bands are made of (fitting/bands.py). So is D*:
+the truncated grid's D* against the full grid's, per pair of forms and size.
 
 Only observed rows take part (a decay end predicted from a trunk curve is no run). A holdout the grid cannot afford
-(fewer than two values of a column left, or too few rows for a form's parameters) is skipped with the reason, and
+(fewer than two values of a column left) is skipped with the reason, a form that cannot be refitted there too, and
 an analysis with no backtest at all says that its intervals do not cover law-form error.
 """
 

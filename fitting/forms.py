@@ -1,9 +1,9 @@
 """The law forms an answer weighs: several ways the loss may depend on tokens and size, for each arm.
 
 One law fitted to a grid says nothing about the error of its own form, and that error is the one that decides an
-extrapolation (docs/laws.md, "Law-form uncertainty"). So each arm is fitted by several forms that agree inside the
-grid and part beyond it, and the backtests (fitting/backtest.py) weigh them by how well they predicted runs they
-did not see. The forms and why each is there:
+extrapolation (docs/laws.md, "The answer beyond one law"). So each arm is fitted by several forms that agree inside the
+grid and part beyond it, and the backtests (fitting/backtest.py) weigh them by how well they predicted runs they did not
+see. The forms and why each is there:
 
 from scratch, (D, N):
 - ``chinchilla``: A·D^−α + B·N^−β + E, the paper's MoE law (data and size add).
