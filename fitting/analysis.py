@@ -320,7 +320,8 @@ def _stages(progress: Progress | None) -> Callable[[str, int], Callable[[int], N
 def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = None,
             decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
             workers: int = 1, progress: Progress | None = None, limits: Limits | None = None,
-            extrapolation_factor: float = EXTRAPOLATION_FACTOR, curves: PredictedDecays | None = None) -> Analysis:
+            extrapolation_factor: float = EXTRAPOLATION_FACTOR, curves: PredictedDecays | None = None,
+            answers: bool = True) -> Analysis:
     """The paper's analysis of ``tables`` ("dense" and "scratch": columns D, N, loss[, trunk]; "upcycled": D1, D2,
     N1, loss[, trunk, method, r, n_expert, topk]).
 
@@ -332,17 +333,19 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
     ``extrapolation_factor``. ``bootstrap`` cluster-bootstrap refits per fit (0: no intervals); ``workers``
     processes for them. ``progress(stage, done, total)`` is called as each stage moves on. ``curves``: decay ends
     predicted from trunk curves (`predicted_decays`), fitted beside the observed ones (see the module docstring).
-    FitError only when a table is missing or there is nothing at all to analyse.
+    ``answers`` False: the paper's pair of laws alone, without the law forms, backtests and the runs' bracket
+    (docs/laws.md, "The answer beyond one law"): what every answer was before them, kept for comparison and as the
+    cost baseline of bench/real_answer.py. FitError only when a table is missing or there is nothing to analyse.
     """
     args = (decisions, bootstrap, seed, workers, progress, limits, extrapolation_factor)
     if curves is None:
-        return _analyze(tables, n1s, *args)
+        return _analyze(tables, n1s, *args, answers=answers)
     if not curves.n_rows:  # nothing predicted: the observed analysis, with the families' reasons on record
         return replace(_analyze(tables, n1s, *args), curves={"families": curves.families, "points": {}})
     observed = _analyze(tables, n1s, decisions, 0, seed, workers, None, limits, extrapolation_factor, answers=False)
     noise = point_noise(_observed_fits(observed, tables))
     combined = with_predicted({k: tables[k] for k in TABLES}, curves, noise.point_sd)
-    out = _analyze(combined, observed.n1s, *args)
+    out = _analyze(combined, observed.n1s, *args, answers=answers)
     _weigh_evidence(out, observed, combined)
     predicted = {k: int(is_predicted(df).sum()) for k, df in combined.items()}
     record = curves.to_json()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,18 +20,14 @@ from upscale.fitting.forms import form, turned
 from upscale.fitting.observed import noise, observe
 from upscale.fitting.projection import first_dstar
 
-BENCH_DATA = Path(__file__).resolve().parents[2] / "bench" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import real_answer
+
 JOINT = {"A": 300.0, "alpha1": 0.2, "alpha2": 0.25, "alpha3": 0.012, "B": 40.0, "beta": 0.3, "E": 1.7}
 
 
 def export_tables(name: str) -> dict[str, pd.DataFrame]:
-    """The observation tables of an exported real sweep (bench/data), as the analysis reads them."""
-    df = pd.DataFrame(json.loads((BENCH_DATA / name).read_text())["observations"])
-    both = df.assign(N=df["N1"])
-    return {"dense": both[both.kind == "dense"][["D", "N", "loss", "trunk"]].reset_index(drop=True),
-            "scratch": both[both.kind == "scratch"][["D", "N", "loss", "trunk"]].reset_index(drop=True),
-            "upcycled": df[df.kind == "upcycled"][["D1", "D2", "N1", "loss", "trunk", "method", "r", "n_expert",
-                                                  "topk"]].reset_index(drop=True)}
+    return real_answer.export_tables(real_answer.DATA / name)
 
 
 def dense(scratch: pd.DataFrame) -> pd.DataFrame:
