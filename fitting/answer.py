@@ -106,6 +106,7 @@ class Arms:
             log_loss = np.where(total > 0, (w * np.where(holds, logs, 0.0)).sum(axis=0) / total, np.nan)
         return log_loss, total > 0
 
+
 def _band_interval(gap: np.ndarray, margin: np.ndarray, valid: np.ndarray,
                    tokens: np.ndarray) -> tuple[float | None, float | None]:
     """Where the bands cannot tell the arms apart after upcycling's lead: from the end of the first stretch of
