@@ -9,8 +9,10 @@ For one upcycling group, at every size asked:
    backtest weights: fitting/bands.py) gives its D*, its search stopped where a form turns (fitting/projection.py);
 3. the projected D* is where the stacked predictions (the weights' mean of the forms' log losses) cross;
 4. the interval at 80% and 95% is the hull of (a) the forms' bootstrap D* samples mixed by weight and (b) where the
-   two arms' calibrated bands separate: the last budget where upcycling leads by more than both bands together,
-   to the first where it trails by more. Where the bands overlap to the end of the range searched (or of the range
+   two arms' calibrated bands separate: the last budget where upcycling leads by more than the bands' root sum of
+   squares (the arms' errors taken as independent), to the first where it trails by more; never by less than the
+   largest error the stacked projection makes on this size's own matched runs (the gap, not each arm's loss,
+   decides D*). Where the bands overlap to the end of the range searched (or of the range
    where the forms hold), that end is open, said in words with the runs that would close it;
 5. the runs bound it: the interval is cut to the observed bracket, and a projected D* outside the bracket is
    replaced by the bracket, flagged "the law contradicts the runs at …".
@@ -175,10 +177,11 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
     values, weights = _mixture_samples(arms, n1, span)
     bracket = observed.bracket(n1)
     b_lo, b_hi = (bracket["low"], bracket["high"]) if bracket else (None, None)
+    floor = _gap_floor(arms, observed, n1)
     intervals, band_ivs, mixture_ivs = {}, {}, {}
     for level in LEVELS:
-        margin = arms.calibration.half_width("scratch", d_s, level) + arms.calibration.half_width("upcycled", d_u,
-                                                                                                   level)
+        margin = np.maximum(floor, np.hypot(arms.calibration.half_width("scratch", d_s, level),  # independent arms
+                                            arms.calibration.half_width("upcycled", d_u, level)))
         band_ivs[_key(level)] = _as_interval(*_band_interval(gap, margin, valid, tokens))
         if values.size:
             lo, hi = weighted_interval(values, weights, level)
@@ -201,6 +204,19 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
             "open_note": _open_note(intervals["80"], n1, span, end, bracket),
             "distance": _reach(shown, intervals["80"], arms, n1),
             "next": _next_pair(arms, n1, tokens, valid, intervals["80"])}
+
+
+def _gap_floor(arms: Arms, observed: Observed, n1: float) -> float:
+    """The largest error the stacked projection makes on this size's own matched diagonal pairs, in log gap: the
+    bands are never narrower than that, since the gap itself, not each arm's loss, decides D* (0 without pairs)."""
+    pairs = [p for p in observed.pairs if p["diagonal"] and math.isclose(p["n1"], n1, rel_tol=1e-9)]
+    if not pairs:
+        return 0.0
+    tokens = np.array([p["d1"] for p in pairs])
+    ls, hs = arms.stacked("scratch", n1, tokens)
+    lu, hu = arms.stacked("upcycled", n1, tokens)
+    errors = [abs(g - p["log_gap"]) for g, p, ok in zip(ls - lu, pairs, hs & hu, strict=True) if ok]
+    return max(errors, default=0.0)
 
 
 def _bounded(iv: dict[str, Any] | None, lo: float | None, hi: float | None) -> dict[str, Any]:
