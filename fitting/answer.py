@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from upscale.fitting.backtest import run_backtests
+from upscale.fitting.backtest import dstar_backtest, run_backtests
 from upscale.fitting.bands import LEVELS, Calibration, backtest_record, calibrate
 from upscale.fitting.dstar import OutOfRange
 from upscale.fitting.form_fits import FormFit, fit_forms, with_samples
-from upscale.fitting.forms import FORMS, PRIMARY, form, path_columns, turned
+from upscale.fitting.forms import PRIMARY, form, path_columns, turned
 from upscale.fitting.observed import Observed, observe
-from upscale.fitting.projection import first_dstar, path_dstar, tokens_grid
+from upscale.fitting.projection import FormPath, first_dstar, form_path, pair_dstar, tokens_grid
 
 MIN_WEIGHT = 0.01  # a form below this weight takes no part in the stacked prediction or the mixture
 
@@ -95,13 +95,17 @@ class Arms:
             worst = np.maximum(worst, np.maximum(v / hi, lo / v))
         return np.log10(worst)
 
-    def stacked(self, arm: str, n1: float, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def paths(self, n1: float, tokens: np.ndarray) -> dict[str, dict[str, FormPath]]:
+        """Every fitted form's path at ``n1`` (its fit's parameters): arm → form → path, computed once per size."""
+        return {arm: {name: form_path(ff.form, ff.row(), n1, tokens) for name, ff in fits.items()}
+                for arm, fits in self.fits.items()}
+
+    def stacked(self, arm: str, paths: Mapping[str, FormPath]) -> tuple[np.ndarray, np.ndarray]:
         """The stacked log loss along the path, each point from the weighted forms that still hold there (have not
         turned), their weights renormalised; and where any does (past that, no form of the arm speaks)."""
         parts = self.weighted(arm)
-        cols = path_columns(arm, n1, tokens)
-        logs = np.array([ff.form.log_losses(ff.row(), cols)[:, 0] for ff, _ in parts])  # (form, point)
-        holds = np.array([~turned(ff.form, ff.row(), n1, tokens)[:, 0] for ff, _ in parts]) & np.isfinite(logs)
+        logs = np.array([paths[ff.form.name].log_loss[:, 0] for ff, _ in parts])  # (form, point)
+        holds = np.array([~paths[ff.form.name].turned[:, 0] for ff, _ in parts]) & np.isfinite(logs)
         w = np.array([v for _, v in parts])[:, None] * holds
         total = w.sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -129,34 +133,32 @@ def _band_interval(gap: np.ndarray, margin: np.ndarray, valid: np.ndarray,
     return low, high
 
 
-def _mixture_samples(arms: Arms, n1: float, span: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+def _mixture_samples(arms: Arms, n1: float, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """D* of the forms' bootstrap samples, each pair's samples weighted so that the pair counts by its weight."""
+    sides = {arm: [(ff, w, form_path(ff.form, ff.samples, n1, tokens)) for ff, w in arms.weighted(arm)
+                   if len(ff.samples)] for arm in ("scratch", "upcycled")}
     values, weights = [], []
-    for s, ws in arms.weighted("scratch"):
-        for u, wu in arms.weighted("upcycled"):
+    for s, ws, ps in sides["scratch"]:
+        for u, wu, pu in sides["upcycled"]:
             n = min(len(s.samples), len(u.samples))
-            if n == 0:
-                continue
-            d = path_dstar(s.form, u.form, s.samples[:n], u.samples[:n], n1, span).dstar
-            values.append(d)
+            cut = [FormPath(p.log_loss[:, :n], p.turned[:, :n]) for p in (ps, pu)]
+            values.append(pair_dstar(*cut, tokens).dstar)
             weights.append(np.full(n, ws * wu / n))
     if not values:
         return np.empty(0), np.empty(0)
     return np.concatenate(values), np.concatenate(weights)
 
 
-def _pair_dstars(arms: Arms, n1: float, span: tuple[float, float]) -> list[dict[str, Any]]:
+def _pair_dstars(arms: Arms, paths: Mapping[str, Mapping[str, FormPath]], tokens: np.ndarray) -> list[dict[str, Any]]:
+    """Every pair of fitted forms: its D* along ``tokens``, its weight and where its search stopped."""
+    weights = arms.calibration.weights
     out = []
-    for s in FORMS["scratch"]:
-        for u in FORMS["upcycled"]:
-            fs, fu = arms.fits["scratch"].get(s.name), arms.fits["upcycled"].get(u.name)
-            if fs is None or fu is None:
-                continue
-            p = path_dstar(s, u, fs.row(), fu.row(), n1, span)
-            w = arms.calibration.weights["scratch"].get(s.name, 0.0) * arms.calibration.weights["upcycled"].get(
-                u.name, 0.0)
+    for s, ps in paths["scratch"].items():
+        for u, pu in paths["upcycled"].items():
+            p = pair_dstar(ps, pu, tokens)
             star, stop = float(p.dstar[0]), float(p.stopped_at[0])
-            out.append({"scratch": s.name, "upcycled": u.name, "weight": w,
+            out.append({"scratch": s, "upcycled": u,
+                        "weight": weights["scratch"].get(s, 0.0) * weights["upcycled"].get(u, 0.0),
                         "dstar": star if 0 < star < math.inf else None,
                         "state": "crossing" if 0 < star < math.inf else "above" if star == math.inf
                         else "below" if star == 0 else "none",
@@ -167,14 +169,15 @@ def _pair_dstars(arms: Arms, n1: float, span: tuple[float, float]) -> list[dict[
 def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, float]) -> dict[str, Any]:
     """The answer about D* at ``n1``: see the module docstring. ``span``: the range searched."""
     tokens = tokens_grid(span)
-    ls, holds_s = arms.stacked("scratch", n1, tokens)
-    lu, holds_u = arms.stacked("upcycled", n1, tokens)
+    paths = arms.paths(n1, tokens)
+    ls, holds_s = arms.stacked("scratch", paths["scratch"])
+    lu, holds_u = arms.stacked("upcycled", paths["upcycled"])
     valid = holds_s & holds_u & np.isfinite(ls) & np.isfinite(lu)
     gap = ls - lu
     star = float(first_dstar(gap[:, None], valid[:, None], tokens)[0])
     end = float(tokens[int(np.argmin(valid))]) if not valid.all() else span[1]
     d_s, d_u = arms.distance("scratch", n1, tokens), arms.distance("upcycled", n1, tokens)
-    values, weights = _mixture_samples(arms, n1, span)
+    values, weights = _mixture_samples(arms, n1, tokens)
     bracket = observed.bracket(n1)
     b_lo, b_hi = (bracket["low"], bracket["high"]) if bracket else (None, None)
     floor = _gap_floor(arms, observed, n1)
@@ -192,7 +195,7 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
     state = "crossing" if 0 < star < math.inf else "above" if star == math.inf else "below" if star == 0 else "none"
     if contradiction:
         state = "observed"
-    pairs = _pair_dstars(arms, n1, span)
+    pairs = _pair_dstars(arms, paths, tokens)
     weighted_pairs = [p for p in pairs if p["weight"] >= MIN_WEIGHT and p["dstar"] is not None]
     spread = ([min(p["dstar"] for p in weighted_pairs), max(p["dstar"] for p in weighted_pairs)]
               if weighted_pairs else None)
@@ -203,7 +206,7 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
             "observed_bracket": bracket, "contradiction": contradiction,
             "open_note": _open_note(intervals["80"], n1, span, end, bracket),
             "distance": _reach(shown, intervals["80"], arms, n1),
-            "next": _next_pair(arms, n1, tokens, valid, intervals["80"])}
+            "next": _next_pair(arms, paths, n1, tokens, valid, intervals["80"])}
 
 
 def _gap_floor(arms: Arms, observed: Observed, n1: float) -> float:
@@ -213,8 +216,9 @@ def _gap_floor(arms: Arms, observed: Observed, n1: float) -> float:
     if not pairs:
         return 0.0
     tokens = np.array([p["d1"] for p in pairs])
-    ls, hs = arms.stacked("scratch", n1, tokens)
-    lu, hu = arms.stacked("upcycled", n1, tokens)
+    paths = arms.paths(n1, tokens)
+    ls, hs = arms.stacked("scratch", paths["scratch"])
+    lu, hu = arms.stacked("upcycled", paths["upcycled"])
     errors = [abs(g - p["log_gap"]) for g, p, ok in zip(ls - lu, pairs, hs & hu, strict=True) if ok]
     return max(errors, default=0.0)
 
@@ -291,7 +295,8 @@ def _reach(star: float | None, iv: dict[str, Any], arms: Arms, n1: float) -> dic
 NEXT_REACH = 8.0  # the next pair of runs is looked for at most this far beyond the largest budget trained
 
 
-def _next_pair(arms: Arms, n1: float, tokens: np.ndarray, valid: np.ndarray, iv: dict[str, Any]) -> dict[str, Any]:
+def _next_pair(arms: Arms, paths: Mapping[str, Mapping[str, FormPath]], n1: float, tokens: np.ndarray,
+               valid: np.ndarray, iv: dict[str, Any]) -> dict[str, Any]:
     """The budget inside the 80% interval where the weighted forms' projected gaps disagree most, no further than
     ``NEXT_REACH`` beyond the largest budget trained (a run there is affordable and its answer still narrows the
     interval from its low end): train upcycled at D1 = D2 = D and from scratch at D there."""
@@ -304,8 +309,7 @@ def _next_pair(arms: Arms, n1: float, tokens: np.ndarray, valid: np.ndarray, iv:
     gaps, weights = [], []
     for s, ws in arms.weighted("scratch"):
         for u, wu in arms.weighted("upcycled"):
-            gaps.append(s.form.log_losses(s.row(), path_columns("scratch", n1, tokens))[:, 0]
-                        - u.form.log_losses(u.row(), path_columns("upcycled", n1, tokens))[:, 0])
+            gaps.append(paths["scratch"][s.form.name].log_loss[:, 0] - paths["upcycled"][u.form.name].log_loss[:, 0])
             weights.append(ws * wu)
     g, w = np.array(gaps), np.array(weights)[:, None]
     mean = (w * g).sum(axis=0) / w.sum()
@@ -396,8 +400,11 @@ def answer_group(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float], span:
     full, failed = {}, {}
     for arm, table in (("scratch", tables["scratch"]), ("upcycled", tables["upcycled"])):
         full[arm], failed[arm] = fit_forms(arm, table, E, known={PRIMARY[arm]: primary[arm]})
-    backtests = run_backtests(tables, n1s, span, full, E)
+    backtests = run_backtests(tables, full, E)
     calibration = calibrate(backtests, full, seed)
+    weighed = {arm: [f for f, w in calibration.weights[arm].items() if w >= MIN_WEIGHT] for arm in calibration.weights}
+    dstar_rows = dstar_backtest(backtests, full, [(s, u) for s in weighed["scratch"] for u in weighed["upcycled"]],
+                                n1s, span)
     for arm, table in (("scratch", tables["scratch"]), ("upcycled", tables["upcycled"])):
         for name, w in calibration.weights[arm].items():
             if w >= MIN_WEIGHT and not full[arm][name].form.saturating:
@@ -406,7 +413,7 @@ def answer_group(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float], span:
             joint = full[arm]["joint"]
             full[arm]["joint-saturating"] = replace(full[arm]["joint-saturating"], samples=joint.samples)
     group = GroupAnswer(Arms(full, calibration), observe(tables["scratch"], tables["upcycled"]),
-                        backtest_record(backtests, calibration), span, failed)
+                        backtest_record(backtests, calibration, dstar_rows), span, failed)
     return group, [group.at(n1) for n1 in n1s]
 
 

@@ -24,9 +24,8 @@ import pandas as pd
 
 from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.form_fits import FormFit, fit_forms
-from upscale.fitting.forms import FORMS
 from upscale.fitting.laws import LOSS
-from upscale.fitting.projection import path_dstar
+from upscale.fitting.projection import form_path, pair_dstar, tokens_grid
 
 HOLDOUTS = ("budget", "size", "both")
 TOKENS = {"scratch": ("D",), "upcycled": ("D1", "D2")}
@@ -35,14 +34,14 @@ SIZE = {"scratch": "N", "upcycled": "N1"}
 
 @dataclass(frozen=True)
 class Backtests:
-    """Every held-out prediction (``points``: holdout, arm, form, size, tokens, observed, log_error, distance), the
-    D* backtest (``dstar``), what each holdout fitted and predicted (``runs``) and what could not be run and why
-    (``skipped``)."""
+    """Every held-out prediction (``points``: holdout, arm, form, size, tokens, observed, log_error, distance), what
+    each holdout fitted and predicted (``runs``), what could not be run and why (``skipped``), and the refits
+    themselves (``fits``: holdout → arm → form), for the D* backtest (``dstar_backtest``)."""
 
     points: pd.DataFrame
-    dstar: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
+    fits: dict[str, dict[str, dict[str, FormFit]]] = field(default_factory=dict)
 
     @property
     def ran(self) -> bool:
@@ -76,12 +75,12 @@ def _affordable(kind: str, df: pd.DataFrame) -> str:
     return ""
 
 
-def run_backtests(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float], span: tuple[float, float],
-                  full: Mapping[str, Mapping[str, FormFit]], E: float) -> Backtests:
+def run_backtests(tables: Mapping[str, pd.DataFrame], full: Mapping[str, Mapping[str, FormFit]],
+                  E: float) -> Backtests:
     """The three holdouts of ``tables`` ("scratch" and "upcycled": one upcycling group), each arm's forms refitted on
     what is left, warm-started at their whole-grid fits, with E held at the whole grid's ``E`` (the data's floor,
     which no holdout moves much and whose joint refit would cost most of the backtest); ``full``: the forms fitted
-    on the whole grid (arm → form → fit), for the D* backtest at ``n1s`` over ``span``."""
+    on the whole grid (arm → form → fit)."""
     observed = {k: tables[k][~is_predicted(tables[k])].reset_index(drop=True) for k in ("scratch", "upcycled")}
     top = {c: float(observed[k][c].max()) for k in ("scratch", "upcycled") for c in (*TOKENS[k], SIZE[k])}
     rows: list[dict[str, Any]] = []
@@ -115,26 +114,28 @@ def run_backtests(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float], span
         beyond = max((float(left[k][c].max()) for k in left for c in TOKENS[k] if len(left[k])), default=below)
         out.runs.append({"holdout": holdout, "fitted_below": below, "predicted_up_to": beyond,
                          "held_out": {k: len(v) for k, v in left.items()}})
-        out.dstar.extend(_dstar_backtest(holdout, fits, full, n1s, span))
-    return Backtests(pd.DataFrame(rows), out.dstar, out.runs, out.skipped)
+        out.fits[holdout] = fits
+    return Backtests(pd.DataFrame(rows), out.runs, out.skipped, out.fits)
 
 
-def _dstar_backtest(holdout: str, truncated: Mapping[str, Mapping[str, FormFit]],
-                    full: Mapping[str, Mapping[str, FormFit]], n1s: Sequence[float],
-                    span: tuple[float, float]) -> list[dict[str, Any]]:
-    """Per size and pair of forms fitted both ways: the truncated grid's D* against the full grid's."""
+def dstar_backtest(backtests: Backtests, full: Mapping[str, Mapping[str, FormFit]], pairs: Sequence[tuple[str, str]],
+                   n1s: Sequence[float], span: tuple[float, float]) -> list[dict[str, Any]]:
+    """Per holdout, size and pair of forms (scratch, upcycled) fitted both ways: the truncated grid's D* against the
+    whole grid's, over ``span``."""
+    tokens = tokens_grid(span)
     out = []
-    for s in FORMS["scratch"]:
-        for u in FORMS["upcycled"]:
-            pair = [(truncated[a].get(f.name), full[a].get(f.name)) for a, f in (("scratch", s), ("upcycled", u))]
-            if any(t is None or f is None for t, f in pair):
-                continue
-            (ts, fs), (tu, fu) = pair
-            for n1 in n1s:
-                cut = path_dstar(s, u, ts.row(), tu.row(), n1, span).dstar[0]
-                whole = path_dstar(s, u, fs.row(), fu.row(), n1, span).dstar[0]
-                ok = all(math.isfinite(v) and v > 0 for v in (cut, whole))
-                out.append({"holdout": holdout, "n1": n1, "scratch": s.name, "upcycled": u.name,
-                            "truncated": cut, "full": whole,
-                            "log10_ratio": float(np.log10(cut / whole)) if ok else None})
+    for n1 in n1s:
+        whole = {(arm, f): form_path(ff.form, ff.row(), n1, tokens) for arm, fits in full.items()
+                 for f, ff in fits.items()}
+        for holdout, truncated in backtests.fits.items():
+            cut = {(arm, f): form_path(ff.form, ff.row(), n1, tokens) for arm, fits in truncated.items()
+                   for f, ff in fits.items() if f in {p[arm == "upcycled"] for p in pairs}}
+            for s, u in pairs:
+                if ("scratch", s) not in cut or ("upcycled", u) not in cut:
+                    continue
+                a = pair_dstar(cut["scratch", s], cut["upcycled", u], tokens).dstar[0]
+                b = pair_dstar(whole["scratch", s], whole["upcycled", u], tokens).dstar[0]
+                ok = all(math.isfinite(v) and v > 0 for v in (a, b))
+                out.append({"holdout": holdout, "n1": n1, "scratch": s, "upcycled": u, "truncated": a, "full": b,
+                            "log10_ratio": float(np.log10(a / b)) if ok else None})
     return out

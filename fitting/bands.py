@@ -139,10 +139,10 @@ def _percent(x: float) -> str:
     return f"{math.expm1(x):+.1%}"
 
 
-def backtest_record(backtests: Backtests, calibration: Calibration) -> dict[str, Any]:
+def backtest_record(backtests: Backtests, calibration: Calibration, dstar: list[dict[str, Any]]) -> dict[str, Any]:
     """The backtests as the record keeps them: per holdout, what was fitted and predicted, the stacked and each
-    form's log errors (min, max, RMS) per arm; every held-out point; the D* backtest; what was skipped; and ``line``,
-    the sentence a researcher reads first."""
+    form's log errors (min, max, RMS) per arm; every held-out point; the D* backtest of the weighed pairs
+    (``dstar``); what was skipped; and ``line``, the sentence a researcher reads first."""
     runs = []
     pts = backtests.points
     for run in backtests.runs:
@@ -162,7 +162,7 @@ def backtest_record(backtests: Backtests, calibration: Calibration) -> dict[str,
                                                                 float(np.sqrt(np.mean(np.square(r))))]}
         runs.append({**run, "errors": errors})
     return {"ran": backtests.ran, "runs": runs, "points": pts.to_dict("records") if backtests.ran else [],
-            "dstar": backtests.dstar, "skipped": backtests.skipped, "line": backtest_line(runs),
+            "dstar": dstar, "skipped": backtests.skipped, "line": backtest_line(runs),
             "note": "" if backtests.ran else "no backtest could be run on this grid "
                                               f"({'; '.join(s['why'] for s in backtests.skipped) or 'no runs'}): "
                                               "the intervals cover parameter noise only, not law-form error"}

@@ -25,7 +25,6 @@ class PathDstar:
 
     dstar: np.ndarray  # (rows,)
     stopped_at: np.ndarray  # (rows,): the budget where a form turned; inf where none did before the range's end
-    span: tuple[float, float]
 
 
 def tokens_grid(span: tuple[float, float], n: int = GRID) -> np.ndarray:
@@ -58,13 +57,22 @@ def first_dstar(gap: np.ndarray, valid: np.ndarray, tokens: np.ndarray) -> np.nd
     return out
 
 
-def path_dstar(scratch: Form, upcycled: Form, scratch_rows: np.ndarray, upcycled_rows: np.ndarray, n1: float,
-               span: tuple[float, float]) -> PathDstar:
-    """D* of every row pair (row i of each side) at ``n1`` over ``span``, each search stopped where a form turns."""
-    tokens = tokens_grid(span)
-    ls = scratch.log_losses(scratch_rows, path_columns("scratch", n1, tokens))
-    lu = upcycled.log_losses(upcycled_rows, path_columns("upcycled", n1, tokens))
-    bad = turned(scratch, scratch_rows, n1, tokens) | turned(upcycled, upcycled_rows, n1, tokens)
-    valid = ~bad & np.isfinite(ls) & np.isfinite(lu)
+@dataclass(frozen=True)
+class FormPath:
+    """One form's log loss along the path and where it has turned, (point, row): computed once per form and size,
+    shared by every pair the form is in."""
+
+    log_loss: np.ndarray
+    turned: np.ndarray
+
+
+def form_path(f: Form, rows: np.ndarray, n1: float, tokens: np.ndarray) -> FormPath:
+    return FormPath(f.log_losses(rows, path_columns(f.arm, n1, tokens)), turned(f, rows, n1, tokens))
+
+
+def pair_dstar(scratch: FormPath, upcycled: FormPath, tokens: np.ndarray) -> PathDstar:
+    """D* of every row pair (row i of each side) along ``tokens``, each search stopped where a form turns."""
+    ls, lu = scratch.log_loss, upcycled.log_loss
+    valid = ~(scratch.turned | upcycled.turned) & np.isfinite(ls) & np.isfinite(lu)
     stopped = np.where(valid.all(axis=0), np.inf, tokens[np.argmin(valid, axis=0)])
-    return PathDstar(first_dstar(ls - lu, valid, tokens), stopped, span)
+    return PathDstar(first_dstar(ls - lu, valid, tokens), stopped)
