@@ -46,8 +46,10 @@ def sweep(tmp_path, mlflow_uri, monkeypatch):
 
 
 def answers(record: dict) -> list[tuple]:
-    """Every D* of a record with its intervals, per group and N1: what must agree across entry points."""
-    return [(u["label"], r["n1"], r["dstar"], json.dumps(r.get("intervals"), sort_keys=True))
+    """Every D* of a record (its state, crossings and intervals) per group and N1, and each group's answer (what the
+    runs show, what the laws project): what must agree across entry points."""
+    return [(u["label"], r["n1"], r["dstar"], r["dstar_state"], r["crossings"],
+             json.dumps([r.get("intervals"), u.get("answer")], sort_keys=True))
             for u in record["upcycled"] for r in (u["dstar"] or {}).get("results", [])]
 
 
@@ -107,7 +109,7 @@ def test_the_defaults_agree_between_the_cli_and_upscale_analyze(sweep) -> None:
 
 def test_tables_carry_predicted_decays_and_read_back_to_the_same_answer(thinned_tables, tmp_path) -> None:  # noqa: F811
     """An analysis that fitted decay ends predicted from curves, exported as the tables it fitted, gives the same D*
-    from ``upscale.analyze`` (and with curves=False the observed-only answer, as `--no-curves` would)."""
+    from ``upscale.analyze``, and with curves=False the answer of the observed rows alone."""
     observed, curves = split(thinned_tables, 0.003)
     direct = analyze(observed, n1s=[1e9], bootstrap=2, curves=curves)
     for kind, df in fitted_tables(observed, direct.to_json()).items():
@@ -116,9 +118,8 @@ def test_tables_carry_predicted_decays_and_read_back_to_the_same_answer(thinned_
     back = upscale.analyze(paths, n1s=[1e9], bootstrap=2)
     assert answers(back.to_json()) == answers(direct.to_json())
     assert back.settings["predicted_rows"] == sum(direct.curves["points"].values()) > 0 and back.settings["curves"]
-    alone = upscale.analyze(paths, n1s=[1e9], bootstrap=0, curves=False)  # as the curves analysis's own first pass
-    assert [r["dstar"] for u in alone.upcycled for r in u.dstar["results"]] == \
-        [r["evidence"]["observed_dstar"] for u in direct.upcycled for r in u.dstar["results"]]
+    alone = upscale.analyze(paths, n1s=[1e9], bootstrap=0, curves=False)  # as `--no-curves` on the sweep
+    assert answers(alone.to_json()) == answers(analyze(observed, n1s=[1e9], bootstrap=0).to_json())
     assert alone.settings["predicted_rows"] == 0 and not alone.settings["curves"]
 
 
@@ -152,5 +153,5 @@ def test_the_bundled_tables_as_the_readme_analyses_them() -> None:
     assert out.exit_code == 0, out.output
     got = json.loads(out.stdout)
     assert got["source"].startswith("tables dense=") and got["analysis"]["settings"]["n1s"] == [1e9]
-    ((_, n1, dstar, _),) = answers(got["analysis"])
+    ((_, n1, dstar, *_),) = answers(got["analysis"])
     assert n1 == 1e9 and 1e9 < dstar < 1e11  # the paper's D* at 1e9 is ~3e9 tokens
