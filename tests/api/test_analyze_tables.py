@@ -23,6 +23,7 @@ from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
 from upscale.control.services import Services
 from upscale.fitting.analysis import analyze
 from upscale.fitting.errors import FitError
+from upscale.fitting.evidence import with_predicted
 from upscale.orchestrator.settings import Settings, get_settings
 
 KINDS = ("dense", "scratch", "upcycled")
@@ -109,16 +110,22 @@ def test_the_defaults_agree_between_the_cli_and_upscale_analyze(sweep) -> None:
 
 def test_tables_carry_predicted_decays_and_read_back_to_the_same_answer(thinned_tables, tmp_path) -> None:  # noqa: F811
     """An analysis that fitted decay ends predicted from curves, exported as the tables it fitted, gives the same D*
-    from ``upscale.analyze``, and with curves=False the answer of the observed rows alone."""
+    and answer from ``upscale.analyze``, and its settings count the predicted rows."""
     observed, curves = split(thinned_tables, 0.003)
     direct = analyze(observed, n1s=[1e9], bootstrap=2, curves=curves)
     for kind, df in fitted_tables(observed, direct.to_json()).items():
         df.to_csv(tmp_path / f"{kind}.csv", index=False)
-    paths = {k: tmp_path / f"{k}.csv" for k in KINDS}
-    back = upscale.analyze(paths, n1s=[1e9], bootstrap=2)
+    back = upscale.analyze({k: tmp_path / f"{k}.csv" for k in KINDS}, n1s=[1e9], bootstrap=2)
     assert answers(back.to_json()) == answers(direct.to_json())
     assert back.settings["predicted_rows"] == sum(direct.curves["points"].values()) > 0 and back.settings["curves"]
-    alone = upscale.analyze(paths, n1s=[1e9], bootstrap=0, curves=False)  # as `--no-curves` on the sweep
+
+
+def test_without_curves_tables_give_the_answer_of_their_observed_rows(thinned_tables, tmp_path) -> None:  # noqa: F811
+    """curves=False (`--no-curves`) leaves the rows marked predicted out: the answer of the observed rows alone."""
+    observed, curves = split(thinned_tables, 0.003)
+    for kind, df in with_predicted(observed, curves, 0.003).items():
+        df.to_csv(tmp_path / f"{kind}.csv", index=False)
+    alone = upscale.analyze({k: tmp_path / f"{k}.csv" for k in KINDS}, n1s=[1e9], bootstrap=0, curves=False)
     assert answers(alone.to_json()) == answers(analyze(observed, n1s=[1e9], bootstrap=0).to_json())
     assert alone.settings["predicted_rows"] == 0 and not alone.settings["curves"]
 
