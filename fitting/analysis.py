@@ -160,6 +160,9 @@ class Analysis:
     # with curves: the predicted rows (marked predicted), their families' held-out errors, the point noise that
     # weighted them and how many each table got; empty without curves (and then absent from the record)
     curves: dict[str, Any] = field(default_factory=dict)
+    # what the answer was asked with, filled by the entry point that ran it (control/analysis_settings.py): source,
+    # bootstrap, seed, n1s, and whether decay ends predicted from trunk curves were fitted (how many rows)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON (NaN and infinities as null); ``from_json`` reads it back."""
@@ -172,7 +175,8 @@ class Analysis:
                       "upcycled": [{"group": u.group, "label": u.label, "points": u.n_points,
                                     "fit": u.fit.report if u.fit else None, "dstar": u.dstar,
                                     "decisions": u.decisions, "answer": u.answer} for u in self.upcycled],
-                      **({"curves": self.curves} if self.curves else {})})
+                      **({"curves": self.curves} if self.curves else {}),
+                      **({"settings": self.settings} if self.settings else {})})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Analysis:
@@ -184,7 +188,8 @@ class Analysis:
                    points=data.get("points", {}), trained=data.get("trained", {}),
                    limits=Limits(**data.get("limits", {})),
                    extrapolation_factor=data.get("extrapolation_factor", EXTRAPOLATION_FACTOR),
-                   E_bootstrap=data.get("E_bootstrap", {}), curves=data.get("curves", {}))
+                   E_bootstrap=data.get("E_bootstrap", {}), curves=data.get("curves", {}),
+                   settings=data.get("settings", {}))
 
     def __repr__(self) -> str:
         return "\n".join(display.analysis_lines(self.to_json()))
