@@ -276,8 +276,8 @@ def analysis_lines(record: dict[str, Any], details: bool = True) -> list[str]:
             lines += _dstar_lines(up["dstar"], "    ")
         lines += [f"    {decision_line(d)}" for d in up.get("decisions", [])]
     problems = record.get("problems") or []
-    lines.append(f"  {len(problems)} problem(s)" + (", by kind:" if problems else ": every fit is healthy"))
-    lines += [f"    - {line}" for line in problem_groups(problems)]
+    lines.append(f"  {len(problems)} problem(s)" + (":" if problems else ": every fit is healthy"))
+    lines += [f"    - {problem(p)}" for p in problems]
     return lines
 
 
