@@ -22,7 +22,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from upscale.orchestrator.settings import Settings
 
-DRAIN_S = 1.0  # what a connection answered before its body ended keeps reading (and dropping) before it is closed
+DRAIN_S = 0.5  # what a connection answered before its body ended keeps reading (and dropping) before it is closed
 
 
 class _BoundedH11Protocol(H11Protocol):

@@ -21,6 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from upscale.api.auth import SCOPES, authorize
 
+AUTH_THREADS = 4
+
 
 def _needed(dependant: Any) -> list[str]:
     """Every scope a route's dependencies require (`require`'s `required_scope`), nested ones too."""
@@ -36,6 +38,9 @@ class AuthBeforeBody:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # Its own threads for the token lookups: a flood of bodies without a token waits on these, not on the
+        # threads every read is answered on.
+        self._threads = anyio.CapacityLimiter(AUTH_THREADS)
         self._scopes: dict[int, str | None] = {}  # id of a route (routes live as long as the app) -> its scope
 
     def _scope_of(self, route: APIRoute) -> str | None:
@@ -60,7 +65,8 @@ class AuthBeforeBody:
                 if needed is not None:
                     scheme, token = get_authorization_scheme_param(headers.get(b"authorization", b"").decode("latin-1"))
                     await anyio.to_thread.run_sync(authorize, scope["app"].state.services,
-                                                   token if scheme.lower() == "bearer" else None, needed)
+                                                   token if scheme.lower() == "bearer" else None, needed,
+                                                   limiter=self._threads)
             return await receive()
 
         await self.app(scope, authorized, send)
