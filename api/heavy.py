@@ -1,4 +1,4 @@
-"""Heavy requests (a fit, a refit run, a suggestion, planning a submitted or extended sweep, claiming an analysis)
+"""Heavy requests (a fit, a refit run, a suggestion, planning a submitted or extended sweep)
 run on threads of their own, never on the request threads AnyIO shares with every other route: before this, 42
 concurrent fits held all 40 of those and /healthz waited minutes behind them. `HeavyPool` computes at most
 UPSCALE_HEAVY_WORKERS at once with UPSCALE_HEAVY_QUEUE more waiting; one past that is answered 429 with a

@@ -1,6 +1,6 @@
-"""The API under issue 47's hostile shapes: does /healthz and GET /sweeps stay fast, and is any legitimate request
-refused, while one token floods fits, while connections trickle bodies without a token, and while parallel
-submissions race the in-flight quota?
+"""The API under the hostile shapes a reliability probe found: do /healthz and GET /sweeps stay fast, and is any
+legitimate request refused, while one token floods fits, while connections trickle bodies without a token, and
+while parallel submissions race the in-flight quota?
 
 The server is `upscale serve --no-scheduler` (uvicorn, one process) on a fresh SQLite store, listening on 127.0.0.1
 only; this script is the second process. Each scenario runs for --seconds while two probes send GET /healthz and GET
