@@ -50,9 +50,9 @@ class Orchestrator:
         submission, the records written with it, and what must hold when it is written)."""
         p = planned or plan(spec)
         if stale is None or other_cuts is None:
-            check = self.compare(p)
-            stale = check.stale if stale is None else stale
-            other_cuts = check.other_cuts if other_cuts is None else other_cuts
+            compared = self.compare(p)
+            stale = compared.stale if stale is None else stale
+            other_cuts = compared.other_cuts if other_cuts is None else other_cuts
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
                                        spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec, p),
                                        stale=stale, reuse_stale=reuse_stale, other_cuts=other_cuts,
