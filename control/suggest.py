@@ -31,6 +31,7 @@ from upscale.control.analyses import NotReady, latest_analysis, sweep_tables, wh
 from upscale.control.schemas import StopAdvice, SuggestedAction, Suggestion, SuggestRequest
 from upscale.control.services import Services
 from upscale.control.sweeps import extend, merge
+from upscale.fitting.answer import GroupAnswer
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.design import (
     STOP_GAIN,
@@ -157,6 +158,8 @@ class _Problem:
         self.moe, self.up = analysis.scratch.fitted, best.fit.fitted
         self.free = {"moe": free_params(self.moe.law, analysis.scratch.report.get("fixed") or {}),
                      "up": free_params(self.up.law, best.fit.report.get("fixed") or {})}
+        # where the weighed law forms disagree most inside D*'s interval: the pair of runs that most narrows it
+        self.forms_disagree = GroupAnswer.from_json(best.answer).at(self.n1)["next"] or None if best.answer else None
         first, samples = crossings_and_samples(self.moe, self.up, self.n1)
         self.dstar = first.dstar
         self.interval = percentile_interval(samples) if samples.size else None
@@ -184,7 +187,7 @@ class _Problem:
         self.criterion = DstarCriterion(gradient, current, self.noise)
         # observations by their coordinates, not their segment keys: a re-keyed decay (its trunk retrained because a
         # new branch point changed its key) repeats an observation the fit already has
-        self.planned = plan(self.spec)
+        self.planned = plan(self.spec, self.services.settings.data_root_paths)
         self.observed = {s.observation for s in self.planned.observations()}
         self._new_flops: dict[frozenset[str], float] = {}
 
@@ -219,14 +222,14 @@ class _Problem:
         """What the store does not hold of the spec plus ``chosen``: compare(store, plan(merged))'s new FLOPs."""
         key = frozenset(c.key for c in chosen)
         if key not in self._new_flops:
-            p = plan(parse_spec(merge(self.spec_data, self.merged(chosen))))
+            p = plan(parse_spec(merge(self.spec_data, self.merged(chosen))), self.services.settings.data_root_paths)
             self._new_flops[key] = compare(self.services.store, p).figures()["new_flops"]
         return self._new_flops[key]
 
     def rows(self, c: Candidate) -> dict[str, Rows]:
         """The observations the candidate adds that inform D* at N1: new from-scratch decays and new decays of the
         target group, with their Jacobians at the fitted laws and the planner's trunks."""
-        p = plan(parse_spec(merge(self.spec_data, c.additions)))
+        p = plan(parse_spec(merge(self.spec_data, c.additions)), self.services.settings.data_root_paths)
         new = [s for s in p.observations() if s.observation not in self.observed]
         return self.observation_rows([s for s in new if self.informs(s)])
 
@@ -336,4 +339,5 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (
             request.tolerance is not None and final_sd <= target_sd) else stopped,
         expected_interval=list(delta_interval(problem.dstar, final_sd, z)),
-        actions=actions, additions=additions, applied=applied, stop=problem.stop_advice())
+        actions=actions, additions=additions, applied=applied, stop=problem.stop_advice(),
+        forms_disagree=problem.forms_disagree)
