@@ -208,6 +208,19 @@ def runs_line(observed: dict[str, Any]) -> str:
                             for b, t in zip(brackets, stories, strict=True))
 
 
+def settings_text(settings: dict[str, Any]) -> str:
+    """An analysis's settings (what it was asked with: two answers for the same data differ only by these) in one
+    line; records older than them say so."""
+    if not settings:
+        return "settings: not recorded (an analysis made before records kept them)"
+    n1s = ", ".join(f"{n:.3g}" for n in settings.get("n1s") or []) or MISSING
+    rows = settings.get("predicted_rows") or 0
+    decays = (f"observed decays and {rows} decay end(s) predicted from trunk curves" if settings.get("curves")
+              else "observed decays only")
+    return (f"settings: {settings.get('source')}; {decays}; bootstrap {settings.get('bootstrap')}, seed "
+            f"{settings.get('seed')}; D* at N1 {n1s}")
+
+
 def _dstar_summary(r: dict[str, Any]) -> str:
     """One size's D* in one line: the answer, its 80% interval, how far it is projected, the forms' spread."""
     a = r.get("answer") or {}

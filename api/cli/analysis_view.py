@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import decision_text, fit_table, fmt, interval_text, print_dstar
-from upscale.fitting.display import curves_lines, problem_groups, summary_lines
+from upscale.fitting.display import curves_lines, problem_groups, settings_text, summary_lines
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -108,18 +108,6 @@ def print_record_header(record: dict[str, Any]) -> None:
     console.print(f"analysis {record['id']} of sweep {sweeps} ({record['trigger']}, {record['created_at'][:19]}; "
                   f"bootstrap {record['params']['bootstrap']}, seed {record['params']['seed']})", highlight=False,
                   soft_wrap=True)
-
-
-def settings_text(settings: dict[str, Any]) -> str:
-    """The analysis's settings (control/analysis_settings.py) in one line; records older than them say so."""
-    if not settings:
-        return "settings: not recorded (an analysis made before records kept them)"
-    n1s = ", ".join(fmt(n) for n in settings.get("n1s") or []) or "–"
-    rows = settings.get("predicted_rows") or 0
-    decays = (f"observed decays and {rows} decay end(s) predicted from trunk curves" if settings.get("curves")
-              else "observed decays only")
-    return (f"settings: {settings.get('source')}; {decays}; bootstrap {settings.get('bootstrap')}, seed "
-            f"{settings.get('seed')}; D* at N1 {n1s}")
 
 
 def _setting(name: str, value: Any) -> str:
