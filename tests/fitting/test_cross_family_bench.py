@@ -1,9 +1,11 @@
 """bench/cross_family.py: each family's truth crosses where it was placed, its runs carry point noise and trunk
-effects, the coverage arithmetic counts an open end as unbounded, and tests/data/cross_family/ is still the bench's
-case (the one whose truth the intervals missed before issue 42's change)."""
+effects, the coverage arithmetic counts an open end as unbounded, tests/data/cross_family/ is still the bench's case
+(the one whose truth the intervals missed before issue 42's change), the analysis's intervals reach the score, and a
+run's JSON gives its figures back."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import replace
@@ -88,3 +90,23 @@ def test_fixed_table_is_the_bench_case() -> None:
     assert case.dstar == pytest.approx(3e5, rel=1e-9) and case.n1 == 131_392
     for kind, df in bench.tables(case).items():
         pd.testing.assert_frame_equal(pd.read_csv(FIXED / f"{kind}.csv"), df, check_dtype=False, rtol=1e-12)
+
+
+def test_reads_the_interval_of_a_real_analysis() -> None:
+    """The user's path on the fixed table, with a small bootstrap: the record's intervals reach the score (a field
+    the bench no longer finds would leave every case unbounded and uncovered, and the figures would not say why)."""
+    row = bench.run_case((bench.draw_case(0, "transfer-exp", 0.3, seed=0), 4))
+    assert row["result"] and "error" not in row and row["state"] == "crossing"
+    assert row["interval_80"] is not None and row["interval_95"] is not None
+    assert row["bounded_80"] == (None not in row["interval_80"])
+
+
+@pytest.mark.slow  # a bench run: one case through the analysis in a worker process
+def test_a_run_writes_its_figures_and_reads_them_back(tmp_path, capsys) -> None:
+    out = tmp_path / "run.json"
+    ran = bench.main(["--cases", "1", "--paper", "0", "--bootstrap", "4", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["done"] == 1 and (saved["rows"][0]["family"], saved["rows"][0]["placement"]) == ("effective", 0.3)
+    assert saved["figures"] == ran["figures"] and saved["figures"]["cross-family (all)"]["n"] == 1
+    assert bench.main(["--from-json", str(out)])["figures"] == saved["figures"]
+    assert "| cross-family (all) | 1 |" in capsys.readouterr().out
