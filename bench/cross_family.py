@@ -237,6 +237,7 @@ class Case:
 
     @property
     def in_grid(self) -> bool:
+        """D* at most the largest budget trained (placements 0.3x and 1x): where the goal wants a tight interval."""
         return self.dstar <= D_MAX * (1 + 1e-9)
 
 
@@ -245,12 +246,12 @@ def draw_case(index: int, family: str, placement: float, seed: int) -> Case:
     rng = np.random.default_rng([seed, index, FAMILIES.index(family)])
     target = placement * D_MAX
     noise, trunk_noise = (float(rng.choice(NOISES)) for _ in range(2))
-    for k in range(1, DRAWS + 1):
+    for draw in range(1, DRAWS + 1):
         p = _draw_upcycled(rng, family, _draw_common(rng, family), target)
-        if _falls(p, family) and math.isclose(true_dstar(p, family), target, rel_tol=1e-6):
+        dstar = true_dstar(p, family)
+        if _falls(p, family) and math.isclose(dstar, target, rel_tol=1e-6):
             return Case(index, family, placement, int(rng.integers(2**31)), noise, trunk_noise,
-                        {k: float(v) for k, v in p.items()}, N1_REF,
-                        true_dstar(p, family), k)
+                        {name: float(v) for name, v in p.items()}, N1_REF, dstar, draw)
     raise RuntimeError(f"no valid {family} truth with D* at {placement}x the largest budget in {DRAWS} draws "
                        f"(seed {seed}, case {index}): widen the family's parameter ranges in _draw_upcycled")
 
