@@ -22,7 +22,7 @@ from upscale.fitting.synthetic import TABLE2, bundled_path, design, generate
 PNG = b"\x89PNG\r\n\x1a\n"
 PDF = b"%PDF-"
 GROUP = {"method": "naive", "r": None, "n_expert": 8, "topk": 2}
-GROUP_PLOTS = ["loss_vs_d2", "parity", "residuals", "alpha_d1", "catch_up"]
+GROUP_PLOTS = ["loss_vs_d2", "parity", "residuals", "alpha_d1", "backtest", "catch_up"]
 SCRATCH_PLOTS = ["scratch_loss_vs_d", "scratch_parity", "scratch_residuals", "dense_loss_vs_d"]
 
 
@@ -117,5 +117,5 @@ def test_draw_analysis_without_from_scratch_runs(tables: dict[str, pd.DataFrame]
     drawn = draw_analysis(analyze(no_scratch, bootstrap=0), no_scratch, tmp_path)
     assert drawn.names == [f"naive_8x2/{n}" for n in GROUP_PLOTS[:4]] + ["dense_loss_vs_d"]
     skipped = [line.split(": ", 1)[0] for line in drawn.skipped]
-    assert skipped == ["naive_8x2/catch_up", "dstar", *SCRATCH_PLOTS[:3]]
+    assert skipped == ["naive_8x2/backtest", "naive_8x2/catch_up", "dstar", *SCRATCH_PLOTS[:3]]
     assert all("no from-scratch" in line for line in drawn.skipped), drawn.skipped
