@@ -184,7 +184,7 @@ class _Problem:
         self.criterion = DstarCriterion(gradient, current, self.noise)
         # observations by their coordinates, not their segment keys: a re-keyed decay (its trunk retrained because a
         # new branch point changed its key) repeats an observation the fit already has
-        self.planned = plan(self.spec)
+        self.planned = plan(self.spec, self.services.settings.data_root_paths)
         self.observed = {s.observation for s in self.planned.observations()}
         self._new_flops: dict[frozenset[str], float] = {}
 
@@ -219,14 +219,14 @@ class _Problem:
         """What the store does not hold of the spec plus ``chosen``: compare(store, plan(merged))'s new FLOPs."""
         key = frozenset(c.key for c in chosen)
         if key not in self._new_flops:
-            p = plan(parse_spec(merge(self.spec_data, self.merged(chosen))))
+            p = plan(parse_spec(merge(self.spec_data, self.merged(chosen))), self.services.settings.data_root_paths)
             self._new_flops[key] = compare(self.services.store, p).figures()["new_flops"]
         return self._new_flops[key]
 
     def rows(self, c: Candidate) -> dict[str, Rows]:
         """The observations the candidate adds that inform D* at N1: new from-scratch decays and new decays of the
         target group, with their Jacobians at the fitted laws and the planner's trunks."""
-        p = plan(parse_spec(merge(self.spec_data, c.additions)))
+        p = plan(parse_spec(merge(self.spec_data, c.additions)), self.services.settings.data_root_paths)
         new = [s for s in p.observations() if s.observation not in self.observed]
         return self.observation_rows([s for s in new if self.informs(s)])
 

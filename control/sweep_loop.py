@@ -81,7 +81,7 @@ class SweepLoop(SupervisedLoop):
 
     def _scheduler(self) -> Scheduler:
         return Scheduler(self.services.store, self.services.settings, self.segment_fn, poll_s=self.scheduler_poll_s,
-                         on_progress=lambda _: self.beat())
+                         on_progress=lambda _: self.beat(), data_roots=self.services.settings.data_root_paths)
 
     def _drive(self, scheduler: Scheduler, sweep_id: str, cancelling: bool = False) -> None:
         """Run (or finish cancelling) a claimed sweep; an infrastructure failure is raised to the supervisor, any

@@ -21,17 +21,16 @@ from upscale.control.records import SweepOwnerRecord
 from upscale.control.schemas import SegmentProgress, SweepCreated, SweepDetail, SweepSummary
 from upscale.control.services import LOCAL_OWNER, Services
 from upscale.control.timing import timing
-from upscale.data_roots import OutsideRoots, confine
+from upscale.data_roots import confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
 from upscale.orchestrator.service import spec_hash
 from upscale.orchestrator.store import SweepExists
-from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, corpus_glob, is_glob
+from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, confine_entry
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import BUILTIN_CORPORA
 from upscale.sweeps.spec import (
     ClusterResources,
-    SpecError,
     SweepSpec,
     check_document,
     check_memory,
@@ -55,24 +54,17 @@ def identical(services: Services, spec: SweepSpec, p: Plan, owner: str) -> Sweep
 
 def admit(services: Services, data: Any) -> SweepSpec:
     """``data`` validated as a spec this server will plan: its grid within `max_segments` (refused before planning),
-    its corpus (a glob's matches too), tokenizer and the dense model it starts from builtins or under the data roots
-    (the model refused before its directory is read), its resources within the cluster's; SpecError otherwise."""
+    its corpus, tokenizer and the dense model it starts from builtins or under the data roots (the model refused
+    before its directory is read), its resources within the cluster's; SpecError otherwise."""
     settings = services.settings
     spec = parse_spec(data, max_segments=settings.max_segments,
                       check_path=lambda path: confine(path, settings.data_root_paths, instead=None))
+    # the paths named, before anything reads them; every file under them is confined as `submit` plans (`plan`'s
+    # data_roots), in the one walk that reads them
     if spec.data.corpus not in BUILTIN_CORPORA:
-        try:
-            confine(spec.data.corpus, settings.data_root_paths)
-            if is_glob(spec.data.corpus):  # and every match: one may be a symlink out of the roots
-                for path in corpus_glob(spec.data.corpus):
-                    confine(path, settings.data_root_paths)
-        except OutsideRoots as e:
-            raise SpecError([("data.corpus", str(e))]) from None
+        confine_entry("data.corpus", spec.data.corpus, settings.data_root_paths)
     if spec.data.tokenizer not in BUILTIN_TOKENIZERS:
-        try:
-            confine(spec.data.tokenizer, settings.data_root_paths, instead="bytes, bpe")
-        except OutsideRoots as e:
-            raise SpecError([("data.tokenizer", str(e))]) from None
+        confine_entry("data.tokenizer", spec.data.tokenizer, settings.data_root_paths, instead="bytes, bpe")
     available = cluster(services)
     if available is not None:
         check_resources(spec, available)
@@ -100,7 +92,7 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
     """Record ``spec`` as a sweep owned by ``owner``; segments already done anywhere are not retrained, nor, with
     ``reuse_stale``, those done under an older training-semantics version. Unless ``new``, the owner's sweep of an
     identical spec is returned instead (``existing``), queued again if it had failed or been cancelled."""
-    p = plan(spec)
+    p = plan(spec, services.settings.data_root_paths)
     check = services.orch.compare(p, reuse_stale)
     sweep = None if new else identical(services, spec, p, owner)
     existing = sweep is not None

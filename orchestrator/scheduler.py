@@ -33,9 +33,10 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 import ray
 from ray.core.generated.gcs_pb2 import GcsNodeInfo
@@ -235,8 +236,10 @@ class Scheduler:
                  max_concurrent: int | None = None, max_attempts: int = 3, poll_s: float = 0.5,
                  stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = 10.0,
                  checkpoint_every_tokens: int | None = None, tracker: RunTree | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None,
+                 data_roots: Sequence[Path] | None = None) -> None:
         self.store, self.settings, self.segment_fn = store, settings, segment_fn
+        self.data_roots = None if data_roots is None else tuple(str(r) for r in data_roots)  # to each SegmentRuntime
         self.max_concurrent, self.max_attempts = max_concurrent, max_attempts
         self.poll_s, self.stale_after_s, self.heartbeat_s = poll_s, stale_after_s, heartbeat_s
         self.checkpoint_every_tokens = checkpoint_every_tokens
@@ -430,7 +433,8 @@ class Scheduler:
             mlflow_tracking_uri=self.settings.mlflow_tracking_uri, mlflow_run_id=run_id,
             num_threads=max(1, math.floor(res.cpus)), workers=workers,
             device="cuda" if res.gpus else "cpu", checkpoint_every_tokens=self.checkpoint_every_tokens,
-            data_cache_dir=str(self.settings.data_cache_dir), **step_options(sweep.spec, axes.get("size")),
+            data_cache_dir=str(self.settings.data_cache_dir), data_roots=self.data_roots,
+            **step_options(sweep.spec, axes.get("size")),
         )
         self.store.hooks.before_launch(self.store, sweep.id, seg)  # e.g. the ledger's prediction, scored when done
         self._report_msg(f"start {seg.kind} {seg.key}")

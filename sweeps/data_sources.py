@@ -6,6 +6,11 @@ a hash of the bytes of its files (not of their paths), so the same files anywher
 changed files new ones. Each file's hash is remembered by (path, size, mtime) under the data cache, so planning again
 reads nothing. The workers (workers/data.py) read the corpus through `corpus_source`, the one place its layout is
 decided. Nothing here downloads: a hub id or URL is refused with a message saying to download it first.
+
+A server passes its data roots (`roots`): then every entry a corpus walk or glob yields (a symlinked file, a dangling
+symlink, a symlinked folder) and every tokenizer file is resolved and refused unless it lies under a root, with
+`upscale.data_roots`' one message whatever the entry points at, so that neither the outside file is read nor its
+existence told. Without roots (the operator's own CLI) nothing is confined.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import json
 import os
 import sysconfig
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from upscale.data_roots import OutsideRoots, confine
 from upscale.home import upscale_home
 from upscale.sweeps.errors import SpecError
 from upscale.sweeps.segments import BUILTIN_CORPORA, BUILTIN_STDLIB, DataSpec
@@ -68,15 +74,18 @@ def is_glob(corpus: str) -> bool:
     return glob.has_magic(corpus)
 
 
-def bounded_files(found: Iterable[str | Path], corpus: str) -> list[Path]:
+def bounded_files(found: Iterable[str | Path], corpus: str, roots: Sequence[Path] | None = None) -> list[Path]:
     """The files of ``found`` (paths as a glob or a folder walk yields them, lazily), sorted; SpecError once more than
-    MAX_CORPUS_FILES are found or the walk has taken MAX_WALK_S, so no corpus costs a server more than that."""
+    MAX_CORPUS_FILES are found or the walk has taken MAX_WALK_S, so no corpus costs a server more than that. With
+    ``roots``, every entry found, before it is looked at, must resolve under one (`confine_entry`)."""
     deadline = time.monotonic() + MAX_WALK_S
     files = []
     for i, p in enumerate(found):
         if i % 256 == 0 and time.monotonic() > deadline:
             raise _problem("data.corpus", f"corpus {corpus!r}: listing its files took over {MAX_WALK_S:g} s; name "
                                           "a narrower folder or glob")
+        if roots is not None:
+            confine_entry("data.corpus", p, roots)
         if os.path.isfile(p):
             files.append(Path(p))
             if len(files) > MAX_CORPUS_FILES:
@@ -85,9 +94,18 @@ def bounded_files(found: Iterable[str | Path], corpus: str) -> list[Path]:
     return sorted(files)
 
 
-def corpus_glob(corpus: str) -> list[Path]:
-    """The files a corpus glob matches, within `bounded_files`' limits."""
-    return bounded_files(glob.iglob(os.path.expanduser(corpus), recursive=True), corpus)
+def confine_entry(field: str, path: str | Path, roots: Sequence[Path], instead: str | None = "a builtin: name") -> None:
+    """SpecError at ``field`` unless ``path``, resolved, lies under one of ``roots``: the message is
+    `upscale.data_roots.confine`'s, the same for a dangling symlink as for one to an existing file."""
+    try:
+        confine(str(path), roots, instead=instead)
+    except OutsideRoots as e:
+        raise _problem(field, str(e)) from None
+
+
+def corpus_glob(corpus: str, roots: Sequence[Path] | None = None) -> list[Path]:
+    """The files a corpus glob matches, within `bounded_files`' limits (and ``roots``)."""
+    return bounded_files(glob.iglob(os.path.expanduser(corpus), recursive=True), corpus, roots)
 
 
 def _stdlib_files() -> list[Path]:
@@ -143,9 +161,10 @@ def _builder_of(files: list[Path], corpus: str) -> str:
     return builders.pop()
 
 
-def corpus_source(corpus: str) -> CorpusSource:
+def corpus_source(corpus: str, roots: Sequence[Path] | None = None) -> CorpusSource:
     """The files of ``corpus`` and how they are read; SpecError (at data.corpus) for a hub id or URL, a missing
-    path, a glob matching nothing, an unreadable format or an empty corpus."""
+    path, a glob matching nothing, an unreadable format or an empty corpus, and, with ``roots``, for the corpus or
+    any entry of its walk outside them (checked before the entry is looked at)."""
     if corpus == BUILTIN_STDLIB:
         return CorpusSource("text_files", Path(sysconfig.get_paths()["stdlib"]), tuple(_stdlib_files()))
     if corpus.startswith("builtin:"):
@@ -153,9 +172,11 @@ def corpus_source(corpus: str) -> CorpusSource:
         raise _problem("data.corpus", f"unknown builtin corpus {corpus!r}; builtins: {known}")
     if "://" in corpus:
         raise _not_local("data.corpus", corpus, "corpus")
+    if roots is not None:
+        confine_entry("data.corpus", corpus, roots)
     path = Path(corpus).expanduser()
     if is_glob(corpus):
-        files = corpus_glob(corpus)
+        files = corpus_glob(corpus, roots)
         if not files:
             raise _problem("data.corpus", f"corpus glob {corpus!r} matches no file")
         source = CorpusSource("data_files", _glob_base(path), tuple(files), _builder_of(files, corpus))
@@ -168,9 +189,9 @@ def corpus_source(corpus: str) -> CorpusSource:
     elif path.is_file():
         source = CorpusSource("data_files", path.parent, (path,), _builder_of([path], corpus))
     elif is_saved_dataset(path):
-        source = CorpusSource("saved_dataset", path, tuple(bounded_files(path.rglob("*"), corpus)))
+        source = CorpusSource("saved_dataset", path, tuple(bounded_files(path.rglob("*"), corpus, roots)))
     else:
-        files = bounded_files((p for p in path.rglob("*") if not p.name.startswith(".")), corpus)
+        files = bounded_files((p for p in path.rglob("*") if not p.name.startswith(".")), corpus, roots)
         source = CorpusSource("text_files", path, tuple(files))
     if not source.files or all(f.stat().st_size == 0 for f in source.files):
         raise _problem("data.corpus", f"corpus {corpus!r} is empty: no non-empty files found")
@@ -180,11 +201,14 @@ def corpus_source(corpus: str) -> CorpusSource:
 # -- tokenizers -------------------------------------------------------------------------------------------
 
 
-def tokenizer_path(data: DataSpec) -> Path | None:
+def tokenizer_path(data: DataSpec, roots: Sequence[Path] | None = None) -> Path | None:
     """The Hugging Face tokenizer `data.tokenizer` names (a folder or a tokenizer.json), None for bytes and bpe;
-    SpecError (at data.tokenizer) for a hub id, a missing path, or a folder without a tokenizer."""
+    SpecError (at data.tokenizer) for a hub id, a missing path, or a folder without a tokenizer, and, with ``roots``,
+    for a path or tokenizer file outside them."""
     if data.tokenizer in BUILTIN_TOKENIZERS:
         return None
+    if roots is not None:
+        confine_entry("data.tokenizer", data.tokenizer, roots, instead="bytes, bpe")
     path = Path(data.tokenizer).expanduser()
     if "://" in data.tokenizer or not path.exists():
         if not path.is_absolute():  # a typo of bytes/bpe reads as a relative path, so both are named
@@ -193,14 +217,20 @@ def tokenizer_path(data: DataSpec) -> Path | None:
                                              f"save_pretrained(DIR) first and give the folder's absolute path")
         raise _problem("data.tokenizer", f"tokenizer {data.tokenizer!r} does not exist; give bytes, bpe, a Hugging "
                                          f"Face tokenizer folder or a tokenizer.json file")
-    if path.is_dir() and not tokenizer_files(path):
+    if path.is_dir() and not tokenizer_files(path, roots):
         raise _problem("data.tokenizer", f"tokenizer folder {data.tokenizer!r} holds no tokenizer (none of "
                                          f"{', '.join(TOKENIZER_FILES[:2])}, ...); save one with save_pretrained")
     return path
 
 
-def tokenizer_files(path: Path) -> list[Path]:
-    """The files that define the tokenizer at ``path`` (a tokenizer.json file, or the tokenizer files of a folder)."""
+def tokenizer_files(path: Path, roots: Sequence[Path] | None = None) -> list[Path]:
+    """The files that define the tokenizer at ``path`` (a tokenizer.json file, or the tokenizer files of a folder);
+    with ``roots``, SpecError (at data.tokenizer) if any of those names in the folder, a dangling symlink included,
+    resolves outside them."""
+    if roots is not None:
+        for name in TOKENIZER_FILES:
+            if os.path.lexists(path / name):
+                confine_entry("data.tokenizer", path / name, roots, instead="bytes, bpe")
     if path.is_file():
         return [path]
     return [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
@@ -249,10 +279,11 @@ def _auto_tokenizer_vocab(folder: Path) -> int:
 # -- fingerprints -----------------------------------------------------------------------------------------
 
 
-def resolve_data(data: DataSpec, cache_dir: Path | None = None) -> DataSpec:
+def resolve_data(data: DataSpec, cache_dir: Path | None = None, roots: Sequence[Path] | None = None) -> DataSpec:
     """``data`` with `fingerprint` set to the content hash of its user corpus and Hugging Face tokenizer files; the
     builtin corpus with bytes/bpe keeps None, as does data not on this machine (an absolute path absent here, which
-    the workers read where it is). ``cache_dir`` keeps the per-file hashes (default: the default data cache)."""
+    the workers read where it is). ``cache_dir`` keeps the per-file hashes (default: the default data cache); with
+    ``roots``, no file outside them is read (`corpus_source`, `tokenizer_files`)."""
     user_corpus = data.corpus not in BUILTIN_CORPORA
     user_tokenizer = data.tokenizer not in BUILTIN_TOKENIZERS
     if not (user_corpus or user_tokenizer):
@@ -262,14 +293,14 @@ def resolve_data(data: DataSpec, cache_dir: Path | None = None) -> DataSpec:
     memo = FileHashes((cache_dir or default_cache_dir()) / "fingerprints")
     h = hashlib.sha256(f"upscale-data v{FINGERPRINT_VERSION}\n".encode())
     if user_corpus:
-        source = corpus_source(data.corpus)
+        source = corpus_source(data.corpus, roots)
         h.update(f"corpus {source.kind} {source.builder}\n".encode())
         for f in source.files:
             h.update(f"{f.relative_to(source.base).as_posix()}\t{memo.sha256(f)}\n".encode())
-    path = tokenizer_path(data)
+    path = tokenizer_path(data, roots)
     if path is not None:
         h.update(b"tokenizer\n")
-        for f in tokenizer_files(path):
+        for f in tokenizer_files(path, roots):
             h.update(f"{f.name}\t{memo.sha256(f)}\n".encode())
     return data.model_copy(update={"fingerprint": h.hexdigest()[:32]})
 

@@ -27,6 +27,7 @@ import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
 from upscale.sweeps.model_dirs import weights_fingerprint
@@ -139,10 +140,12 @@ class _Builder:
         return sid
 
 
-def plan(spec: SweepSpec) -> Plan:
-    """Compile `spec` into its segment DAG, with FLOPs per segment and the independent-runs cost."""
+def plan(spec: SweepSpec, data_roots: Sequence[Path] | None = None) -> Plan:
+    """Compile `spec` into its segment DAG, with FLOPs per segment and the independent-runs cost. A server passes
+    its ``data_roots``: no data file outside them is read (sweeps/data_sources.py)."""
     resolution = resolve(spec)
-    spec = spec.model_copy(update={"data": resolve_data(spec.data)})  # the data's content into segment identity
+    # the data's content into segment identity
+    spec = spec.model_copy(update={"data": resolve_data(spec.data, roots=data_roots)})
     b = _Builder()
     independent = 0.0
     for recipe in resolution.recipes:

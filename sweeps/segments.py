@@ -491,6 +491,9 @@ class SegmentRuntime(BaseModel):
     activation_checkpointing: bool = Field(False, description="Recompute each block's activations in the backward "
                                            "pass instead of keeping them: less memory, ~1/3 more compute.")
     data_cache_dir: str | None = Field(None, description="Token cache folder; None = <UPSCALE_HOME>/data.")
+    data_roots: tuple[str, ...] | None = Field(None, description="A server's UPSCALE_DATA_ROOTS: the worker refuses "
+                                               "a corpus or tokenizer file outside them; None = not confined (the "
+                                               "operator's own CLI).")
 
 
 class SegmentResult(BaseModel):

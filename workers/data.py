@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -131,12 +131,14 @@ def corpus_fingerprint(data: DataSpec) -> str:
     return h.hexdigest()[:16]
 
 
-def _content_fingerprint(data: DataSpec, cache_dir: Path) -> str | None:
-    """The content fingerprint of ``data`` as its files are now (None for the builtin corpus with bytes/bpe)."""
+def _content_fingerprint(data: DataSpec, cache_dir: Path, roots: Sequence[Path] | None = None) -> str | None:
+    """The content fingerprint of ``data`` as its files are now (None for the builtin corpus with bytes/bpe); with
+    ``roots``, WorkerError for a file outside them."""
     try:
-        return resolve_data(data.model_copy(update={"fingerprint": None}), cache_dir).fingerprint
+        return resolve_data(data.model_copy(update={"fingerprint": None}), cache_dir, roots).fingerprint
     except SpecError as e:
-        raise WorkerError(e.problems[0][1]) from None
+        field, message = e.problems[0]
+        raise WorkerError(f"{field}: {message}") from None
 
 
 # -- tokenisers -------------------------------------------------------------------------------------------
@@ -258,14 +260,19 @@ class TokenData:
 
 
 def load_tokens(data: DataSpec, context: int, cache_dir: Path | None = None,
-                progress: Callable[[int, int], None] | None = None) -> TokenData:
+                progress: Callable[[int, int], None] | None = None,
+                data_roots: Sequence[str] | None = None) -> TokenData:
     """Tokenise the corpus once (cached by data fingerprint + tokeniser + split) and memory-map the arrays.
 
     A user corpus or a Hugging Face tokenizer is keyed by its content fingerprint: the planner's
     (`DataSpec.fingerprint`), computed here when ``data`` has none. ``progress(documents encoded, documents)`` is told
     only when the cache is built: (0, 0) first (a BPE tokeniser may be trained then), then after every chunk of
-    documents encoded (documents is 0 while the corpus's length is not known), and (n, n) at the end."""
+    documents encoded (documents is 0 while the corpus's length is not known), and (n, n) at the end. With
+    ``data_roots`` (a server's sweep), a corpus or tokenizer file outside them is refused before it is read, as the
+    server refused it at submit: the files may have changed since."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if data_roots is not None:
+        _content_fingerprint(data, cache_dir, [Path(r) for r in data_roots])
     content = data.fingerprint
     if content is None:
         content = _content_fingerprint(data, cache_dir)

@@ -143,7 +143,7 @@ def _check_shape(cfg: ModelConfig, spec: SegmentSpec, where: Path) -> None:
 
 
 def _data(spec: SegmentSpec, runtime: SegmentRuntime) -> TokenData:
-    data = load_tokens(spec.data, spec.model.context, runtime.data_cache_dir)
+    data = load_tokens(spec.data, spec.model.context, runtime.data_cache_dir, data_roots=runtime.data_roots)
     if data.vocab_size > spec.model.vocab_size:
         raise WorkerError(f"the {spec.data.tokenizer} tokeniser has {data.vocab_size} tokens but "
                           f"model.vocab_size={spec.model.vocab_size}; set model.vocab_size >= {data.vocab_size}")

@@ -7,6 +7,7 @@ resources the cluster lacks are refused at submit. No background loops: nothing 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,19 +195,54 @@ def outside(tmp_path) -> Path:
     return tmp_path / "secret"
 
 
+def _escaping_folders(root: Path, outside: Path) -> list[Path]:
+    """Corpus folders under ``root`` whose one file is a symlink out of the roots: to an existing file, dangling."""
+    folders = []
+    for name, target in (("corpB", outside / "notes.txt"), ("corpC", outside / "missing.txt")):
+        shutil.rmtree(root / name, ignore_errors=True)
+        (root / name).mkdir()
+        (root / name / "only.txt").symlink_to(target)
+        folders.append(root / name)
+    return folders
+
+
 def test_corpus_outside_the_data_roots_is_one_identical_422(server, outside) -> None:
+    """Named outside, reached through `..`, `~` or a symlinked folder, or a folder under the roots whose file is a
+    symlink out of them, to an existing file or dangling: one answer, which tells nothing of what exists."""
     root = server.settings.data_root_paths[0]
     (root / "escape").unlink(missing_ok=True)
     (root / "escape").symlink_to(outside)
     corpora = ["../../etc/passwd", "/etc", "/etc/passwd", str(outside), str(outside / "notes.txt"),
                str(outside / "missing"), "/no/such/folder", str(root / "escape"), str(root / "escape" / "notes.txt"),
-               f"{root}/../secret", "builtin:../../etc", "relative/under", "~"]
+               f"{root}/../secret", "builtin:../../etc", "relative/under", "~",
+               *(str(f) for f in _escaping_folders(root, outside))]
     answers = []
     for corpus in corpora:
         r = _post_raw(server, json.dumps({**SPEC, "data": {"corpus": corpus}}))
         assert r.status_code == 422, (corpus, r.text)
         answers.append(r.json())
     assert all(a == answers[0] for a in answers), answers
+    assert not _hashed(server, outside)
+
+
+def _hashed(live: Live, outside: Path) -> list[Path]:
+    """The server's remembered file hashes that name a file under ``outside``: what it has read there."""
+    return [f for f in (live.settings.data_cache_dir / "fingerprints").glob("*.json") if str(outside) in f.read_text()]
+
+
+def test_extend_confines_a_corpus_folder_with_a_file_linked_out_of_the_roots(server, outside) -> None:
+    """`POST /sweeps/{id}/extend` plans the merged spec through the same confinement as a submission."""
+    root = server.settings.data_root_paths[0]
+    r = _post_raw(server, json.dumps({**SPEC, "name": "to-extend"}))
+    assert r.status_code == 201, r.text
+    answers = []
+    with server.client() as c:
+        for folder in _escaping_folders(root, outside):
+            e = c.post(f"/sweeps/{r.json()['id']}/extend", json={"additions": {"data": {"corpus": str(folder)}}})
+            assert e.status_code == 422 and _locs(e) == [["body", "data", "corpus"]], e.text
+            answers.append(e.json())
+    assert answers[0] == answers[1] and "under the data roots" in answers[0]["detail"][0]["msg"]
+    assert not _hashed(server, outside)
     (problem,) = answers[0]["detail"]
     assert problem["loc"] == ["body", "data", "corpus"] and str(root) in problem["msg"]
     assert "builtin:" in problem["msg"] and "UPSCALE_DATA_ROOTS" in problem["msg"]
@@ -276,7 +312,7 @@ def test_a_glob_over_the_file_cap_is_refused(server, monkeypatch) -> None:
     for i in range(5):
         (root / "many" / f"{i}.txt").write_text("text\n")
     monkeypatch.setattr(data_sources, "MAX_CORPUS_FILES", 4)
-    r = _post_raw(server, json.dumps({**SPEC, "name": "many", "data": {"corpus": f"{root}/**/*.txt"}}))
+    r = _post_raw(server, json.dumps({**SPEC, "name": "many", "data": {"corpus": f"{root}/many/**/*.txt"}}))
     assert _locs(r) == [["body", "data", "corpus"]]
     assert "has over 4 files" in r.json()["detail"][0]["msg"]
     monkeypatch.setattr(data_sources, "MAX_CORPUS_FILES", 5)

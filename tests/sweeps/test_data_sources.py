@@ -106,3 +106,41 @@ def test_what_cannot_be_read_is_a_spec_error_naming_the_field(spec_data, tmp_pat
         with pytest.raises(SpecError, match=message) as e:
             plan(parse_spec({**spec_data, "data": data}))
         assert [p[0] for p in e.value.problems] == [field], data
+
+
+def _escapes(root: Path, outside: Path) -> dict[str, Path]:
+    """Under ``root``: a corpus folder, a glob's folder and a tokenizer folder, each holding one symlink to an existing
+    file outside the roots and its twin holding a dangling symlink; by name."""
+    (outside / "secret.txt").write_text("private text\n")
+    made = {}
+    for target in ("exists", "dangling"):
+        link = outside / ("secret.txt" if target == "exists" else "missing.txt")
+        for kind, name in (("folder", "only.txt"), ("glob", "only.txt"), ("tok", "tokenizer.json")):
+            folder = root / f"{kind}-{target}"
+            folder.mkdir(parents=True)
+            (folder / name).symlink_to(link)
+            made[f"{kind}-{target}"] = folder
+    return made
+
+
+def test_a_symlinked_file_out_of_the_roots_is_refused_alike_whether_its_target_exists(tmp_path: Path, home) -> None:
+    """A server's planning (`roots`) resolves every entry a corpus walk, a glob or a tokenizer folder yields: a link to
+    an existing outside file and a dangling one get the one refusal, and nothing outside is hashed."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    made = _escapes(root, outside)
+    answers = {}
+    for name, folder in made.items():
+        if name.startswith("tok"):
+            data, field = DataSpec(tokenizer=str(folder)), "data.tokenizer"
+        else:
+            data = DataSpec(corpus=str(folder / "*.txt") if name.startswith("glob") else str(folder))
+            field = "data.corpus"
+        with pytest.raises(SpecError) as e:
+            resolve_data(data, roots=[root])
+        answers[name] = e.value.problems
+        assert e.value.problems[0][0] == field and "under the data roots" in e.value.problems[0][1]
+    for kind in ("folder", "glob", "tok"):
+        assert answers[f"{kind}-exists"] == answers[f"{kind}-dangling"], kind
+    assert not (home / "cache" / "data" / "fingerprints").exists()  # the outside file was never hashed
+    assert resolve_data(DataSpec(corpus=str(made["folder-exists"]))).fingerprint  # unconfined (the CLI): read

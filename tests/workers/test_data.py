@@ -98,3 +98,24 @@ def test_builtin_stdlib_corpus(tmp_path: Path) -> None:
     data = load_tokens(DataSpec(corpus=BUILTIN_STDLIB, eval_tokens=4096), 32, tmp_path / "cache")
     assert data.vocab_size == 256 and len(data.train) > 5_000_000 and len(data.val) > 4096
     assert b"def " in bytes(np.asarray(data.val[:200_000]))
+
+
+def test_a_servers_worker_refuses_a_corpus_file_linked_out_of_the_data_roots(tmp_path: Path) -> None:
+    """Defence in depth: a file may be linked out of the roots after the server admitted the sweep. With the
+    server's data roots, the worker refuses a link to an existing outside file and a dangling one alike, and no
+    token cache is built; without them (the operator's own CLI) the link is read."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("private text " * 40)
+    messages = []
+    for name, target in (("exists", outside / "secret.txt"), ("dangling", outside / "missing.txt")):
+        (root / name).mkdir(parents=True)
+        (root / name / "only.txt").symlink_to(target)
+        with pytest.raises(WorkerError) as e:
+            load_tokens(DataSpec(corpus=str(root / name), eval_tokens=16), 8, tmp_path / "cache",
+                        data_roots=[str(root)])
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("data.corpus: must be a builtin: name or an absolute path under the data roots")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("*/meta.json"))
+    assert list(iter_documents(DataSpec(corpus=str(root / "exists")))) == ["private text " * 40]
