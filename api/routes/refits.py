@@ -114,8 +114,11 @@ def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer, respon
     """Refit at once: when the sweeps' observations changed since the latest version, run the analysis and record
     the next version (201), else answer with the latest version (200, `unchanged`). It counts as one of the
     caller's requested analyses while it runs (429 past the bound). Only the schedule's owner or an admin token may
-    (403 otherwise)."""
+    (403 otherwise); 404 for a deleted schedule, which records no version any more."""
     schedule = _owned_schedule(services, schedule_id, caller)
+    if not schedule.active:
+        raise HTTPException(404, f"refit schedule {schedule_id!r} was deleted: it runs no more refits (its versions "
+                                 f"stay listed by GET /refits); create a new schedule to refit again")
     try:
         with services.jobs.reserve(caller.name):
             record = refits.run_refit(services, schedule, force=True)

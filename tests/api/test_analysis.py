@@ -349,3 +349,17 @@ def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) ->
     bad = _cli(tmp_path, "analyze", empty)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "no finished segments" in bad.stderr
     assert _cli(tmp_path, "analyze", "nosuch").returncode == 2
+
+
+def test_a_deleted_refit_schedule_runs_no_more(tmp_path, mlflow_uri) -> None:
+    """DELETE stops a schedule for good: running it on demand afterwards is 404 and records no version."""
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
+    sid = fill(Services.open(settings))
+    with serve(settings, scheduler=False) as live:
+        c = live.client()
+        schedule = c.post("/refit-schedules", json={"name": "gone", "trigger": "on_new_observations",
+                                                    "request": {"sweep_ids": [sid], "bootstrap": 0}}).json()
+        assert c.delete(f"/refit-schedules/{schedule['id']}").status_code == 204
+        r = c.post(f"/refit-schedules/{schedule['id']}/run")
+        assert r.status_code == 404 and "was deleted" in r.json()["detail"], r.text
+        assert c.get("/refits", params={"schedule_id": schedule["id"]}).json() == []
