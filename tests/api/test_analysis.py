@@ -158,6 +158,25 @@ def test_a_running_row_whose_process_is_gone_is_taken_over_at_once(services) -> 
     assert again.ran and again.status == "done" and again.trigger == "observations"
 
 
+def test_an_interrupted_requested_analysis_runs_again_with_the_parameters_it_was_asked_with(services) -> None:
+    """A server stopped mid-request (its jobs' `stop_when` raising): the next loop tick runs that row again with
+    the N1s, bootstrap and seed the caller asked for, not the loop's defaults, and the sweep gets no other row."""
+    sid = fill(services)
+    asked = {"n1s": [2e4], "bootstrap": 2, "seed": 7}
+
+    def stopping(*_: object) -> None:
+        raise analyses.Interrupted("the server stopped while it ran")
+
+    with pytest.raises(analyses.Interrupted):
+        run_analysis(services, [sid], **asked, owner="alice", trigger="request", progress=stopping)
+    (row,) = _rows(services)
+    assert row.status == "failed" and analyses.interrupted(row)
+    analyses.AnalysisLoop(services, bootstrap=0, policy="on_new_observations").tick()  # the next start's loop
+    rows = _rows(services)
+    assert [(r.id, r.status, r.trigger) for r in rows] == [(row.id, "done", "request")], [r.params for r in rows]
+    assert {k: rows[0].params[k] for k in asked} == asked
+
+
 def test_unknown_sweep_and_sweep_without_observations(services) -> None:
     from upscale.orchestrator.errors import NotFoundError
 
