@@ -222,6 +222,7 @@ class _Work:
 
     def run(self, record: AnalysisRecord, workers: int, progress: Progress | None) -> AnalysisRecord:
         """Run the claimed ``record``, end it done or failed (never left `running`) and log it to MLflow."""
+        from upscale.control.analysis_settings import sweep_source, with_settings
         from upscale.fitting.analysis import analyze
         from upscale.fitting.curve_observations import predicted_decays
 
@@ -230,6 +231,7 @@ class _Work:
             predicted = predicted_decays(self.trunks) if self.trunks else None
             analysis = analyze(self.tables, params["n1s"], self.decisions, params["bootstrap"], params["seed"],
                                workers, progress, sweep_limits(services, record.sweep_ids), curves=predicted)
+            analysis = with_settings(analysis, sweep_source(record.sweep_ids), self.tables)
             folder = analysis_dir(services.settings.home, record.id)
             drawn = _draw(analysis, self.tables, folder)
             _finish(services.store, record, status="done",

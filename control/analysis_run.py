@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, RunTag
 
+from upscale.fitting import display
 from upscale.fitting.groups import as_slug, group_label, group_slug
 from upscale.orchestrator.tracking import NOTE, RunTree, run_link
 from upscale.sweeps import run_tags
@@ -210,7 +211,8 @@ def _problem_names(d: dict[str, Any]) -> list[str]:
 def headline(record: dict) -> dict[str, str]:
     """The analysis's single numbers as tags (a chart of one point per analysis says nothing): `analysis.E` and
     each fit's parameters, `analysis.fit.<group>.<name>` (a group named as its plots' folder, fitting/groups.py's
-    slug), in 4 significant digits; None left out."""
+    slug), in 4 significant digits, None left out; and per group the backtest's sentence
+    (`analysis.backtest.<group>`)."""
     out: dict[str, Any] = {"analysis.E": record.get("E")}
     for k, v in ((record.get("scratch") or {}).get("params") or {}).items():
         out[f"analysis.fit.scratch.{k}"] = v
@@ -220,7 +222,9 @@ def headline(record: dict) -> dict[str, str]:
             out[f"analysis.fit.{slug}.{k}"] = v
         out |= _evidence(slug, up)
     numbers = {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in out.items() if _number(v)}
-    return numbers | _curve_families(record)
+    backtests = {f"analysis.backtest.{group_slug(up.get('group') or {})}": line for up in record.get("upcycled") or []
+                 if (line := ((up.get("answer") or {}).get("backtest") or {}).get("line"))}
+    return numbers | backtests | _curve_families(record)
 
 
 def _curve_families(record: dict) -> dict[str, str]:
@@ -319,6 +323,8 @@ def _dstar_cell(res: dict[str, Any]) -> str:
         return "beyond the searched range (upcycling still wins at its top)"
     if state == "below":
         return "none: from scratch wins over the whole searched range"
+    if state == "observed":
+        return "bounded by the runs alone (the laws contradict them)"
     return _fmt(res.get("dstar"))
 
 
@@ -374,6 +380,7 @@ def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
     health = "ok" if tags[HEALTH] == "ok" else f"⚠ unhealthy, {tags[PROBLEMS]} problem(s)"
     lines = [f"**{title}**: analysis `{meta.id}` ({meta.trigger} by {meta.owner}, created "
              f"{meta.created_at:%Y-%m-%d %H:%M:%S} UTC; files in `{meta.folder}/`). Health: {health}.", "",
+             "```", *display.summary_lines(record), "```", "",  # the runs first, then what the laws project
              f"Shared E = {_fmt(record.get('E'))}."]
     if trained := _trained_line(record):
         lines.append(trained)
@@ -387,7 +394,8 @@ def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
                          f"{_health_cell(res)} | {_extrapolation_cell(res)} |")
             at = f"{group}, N1 {_fmt(res.get('n1'))}"
             notes += [f"{at}: {text}" for text in (res.get("interval_note"),
-                                                    (res.get("extrapolation") or {}).get("note")) if text]
+                                                    (res.get("extrapolation") or {}).get("note"),
+                                                    (res.get("answer") or {}).get("contradiction")) if text]
     verdicts = [(_label(up), d) for up in record.get("upcycled") or [] for d in up.get("decisions") or []]
     if verdicts:
         lines += ["", "| group | N1 | D1 | D2 | verdict | P(upcycle) | health | extrapolation |",

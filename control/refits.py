@@ -93,7 +93,7 @@ def _best_dstar(record: AnalysisRecord, n1: float | None) -> tuple[dict[str, Any
     way to upcycle there), and the group; Nones when no group has a D* there. A D* beyond the searched range (upcycling
     wins throughout) counts as the longest."""
     best, group = None, None
-    rank = {"below": 0, "crossing": 1, "above": 2}
+    rank = {"below": 0, "crossing": 1, "observed": 1, "above": 2}  # observed: the runs' bracket, no projection
     for up in (record.record or {}).get("upcycled", []):
         results = (up["dstar"] or {}).get("results", [])
         at = n1 if n1 is not None else max((r["n1"] for r in results), default=None)

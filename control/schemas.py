@@ -286,15 +286,26 @@ class DstarAt(BaseModel):
     """D* at one N1, as the analysis gives it."""
 
     n1: float
-    dstar: float | None = Field(description="The first crossing where from scratch starts to win; null when the "
-                                "searched range holds none (see dstar_state).")
-    dstar_state: Literal["crossing", "above", "below"]
+    dstar: float | None = Field(description="Where the weighed law forms' stacked projections cross (from scratch "
+                                "starts to win); null when the searched range holds none or the runs contradict it "
+                                "(see dstar_state).")
+    dstar_state: Literal["crossing", "above", "below", "observed"] = Field(
+        description="crossing: D* found; above: upcycling still wins at the top of the searched range; below: from "
+        "scratch wins over the whole range; observed: the projection contradicts the runs, whose bracket alone "
+        "bounds D* (see intervals and answer.contradiction).")
     search_range: list[float]
-    intervals: Intervals | None
+    intervals: Intervals | None = Field(description="80% and 95%: the forms' bootstrap mixture and where the "
+                                        "calibrated bands separate, cut to the runs' bracket.")
     interval_note: str
     extrapolation: Extrapolation
     health: Literal["ok", "unhealthy"]
     health_problems: list[HealthProblem]
+    law_dstar: float | None = Field(None, description="The paper's pair of laws alone (chinchilla, joint).")
+    parameter_intervals: Intervals | None = Field(None, description="The paper's pair's bootstrap intervals: "
+                                                  "parameter noise only, no law-form error.")
+    answer: dict[str, Any] | None = Field(None, description="What the answer rests on: the runs' bracket, each pair "
+                                          "of forms' D* and weight, the band and mixture intervals, the forms' "
+                                          "spread, how far it is projected and the pair of runs to add next.")
 
 
 class DecisionPublic(BaseModel):
@@ -318,9 +329,10 @@ class DecisionPublic(BaseModel):
                                          "trained ranges.")
     dstar: float | None = Field(description="D*: upcycled tokens from which from-scratch wins (at this N1); null when "
                                 "the searched range holds no crossing (see dstar_state).")
-    dstar_state: Literal["crossing", "above", "below"] = Field(
+    dstar_state: Literal["crossing", "above", "below", "observed"] = Field(
         description="crossing: D* found (where upcycling stops winning); above: upcycling still wins at the top of "
-        "the searched range (D* beyond it); below: from scratch wins over the whole range.")
+        "the searched range (D* beyond it); below: from scratch wins over the whole range; observed: the laws "
+        "contradict the runs, whose bracket alone bounds D*.")
     dstar_search_range: list[float] = Field(description="The tokens searched for crossings: 100x either side of the "
                                             "trained budgets.")
     dstar_intervals: Intervals | None
@@ -328,6 +340,14 @@ class DecisionPublic(BaseModel):
     dstar_extrapolation: Extrapolation
     health: Literal["ok", "unhealthy"] = Field(description="Whether the answer rests on a fit with problems.")
     health_problems: list[HealthProblem]
+    dstar_answer: dict[str, Any] | None = Field(None, description="What D* at this N1 rests on (DstarAt.answer).")
+    observed: dict[str, Any] | None = Field(None, description="The runs at this very (N1, D1, D2), when the grid has "
+                                            "them: both losses, their log gap, the noise and which leads.")
+    law_verdict: str | None = Field(None, description="What the laws said where the runs, beyond noise, said "
+                                    "otherwise: the runs' answer stands in `verdict`.")
+    contradiction: str | None = Field(None, description="In words, where the laws contradict the runs.")
+    verdict_note: str | None = Field(None, description="Why the verdict is undecided when the laws cannot speak "
+                                     "to N1 (a size term fitted to nothing).")
     group: str | None = Field(None, description="The upcycling group (method, r, n_expert x topk) whose law answered: "
                               "`group=` if given, else the one predicting the lowest loss at (N1, D1, D2).")
     analysis: AnalysisRef = Field(description="The analysis that answered.")
@@ -583,6 +603,11 @@ class Suggestion(BaseModel):
                     "candidate shrinks the interval, or the most actions one call chooses (4: each costs a plan of "
                     "the extended grid per candidate) were chosen; apply them and ask again for more.")
     actions: list[SuggestedAction]
+    forms_disagree: dict[str, Any] | None = Field(None, description="The pair of runs the analysis's law forms "
+                                                  "disagree most about inside D*'s 80% interval (upcycled at D1 = D2 "
+                                                  "= `tokens`, from scratch at `tokens`, with their FLOPs): what "
+                                                  "would most narrow D* across forms, beside the actions that narrow "
+                                                  "it for the paper's laws.")
     additions: dict[str, Any] = Field(description="All the actions' additions merged: the extension to apply.")
     applied: SweepCreated | None = Field(None, description="The extension sweep, with `apply`.")
     stop: list[StopAdvice] = Field(default_factory=list, description="From-scratch and MoE trunks of the sweep still "

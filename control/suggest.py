@@ -31,6 +31,7 @@ from upscale.control.analyses import NotReady, latest_analysis, sweep_tables, wh
 from upscale.control.schemas import StopAdvice, SuggestedAction, Suggestion, SuggestRequest
 from upscale.control.services import Services
 from upscale.control.sweeps import extend, merge
+from upscale.fitting.answer import GroupAnswer
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.design import (
     STOP_GAIN,
@@ -157,6 +158,8 @@ class _Problem:
         self.moe, self.up = analysis.scratch.fitted, best.fit.fitted
         self.free = {"moe": free_params(self.moe.law, analysis.scratch.report.get("fixed") or {}),
                      "up": free_params(self.up.law, best.fit.report.get("fixed") or {})}
+        # where the weighed law forms disagree most inside D*'s interval: the pair of runs that most narrows it
+        self.forms_disagree = GroupAnswer.from_json(best.answer).at(self.n1)["next"] or None if best.answer else None
         first, samples = crossings_and_samples(self.moe, self.up, self.n1)
         self.dstar = first.dstar
         self.interval = percentile_interval(samples) if samples.size else None
@@ -336,4 +339,5 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
         total_flops=sum(s.cost for s in steps), stopped="tolerance" if stopped == "tolerance" or (
             request.tolerance is not None and final_sd <= target_sd) else stopped,
         expected_interval=list(delta_interval(problem.dstar, final_sd, z)),
-        actions=actions, additions=additions, applied=applied, stop=problem.stop_advice())
+        actions=actions, additions=additions, applied=applied, stop=problem.stop_advice(),
+        forms_disagree=problem.forms_disagree)

@@ -37,6 +37,14 @@ import numpy as np
 import pandas as pd
 
 from upscale.fitting import display
+from upscale.fitting.answer import (
+    GroupAnswer,
+    answer_group,
+    answer_problems,
+    merge_answer,
+    size_independent,
+    verdict_from_runs,
+)
 from upscale.fitting.curve_observations import PredictedDecays, is_predicted
 from upscale.fitting.dstar import (
     EXTRAPOLATION_FACTOR,
@@ -45,6 +53,7 @@ from upscale.fitting.dstar import (
     decide,
     dstar_at,
     dstar_results,
+    search_range,
     upcycled_loss,
 )
 from upscale.fitting.errors import FitError
@@ -120,6 +129,7 @@ class UpcycledAnalysis:
     dstar: dict[str, Any] | None
     decisions: list[dict[str, Any]]
     n_points: int = 0
+    answer: dict[str, Any] | None = None  # what the answers rest on (fitting/answer.py GroupAnswer.to_json)
 
     @property
     def label(self) -> str:
@@ -150,6 +160,9 @@ class Analysis:
     # with curves: the predicted rows (marked predicted), their families' held-out errors, the point noise that
     # weighted them and how many each table got; empty without curves (and then absent from the record)
     curves: dict[str, Any] = field(default_factory=dict)
+    # what the answer was asked with, filled by the entry point that ran it (control/analysis_settings.py): source,
+    # bootstrap, seed, n1s, and whether decay ends predicted from trunk curves were fitted (how many rows)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON (NaN and infinities as null); ``from_json`` reads it back."""
@@ -161,20 +174,22 @@ class Analysis:
                       "scratch": self.scratch.report if self.scratch else None,
                       "upcycled": [{"group": u.group, "label": u.label, "points": u.n_points,
                                     "fit": u.fit.report if u.fit else None, "dstar": u.dstar,
-                                    "decisions": u.decisions} for u in self.upcycled],
-                      **({"curves": self.curves} if self.curves else {})})
+                                    "decisions": u.decisions, "answer": u.answer} for u in self.upcycled],
+                      **({"curves": self.curves} if self.curves else {}),
+                      **({"settings": self.settings} if self.settings else {})})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Analysis:
         return cls(E=data["E"], E_note=data["E_note"], scratch=LawFit.from_report(data["scratch"]),
                    upcycled=[UpcycledAnalysis(u["group"], LawFit.from_report(u["fit"]), u["dstar"], u["decisions"],
-                                              u.get("points", 0)) for u in data["upcycled"]],
+                                              u.get("points", 0), u.get("answer")) for u in data["upcycled"]],
                    n1s=list(data["n1s"]), bootstrap=data["bootstrap"], seed=data["seed"],
                    dense_params=data.get("dense_params", {}), problems=data.get("problems", []),
                    points=data.get("points", {}), trained=data.get("trained", {}),
                    limits=Limits(**data.get("limits", {})),
                    extrapolation_factor=data.get("extrapolation_factor", EXTRAPOLATION_FACTOR),
-                   E_bootstrap=data.get("E_bootstrap", {}), curves=data.get("curves", {}))
+                   E_bootstrap=data.get("E_bootstrap", {}), curves=data.get("curves", {}),
+                   settings=data.get("settings", {}))
 
     def __repr__(self) -> str:
         return "\n".join(display.analysis_lines(self.to_json()))
@@ -210,12 +225,20 @@ class Analysis:
         factor = self.extrapolation_factor
         verdict = decide(self.scratch.fitted, best.fit.fitted, n1, d1, d2, self.limits, factor).to_json()
         star = dstar_at(self.scratch.fitted, best.fit.fitted, n1, factor)
+        no_size = size_independent(best.fit.fitted, self.scratch.fitted, n1, d1, d2)
+        if no_size:
+            verdict |= {"verdict": "undecided", "verdict_note": no_size}
+        if best.answer is not None:  # the answer as the analysis made it: the runs first, the weighed forms
+            group = GroupAnswer.from_json(best.answer)
+            group.check_point(n1, d1, d2)
+            merge_answer(star, group.at(n1))
+            verdict = verdict_from_runs(verdict, group.observed)
         fit = f"upcycled {best.label}" if best.label else "upcycled"
         return clean({**verdict, "dstar": star["dstar"], "dstar_state": star["dstar_state"],
                       "dstar_search_range": star["search_range"],
                       "dstar_intervals": star["intervals"], "dstar_interval_note": star["interval_note"],
-                      "dstar_extrapolation": star["extrapolation"], "group": best.label,
-                      **concerning(self.problems, fit, best.label, n1)})
+                      "dstar_extrapolation": star["extrapolation"], "dstar_answer": star.get("answer"),
+                      "group": best.label, **concerning(self.problems, fit, best.label, n1)})
 
 
 def observed_grid(dense: pd.DataFrame, scratch: pd.DataFrame,
@@ -302,7 +325,8 @@ def _stages(progress: Progress | None) -> Callable[[str, int], Callable[[int], N
 def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = None,
             decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
             workers: int = 1, progress: Progress | None = None, limits: Limits | None = None,
-            extrapolation_factor: float = EXTRAPOLATION_FACTOR, curves: PredictedDecays | None = None) -> Analysis:
+            extrapolation_factor: float = EXTRAPOLATION_FACTOR, curves: PredictedDecays | None = None,
+            answers: bool = True) -> Analysis:
     """The paper's analysis of ``tables`` ("dense" and "scratch": columns D, N, loss[, trunk]; "upcycled": D1, D2,
     N1, loss[, trunk, method, r, n_expert, topk]).
 
@@ -314,17 +338,19 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
     ``extrapolation_factor``. ``bootstrap`` cluster-bootstrap refits per fit (0: no intervals); ``workers``
     processes for them. ``progress(stage, done, total)`` is called as each stage moves on. ``curves``: decay ends
     predicted from trunk curves (`predicted_decays`), fitted beside the observed ones (see the module docstring).
-    FitError only when a table is missing or there is nothing at all to analyse.
+    ``answers`` False: the paper's pair of laws alone, without the law forms, backtests and the runs' bracket
+    (docs/laws.md, "The answer beyond one law"): what every answer was before them, kept for comparison and as the
+    cost baseline of bench/real_answer.py. FitError only when a table is missing or there is nothing to analyse.
     """
     args = (decisions, bootstrap, seed, workers, progress, limits, extrapolation_factor)
     if curves is None:
-        return _analyze(tables, n1s, *args)
+        return _analyze(tables, n1s, *args, answers=answers)
     if not curves.n_rows:  # nothing predicted: the observed analysis, with the families' reasons on record
         return replace(_analyze(tables, n1s, *args), curves={"families": curves.families, "points": {}})
-    observed = _analyze(tables, n1s, decisions, 0, seed, workers, None, limits, extrapolation_factor)
+    observed = _analyze(tables, n1s, decisions, 0, seed, workers, None, limits, extrapolation_factor, answers=False)
     noise = point_noise(_observed_fits(observed, tables))
     combined = with_predicted({k: tables[k] for k in TABLES}, curves, noise.point_sd)
-    out = _analyze(combined, observed.n1s, *args)
+    out = _analyze(combined, observed.n1s, *args, answers=answers)
     _weigh_evidence(out, observed, combined)
     predicted = {k: int(is_predicted(df).sum()) for k, df in combined.items()}
     record = curves.to_json()
@@ -377,10 +403,27 @@ def _weigh_evidence(out: Analysis, observed: Analysis, combined: Mapping[str, pd
         _mark_health(u.dstar, u.decisions, out.problems, fit, u.label)
 
 
+def _answer(scratch: pd.DataFrame, rows: pd.DataFrame, sizes: list[float], moe: LawFit,
+            up: LawFit, E: float, E_draws: list[dict[str, float] | None] | None, bootstrap: int, seed: int,
+            stage: Callable[[str, int], Callable[[int], None] | None],
+            where: str) -> tuple[GroupAnswer, list[dict[str, Any]]]:
+    """fitting/answer.py's answer for one group: every form fitted, backtested and weighed, at every size."""
+    advance = stage(f"law forms, backtests (upcycled{where})", 1)
+    out = answer_group({"scratch": scratch, "upcycled": rows}, sizes,
+                       search_range(moe.fitted, up.fitted),
+                       {"scratch": (moe.params, moe.fitted.samples), "upcycled": (up.params, up.fitted.samples)},
+                       E, E_draws, bootstrap, seed)
+    if advance:
+        advance(1)
+    return out
+
+
 def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
              decisions: Sequence[tuple[float, float, float]] | None, bootstrap: int, seed: int, workers: int,
-             progress: Progress | None, limits: Limits | None, extrapolation_factor: float) -> Analysis:
-    """``analyze`` of the tables as they are (observed rows, or observed and predicted ones)."""
+             progress: Progress | None, limits: Limits | None, extrapolation_factor: float,
+             answers: bool = True) -> Analysis:
+    """``analyze`` of the tables as they are (observed rows, or observed and predicted ones); ``answers`` False:
+    the paper's laws alone (the observed-only pass of a curves analysis, which needs only their noise and D*)."""
     missing = [k for k in TABLES if k not in tables]
     if missing:
         raise FitError(f"analyze needs the tables {', '.join(TABLES)}; missing {', '.join(missing)}")
@@ -422,7 +465,7 @@ def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
         label = group_label(group)
         where = f" {label}" if label else ""
         check = next((c for c in checks if c.law == "joint" and label in c.groups), None)
-        up = star = None
+        up = star = group_answer = None
         verdicts: list[dict[str, Any]] = []
         if _fittable(check):
             try:
@@ -441,10 +484,17 @@ def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
                                     up_where=("joint", f"upcycled{where}"))
             cases = decisions if decisions is not None else _extreme_cases(sizes, rows)
             verdicts = [_verdict(moe, up, case, limits, extrapolation_factor) for case in cases]
+            if answers:
+                group_answer = _answer(scratch, rows, sizes, moe, up, E, E_draws, bootstrap, seed, stage, where)
+                for r, a in zip(star["results"], group_answer[1], strict=True):
+                    merge_answer(r, a)
+                verdicts = [verdict_from_runs(v, group_answer[0].observed) for v in verdicts]
+                problems += answer_problems(group_answer[1], f"upcycled{where}")
             _mark_health(star, verdicts, problems, f"upcycled{where}", label)
             if advance:
                 advance(1)
-        out.append(UpcycledAnalysis(group, up, star, verdicts, len(rows)))
+        out.append(UpcycledAnalysis(group, up, star, verdicts, len(rows),
+                                    group_answer[0].to_json() if group_answer else None))
     return Analysis(E, note, moe, out, sizes, bootstrap, seed, dense_params, problems,
                     {"dense": len(dense), "scratch": len(scratch), "upcycled": len(upcycled)},
                     trained_ranges(dense, scratch, upcycled), limits or Limits(), extrapolation_factor,

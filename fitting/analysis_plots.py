@@ -7,7 +7,9 @@ In ``out_dir``, each as PNG and PDF:
 - ``scratch_loss_vs_d``, ``scratch_parity``, ``scratch_residuals``: the from-scratch MoE law;
 - ``dense_loss_vs_d``: the dense law of the shared-E fit;
 - per upcycling group, in its folder (fitting.groups.group_slug, e.g. ``naive_8x2/``): ``loss_vs_d2`` (a panel per
-  N1), ``parity``, ``residuals``, ``alpha_d1`` and ``catch_up`` (loss against tokens with the crossings marked).
+  N1), ``parity``, ``residuals``, ``alpha_d1``, ``catch_up`` (loss against tokens with the crossings marked) and
+  ``backtest`` (each law form's error on held-out runs against how far beyond its fitted range they lay, with the
+  calibrated bands).
 
 A plot the data cannot support (no fit of its law, a grid too small for alpha(D1)) is skipped with a line saying
 why; ``draw_analysis`` never raises for one.
@@ -35,7 +37,7 @@ __all__ = ["DrawnPlots", "draw_analysis"]
 
 BAND_POINTS = 8  # model sizes on the D*(N1) plot
 CATCH_UP_D1S = 3  # sunk costs drawn on a catch-up plot
-GROUP_PLOTS = ("loss_vs_d2", "parity", "residuals", "alpha_d1", "catch_up")
+GROUP_PLOTS = ("loss_vs_d2", "parity", "residuals", "alpha_d1", "catch_up", "backtest")
 
 
 def _rows(tables: Mapping[str, pd.DataFrame], kind: str) -> pd.DataFrame:
@@ -98,6 +100,11 @@ def _draw_group(analysis: Analysis, up: UpcycledAnalysis, rows: pd.DataFrame | N
     drawn.attempt(out, names["residuals"], lambda p: plots.residuals(fit, observed, p, title))
     drawn.attempt(out, names["alpha_d1"],
                   lambda p: plots.alpha_diagnostics(alpha_d1(observed, E=analysis.E), p, title))
+    if up.answer is None:
+        drawn.skip(names["backtest"], "no answer to backtest: the analysis has no from-scratch and upcycled pair")
+    else:
+        drawn.attempt(out, names["backtest"], lambda p: plots.backtest_errors(up.answer["backtest"],
+                                                                             up.answer["calibration"], p, up.label))
     if analysis.scratch is None:
         drawn.skip(names["catch_up"], f"no from-scratch MoE law to catch up: {analysis.missing('chinchilla')}")
         return None

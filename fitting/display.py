@@ -1,9 +1,11 @@
 """How a fit, an analysis and a verdict read as plain text and as HTML: the notebook's view (``repr`` and
 ``_repr_html_`` of `LawFit`, `Analysis` and `UpcycleDecision`), and the plain pieces the CLI colours.
 
-A summary is short on purpose: the parameters with their 95% intervals, D* per size with its 80% and 95% intervals
-and its distance from the data, the verdict with its support, and every problem with what to add. The whole record
-(bootstrap samples included) stays on the object (``.report``, ``.to_json()``); printing it would bury the answer.
+An analysis prints a summary a researcher reads in ten seconds first (``summary_lines``): what the runs show at
+matched budgets, D* per size with its 80% interval and how far it is projected beyond the budgets trained, how well
+the laws predicted held-out runs, the one pair of runs to add, and the problems grouped by kind with a count. The
+detail (each fit, every D* with both intervals, the verdicts, every problem with what to add) follows only when asked
+(``details``). The whole record (bootstrap samples included) stays on the object (``.report``, ``.to_json()``).
 An open interval end reads "unbounded" and a missing value "—", never alike.
 """
 
@@ -33,8 +35,11 @@ def interval(iv: dict[str, Any] | None) -> str:
 def dstar(r: dict[str, Any]) -> str:
     """D* from one result of `dstar_at`: the crossing, or where it lies when the searched range holds none."""
     lo, hi = r["search_range"]
+    bracket = (r.get("answer") or {}).get("observed_bracket") or {}
+    runs = (f"≥ {number(bracket.get('low'))} (the runs' bracket; the laws contradict the runs)"
+            if bracket.get("low") is not None else "the runs' bracket (the laws contradict the runs)")
     return {"crossing": number(r["dstar"]), "above": f"> {number(hi)} (upcycling still wins there)",
-            "below": f"< {number(lo)} (from scratch wins throughout)"}[r["dstar_state"]]
+            "below": f"< {number(lo)} (from scratch wins throughout)", "observed": runs}[r["dstar_state"]]
 
 
 def distance(ext: dict[str, Any] | None) -> str:
@@ -134,6 +139,19 @@ def _dstar_lines(star: dict[str, Any], indent: str) -> list[str]:
         ivs = r.get("intervals") or {}
         lines.append(f"{indent}D* (tokens) at N1={number(r['n1'])}: {dstar(r)}; 80% {interval(ivs.get('80'))}, 95% "
                      f"{interval(ivs.get('95'))}; {flags(r)}")
+        a = r.get("answer") or {}
+        if a:
+            pivs = r.get("parameter_intervals") or {}
+            lines.append(f"{indent}  the paper's laws alone: D* {number(r.get('law_dstar'))}, 80% "
+                         f"{interval(pivs.get('80'))} (parameter noise only)")
+            weighted = [f for f in a.get("forms", []) if f["weight"] >= 0.01]
+            lines.append(f"{indent}  forms: " + "; ".join(
+                f"{f['scratch']} x {f['upcycled']} ({f['weight']:.0%}): {number(f['dstar'])}"
+                + (f", stops at {number(f['stopped_at'])}" if f.get("stopped_at") else "") for f in weighted))
+            if a.get("contradiction"):
+                lines.append(f"{indent}  {a['contradiction']}")
+        if r.get("interval_note"):
+            lines.append(f"{indent}  {r['interval_note']}")
         if (text := evidence(r)) is not None:
             lines.append(f"{indent}  {text}")
     return lines
@@ -144,6 +162,8 @@ def decision_line(d: dict[str, Any]) -> str:
     if d.get("refused"):
         return f"N1={number(d['n1'])}, D1={number(d['d1'])}, D2={number(d['d2'])}: no verdict: {d['refused']}"
     prob = "" if d.get("probability_upcycle") is None else f" ({d['probability_upcycle']:.0%} of resamples upcycle)"
+    if d.get("law_verdict"):
+        prob = f" (measured by the runs; the laws said {d['law_verdict']}{prob})"
     catch = ("from scratch never catches up" if d["catch_up_state"] == "never"
              else f"from scratch needs {number(d['catch_up_tokens'])} tokens to match")
     return (f"N1={number(d['n1'])}, D1={number(d['d1'])}, D2={number(d['d2'])}: {d['verdict']}{prob}; {catch}; "
@@ -161,10 +181,91 @@ def _analysis_head(record: dict[str, Any]) -> list[str]:
     return lines + curves_lines(record.get("curves") or {})
 
 
-def analysis_lines(record: dict[str, Any]) -> list[str]:
-    """An analysis record (`Analysis.to_json()`) in a page: E, each fit, D* and verdicts per group, problems."""
-    title, *rest = _analysis_head(record)
-    lines = [title, *(f"  {line}" for line in rest)]
+def runs_line(observed: dict[str, Any]) -> str:
+    """What the matched diagonal runs (upcycled at D1 = D2 = D against from scratch at D) show, per size, with the
+    noise a lead must beat: one clause for all sizes when they agree."""
+    brackets = observed.get("brackets") or []
+    if not brackets:
+        return "the runs: no matched pair (upcycled at D1 = D2 = D and from scratch at D) to compare"
+    noise = (observed.get("noise") or {}).get("gap_threshold")
+    head = f"the runs (D1 = D2 = D, beyond noise past {noise:.1%}): " if noise is not None else "the runs: "
+
+    def story(b: dict[str, Any]) -> str:
+        if all(x == "upcycle" for x in b["leaders"]):
+            text = f"upcycling ahead at every budget to {number(b['budgets'][-1])}"
+        elif b["low"] is not None:
+            text = f"upcycling ahead to {number(b['low'])}"
+        else:
+            text = "upcycling never ahead beyond noise"
+        return text + (f", from scratch ahead from {number(b['high'])}" if b["high"] is not None else "")
+
+    stories = [story(b) for b in brackets]
+    tops = ", ".join(f"{b['gaps'][-1]:+.1%}" for b in brackets)
+    sizes = ", ".join(number(b["n1"]) for b in brackets)
+    if len(set(stories)) == 1:
+        return f"{head}{stories[0]} at N1 = {sizes} (upcycled ahead by {tops} at the top budget)"
+    return head + "; ".join(f"N1={number(b['n1'])}: {t} ({b['gaps'][-1]:+.1%} at the top)"
+                            for b, t in zip(brackets, stories, strict=True))
+
+
+def _dstar_summary(r: dict[str, Any]) -> str:
+    """One size's D* in one line: the answer, its 80% interval, how far it is projected, the forms' spread."""
+    a = r.get("answer") or {}
+    ivs = r.get("intervals") or {}
+    reach = (a.get("distance") or {}).get("note") or distance(r.get("extrapolation"))
+    spread = a.get("spread")
+    forms = f"; forms {number(spread[0])}–{number(spread[1])}" if spread and spread[0] != spread[1] else ""
+    return f"D* at N1={number(r['n1'])}: {dstar(r)}; 80% {interval(ivs.get('80'))}; {reach}{forms}"
+
+
+def problem_groups(problems: Sequence[dict[str, Any]]) -> list[str]:
+    """The problems one line per (fit, kind) with a count and the first one's reason."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for p in problems:
+        groups.setdefault((p.get("fit", ""), p.get("kind", "other")), []).append(p)
+    return [f"{fit or 'analysis'}: {kind} x{len(ps)}: {ps[0]['why']}" for (fit, kind), ps in groups.items()]
+
+
+def summary_lines(record: dict[str, Any]) -> list[str]:
+    """The ten-second answer: per upcycling group, what the runs show, D* per size (80% interval, how far it is
+    projected), the backtest, the pair of runs to add; then the problems, one line per kind and fit."""
+    points = ", ".join(f"{k} {v}" for k, v in record.get("points", {}).items())
+    lines = [f"upscale analysis ({points} runs; bootstrap {record['bootstrap']})"]
+    for up in record.get("upcycled", []):
+        answer = up.get("answer") or {}
+        results = (up.get("dstar") or {}).get("results", [])
+        if up.get("label") and len(record.get("upcycled", [])) > 1:
+            lines.append(f"upcycled {up['label']}:")
+        if answer.get("observed"):
+            lines.append("  " + runs_line(answer["observed"]))
+        lines += ["  " + _dstar_summary(r) for r in results]
+        backtest = answer.get("backtest") or {}
+        if backtest.get("line") or backtest.get("note"):
+            lines.append("  backtest: " + (backtest.get("line") or backtest["note"]))
+        nexts = [n for n in ((r.get("answer") or {}).get("next") for r in results) if n]
+        if nexts:
+            best = max(nexts, key=lambda n: n["forms_sd"])
+            lines.append(f"  next: {best['runs']} (~{best['flops']:.2g} FLOPs): where the law forms disagree most")
+        lines += ["  " + d["contradiction"] for d in up.get("decisions", []) if d.get("contradiction")]
+    if not record.get("upcycled"):
+        lines.append("  no upcycled runs to compare")
+    problems = record.get("problems") or []
+    kinds: dict[str, int] = {}
+    for p in problems:
+        kinds[p.get("kind", "other")] = kinds.get(p.get("kind", "other"), 0) + 1
+    lines.append(f"  problems: {len(problems)}" + (f" ({', '.join(f'{k} {n}' for k, n in kinds.items())}); the "
+                                                    f"detail says which and what to add" if problems else ""))
+    return lines
+
+
+def analysis_lines(record: dict[str, Any], details: bool = True) -> list[str]:
+    """An analysis record (`Analysis.to_json()`): the summary, then with ``details`` E, each fit, D* and verdicts
+    per group, and the problems grouped by kind."""
+    lines = summary_lines(record)
+    if not details:
+        return lines
+    _, *rest = _analysis_head(record)
+    lines += ["", "detail:", *(f"  {line}" for line in rest)]
     if record.get("scratch"):
         lines += ["  from scratch:", *fit_lines(record["scratch"], "    ")]
     for up in record.get("upcycled", []):
@@ -175,8 +276,8 @@ def analysis_lines(record: dict[str, Any]) -> list[str]:
             lines += _dstar_lines(up["dstar"], "    ")
         lines += [f"    {decision_line(d)}" for d in up.get("decisions", [])]
     problems = record.get("problems") or []
-    lines.append(f"  {len(problems)} problem(s)" + (":" if problems else ": every fit is healthy"))
-    lines += [f"    - {problem(p)}" for p in problems]
+    lines.append(f"  {len(problems)} problem(s)" + (", by kind:" if problems else ": every fit is healthy"))
+    lines += [f"    - {line}" for line in problem_groups(problems)]
     return lines
 
 

@@ -461,3 +461,41 @@ def fit_plots(law_name: str, rep: dict[str, Any], df: pd.DataFrame, out: Path) -
         drawn.attempt(out, "loss_vs_d2", lambda p: loss_vs_d2(fitted, df, p))
         drawn.attempt(out, "alpha_d1", lambda p: alpha_diagnostics(alpha_d1(df, E=rep["params"].get("E")), p))
     return drawn
+
+
+def backtest_errors(backtest: dict[str, Any], calibration: dict[str, Any], path: str | Path,
+                    title: str | None = None) -> Path:
+    """Each form's error on the runs it did not see, against how far beyond its fitted range they lay (a panel per
+    arm), with the calibrated 80% and 95% bands of the stacked prediction: how well projections held on this grid,
+    and how wide the answer takes them to be further out."""
+    points = pd.DataFrame(backtest["points"])
+    arms = [a for a in ("scratch", "upcycled") if not points.empty and (points["arm"] == a).any()]
+    if not arms:
+        raise ValueError(f"no backtest to draw: {backtest.get('note') or 'no held-out runs'}")
+    markers = {"budget": "o", "size": "s", "both": "^"}
+    with _figure(len(arms), panel=(4.4, 3.4)) as (fig, axes):
+        for ax, arm in zip(axes, arms, strict=True):
+            mine = points[points["arm"] == arm]
+            forms = sorted(mine["form"].unique())
+            colours = _shades(list(range(len(forms))))
+            reach = max(float(mine["distance"].max()) * 1.5, 0.3)
+            d = np.linspace(0, reach, 50)
+            scale = np.sqrt(calibration["sigma0"][arm] ** 2 + (calibration["growth_per_decade"][arm] * d) ** 2)
+            for level, alpha in (("95", 0.12), ("80", 0.22)):
+                q = calibration["quantiles"].get(level)
+                if q is not None:
+                    ax.fill_between(d, 100 * np.expm1(-q * scale), 100 * np.expm1(q * scale), color="grey",
+                                    alpha=alpha, lw=0, label=f"calibrated {level}% band")
+            for i, f in enumerate(forms):
+                w = calibration["weights"][arm].get(f, 0.0)
+                for holdout, part in mine[mine["form"] == f].groupby("holdout"):
+                    ax.scatter(part["distance"], 100 * np.expm1(part["log_error"]), s=16, color=colours[i],
+                               marker=markers.get(holdout, "o"),
+                               label=f"{f} (weight {w:.0%})" if holdout == part["holdout"].iloc[0] else None)
+            ax.axhline(0, color="k", lw=0.6)
+            ax.set(xlabel="decades beyond the fitted range", ylabel="predicted − observed loss (%)",
+                   title=f"{title + ': ' if title else ''}{arm}, held-out runs")
+            handles, labels = ax.get_legend_handles_labels()
+            seen = dict(zip(labels, handles, strict=True))
+            ax.legend(seen.values(), seen.keys(), fontsize=6, loc="best")
+        return _save(fig, path)

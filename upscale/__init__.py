@@ -110,6 +110,38 @@ def _table(data: pd.DataFrame | str | Path) -> pd.DataFrame:
     return data if hasattr(data, "columns") else read_observations(data)
 
 
+# The law `analyze` fits to each table: its columns and ``loss`` are what a table must have.
+_ANALYSIS_LAWS = {"dense": "chinchilla", "scratch": "chinchilla", "upcycled": "joint"}
+
+
+def _analysis_table(kind: str, data: pd.DataFrame | str | Path) -> pd.DataFrame:
+    """One of `analyze`'s tables, read if a path; FitError naming the file (or table) and the columns it lacks."""
+    from upscale.fitting.errors import FitError
+    from upscale.fitting.laws import LOSS, get_law
+
+    df = _table(data)
+    needed = [*get_law(_ANALYSIS_LAWS[kind]).columns, LOSS] if kind in _ANALYSIS_LAWS else []
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        where = str(data) if not hasattr(data, "columns") else f"the {kind} table"
+        raise FitError(f"{where}: the {kind} table needs column(s) {', '.join(missing)} (it has "
+                       f"{', '.join(map(str, df.columns)) or 'none'})")
+    return df
+
+
+def _source(tables: Mapping[str, pd.DataFrame | str | Path]) -> str:
+    """Where ``tables`` came from, as the analysis's settings name it: the folder of dense.csv, scratch.csv and
+    upcycled.csv, else each file; the sweep `load_observations` read them from; else data frames."""
+    paths = {k: Path(v) for k, v in tables.items() if not hasattr(v, "columns")}
+    if paths and len(paths) == len(tables):
+        folders = {p.parent for p in paths.values()}
+        if len(folders) == 1 and all(p.name == f"{k}.csv" for k, p in paths.items()):
+            return f"tables {folders.pop()}"
+        return "tables " + ", ".join(f"{k}={p}" for k, p in paths.items())
+    sweeps = sorted({str(v.attrs["sweep_id"]) for v in tables.values() if "sweep_id" in getattr(v, "attrs", {})})
+    return f"sweep {', '.join(sweeps)} (its observation tables)" if sweeps else "tables (data frames)"
+
+
 def fit(law: str | Law, data: pd.DataFrame | str | Path, fixed: dict[str, float] | None = None,
         bootstrap: int = 0, seed: int = 0, workers: int = 1) -> LawFit:
     """Fit ``law`` (a name of `upscale laws`) to a table or CSV, as `upscale fit`: summed Huber/BFGS from a grid of
@@ -123,16 +155,28 @@ def fit(law: str | Law, data: pd.DataFrame | str | Path, fixed: dict[str, float]
 
 
 def analyze(tables: Mapping[str, pd.DataFrame | str | Path], n1s: Sequence[float] | None = None,
-            decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int = 200, seed: int = 0,
-            workers: int = 1, progress: Progress | None = None) -> Analysis:
-    """The paper's analysis, as `upscale demo` runs it: E shared by the dense and from-scratch laws, the from-scratch
-    and upcycled (per method, r) laws with E fixed, bootstrap, D* at ``n1s`` and verdicts for ``decisions``.
+            decisions: Sequence[tuple[float, float, float]] | None = None, bootstrap: int | None = None,
+            seed: int = 0, workers: int = 1, progress: Progress | None = None, curves: bool = True) -> Analysis:
+    """The paper's analysis, as `upscale demo` and `upscale analyze` run it: E shared by the dense and from-scratch
+    laws, the from-scratch and upcycled (per method, r) laws with E fixed, bootstrap, D* at ``n1s`` and verdicts for
+    ``decisions``.
 
-    ``tables``: "dense", "scratch" and "upcycled", as frames or CSV paths. See ``upscale.fitting.analysis.analyze``.
+    ``tables``: "dense", "scratch" and "upcycled", as frames or CSV paths (FitError naming a missing file or
+    column). ``bootstrap``: default the service's (100), so that the same observations give the same answer here
+    and from `upscale analyze`. ``curves`` False: rows the tables mark as predicted from trunk curves (``source``
+    "predicted", as `upscale analyze SWEEP --export-tables` writes them) are left out, as `--no-curves` does. The
+    record's ``settings`` say all of this. See ``upscale.fitting.analysis.analyze``.
     """
+    from upscale.control.analysis_settings import with_settings
+    from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
     from upscale.fitting.analysis import analyze as run
+    from upscale.fitting.curve_observations import is_predicted
 
-    return run({k: _table(v) for k, v in tables.items()}, n1s, decisions, bootstrap, seed, workers, progress)
+    read = {k: _analysis_table(k, v) for k, v in tables.items()}
+    if not curves:
+        read = {k: df[~is_predicted(df)].reset_index(drop=True) for k, df in read.items()}
+    n_boot = DEFAULT_ANALYSIS_BOOTSTRAP if bootstrap is None else bootstrap
+    return with_settings(run(read, n1s, decisions, n_boot, seed, workers, progress), _source(tables), read)
 
 
 def _fitted(f: LawFit | FittedLaw | dict | str | Path) -> FittedLaw:

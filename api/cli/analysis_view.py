@@ -65,9 +65,15 @@ def print_problems(analysis: Analysis) -> None:
         console.print(f"[yellow]{p['fit']} ({p['law']}): {p['why']}{add}[/]", highlight=False, soft_wrap=True)
 
 
+def print_settings(analysis: Analysis) -> None:
+    """What the analysis was asked with, first: two answers for the same data differ only by these."""
+    console.print(settings_text(analysis.settings), highlight=False, soft_wrap=True)
+
+
 def print_analysis(analysis: Analysis) -> None:
-    """The whole analysis: the trained ranges, the from-scratch fit, each group under its own rule, then the
-    problems."""
+    """The whole analysis: its settings, the trained ranges, the from-scratch fit, each group under its own rule,
+    then the problems."""
+    print_settings(analysis)
     print_trained(analysis)
     print_scratch(analysis)
     for up in analysis.upcycled:
@@ -82,6 +88,54 @@ def print_record_header(record: dict[str, Any]) -> None:
     console.print(f"analysis {record['id']} of sweep {sweeps} ({record['trigger']}, {record['created_at'][:19]}; "
                   f"bootstrap {record['params']['bootstrap']}, seed {record['params']['seed']})", highlight=False,
                   soft_wrap=True)
+
+
+def settings_text(settings: dict[str, Any]) -> str:
+    """The analysis's settings (control/analysis_settings.py) in one line; records older than them say so."""
+    if not settings:
+        return "settings: not recorded (an analysis made before records kept them)"
+    n1s = ", ".join(fmt(n) for n in settings.get("n1s") or []) or "–"
+    rows = settings.get("predicted_rows") or 0
+    decays = (f"observed decays and {rows} decay end(s) predicted from trunk curves" if settings.get("curves")
+              else "observed decays only")
+    return (f"settings: {settings.get('source')}; {decays}; bootstrap {settings.get('bootstrap')}, seed "
+            f"{settings.get('seed')}; D* at N1 {n1s}")
+
+
+def _setting(name: str, value: Any) -> str:
+    """One compared setting as "bootstrap 100", "N1 2e+04, 3e+04", "curves on"."""
+    if name == "n1s":
+        return "N1 " + (", ".join(fmt(n) for n in value or []) or "–")
+    if name == "curves":
+        return f"curves {'on' if value else 'off'}"
+    return f"{name.replace('_', ' ')} {value}"
+
+
+def dstar_brief(record: dict[str, Any], limit: int = 3) -> str:
+    """The record's D* per group and N1, the first ``limit`` of them, as "D* naive 4x2 at N1 2e+04: 1.2e+07"."""
+    found = [f"{up.get('label') or 'all'} at N1 {fmt(r['n1'])}: {fmt(r.get('dstar'))}"
+             for up in record.get("upcycled") or [] for r in (up.get("dstar") or {}).get("results", [])]
+    more = f" (+{len(found) - limit} more)" if len(found) > limit else ""
+    return "D* " + ("; ".join(found[:limit]) or "none") + more
+
+
+def other_settings_text(record: dict[str, Any], others: list[dict[str, Any]]) -> str | None:
+    """One line naming the newest of ``others`` (stored analyses of the same sweep, as the API lists them, newest
+    first) whose settings differ from ``record``'s: which settings, and the D* it gave beside this one's."""
+    from upscale.control.analysis_settings import differences
+
+    ours = (record.get("analysis") or {}).get("settings") or {}
+    for other in others:
+        theirs = (other.get("analysis") or {}).get("settings")
+        if other["id"] == record["id"] or other["status"] != "done" or not theirs or not ours:
+            continue
+        changed = differences(ours, theirs)
+        if changed:
+            what = ", ".join(f"{_setting(k, a)} (here {_setting(k, b)})" for k, (a, b) in changed.items())
+            return (f"analysis {other['id']} of this sweep ({other['trigger']}, {other['created_at'][:19]}) used "
+                    f"other settings: {what}; it gave {dstar_brief(other['analysis'])} (here "
+                    f"{dstar_brief(record['analysis']).removeprefix('D* ')})")
+    return None
 
 
 def copy_plots(record: AnalysisRecord, home: Path, dest: Path) -> DrawnPlots:

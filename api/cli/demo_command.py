@@ -25,12 +25,14 @@ from upscale.api.cli.analysis_view import (
     print_analysis,
     print_problems,
     print_scratch,
+    print_settings,
     print_trained,
     print_upcycled,
 )
 from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import print_plots
 from upscale.api.cli.progress import stage_bars, workers_for
+from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
 from upscale.sweeps.spec import DEMO_SPEC
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
               (("dense", "dense"), ("scratch", "moe"), ("upcycled", "upcycled"))}
     analysis = analyse(local_services(), [], n_boot, out_dir, tables, list(PAPER_N1),
                        list(PAPER_DECISIONS))
+    print_settings(analysis)
     print_trained(analysis)
     print_scratch(analysis, TABLE2["moe"])
     (up,) = analysis.upcycled
@@ -99,7 +102,9 @@ def demo_command(
     = DEMO_SPEC,
     synthetic: Annotated[bool, typer.Option("--synthetic", help="Skip training: fit the bundled SYNTHETIC tables "
                                             "(paper-scale, generated from Table 2) in seconds.")] = False,
-    bootstrap: Annotated[int, typer.Option(min=0, help="Cluster-bootstrap refits for the intervals.")] = 200,
+    bootstrap: Annotated[int, typer.Option(min=0, help="Cluster-bootstrap refits for the intervals (the default is "
+                                           "`upscale analyze`'s and upscale.analyze's).")]
+    = DEFAULT_ANALYSIS_BOOTSTRAP,
     out: Annotated[Path | None, typer.Option(help="Plot folder (default <UPSCALE_HOME>/demo).")] = None,
 ) -> None:
     """Run the demo sweep for real, fit the dense, from-scratch and upcycled laws, print D* and a verdict, plot."""

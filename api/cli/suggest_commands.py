@@ -61,6 +61,8 @@ def suggest_command(
            "no_gain": "no other candidate shrinks the interval",
            "limit": "the most actions one call chooses; apply them (--apply) and ask again for more"}[out["stopped"]]
     console.print(f"{fmt(out['total_flops'])} of {fmt(out['budget_flops'])} FLOPs; stopped: {why}")
+    if nxt := out.get("forms_disagree"):
+        console.print(f"where the law forms disagree most: {nxt['runs']} (~{fmt(nxt['flops'])} FLOPs)")
     for a in out.get("stop", []):
         console.print(f"stop trunk {a['trunk']}: its {a['pending_observations']} remaining decay(s) would shrink the "
                       f"D* interval by {a['sd_shrink']:.1%}; stopping it saves {fmt(a['remaining_flops'])} FLOPs")
