@@ -7,6 +7,8 @@ is the field path, a fitting problem as 422 with its message, a missing resource
 with yet (no observations, no analysis) as 409 saying what is missing; a submission while the Ray cluster is down is
 a 503 saying so (it is being restarted: try again). Every error is small: a body over UPSCALE_MAX_BODY_BYTES is
 refused with 413 before it is read whole (`BodyLimit`), and a message quotes at most an excerpt of a bad value.
+A request's token is checked before its body is read, and its body must arrive within UPSCALE_BODY_TIMEOUT_S
+(api/request_guards.py); heavy requests compute on threads of their own (api/heavy.py).
 
 /docs (Swagger UI) and /redoc load their scripts and styles from the app itself (fastapi-offline's bundled copies),
 so the pages render on a machine without internet, and their Content-Security-Policy keeps the browser from fetching
@@ -22,6 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote_plus
 
+from anyio import CapacityLimiter
 from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
@@ -33,19 +36,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from upscale import __version__
 from upscale.api.docs_pages import SameOriginDocs
-from upscale.api.quotas import PerMinute
+from upscale.api.heavy import HeavyPool
+from upscale.api.quotas import IN_FLIGHT_RETRY_S, PerMinute
+from upscale.api.request_guards import AuthBeforeBody, BodyDeadline
 from upscale.api.routes import analyses, calibration, fits, ops, refits, segments, sweeps, tokens
 from upscale.api.routes.deps import known_ids
 from upscale.control.analyses import AnalysisLoop, NotReady
 from upscale.control.refits import RefitLoop
 from upscale.control.services import Services
 from upscale.control.sweep_loop import SweepLoop
+from upscale.control.sweeps import TooManyInFlight
 from upscale.orchestrator.errors import ConflictError, NotFoundError
 from upscale.orchestrator.infra import ClusterUnavailable
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import SpecError, excerpt
 
 log = logging.getLogger(__name__)
+HEALTH_THREADS = 4  # /healthz's own threads (asking a RAY_ADDRESS cluster for its nodes may take a second)
 DESCRIPTION = """Submit sweeps of upcycling experiments, watch them train, fit the scaling laws and ask whether to
 upcycle a dense model or train the MoE from scratch. Every endpoint but /healthz, /metrics and these pages takes a
 bearer token (`upscale token create --scope read|write|admin NAME`). A read token sees everything (a shared team
@@ -212,6 +219,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
             for loop in app.state.loops:
                 loop.start()
         yield
+        app.state.heavy.shutdown()
         services.jobs.stop(services.store)  # analyses in flight end `failed`, interrupted: the next start reruns them
         if app.state.loops:
             for loop in app.state.loops:
@@ -221,6 +229,8 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app = FastAPIOffline(title="upscale", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.services, app.state.loops = services, None
+    app.state.heavy = HeavyPool(settings.heavy_workers, settings.heavy_queue, settings.heavy_wait_s)  # api/heavy.py
+    app.state.health_threads = CapacityLimiter(HEALTH_THREADS)  # /healthz never waits behind other requests
     app.state.fit_quota = PerMinute("fits", settings.max_fits_per_minute, "UPSCALE_MAX_FITS_PER_MINUTE")
     app.state.analysis_quota = PerMinute("analyses", settings.max_analyses_per_minute,
                                          "UPSCALE_MAX_ANALYSES_PER_MINUTE")
@@ -234,6 +244,8 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.add_exception_handler(NotReady, _answer(409))
     # The state forbids it now (a segment running): what to wait for or do first.
     app.add_exception_handler(ConflictError, _answer(409))
+    # The token has its quota of sweeps in flight, counted where a sweep is recorded (control/sweeps.py).
+    app.add_exception_handler(TooManyInFlight, _answer(429, {"Retry-After": str(IN_FLIGHT_RETRY_S)}))
     # Ray is down (being restarted): say so and to try again, not a 422 blaming the spec.
     app.add_exception_handler(ClusterUnavailable, _answer(503, {"Retry-After": "30"}))
     for router in (sweeps.router, calibration.router, analyses.router, fits.router, fits.decisions, refits.router,
@@ -242,6 +254,8 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
     app.include_router(ops.router)  # /healthz and /metrics: no token, no ids
     app.add_middleware(RefuseNul)
     app.add_middleware(SameOriginDocs)
+    app.add_middleware(AuthBeforeBody)  # no body is read from a caller without a valid token
+    app.add_middleware(BodyDeadline, seconds=settings.body_timeout_s)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # the outermost: RefuseNul keeps what it lets in
     _add_spec_schemas(app)
     return app

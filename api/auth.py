@@ -22,7 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import bindparam, select, update
 
 from upscale.control.records import TokenRecord
-from upscale.control.services import LOCAL_OWNER
+from upscale.control.services import LOCAL_OWNER, Services
 from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.store import Store
 
@@ -122,20 +122,26 @@ def lookup(store: Store, token: str) -> Principal | None:
     return Principal(row.name, row.scope)
 
 
+def authorize(services: Services, token: str | None, scope: Scope) -> Principal:
+    """The principal of ``token`` (None: none was sent) if it may act at ``scope``: 401 without a valid token
+    (unknown, revoked or expired), 403 if its scope is too small. Anyone, as LOCAL, where auth is off."""
+    if not services.auth:
+        return LOCAL
+    found = lookup(services.store, token) if token else None
+    if found is None:
+        raise HTTPException(401, "missing, unknown, revoked or expired bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
+    if not found.has(scope):
+        raise HTTPException(403, f"token {found.name!r} has scope {found.scope!r}; this needs {scope!r}")
+    return found
+
+
 def require(scope: Scope):
-    """A dependency that returns the caller's Principal: 401 without a valid token (unknown, revoked or expired),
-    403 if its scope is too small."""
+    """A dependency that returns the caller's Principal (`authorize`). It carries its ``scope`` as `required_scope`,
+    so api/request_guards.py can check a request's token before its body is read."""
 
     def dependency(request: Request, cred: HTTPAuthorizationCredentials | None = Security(_bearer)) -> Principal:
-        services = request.app.state.services
-        if not services.auth:
-            return LOCAL
-        found = lookup(services.store, cred.credentials) if cred else None
-        if found is None:
-            raise HTTPException(401, "missing, unknown, revoked or expired bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not found.has(scope):
-            raise HTTPException(403, f"token {found.name!r} has scope {found.scope!r}; this needs {scope!r}")
-        return found
+        return authorize(request.app.state.services, cred.credentials if cred else None, scope)
 
+    dependency.required_scope = scope  # type: ignore[attr-defined]
     return dependency

@@ -6,7 +6,10 @@ uvicorn bounds requests (`limit_concurrency`: one past it is answered 503) and i
 holds its socket, and a file descriptor, for ever. `bounded_protocol` is uvicorn's h11 protocol with the two bounds
 that needs: at most `connection_limit` connections open (one more is closed as soon as it is accepted) and
 `header_timeout_s` for a request's headers to arrive, counted from the connection (or from the end of the previous
-response), after which the connection is closed.
+response), after which the connection is closed. A request answered before its body ended (no valid token, a body
+too slow or too large: api/request_guards.py) has its connection closed DRAIN_S later: the rest of the body is
+never read, so the client cannot hold the connection by trickling it; the delay lets a client that sent its body
+at once see the answer instead of a reset.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from upscale.orchestrator.settings import Settings
+
+DRAIN_S = 0.5  # what a connection answered before its body ended keeps reading (and dropping) before it is closed
 
 
 class _BoundedH11Protocol(H11Protocol):
@@ -41,16 +47,20 @@ class _BoundedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.SEND_BODY:  # answered before its body ended (401, 408, 413): close soon
+            self._await_headers(min(DRAIN_S, self.header_timeout_s))
+        else:
             self._await_headers()  # a kept-alive connection: the next request's headers are due in time too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
         super().connection_lost(exc)
 
-    def _await_headers(self) -> None:
+    def _await_headers(self, seconds: float | None = None) -> None:
         self._stop_waiting()
-        self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+        self._header_deadline = self.loop.call_later(seconds or self.header_timeout_s, self._headers_too_slow)
 
     def _stop_waiting(self) -> None:
         if self._header_deadline is not None:

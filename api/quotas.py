@@ -1,9 +1,13 @@
 """Per-token quotas of the REST API: what one token name may have the server do at once or per minute, refused with
 429 and a Retry-After before the work starts (docs/architecture.md, "What a request may cost").
 
-Sweeps in flight (pending or running) are counted in the store, so every server sharing it counts alike; fits and
-analyses per minute are counted in this process over a sliding 60 s window (a deployment of several servers allows
-that many per server). The in-process CLI never comes here: it holds the database itself and is not limited.
+Sweeps in flight (pending or running) are counted in the store, in the transaction that records a sweep, so
+every server sharing it counts alike and racing submissions cannot pass it (control/sweeps.py `within_quota`;
+api/app.py answers its refusal with 429 and IN_FLIGHT_RETRY_S). Fits and analyses per minute are counted in this
+process over a sliding 60 s window, on purpose: they bound what this process computes (its heavy-request threads,
+api/heavy.py, bound it at any instant), so a deployment of several servers allows that many per server, and a
+restart starts the window afresh.
+The in-process CLI never comes here: it holds the database itself and is not limited.
 """
 
 from __future__ import annotations
@@ -14,9 +18,6 @@ import time
 from collections import deque
 
 from fastapi import HTTPException
-
-from upscale.control import sweeps
-from upscale.control.services import Services
 
 WINDOW_S = 60.0
 IN_FLIGHT_RETRY_S = 60  # what Retry-After says of a sweep quota: a sweep's segments take about this long at least
@@ -45,12 +46,3 @@ class PerMinute:
                                f"server allows ({self.setting}={self.limit}); retry after the Retry-After seconds",
                                calls[0] + WINDOW_S - now)
             calls.append(now)
-
-
-def check_in_flight(services: Services, name: str) -> None:
-    """429 when ``name`` already has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending or running (counted in the store)."""
-    in_flight, limit = sweeps.in_flight(services, name), services.settings.max_sweeps_in_flight
-    if in_flight >= limit:
-        raise too_many(f"token {name!r} has {in_flight} sweeps pending or running, the most this server allows "
-                       f"(UPSCALE_MAX_SWEEPS_IN_FLIGHT={limit}); wait for one to finish or cancel one "
-                       f"(POST /sweeps/{{id}}/cancel)", IN_FLIGHT_RETRY_S)

@@ -242,7 +242,7 @@ def tables(truth: Truth) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------------------- scoring
 
-def _interval(iv: dict[str, Any] | None) -> tuple[float, float] | None:
+def interval_bounds(iv: dict[str, Any] | None) -> tuple[float, float] | None:
     """An interval of the record as numbers: an open end (or a missing value) unbounded."""
     if iv is None:
         return None
@@ -251,7 +251,8 @@ def _interval(iv: dict[str, Any] | None) -> tuple[float, float] | None:
     return lo, hi
 
 
-def _json_interval(iv: tuple[float, float] | None) -> list[float | None] | None:
+def json_interval(iv: tuple[float, float] | None) -> list[float | None] | None:
+    """``interval_bounds``'s numbers as strict JSON: an unbounded end null."""
     return None if iv is None else [v if math.isfinite(v) else None for v in iv]
 
 
@@ -260,7 +261,7 @@ def read_result(r: dict[str, Any]) -> dict[str, Any]:
     as to_json writes it): the one place that knows the record's fields."""
     intervals = r.get("intervals") or {}
     return {"dstar": r["dstar"], "state": r["dstar_state"], "search_range": tuple(r["search_range"]),
-            "80": _interval(intervals.get("80")), "95": _interval(intervals.get("95")),
+            "80": interval_bounds(intervals.get("80")), "95": interval_bounds(intervals.get("95")),
             "extrapolation": bool(r["extrapolation"]["flagged"]), "unhealthy": r["health"] == "unhealthy"}
 
 
@@ -288,8 +289,8 @@ def score(truth: Truth, r: dict[str, Any] | None) -> dict[str, Any]:
     error = (abs(math.log10(got["dstar"] / truth.dstar)) if got["dstar"] and truth.dstar else None)
     out_of_range = got["state"] != "crossing"
     return {**row, "result": True, "dstar": got["dstar"], "state": got["state"], "search_range": [lo, hi],
-            "true_state_in_range": in_range, "interval_80": _json_interval(got["80"]),
-            "interval_95": _json_interval(got["95"]),
+            "true_state_in_range": in_range, "interval_80": json_interval(got["80"]),
+            "interval_95": json_interval(got["95"]),
             "covered_80": covered("80"), "covered_95": covered("95"), "log10_error": error,
             "extrapolation": got["extrapolation"], "unhealthy": got["unhealthy"], "out_of_range": out_of_range,
             "flagged": got["extrapolation"] or got["unhealthy"] or out_of_range}
@@ -314,7 +315,8 @@ def run_case(args: tuple[Truth, int]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------------------- figures
 
-def _share(values: Sequence[bool | None]) -> tuple[float | None, float | None, int]:
+def share(values: Sequence[bool | None]) -> tuple[float | None, float | None, int]:
+    """The share of true values among those known (None: not counted), its standard error and how many counted."""
     v = [bool(x) for x in values if x is not None]
     if not v:
         return None, None, 0
@@ -323,8 +325,8 @@ def _share(values: Sequence[bool | None]) -> tuple[float | None, float | None, i
 
 
 def figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    cov80, se80, n_cov = _share([r["covered_80"] for r in rows])
-    cov95, se95, _ = _share([r["covered_95"] for r in rows])
+    cov80, se80, n_cov = share([r["covered_80"] for r in rows])
+    cov95, se95, _ = share([r["covered_95"] for r in rows])
     has = [r for r in rows if r["true_state_in_range"] == "crossing"]
     hasnt = [r for r in rows if r["true_state_in_range"] not in (None, "crossing")]
     errors = [r["log10_error"] for r in rows if r["log10_error"] is not None]
@@ -332,14 +334,14 @@ def figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "n": len(rows),
         "coverage_80": cov80, "coverage_80_se": se80, "coverage_95": cov95, "coverage_95_se": se95,
         "with_true_dstar": n_cov,
-        "missed": _share([r["state"] != "crossing" for r in has])[0], "with_crossing_in_range": len(has),
-        "false": _share([r["state"] == "crossing" for r in hasnt])[0], "without_crossing_in_range": len(hasnt),
+        "missed": share([r["state"] != "crossing" for r in has])[0], "with_crossing_in_range": len(has),
+        "false": share([r["state"] == "crossing" for r in hasnt])[0], "without_crossing_in_range": len(hasnt),
         "median_abs_log10_error": float(np.median(errors)) if errors else None, "with_both": len(errors),
-        "extrapolation": _share([r["extrapolation"] for r in rows])[0],
-        "unhealthy": _share([r["unhealthy"] for r in rows])[0],
-        "out_of_range": _share([r["out_of_range"] for r in rows])[0],
-        "flagged": _share([r["flagged"] for r in rows])[0],
-        "flagged_where": _share([r["extrapolation"] or r["out_of_range"] for r in rows])[0],
+        "extrapolation": share([r["extrapolation"] for r in rows])[0],
+        "unhealthy": share([r["unhealthy"] for r in rows])[0],
+        "out_of_range": share([r["out_of_range"] for r in rows])[0],
+        "flagged": share([r["flagged"] for r in rows])[0],
+        "flagged_where": share([r["extrapolation"] or r["out_of_range"] for r in rows])[0],
         "no_result": sum(not r["result"] for r in rows),
     }
 

@@ -380,7 +380,7 @@ def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
     health = "ok" if tags[HEALTH] == "ok" else f"⚠ unhealthy, {tags[PROBLEMS]} problem(s)"
     lines = [f"**{title}**: analysis `{meta.id}` ({meta.trigger} by {meta.owner}, created "
              f"{meta.created_at:%Y-%m-%d %H:%M:%S} UTC; files in `{meta.folder}/`). Health: {health}.", "",
-             "```", *display.summary_lines(record), "```", "",  # the runs first, then what the laws project
+             "```", display.settings_text(record.get("settings") or {}), *display.summary_lines(record), "```", "",
              f"Shared E = {_fmt(record.get('E'))}."]
     if trained := _trained_line(record):
         lines.append(trained)

@@ -4,9 +4,10 @@ read here are what the analyses read too.
 
 The numerics are fitting/'s (`report`), and so are the plots (`fit_plots`, as `upscale fit --plot`).
 
-A fit runs on a request thread, so its cost is bounded (docs/architecture.md, "What a request may cost"): inline
-rows at most MAX_INLINE_ROWS (`FitCreate`), leave-one-out over a seeded sample of LOO_HELD_OUT rows above that many,
-and a bootstrap of at most MAX_BOOTSTRAP_ROWS row-refits (draws x rows).
+A fit requested over the API runs on one of the server's heavy-request threads (api/heavy.py), and its cost is
+bounded (docs/architecture.md, "What a request may cost"): inline rows at most MAX_INLINE_ROWS (`FitCreate`),
+leave-one-out over a seeded sample of LOO_HELD_OUT rows above that many, and a bootstrap of at most 500 draws and
+MAX_BOOTSTRAP_ROWS row-refits (draws x rows).
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ class SweepExtend(BaseModel):
 
 MAX_INLINE_ROWS = 5000  # rows one POST /fits may carry: each costs every refit a residual
 LOO_HELD_OUT = 200  # above this many rows, leave-one-out leaves out a seeded sample of this many
-MAX_BOOTSTRAP_ROWS = 250_000  # bootstrap draws x rows one POST /fits may refit (~10 s on 2 cores)
+MAX_BOOTSTRAP_ROWS = 250_000  # bootstrap draws x rows one POST /fits may refit (a draw is a refit: see docs)
 
 
 class FitCreate(BaseModel):

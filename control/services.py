@@ -8,10 +8,10 @@ history).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from upscale.control import ledger
 from upscale.control.analysis_jobs import AnalysisJobs
+from upscale.control.detail_cache import DetailCache
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
@@ -23,12 +23,12 @@ LOCAL_OWNER = "local"  # the owner of what in-process CLI calls create (they hol
 class Services:
     orch: Orchestrator
     auth: bool = True  # False for the CLI's in-process calls: whoever holds the database needs no token
-    detail_cache: dict[str, tuple[Any, bytes, str]] = field(default_factory=dict)  # sweep -> (version, JSON, ETag)
+    detail_cache: DetailCache = field(default_factory=lambda: DetailCache(0))  # GET /sweeps/{id}'s built answers
     jobs: AnalysisJobs = field(default_factory=AnalysisJobs)  # requested analyses, off the request threads
 
     @classmethod
     def open(cls, settings: Settings, auth: bool = True) -> Services:
-        return cls(Orchestrator.open(settings, ledger.hooks()), auth)
+        return cls(Orchestrator.open(settings, ledger.hooks()), auth, DetailCache(settings.detail_cache_bytes))
 
     @property
     def store(self) -> Store:

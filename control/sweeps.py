@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select, text
+from sqlalchemy.orm import Session
 
+from upscale.control.detail_cache import Detail
 from upscale.control.plans import plan_summary
 from upscale.control.records import SweepOwnerRecord
 from upscale.control.schemas import SegmentProgress, SweepCreated, SweepDetail, SweepSummary
@@ -91,7 +94,8 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
            new: bool = False, reuse_stale: bool = False) -> SweepCreated:
     """Record ``spec`` as a sweep owned by ``owner``; segments already done anywhere are not retrained, nor, with
     ``reuse_stale``, those done under an older training-semantics version. Unless ``new``, the owner's sweep of an
-    identical spec is returned instead (``existing``), queued again if it had failed or been cancelled."""
+    identical spec is returned instead (``existing``), queued again if it had failed or been cancelled. Every sweep
+    made pending here counts against the owner's quota (`within_quota`), whatever route called."""
     p = plan(spec, services.settings.data_root_paths)
     check = services.orch.compare(p, reuse_stale)
     sweep = None if new else identical(services, spec, p, owner)
@@ -101,11 +105,12 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
             sweep = services.orch.submit(
                 spec, p, reuse_stale=reuse_stale, stale=check.stale, other_cuts=check.other_cuts,
                 submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
-                rows=lambda sweep_id: [SweepOwnerRecord(sweep_id=sweep_id, owner=owner, extends=extends)])
+                rows=lambda sweep_id: [SweepOwnerRecord(sweep_id=sweep_id, owner=owner, extends=extends)],
+                check=within_quota(services, owner))
         except SweepExists as e:
             sweep, existing = e.sweep, True
     if existing:
-        services.store.requeue(sweep.id)  # if it had failed or been cancelled
+        services.store.requeue(sweep.id, within_quota(services, owner))  # if it had failed or been cancelled
         if reuse_stale and check.stale:
             services.store.adopt_stale(sweep.id, check.stale)
         sweep = services.store.sweep(sweep.id)
@@ -152,13 +157,54 @@ def extend(services: Services, sweep_id: str, additions: dict[str, Any], owner: 
                   reuse_stale=reuse_stale)
 
 
-def in_flight(services: Services, owner: str) -> int:
+class TooManyInFlight(RuntimeError):
+    """The owner has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending or running: HTTP 429."""
+
+    def __init__(self, owner: str, in_flight: int, limit: int) -> None:
+        super().__init__(f"token {owner!r} has {in_flight} sweeps pending or running, the most this server allows "
+                         f"(UPSCALE_MAX_SWEEPS_IN_FLIGHT={limit}); wait for one to finish or cancel one "
+                         f"(POST /sweeps/{{id}}/cancel)")
+
+
+def _count_in_flight(owner: str) -> Select:
     """How many of ``owner``'s sweeps are pending or running: one indexed count."""
-    q = (select(func.count()).select_from(SweepOwnerRecord)
-         .join(SweepRecord, SweepRecord.id == SweepOwnerRecord.sweep_id)
-         .where(SweepOwnerRecord.owner == owner, SweepRecord.status.in_(("pending", "running"))))
+    return (select(func.count()).select_from(SweepOwnerRecord)
+            .join(SweepRecord, SweepRecord.id == SweepOwnerRecord.sweep_id)
+            .where(SweepOwnerRecord.owner == owner, SweepRecord.status.in_(("pending", "running"))))
+
+
+def refuse_past_quota(services: Services, owner: str) -> None:
+    """TooManyInFlight when ``owner`` already has its quota of sweeps in flight: the cheap early refusal, before a
+    spec is parsed and planned (`within_quota` is the one that holds under races). Only where auth is on (a
+    server): the in-process CLI holds the database itself and has no quota."""
+    if not services.auth:
+        return
+    limit = services.settings.max_sweeps_in_flight
     with services.store.engine.connect() as conn:
-        return conn.execute(q).scalar_one()
+        count = conn.execute(_count_in_flight(owner)).scalar_one()
+    if count >= limit:
+        raise TooManyInFlight(owner, count, limit)
+
+
+def within_quota(services: Services, owner: str) -> Callable[[Session], None] | None:
+    """What the store transaction that makes one of ``owner``'s sweeps pending checks before it commits: its sweeps
+    in flight counted with the new one, TooManyInFlight (nothing recorded) past UPSCALE_MAX_SWEEPS_IN_FLIGHT. The
+    transaction has written first, so on SQLite it holds the database's write lock and racing submissions count one
+    after the other; on PostgreSQL a transaction-scoped advisory lock on the owner does the same, and the count,
+    a statement after it, sees every sweep committed before. So servers sharing a store share the quota. None
+    (no check) where auth is off."""
+    if not services.auth:
+        return None
+    limit = services.settings.max_sweeps_in_flight
+
+    def check(s: Session) -> None:
+        if s.get_bind().dialect.name == "postgresql":
+            s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"upscale.in_flight.{owner}"})
+        count = s.execute(_count_in_flight(owner)).scalar_one()
+        if count > limit:
+            raise TooManyInFlight(owner, count - 1, limit)
+
+    return check
 
 
 def owner_of(services: Services, sweep_id: str) -> str:
@@ -241,11 +287,11 @@ def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes]:
     if key is None:
         raise NotFoundError(f"no sweep {sweep_id!r}; GET /sweeps lists them")
     cached = services.detail_cache.get(sweep_id)
-    if cached is None or cached[0] != key:
+    if cached is None or cached.version != key:
         body = detail(services, sweep_id).model_dump_json().encode()
-        cached = (key, body, f'"{hashlib.sha256(body).hexdigest()[:32]}"')
-        services.detail_cache[sweep_id] = cached
-    return cached[2], cached[1]
+        cached = Detail(key, body, f'"{hashlib.sha256(body).hexdigest()[:32]}"')
+        services.detail_cache.put(sweep_id, cached)
+    return cached.etag, cached.body
 
 
 def detail(services: Services, sweep_id: str) -> SweepDetail:

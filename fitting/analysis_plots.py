@@ -37,7 +37,7 @@ __all__ = ["DrawnPlots", "draw_analysis"]
 
 BAND_POINTS = 8  # model sizes on the D*(N1) plot
 CATCH_UP_D1S = 3  # sunk costs drawn on a catch-up plot
-GROUP_PLOTS = ("loss_vs_d2", "parity", "residuals", "alpha_d1", "catch_up", "backtest")
+GROUP_PLOTS = ("loss_vs_d2", "parity", "residuals", "alpha_d1", "backtest", "catch_up")
 
 
 def _rows(tables: Mapping[str, pd.DataFrame], kind: str) -> pd.DataFrame:

@@ -205,7 +205,7 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
             "forms": pairs, "spread": spread, "valid_to": end if end < span[1] else None,
             "observed_bracket": bracket, "contradiction": contradiction,
             "open_note": _open_note(intervals["80"], n1, span, end, bracket),
-            "distance": _reach(shown, intervals["80"], arms, n1),
+            "distance": _reach(shown, state, intervals["80"], arms, n1),
             "next": _next_pair(arms, paths, n1, tokens, valid, intervals["80"])}
 
 
@@ -269,7 +269,7 @@ def _open_note(iv: dict[str, Any], n1: float, span: tuple[float, float], end: fl
     return "; ".join(notes)
 
 
-def _reach(star: float | None, iv: dict[str, Any], arms: Arms, n1: float) -> dict[str, Any]:
+def _reach(star: float | None, state: str, iv: dict[str, Any], arms: Arms, n1: float) -> dict[str, Any]:
     """How far the answer is projected: the D* and the 80% interval's far end, as factors beyond the largest (or
     below the smallest) budget trained, in words."""
     trained = next(iter(arms.fits["upcycled"].values())).trained
@@ -280,12 +280,13 @@ def _reach(star: float | None, iv: dict[str, Any], arms: Arms, n1: float) -> dic
 
     f_star = factor(star)
     f_far = math.inf if iv["high_open"] else factor(iv["high"])
-    if f_star is None:
-        words = "the runs bound D*" if iv["low"] is not None or iv["high"] is not None else "no D* to place"
-    elif f_star <= 1:
-        words = "D* inside the budgets trained"
-    else:
-        words = f"D* projected {f_star:.2g}x {'beyond' if star > hi else 'below'} the budgets trained"
+    words = {"observed": "the runs bound D* (the projection contradicts them)",
+             "above": "the projection has upcycling ahead to the end of the range searched",
+             "below": "the projection has from scratch ahead over the whole range searched",
+             "none": "no projection holds at this size"}.get(state, "")
+    if f_star is not None:
+        words = ("D* inside the budgets trained" if f_star <= 1 else
+                 f"D* projected {f_star:.2g}x {'beyond' if star > hi else 'below'} the budgets trained")
     words += ("; the interval is open above" if iv["high_open"]
               else f"; the interval reaches {f_far:.2g}x" if f_far and f_far > 1 else "")
     return {"dstar_factor": f_star, "interval_factor": None if f_far == math.inf else f_far, "note": words,

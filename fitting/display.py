@@ -208,6 +208,19 @@ def runs_line(observed: dict[str, Any]) -> str:
                             for b, t in zip(brackets, stories, strict=True))
 
 
+def settings_text(settings: dict[str, Any]) -> str:
+    """An analysis's settings (what it was asked with: two answers for the same data differ only by these) in one
+    line; records older than them say so."""
+    if not settings:
+        return "settings: not recorded (an analysis made before records kept them)"
+    n1s = ", ".join(f"{n:.3g}" for n in settings.get("n1s") or []) or MISSING
+    rows = settings.get("predicted_rows") or 0
+    decays = (f"observed decays and {rows} decay end(s) predicted from trunk curves" if settings.get("curves")
+              else "observed decays only")
+    return (f"settings: {settings.get('source')}; {decays}; bootstrap {settings.get('bootstrap')}, seed "
+            f"{settings.get('seed')}; D* at N1 {n1s}")
+
+
 def _dstar_summary(r: dict[str, Any]) -> str:
     """One size's D* in one line: the answer, its 80% interval, how far it is projected, the forms' spread."""
     a = r.get("answer") or {}
@@ -276,8 +289,8 @@ def analysis_lines(record: dict[str, Any], details: bool = True) -> list[str]:
             lines += _dstar_lines(up["dstar"], "    ")
         lines += [f"    {decision_line(d)}" for d in up.get("decisions", [])]
     problems = record.get("problems") or []
-    lines.append(f"  {len(problems)} problem(s)" + (", by kind:" if problems else ": every fit is healthy"))
-    lines += [f"    - {line}" for line in problem_groups(problems)]
+    lines.append(f"  {len(problems)} problem(s)" + (":" if problems else ": every fit is healthy"))
+    lines += [f"    - {problem(p)}" for p in problems]
     return lines
 
 

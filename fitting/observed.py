@@ -27,6 +27,7 @@ from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.laws import LOSS
 
 Z = 2.0  # a gap beyond this many noise SDs (of a difference of two runs) is beyond noise
+SPACING = 0.1  # log steps within 10% of each other count as equal (budgets 4x and 4.2x apart)
 FALLBACK_NOISE = 0.01  # log-loss SD assumed when no size has enough runs to measure the scatter (said so)
 
 
@@ -42,7 +43,7 @@ def _third_differences(df: pd.DataFrame, curve: list[str], x: str) -> np.ndarray
     for _, part in df.groupby(curve):
         part = part.sort_values(x)
         steps = np.diff(np.log(part[x].to_numpy(dtype=float)))
-        if len(part) >= 4 and np.allclose(steps, steps[0], rtol=1e-6):
+        if len(part) >= 4 and np.allclose(steps, steps[0], rtol=SPACING):
             out.append(np.diff(np.log(part[LOSS].to_numpy(dtype=float)), 3))
     return np.concatenate(out) if out else np.empty(0)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from sqlalchemy.orm import Session
+
 from upscale.orchestrator.hooks import Hooks
 from upscale.orchestrator.plan_in_store import PlanInStore, compare
 from upscale.orchestrator.records import Base, SweepRecord
@@ -37,24 +39,24 @@ class Orchestrator:
 
     def submit(self, spec: SweepSpec, planned: Plan | None = None, reuse_stale: bool = False,
                stale: dict[str, str] | None = None, other_cuts: dict[str, str] | None = None,
-               submission_key: str | None = None, rows: Callable[[str], Iterable[Base]] | None = None
-               ) -> SweepRecord:
+               submission_key: str | None = None, rows: Callable[[str], Iterable[Base]] | None = None,
+               check: Callable[[Session], None] | None = None) -> SweepRecord:
         """Record ``spec`` with its plan (planned here unless the caller has it); segments already known (from any
         sweep) are shared, not re-planned. Segments the store holds trained under an older training-semantics
         version (``stale``, found here unless the caller has them) are recorded on the sweep and retrained, or with
         ``reuse_stale`` taken over from the old ones. Segments held under another cut of their chain
         (``other_cuts``, found here unless the caller has them) are the same computation and taken over always.
-        ``submission_key`` and ``rows``: as `Store.create_sweep` takes them (one sweep per identical submission, and
-        the records written with it)."""
+        ``submission_key``, ``rows`` and ``check``: as `Store.create_sweep` takes them (one sweep per identical
+        submission, the records written with it, and what must hold when it is written)."""
         p = planned or plan(spec)
         if stale is None or other_cuts is None:
-            check = self.compare(p)
-            stale = check.stale if stale is None else stale
-            other_cuts = check.other_cuts if other_cuts is None else other_cuts
+            compared = self.compare(p)
+            stale = compared.stale if stale is None else stale
+            other_cuts = compared.other_cuts if other_cuts is None else other_cuts
         return self.store.create_sweep(spec.name, spec.model_dump(mode="json"),
                                        spec.resources.model_dump(mode="json"), p.segments, spec_hash(spec, p),
                                        stale=stale, reuse_stale=reuse_stale, other_cuts=other_cuts,
-                                       submission_key=submission_key, rows=rows)
+                                       submission_key=submission_key, rows=rows, check=check)
 
     def identical(self, spec: SweepSpec, p: Plan) -> list[SweepRecord]:
         """The sweeps recorded from a spec identical to ``spec`` that planned the segments ``p`` plans, newest first."""

@@ -6,7 +6,9 @@ MLflow's artifacts (`<home>/mlartifacts`) unless a tracking server keeps them. T
 the CLI share this object; tests build their own `Settings(home=tmp_path)` instead of touching the environment.
 Limits on what one API request may ask for (`max_segments`, `max_body_bytes`), per-token quotas (`max_sweeps_in_flight`,
 `max_fits_per_minute`, `max_analyses_per_minute`), the connections a server holds (`connection_limit`,
-`header_timeout_s`, `keep_alive_s`, `backlog`: api/connections.py) and the folders a submitted spec may read data from
+`header_timeout_s`, `body_timeout_s`, `keep_alive_s`, `backlog`: api/connections.py), the threads heavy requests run
+on (`heavy_workers`, `heavy_queue`, `heavy_wait_s`: api/heavy.py), the answers GET /sweeps/{id} keeps built
+(`detail_cache_bytes`) and the folders a submitted spec may read data from
 (`data_roots`) live here too, so every server sharing a store can be configured alike.
 The checkpoint root may be an fsspec URI (`s3://bucket/upscale`); one whose protocol cannot be opened here (unknown,
 or its package, e.g. s3fs, not installed) is refused when the settings are read.
@@ -57,10 +59,22 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(10.0, gt=0, description="UPSCALE_HEADER_TIMEOUT_S: seconds a connection has to "
                                     "send a request's headers (from its opening, or its previous response) before "
                                     "it is closed: a half-sent request holds no socket for ever.")
+    body_timeout_s: float = Field(30.0, gt=0, description="UPSCALE_BODY_TIMEOUT_S: seconds a request has to send its "
+                                  "whole body once its headers arrived; a slower one is answered 408 and closed.")
     keep_alive_s: int = Field(5, ge=1, description="UPSCALE_KEEP_ALIVE_S: seconds an idle kept-alive connection stays "
                               "open (uvicorn's timeout_keep_alive).")
     backlog: int = Field(2048, ge=1, description="UPSCALE_BACKLOG: connections the kernel queues before `upscale "
                          "serve` accepts them (capped by the kernel's somaxconn).")
+    heavy_workers: int = Field(2, ge=1, description="UPSCALE_HEAVY_WORKERS: threads computing heavy requests (fits, "
+                               "refit runs, suggestions, planning a submitted sweep) at once, apart from the threads "
+                               "that answer every other request.")
+    heavy_queue: int = Field(8, ge=0, description="UPSCALE_HEAVY_QUEUE: heavy requests waiting for one of those "
+                             "threads; one more is refused with 429 and a Retry-After.")
+    heavy_wait_s: float = Field(60.0, gt=0, description="UPSCALE_HEAVY_WAIT_S: seconds a heavy request may wait for "
+                                "a thread; one that waited longer is refused with 429 without being computed.")
+    detail_cache_bytes: int = Field(64 << 20, ge=0, description="UPSCALE_DETAIL_CACHE_BYTES: the most bytes of "
+                                    "GET /sweeps/{id} answers a server keeps built; the least recently read go "
+                                    "first.")
     max_sweeps_in_flight: int = Field(100, ge=1, description="UPSCALE_MAX_SWEEPS_IN_FLIGHT: sweeps one token name "
                                       "may have pending or running; a submission past it is refused with 429.")
     max_fits_per_minute: int = Field(60, ge=1, description="UPSCALE_MAX_FITS_PER_MINUTE: POST /fits one token name "

@@ -96,7 +96,8 @@ class Store:
                      segments: Sequence[PlannedSegment], spec_hash: str | None = None,
                      stale: Mapping[str, str] | None = None, reuse_stale: bool = False,
                      other_cuts: Mapping[str, str] | None = None, submission_key: str | None = None,
-                     rows: Callable[[str], Iterable[Base]] | None = None) -> SweepRecord:
+                     rows: Callable[[str], Iterable[Base]] | None = None,
+                     check: Callable[[Session], None] | None = None) -> SweepRecord:
         """Record a sweep and its segments; segments another sweep already created are shared, not duplicated.
 
         ``stale`` (`holdings`) maps planned segments to done ones of the same job under an older training-semantics
@@ -108,12 +109,14 @@ class Store:
 
         ``submission_key`` is unique among sweeps: of identical submissions racing each other one records its sweep,
         the others raise `SweepExists` with it. ``rows(sweep_id)``: records written in the same transaction (its
-        owner), so no reader ever sees the sweep without them. A new segment another submission recorded meanwhile
-        fails the insert once; the retry shares it."""
+        owner), so no reader ever sees the sweep without them. ``check(session)`` runs in that transaction once the
+        sweep and its rows are written (the write lock held on SQLite), and may raise to record nothing (a quota
+        counted with the new sweep). A new segment another submission recorded meanwhile fails the insert once; the
+        retry shares it."""
         for last_try in (False, True):
             try:
                 return self._create_sweep(name, spec, resources, segments, spec_hash, stale, reuse_stale,
-                                          other_cuts, submission_key, rows)
+                                          other_cuts, submission_key, rows, check)
             except IntegrityError:
                 if submission_key is not None:
                     with self.transaction() as s:
@@ -127,7 +130,8 @@ class Store:
     def _create_sweep(self, name: str, spec: dict[str, Any], resources: dict[str, Any],
                       segments: Sequence[PlannedSegment], spec_hash: str | None, stale: Mapping[str, str] | None,
                       reuse_stale: bool, other_cuts: Mapping[str, str] | None, submission_key: str | None,
-                      rows: Callable[[str], Iterable[Base]] | None) -> SweepRecord:
+                      rows: Callable[[str], Iterable[Base]] | None,
+                      check: Callable[[Session], None] | None) -> SweepRecord:
         sweep = SweepRecord(id=uuid.uuid4().hex[:12], name=name, spec=spec, spec_hash=spec_hash, resources=resources,
                             status="pending", stale_segments=dict(stale) if stale else None, reuse_stale=reuse_stale,
                             submission_key=submission_key)
@@ -136,6 +140,9 @@ class Store:
             s.add(sweep)
             s.flush()  # the sweep's row first: a duplicate submission fails on its key before any segment is written
             s.add_all(rows(sweep.id) if rows else ())
+            if check is not None:
+                s.flush()
+                check(s)
             known = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_([p.id for p in segments]))))
             for position, p in enumerate(segments):
                 if p.id not in known:
@@ -309,13 +316,17 @@ class Store:
             return s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id, SweepRecord.status != "cancelling")
                              .values(status="running", error=None, updated_at=utcnow())).rowcount == 1
 
-    def requeue(self, sweep_id: str) -> bool:
+    def requeue(self, sweep_id: str, check: Callable[[Session], None] | None = None) -> bool:
         """A sweep that failed or was cancelled goes back to pending (an identical submission asks for it again);
-        one conditional UPDATE, so a sweep that is running meanwhile is left alone. True if it was requeued."""
+        one conditional UPDATE, so a sweep that is running meanwhile is left alone. True if it was requeued.
+        ``check``: as `create_sweep`'s, run once it is requeued."""
         with self.transaction() as s:
-            return s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id,
-                                                       SweepRecord.status.in_(("failed", "cancelled")))
-                             .values(status="pending", error=None, updated_at=utcnow())).rowcount == 1
+            requeued = s.execute(update(SweepRecord).where(SweepRecord.id == sweep_id,
+                                                           SweepRecord.status.in_(("failed", "cancelled")))
+                                 .values(status="pending", error=None, updated_at=utcnow())).rowcount == 1
+            if requeued and check is not None:
+                check(s)
+            return requeued
 
     def members(self, sweep_id: str) -> list[tuple[SegmentRecord, SweepSegmentRecord]]:
         """The sweep's segments in topological order, with this sweep's membership row (axes)."""

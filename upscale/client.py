@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 
     from upscale.sweeps.spec import SweepSpec
 
-DEFAULT_TIMEOUT_S = 120.0  # a refit or a bootstrapped fit answers only once it is computed
+DEFAULT_TIMEOUT_S = 120.0  # what an ordinary request waits for its answer
+# A heavy request (a fit, a refit run, a suggestion, a submission or extension to plan) answers only once computed:
+# the server starts it within UPSCALE_HEAVY_WAIT_S (60 s by default) or refuses it (429), and the costliest the caps
+# allow, a refit at bootstrap 500, took 133-146 s with four at once on two cores (~70 s with the server's two heavy
+# threads): a minute's wait and twice that computing, with room to spare.
+HEAVY_TIMEOUT_S = 300.0
 TOKEN_HINT = "pass a token: --token or UPSCALE_TOKEN (Client(token=...) in Python; `upscale token create` prints one)"
 Kind = Literal["dense", "upcycled", "scratch"]
 
@@ -35,10 +40,10 @@ class ApiError(RuntimeError):
         self.status = status
 
 
-def _timeout_from_env() -> float:
+def _timeout_from_env() -> float | None:
     raw = os.environ.get("UPSCALE_TIMEOUT", "")
     if not raw:
-        return DEFAULT_TIMEOUT_S
+        return None
     try:
         value = float(raw)
     except ValueError:
@@ -67,7 +72,8 @@ class Client:
     """A connection to the upscale REST API at ``url`` (e.g. ``http://127.0.0.1:8000``).
 
     ``token`` defaults to the environment variable UPSCALE_TOKEN; every route but ``health`` needs one (scope
-    `write` for submit, cancel, fits and refits). ``timeout`` (seconds) defaults to UPSCALE_TIMEOUT or 120. ``http``
+    `write` for submit, cancel, fits and refits). ``timeout`` (seconds) defaults to UPSCALE_TIMEOUT, else 120 for
+    an ordinary request and HEAVY_TIMEOUT_S for a heavy one (a fit, a refit run, a suggestion, a submission). ``http``
     sends through an existing httpx client instead (e.g. Starlette's TestClient, to reach an app in-process). Use it
     as a context manager, or call ``close()``.
     """
@@ -76,7 +82,9 @@ class Client:
                  http: httpx.Client | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token if token is not None else os.environ.get("UPSCALE_TOKEN") or None
-        self.timeout = timeout if timeout is not None else _timeout_from_env()
+        given = timeout if timeout is not None else _timeout_from_env()
+        self.timeout = given or DEFAULT_TIMEOUT_S
+        self.heavy_timeout = given or HEAVY_TIMEOUT_S
         if http is None:
             import httpx
 
@@ -101,11 +109,14 @@ class Client:
 
     # -- transport ---------------------------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
+    def request(self, method: str, path: str, *, raw: bool = False, heavy: bool = False, **kwargs: Any) -> Any:
         """Send one request; the JSON (or text, e.g. CSV; bytes with ``raw``) of a success, None for an empty one;
-        else ApiError."""
+        else ApiError. A ``heavy`` one waits `heavy_timeout` for its answer."""
         import httpx
 
+        timeout = self.heavy_timeout if heavy else self.timeout
+        if heavy:
+            kwargs["timeout"] = timeout
         if self.token:
             kwargs["headers"] = {"Authorization": f"Bearer {self.token}", **kwargs.get("headers", {})}
         where = f"{method} {path}"
@@ -114,7 +125,7 @@ class Client:
         except httpx.ConnectError as e:
             raise ApiError(f"cannot connect to {self.url} ({e}); is `upscale serve` running at {self.url}?") from None
         except httpx.TimeoutException:
-            raise ApiError(f"{where}: no answer within {self.timeout:g} s; is {self.url} the upscale API and "
+            raise ApiError(f"{where}: no answer within {timeout:g} s; is {self.url} the upscale API and "
                            f"`upscale serve` healthy there? (UPSCALE_TIMEOUT or timeout= waits longer)") from None
         except httpx.UnsupportedProtocol:
             raise ApiError(f"{self.url!r} is not an http(s) URL; give one like http://127.0.0.1:8000") from None
@@ -174,9 +185,9 @@ class Client:
             path = Path(spec)
             kind = "application/json" if path.suffix == ".json" else "application/yaml"
             return self.request("POST", "/sweeps", content=path.read_bytes(), headers={"content-type": kind},
-                                params=params)
+                                params=params, heavy=True)
         body = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else dict(spec)
-        return self.request("POST", "/sweeps", json=body, params=params)
+        return self.request("POST", "/sweeps", json=body, params=params, heavy=True)
 
     def cancel(self, sweep_id: str) -> dict[str, Any]:
         """Stop a sweep: running segments are released (they resume if it is submitted again)."""
@@ -190,14 +201,15 @@ class Client:
     def extend(self, sweep_id: str, additions: Mapping[str, Any], *, reuse_stale: bool = False) -> dict[str, Any]:
         """A new sweep whose spec is this one's plus ``additions`` (lists unioned): only new segments train."""
         return self.request("POST", f"/sweeps/{sweep_id}/extend",
-                            json={"additions": dict(additions), "reuse_stale": reuse_stale})
+                            json={"additions": dict(additions), "reuse_stale": reuse_stale}, heavy=True)
 
     def suggest(self, sweep_id: str, budget_flops: float, n1: float | None = None, tolerance: float | None = None,
                 apply: bool = False) -> dict[str, Any]:
         """Grid extensions ranked by the expected shrinkage of the D* interval at ``n1`` per FLOP, chosen within
         ``budget_flops`` from the sweep's newest analysis; ``apply`` submits them as a sweep (a write token)."""
         return self.request("POST", f"/sweeps/{sweep_id}/suggest",
-                            json={"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply})
+                            json={"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply},
+                            heavy=True)
 
     def observations_csv(self, sweep_id: str, kind: Kind | None = None) -> str:
         """A sweep's observations as the CSV `upscale fit --data` reads (only one kind's rows with ``kind``)."""
@@ -228,7 +240,7 @@ class Client:
         """Fit ``law`` on the sweeps' observations of ``kind``, or on inline ``rows``; the stored fit."""
         body = {"law": law, "kind": kind, "sweep_ids": sweep_ids or [], "rows": rows, "fixed": dict(fixed or {}),
                 "bootstrap": bootstrap}
-        return self.request("POST", "/fits", json=body)
+        return self.request("POST", "/fits", json=body, heavy=True)
 
     def decide(self, n1: float, d1: float, d2: float, sweep_id: str | None = None,
                group: str | None = None) -> dict[str, Any]:
@@ -299,7 +311,7 @@ class Client:
     def run_refit(self, schedule_id: str) -> dict[str, Any]:
         """Refit now: the new version (D*, its interval, whether it left the previous one), or the latest version
         with ``unchanged`` true when the observations have not changed since it."""
-        return self.request("POST", f"/refit-schedules/{schedule_id}/run")
+        return self.request("POST", f"/refit-schedules/{schedule_id}/run", heavy=True)
 
     def refits(self, schedule_id: str | None = None) -> list[dict[str, Any]]:
         """Every refit version, oldest first (of one schedule with ``schedule_id``)."""

@@ -1,6 +1,8 @@
-"""How the CLI prints an analysis (fitting/analysis.py's record): the shared E, the from-scratch fit, per upcycling
-group its fit, D* table and verdicts, and the problems (a law the grid cannot identify, why, what to add) as yellow
-lines. `upscale demo` and `upscale analyze` print through here, so both show the same thing."""
+"""How the CLI prints an analysis (fitting/analysis.py's record): its settings, then the summary a researcher reads in
+ten seconds (fitting/display.py: what the runs show, D* and how far it is projected, the backtest, the runs to add)
+and the problems one line per kind and fit; with ``details``, the shared E, the from-scratch fit, per upcycling group
+its fit, D* table and verdicts, and every problem with what to add. `upscale demo` and `upscale analyze` print
+through here, so both show the same thing."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import decision_text, fit_table, fmt, interval_text, print_dstar
-from upscale.fitting.display import curves_lines
+from upscale.fitting.display import curves_lines, problem_groups, settings_text, summary_lines
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -70,15 +72,33 @@ def print_settings(analysis: Analysis) -> None:
     console.print(settings_text(analysis.settings), highlight=False, soft_wrap=True)
 
 
-def print_analysis(analysis: Analysis) -> None:
-    """The whole analysis: its settings, the trained ranges, the from-scratch fit, each group under its own rule,
-    then the problems."""
+def print_summary(analysis: Analysis) -> None:
+    """The ten-second answer (a contradiction between the laws and the runs in yellow), then the problems one line
+    per kind and fit with a count."""
+    record = analysis.to_json()
+    for line in summary_lines(record):
+        colour = "yellow" if "contradicts the runs" in line else "bold" if line.startswith("upscale") else ""
+        console.print(f"[{colour}]{line}[/]" if colour else line, highlight=False, soft_wrap=True, markup=bool(colour))
+    for line in problem_groups(record.get("problems") or []):
+        console.print(f"    {line}", style="yellow", highlight=False, soft_wrap=True, markup=False)
+
+
+def print_analysis(analysis: Analysis, details: bool = False, truth: dict[str, dict[str, float]] | None = None) -> None:
+    """The analysis: its settings and summary; with ``details`` the trained ranges, the from-scratch fit, each group
+    under its own rule and every problem (``truth``: the generating parameters, "moe" and "upcycled", to compare
+    the fits with)."""
     print_settings(analysis)
+    print_summary(analysis)
+    if not details:
+        console.print("[dim]--details: each fit, every D* with both intervals and its law forms, the verdicts, and "
+                      "every problem with what to add[/]")
+        return
+    console.rule("[bold]detail")
     print_trained(analysis)
-    print_scratch(analysis)
+    print_scratch(analysis, (truth or {}).get("moe"))
     for up in analysis.upcycled:
         console.rule(f"[bold]upcycling method: {up.label or 'all'}")
-        print_upcycled(up)
+        print_upcycled(up, (truth or {}).get("upcycled"))
     print_problems(analysis)
 
 
@@ -88,18 +108,6 @@ def print_record_header(record: dict[str, Any]) -> None:
     console.print(f"analysis {record['id']} of sweep {sweeps} ({record['trigger']}, {record['created_at'][:19]}; "
                   f"bootstrap {record['params']['bootstrap']}, seed {record['params']['seed']})", highlight=False,
                   soft_wrap=True)
-
-
-def settings_text(settings: dict[str, Any]) -> str:
-    """The analysis's settings (control/analysis_settings.py) in one line; records older than them say so."""
-    if not settings:
-        return "settings: not recorded (an analysis made before records kept them)"
-    n1s = ", ".join(fmt(n) for n in settings.get("n1s") or []) or "–"
-    rows = settings.get("predicted_rows") or 0
-    decays = (f"observed decays and {rows} decay end(s) predicted from trunk curves" if settings.get("curves")
-              else "observed decays only")
-    return (f"settings: {settings.get('source')}; {decays}; bootstrap {settings.get('bootstrap')}, seed "
-            f"{settings.get('seed')}; D* at N1 {n1s}")
 
 
 def _setting(name: str, value: Any) -> str:

@@ -57,6 +57,8 @@ def analyze_command(
     export_tables: Annotated[Path | None, typer.Option("--export-tables", help="Write the tables the sweep's "
                                                        "analysis fitted into this folder, as --tables reads them.")]
     = None,
+    details: Annotated[bool, typer.Option("--details", help="After the summary, each fit, every D* with both "
+                                          "intervals and its law forms, the verdicts and every problem.")] = False,
     as_json: JsonOpt = False,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
@@ -75,7 +77,7 @@ def analyze_command(
         if api is not None or export_tables is not None:
             raise CommandError(f"{'--api' if api is not None else '--export-tables'} is for a sweep; tables are "
                                f"analysed here")
-        _analyze_tables(paths, n1, bootstrap, seed, curves, plot, as_json)
+        _analyze_tables(paths, n1, bootstrap, seed, curves, plot, as_json, details)
         return
     assert sweep is not None  # checked above
     with connect(api, token) as c:
@@ -102,7 +104,7 @@ def analyze_command(
     print_record_header(out)
     if differing:
         console.print(f"[yellow]{differing}[/]", highlight=False, soft_wrap=True)
-    print_analysis(Analysis.from_json(out["analysis"]))
+    print_analysis(Analysis.from_json(out["analysis"]), details)
     if plot is not None:
         console.print(f"plots: {len(out['plots'])} in {plot}/" if out["plots"] else "no plots in this analysis")
 
@@ -130,7 +132,7 @@ def _table_paths(folder: Path | None, dense: Path | None, scratch: Path | None,
 
 
 def _analyze_tables(paths: dict[str, Path], n1s: list[float] | None, bootstrap: int, seed: int, curves: bool,
-                    plot: Path | None, as_json: bool) -> None:
+                    plot: Path | None, as_json: bool, details: bool) -> None:
     """``upscale.analyze`` of the tables with a bar per stage, printed as a sweep's analysis is (not stored)."""
     import upscale
     from upscale.api.cli.analysis_view import print_analysis
@@ -151,7 +153,7 @@ def _analyze_tables(paths: dict[str, Path], n1s: list[float] | None, bootstrap: 
         print_json({"source": analysis.settings["source"], "analysis": analysis.to_json(), "plots": names})
         return
     console.print("analysis of tables, run here and not stored", highlight=False, soft_wrap=True)
-    print_analysis(analysis)
+    print_analysis(analysis, details)
 
 
 def fitted_tables(observed: dict[str, pd.DataFrame], record: dict[str, Any]) -> dict[str, pd.DataFrame]:

@@ -20,15 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from upscale.api.cli.analysis_view import (
-    copy_plots,
-    print_analysis,
-    print_problems,
-    print_scratch,
-    print_settings,
-    print_trained,
-    print_upcycled,
-)
+from upscale.api.cli.analysis_view import copy_plots, print_analysis
 from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import print_plots
 from upscale.api.cli.progress import stage_bars, workers_for
@@ -65,7 +57,7 @@ def analyse(services: Services, sweep_ids: list[str], n_boot: int, out_dir: Path
     return Analysis.from_json(record.record)
 
 
-def _synthetic(out_dir: Path, n_boot: int) -> None:
+def _synthetic(out_dir: Path, n_boot: int, details: bool) -> None:
     from upscale.api.cli.local import local_services
     from upscale.fitting.data import read_table
     from upscale.fitting.synthetic import TABLE2, bundled_path
@@ -76,22 +68,17 @@ def _synthetic(out_dir: Path, n_boot: int) -> None:
               (("dense", "dense"), ("scratch", "moe"), ("upcycled", "upcycled"))}
     analysis = analyse(local_services(), [], n_boot, out_dir, tables, list(PAPER_N1),
                        list(PAPER_DECISIONS))
-    print_settings(analysis)
-    print_trained(analysis)
-    print_scratch(analysis, TABLE2["moe"])
-    (up,) = analysis.upcycled
-    print_upcycled(up, TABLE2["upcycled"])
-    print_problems(analysis)
+    print_analysis(analysis, details, truth=TABLE2)
 
 
-def _sweep(spec_path: Path, out_dir: Path, n_boot: int) -> None:
+def _sweep(spec_path: Path, out_dir: Path, n_boot: int, details: bool) -> None:
     from upscale.api.cli.run_commands import run_sweep, trained_line
     from upscale.sweeps.spec import load_spec
 
     spec = load_spec(spec_path)
     services, outcome = run_sweep(spec, str(spec_path))
     console.print(trained_line(services.orch, outcome), highlight=False)
-    print_analysis(analyse(services, [outcome.sweep_id], n_boot, out_dir))
+    print_analysis(analyse(services, [outcome.sweep_id], n_boot, out_dir), details)
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     # `upscale ui` runs MLflow through this interpreter: a bare `mlflow` is on PATH only with the venv activated
     console.print("the runs in the MLflow UI: upscale ui --launch, then http://127.0.0.1:5000", soft_wrap=True)
@@ -106,6 +93,8 @@ def demo_command(
                                            "`upscale analyze`'s and upscale.analyze's).")]
     = DEFAULT_ANALYSIS_BOOTSTRAP,
     out: Annotated[Path | None, typer.Option(help="Plot folder (default <UPSCALE_HOME>/demo).")] = None,
+    details: Annotated[bool, typer.Option("--details", help="After the summary, each fit, every D* with both "
+                                          "intervals and its law forms, the verdicts and every problem.")] = False,
 ) -> None:
     """Run the demo sweep for real, fit the dense, from-scratch and upcycled laws, print D* and a verdict, plot."""
     from upscale.orchestrator.settings import get_settings
@@ -113,7 +102,7 @@ def demo_command(
     start = time.perf_counter()
     out_dir = out or Path(get_settings().home) / "demo"
     if synthetic:
-        _synthetic(out_dir, bootstrap)
+        _synthetic(out_dir, bootstrap, details)
     else:
-        _sweep(spec, out_dir, bootstrap)
+        _sweep(spec, out_dir, bootstrap, details)
     console.print(f"[dim]demo done in {time.perf_counter() - start:.1f} s[/]")

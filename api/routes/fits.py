@@ -31,17 +31,19 @@ def _public(record: FitRecord, request: Request) -> FitPublic:
 @router.post("/fits", status_code=201, summary="Fit a law", response_model=FitPublic,
              responses={422: {"description": "Unknown law, missing columns, too few points, more inline rows or "
                                               "bootstrap refits than one request may make..."},
-                        429: {"description": "The token made UPSCALE_MAX_FITS_PER_MINUTE fits in the last minute "
+                        429: {"description": "The token made UPSCALE_MAX_FITS_PER_MINUTE fits in the last minute, "
+                                             "or the server's heavy-request threads and queue are full "
                                              "(Retry-After says when to try again)."}})
-def create_fit(body: FitCreate, request: Request, services: ServicesDep, owner: Writer) -> FitPublic:
+async def create_fit(body: FitCreate, request: Request, services: ServicesDep, owner: Writer) -> FitPublic:
     """Huber/BFGS fit of `law` on the selected observations, with LOO RMS, bootstrap intervals over trunks when
     `bootstrap` > 0, and diagnostic plots. The fit is stored under the caller's token name and never changes; any
     write token may fit any sweep's observations (it only reads them). Its cost is bounded: at most 5000 inline rows,
     leave-one-out over a seeded sample of 200 rows above that many (`report.loo_sampled`), bootstrap draws x rows at
-    most 250,000, and UPSCALE_MAX_FITS_PER_MINUTE fits per token per minute (429)."""
+    most 250,000, and UPSCALE_MAX_FITS_PER_MINUTE fits per token per minute (429). It computes on the server's
+    heavy-request threads (429 when they and their queue are full)."""
     request.app.state.fit_quota.take(owner.name)
     try:
-        return _public(fits.create_fit(services, body, owner.name), request)
+        return _public(await request.app.state.heavy.run(fits.create_fit, services, body, owner.name), request)
     except (FitError, OrchestratorError) as e:
         raise RequestValidationError([_fit_problem(body, e)]) from None
 

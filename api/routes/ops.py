@@ -3,6 +3,7 @@ report (control/supervised.py): each background loop's liveness and Ray's health
 
 from __future__ import annotations
 
+from anyio import to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -17,14 +18,16 @@ router = APIRouter(tags=["operations"])
 
 @router.get("/healthz", summary="Liveness", response_model=Health,
             responses={503: {"model": Health, "description": "A background loop is dead or stuck, or Ray is down."}})
-def healthz(request: Request, services: ServicesDep) -> Health | JSONResponse:
+async def healthz(request: Request) -> Health | JSONResponse:
     """200 while the process serves and, where it runs the schedulers, each loop lives and Ray is up; otherwise 503
-    with the same body saying what is down. Cheap: it never waits on a dead Ray (`ray_problem`)."""
+    with the same body saying what is down. Cheap: it never waits on a dead Ray (`ray_problem`). Its probe runs on
+    threads of its own (asking a RAY_ADDRESS cluster may take a second), so it never waits behind other requests."""
     loops = request.app.state.loops
     if loops is None:
         return Health(status="ok", scheduler=False)
-    health = Health(status="ok", scheduler=True, loops={loop.name: loop.health() for loop in loops},
-                    ray=ray_problem(services.settings, wait=False))
+    ray = await to_thread.run_sync(ray_problem, request.app.state.services.settings, False,
+                                   limiter=request.app.state.health_threads)
+    health = Health(status="ok", scheduler=True, loops={loop.name: loop.health() for loop in loops}, ray=ray)
     if health.ray is None and all(loop.ok for loop in health.loops.values()):
         return health
     health.status = "unavailable"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from upscale.api.auth import Principal
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, json_example
@@ -109,19 +110,21 @@ def delete_schedule(schedule_id: str, services: ServicesDep, caller: Writer) -> 
                               "running for another of the owner's triggers."},
                         422: {"description": "A fit failed."},
                         429: {"description": "The caller has as many requested analyses running as one token name "
-                              "may."}})
-def run_schedule(schedule_id: str, services: ServicesDep, caller: Writer, response: Response) -> RefitRun:
+                              "may, or the server's heavy-request threads and queue are full (Retry-After)."}})
+async def run_schedule(schedule_id: str, request: Request, services: ServicesDep, caller: Writer,
+                       response: Response) -> RefitRun:
     """Refit at once: when the sweeps' observations changed since the latest version, run the analysis and record
     the next version (201), else answer with the latest version (200, `unchanged`). It counts as one of the
-    caller's requested analyses while it runs (429 past the bound). Only the schedule's owner or an admin token may
-    (403 otherwise); 404 for a deleted schedule, which records no version any more."""
-    schedule = _owned_schedule(services, schedule_id, caller)
+    caller's requested analyses while it runs (429 past the bound), and computes on the server's heavy-request
+    threads (429 when they and their queue are full). Only the schedule's owner or an admin token may (403
+    otherwise); 404 for a deleted schedule, which records no version any more."""
+    schedule = await run_in_threadpool(_owned_schedule, services, schedule_id, caller)
     if not schedule.active:
         raise HTTPException(404, f"refit schedule {schedule_id!r} was deleted: it runs no more refits (its versions "
                                  f"stay listed by GET /refits); create a new schedule to refit again")
     try:
         with services.jobs.reserve(caller.name):
-            record = refits.run_refit(services, schedule, force=True)
+            record = await request.app.state.heavy.run(refits.run_refit, services, schedule, True)
     except TooManyAnalyses as e:
         raise HTTPException(429, str(e)) from None
     if not record.new:

@@ -9,9 +9,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
-from upscale.api.quotas import check_in_flight
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, json_example
 from upscale.control import sweeps
 from upscale.control.plans import estimate_basis, plan_summary
@@ -137,11 +135,15 @@ _SUGGESTION_EXAMPLE = {
     "stop": [{"trunk": "9f31c0d2a7b4", "pending_observations": 1, "remaining_flops": 1.1e12, "sd_shrink": 0.004}]}
 
 
+IN_FLIGHT_OR_BUSY = {"description": "The token has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending or running, or the "
+                     "server's heavy-request threads and queue are full (Retry-After says when to try again)."}
+
+
 def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], owner: str, new: bool,
             reuse_stale: bool) -> SweepCreated:
-    """Check the owner's quota, parse, admit, plan and record: seconds for a large grid, so it runs in a worker
-    thread, never on the event loop that answers every other request."""
-    check_in_flight(services, owner)
+    """Check the owner's quota, parse, admit, plan and record: seconds for a large grid, so it runs on a heavy-request
+    thread (api/heavy.py), never on the event loop or the threads that answer every other request."""
+    sweeps.refuse_past_quota(services, owner)
     return sweeps.submit(services, sweeps.admit(services, parse_document(raw, fmt)), owner, new=new,
                          reuse_stale=reuse_stale)
 
@@ -151,8 +153,7 @@ def _submit(services: ServicesDep, raw: bytes, fmt: Literal["json", "yaml"], own
                         200: {"model": SweepCreated,
                               "description": "The caller's existing sweep of this identical spec (`existing`)."},
                         413: {"description": "The body is larger than UPSCALE_MAX_BODY_BYTES."},
-                        429: {"description": "The token has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending or running "
-                                             "(Retry-After says when to try again)."},
+                        429: IN_FLIGHT_OR_BUSY,
                         422: {"description": "Invalid spec: every problem with its field path (also: a grid over "
                                              "UPSCALE_MAX_SEGMENTS, data.corpus outside the data roots, resources "
                                              "the cluster does not have, YAML aliases)."}})
@@ -172,7 +173,8 @@ async def submit_sweep(request: Request, response: Response, services: ServicesD
     caller's sweeps returns that sweep with 200 and `existing: true` (queued again if it failed or was cancelled),
     unless `new=true`."""
     fmt = "yaml" if "yaml" in request.headers.get("content-type", "") else "json"
-    created = await run_in_threadpool(_submit, services, await request.body(), fmt, owner.name, new, reuse_stale)
+    created = await request.app.state.heavy.run(_submit, services, await request.body(), fmt, owner.name, new,
+                                                reuse_stale)
     if created.existing:
         response.status_code = 200
     return created
@@ -207,19 +209,24 @@ def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepS
     return sweeps.cancel(services, sweep_id)
 
 
+def _extend(services: ServicesDep, sweep_id: str, body: SweepExtend, owner: str) -> SweepCreated:
+    sweeps.refuse_past_quota(services, owner)
+    return sweeps.extend(services, sweep_id, body.additions, owner, body.reuse_stale)
+
+
 @router.post("/{sweep_id}/extend", status_code=201, summary="Add grid points to a sweep",
              response_model=SweepCreated,
              responses={**NOT_FOUND, 200: {"model": SweepCreated, "description": "The caller's existing sweep of the "
                                            "extended spec (`existing`): nothing was added."},
-                        201: json_example(_CREATED_EXAMPLE)})
-def extend_sweep(sweep_id: str, body: SweepExtend, response: Response, services: ServicesDep,
-                 owner: Writer) -> SweepCreated:
+                        201: json_example(_CREATED_EXAMPLE), 429: IN_FLIGHT_OR_BUSY})
+async def extend_sweep(sweep_id: str, body: SweepExtend, request: Request, response: Response, services: ServicesDep,
+                       owner: Writer) -> SweepCreated:
     """Submit a new sweep whose spec is this one's plus `additions` (lists unioned): only its new segments train.
     The new sweep is the caller's, so any write token may extend any sweep (it only reads the old one's spec, which
     every read token sees). If the caller already has a sweep of the extended spec, that sweep is returned with 200
-    and `existing: true`."""
-    check_in_flight(services, owner.name)
-    created = sweeps.extend(services, sweep_id, body.additions, owner.name, body.reuse_stale)
+    and `existing: true`. Planning runs on the server's heavy-request threads (429 when they and their queue are
+    full)."""
+    created = await request.app.state.heavy.run(_extend, services, sweep_id, body, owner.name)
     if created.existing:
         response.status_code = 200
     return created
@@ -246,20 +253,25 @@ def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _
              responses={**NOT_FOUND, 200: json_example(_SUGGESTION_EXAMPLE),
                         409: {"description": "The sweep was cancelled, or no analysis can answer yet (the detail "
                                              "says what to run)."},
-                        422: {"description": "A budget too small for any extension (at `budget_flops`)."}})
-def suggest_extensions(sweep_id: str, body: SuggestRequest, services: ServicesDep, caller: Reader) -> Suggestion:
+                        422: {"description": "A budget too small for any extension (at `budget_flops`)."},
+                        429: {"description": "With `apply`, the token has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending "
+                              "or running; or the server's heavy-request threads and queue are full (Retry-After "
+                              "says when to try again)."}})
+async def suggest_extensions(sweep_id: str, body: SuggestRequest, request: Request, services: ServicesDep,
+                             caller: Reader) -> Suggestion:
     """Candidate extensions of the sweep (new D1, D2 or from-scratch budgets beyond, below or between the grid's on
     its trunks, a larger dense size), ranked by the expected shrinkage of the D* interval at `n1` per FLOP (c-optimal
     on D*, branches of one trunk correlated) and chosen greedily within `budget_flops`, until the expected interval
     is within `tolerance`. Each action's FLOPs are marginal (what the store holds is free). `stop` lists the trunks
     still training whose remaining decays would barely move D*, with the FLOPs stopping them saves. With `apply`, the
     chosen extensions are submitted as a new sweep, as POST /sweeps/{id}/extend would (`applied`): that needs a
-    write token, suggesting a read one."""
+    write token, suggesting a read one. It computes on the server's heavy-request threads (429 when they and their
+    queue are full)."""
     from upscale.control.suggest import SuggestError, suggest
 
     if body.apply and not caller.has("write"):
         raise HTTPException(403, f"token {caller.name!r} has scope {caller.scope!r}; apply needs 'write'")
     try:
-        return suggest(services, sweep_id, body, caller.name)
+        return await request.app.state.heavy.run(suggest, services, sweep_id, body, caller.name)
     except SuggestError as e:
         raise HTTPException(422, [{"loc": ["body", e.field], "msg": str(e), "type": "value_error"}]) from None

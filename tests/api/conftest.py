@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from tests.deploy.conftest import postgres_url  # noqa: F401  (a fixture: a fresh database on the test server)
 from upscale.api.app import create_app
 from upscale.api.auth import create_token
+from upscale.api.connections import server_options
 from upscale.orchestrator.settings import Settings
 
 
@@ -42,14 +43,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(settings: Settings, **options) -> Iterator[Live]:
-    """Run `create_app(settings, **options)` under uvicorn until the block ends (graceful shutdown)."""
+def serve(settings: Settings, bounded: bool = False, **options) -> Iterator[Live]:
+    """Run `create_app(settings, **options)` under uvicorn until the block ends (graceful shutdown); ``bounded``:
+    with the connection bounds `upscale serve` runs with (api/connections.py `server_options`)."""
     app = create_app(settings, **options)
     store = app.state.services.store
     write = {"Authorization": f"Bearer {create_token(store, 'write', 'alice')}"}
     read = {"Authorization": f"Bearer {create_token(store, 'read', 'bob')}"}
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           **(server_options(settings) if bounded else {})))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from tests.api.test_flow import FLOW_SPEC
-from upscale.client import ApiError, Client
+from upscale.client import DEFAULT_TIMEOUT_S, HEAVY_TIMEOUT_S, ApiError, Client
 from upscale.orchestrator.observations import JSON_FIELDS
+from upscale.orchestrator.settings import Settings
 
 
 def _token(headers: dict[str, str]) -> str:
@@ -64,3 +65,15 @@ def test_errors_say_what_to_do(live) -> None:
             api.create_fit("no-such-law", "upcycled", rows=[{"N1": 1.0, "loss": 1.0}])
         with pytest.raises(ApiError, match=r"is .* the upscale API"):
             api.request("GET", "/no/such/route")
+
+
+def test_heavy_requests_wait_longer_unless_upscale_timeout_says(monkeypatch) -> None:
+    """A fit or a refit run answers once computed, after waiting up to UPSCALE_HEAVY_WAIT_S for a server thread: the
+    client waits HEAVY_TIMEOUT_S for those, its 120 s for the rest; UPSCALE_TIMEOUT (or timeout=) sets both."""
+    monkeypatch.delenv("UPSCALE_TIMEOUT", raising=False)
+    api = Client("http://127.0.0.1:9")
+    assert (api.timeout, api.heavy_timeout) == (DEFAULT_TIMEOUT_S, HEAVY_TIMEOUT_S)
+    assert Settings.model_fields["heavy_wait_s"].default + DEFAULT_TIMEOUT_S < HEAVY_TIMEOUT_S
+    monkeypatch.setenv("UPSCALE_TIMEOUT", "7")
+    assert Client("http://127.0.0.1:9").heavy_timeout == 7
+    assert Client("http://127.0.0.1:9", timeout=3).heavy_timeout == 3

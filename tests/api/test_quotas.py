@@ -1,18 +1,24 @@
 """Per-token quotas on a live server: a token with UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending is refused a new one
 (submit or extend) with 429 and Retry-After, nothing stored, while another token is not; cancelling one frees a
-place. Fits and analyses past their per-minute limits are 429 before any work. No background loops: nothing trains,
-so submitted sweeps stay pending."""
+place. Submissions racing each other cannot pass the quota, nor can re-queueing a cancelled sweep, and on a
+PostgreSQL store two servers share it. Fits and analyses past their per-minute limits are 429 before any work. No
+background loops: nothing trains, so submitted sweeps stay pending."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.api.conftest import Live, serve
 from tests.api.test_limits import SPEC
 from upscale.api.auth import create_token
+from upscale.control import sweeps
+from upscale.control.services import Services
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.spec import parse_spec
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +63,42 @@ def test_fits_and_analyses_past_their_rate_are_429_before_any_work(server) -> No
         assert r.status_code == 429 and "UPSCALE_MAX_ANALYSES_PER_MINUTE=1" in r.json()["detail"], r.text
     with server.client(_token(server, "erin")) as c:
         assert c.post("/fits", json=body).status_code == 422  # another token's minute is its own
+
+
+def test_racing_submissions_and_a_requeue_cannot_pass_the_in_flight_quota(server) -> None:
+    headers = _token(server, "racer")
+
+    def submit(i: int) -> int:
+        with server.client(headers) as c:
+            return c.post("/sweeps", json={**SPEC, "name": f"race-{i}"}).status_code
+
+    with ThreadPoolExecutor(20) as pool:
+        statuses = Counter(pool.map(submit, range(20)))
+    assert statuses == {201: 2, 429: 18}, statuses  # at the quota of 2, whatever the order
+    with server.client(headers) as c:
+        mine = [s for s in c.get("/sweeps").json() if s["owner"] == "racer"]
+        assert len(mine) == 2
+        cancelled = mine[0]
+        assert c.post(f"/sweeps/{cancelled['id']}/cancel").json()["status"] == "cancelled"
+        assert c.post("/sweeps", json={**SPEC, "name": "race-next"}).status_code == 201  # the freed place
+        again = c.post("/sweeps", json={**SPEC, "name": cancelled["name"]})  # identical: would queue it again
+        assert again.status_code == 429 and "UPSCALE_MAX_SWEEPS_IN_FLIGHT=2" in again.json()["detail"], again.text
+        assert c.get(f"/sweeps/{cancelled['id']}").json()["status"] == "cancelled"
+
+
+@pytest.mark.postgres
+def test_two_servers_on_one_postgresql_store_share_the_in_flight_quota(tmp_path, mlflow_uri, postgres_url) -> None:
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri, db_url=postgres_url, max_sweeps_in_flight=3)
+    servers = [Services.open(settings), Services.open(settings)]  # two processes' worth: engines, pools, caches
+
+    def submit(i: int) -> str:
+        try:
+            sweeps.submit(servers[i % 2], parse_spec({**SPEC, "name": f"pg-{i}"}), "racer")
+            return "created"
+        except sweeps.TooManyInFlight:
+            return "refused"
+
+    with ThreadPoolExecutor(20) as pool:
+        outcomes = Counter(pool.map(submit, range(20)))
+    assert outcomes == {"created": 3, "refused": 17}, outcomes
+    assert len(servers[0].store.sweeps()) == 3

@@ -206,3 +206,14 @@ def test_trunks_still_training_that_cannot_move_dstar_are_advised_to_stop(tmp_pa
     told = module._Problem(services, sid, None)
     assert len(told.criterion.current["moe"]) == len(problem.criterion.current["moe"]) + 1
     assert told.stop_advice()[0].sd_shrink < unseen / 2
+
+
+def test_applying_a_suggestion_counts_against_the_in_flight_quota(analysed) -> None:
+    settings, sid = analysed
+    cli = Services.open(settings, auth=False)  # the in-process CLI: no quota
+    submit(cli, parse_spec({**GRID, "name": "waiting", "train": {**GRID["train"], "seed": 2}}), "alice", new=True)
+    with serve(settings.model_copy(update={"max_sweeps_in_flight": 1}), scheduler=False) as live, live.client() as c:
+        before = len(c.get("/sweeps").json())
+        r = c.post(f"/sweeps/{sid}/suggest", json={"budget_flops": 1e15, "apply": True})
+        assert r.status_code == 429 and "UPSCALE_MAX_SWEEPS_IN_FLIGHT=1" in r.json()["detail"], r.text
+        assert len(c.get("/sweeps").json()) == before
