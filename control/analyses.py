@@ -7,7 +7,8 @@ same inputs (a request and the loop, two loops, two requests) one runs it and th
 one, or AnalysisRunning (HTTP 409 naming it) while it runs. Nobody waits for another caller's work. A row names the
 process running it (`runner`); a `running` row whose runner is gone (a server stopped or killed mid-analysis) is
 interrupted: the next trigger takes it over, and the loop marks it failed with an error starting "interrupted" and
-runs the sweep's analysis again. A `failed` row is retried by the next explicit trigger (a request, a refit, the
+runs it again: a requested analysis with the parameters it was requested with (`rerun_interrupted_requests`), the
+sweep's own with the loop's. A `failed` row is retried by the next explicit trigger (a request, a refit, the
 demo); the loop does not retry the same inputs unless they were interrupted.
 
 A sweep's decisions answer from its own analyses: those the loop, its owner (or an admin) or the CLI made. A refit
@@ -584,6 +585,36 @@ def fail_interrupted(store: Store) -> list[str]:
     return failed
 
 
+def rerun_interrupted_requests(services: Services, progress: Progress | None = None) -> list[str]:
+    """Run again, as they were asked for (N1s, bootstrap, seed, decisions, curves), the requested analyses a stopped
+    server interrupted; the ids of their records. On the same observations the interrupted row itself runs again, so
+    whoever polls it gets its answer; on changed ones a new row does, and the old row's error names it, so that it
+    is not run again."""
+    with services.store.transaction() as s:
+        rows = list(s.scalars(select(AnalysisRecord).where(AnalysisRecord.status == "failed",
+                                                           AnalysisRecord.trigger == "request",
+                                                           AnalysisRecord.error.startswith(INTERRUPTED))))
+    ran = []
+    for row in rows:
+        asked = row.params or {}
+        try:
+            record = run_analysis(services, row.sweep_ids, n1s=asked.get("n1s"), bootstrap=asked["bootstrap"],
+                                  seed=asked["seed"], decisions=asked.get("decisions"), owner=row.owner,
+                                  trigger="request", curves="curves" in asked, progress=progress)
+        except Interrupted:
+            raise
+        except Exception as e:  # recorded on the row it ran as; the other interrupted requests still run
+            log.warning("interrupted analysis %s could not run again: %s", row.id, _one_line(e))
+            continue
+        if record.id != row.id:
+            with services.store.transaction() as s:
+                s.execute(update(AnalysisRecord).where(AnalysisRecord.id == row.id, AnalysisRecord.status == "failed")
+                          .values(error=f"run again as analysis {record.id}: it had been interrupted, and the "
+                                        f"sweeps' observations changed since"))
+        ran.append(record.id)
+    return ran
+
+
 def stop_when(event: threading.Event) -> Callable[..., None]:
     """An analysis's progress callback that stops it (failed, interrupted) once ``event`` is set: a server
     stopping never waits for a bootstrap to end, nor leaves its row `running`."""
@@ -597,9 +628,9 @@ class AnalysisLoop(SupervisedLoop):
     """Every ``tick_s``, analyses each settled sweep (done, failed or cancelled) whose observations changed since
     its latest analysis: a sweep that just completed, was extended or got late segments. ``policy`` `off` (the
     setting UPSCALE_ANALYSIS_POLICY) runs none. Each tick first ends the rows whose runner is gone (failed,
-    interrupted), and reruns interrupted analyses. A failure is recorded on the analysis row, never fatal to the
-    loop; one analysis at a time, with one process for the bootstrap, so it costs one core at most; stopping the
-    loop interrupts it at its next bootstrap step."""
+    interrupted), and reruns interrupted analyses: requested ones with their requested parameters. A failure is
+    recorded on the analysis row, never fatal to the loop; one analysis at a time, with one process for the
+    bootstrap, so it costs one core at most; stopping the loop interrupts it at its next bootstrap step."""
 
     def __init__(self, services: Services, tick_s: float = 5.0, policy: str | None = None,
                  bootstrap: int = DEFAULT_ANALYSIS_BOOTSTRAP) -> None:
@@ -612,6 +643,7 @@ class AnalysisLoop(SupervisedLoop):
             return
         for analysis_id in fail_interrupted(self.services.store):
             log.warning("analysis %s was interrupted: it runs again", analysis_id)
+        rerun_interrupted_requests(self.services, stop_when(self.stopping))
         cache = ObservationCache(self.services)
         for sweep in self.services.store.sweeps():
             if self.stopping.is_set():

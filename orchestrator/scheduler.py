@@ -25,10 +25,13 @@ waiting for ever. MLflow is the dashboard, never a dependency: every tracking ca
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import socket
+import stat
+import tempfile
 import threading
 import time
 import traceback
@@ -118,7 +121,24 @@ def ensure_ray(settings: Settings, num_cpus: int | None = None) -> None:
         # "local" always starts a fresh embedded instance; address=None would join any Ray started on this host.
         ray.init(address=settings.ray_address or "local", num_cpus=num_cpus if local else None,
                  include_dashboard=False, logging_level=verbosity.ray_logging_level(),
-                 log_to_driver=verbosity.is_verbose(), **({"_node_ip_address": "127.0.0.1"} if local else {}))
+                 log_to_driver=verbosity.is_verbose(),
+                 **({"_node_ip_address": "127.0.0.1", "_temp_dir": private_ray_dir()} if local else {}))
+
+
+def private_ray_dir() -> str:
+    """The folder embedded Ray keeps its sessions in (sockets, logs, spilled objects), which only this user may
+    enter: Ray makes that folder and each session's 0777 whatever the umask (so that users can share /tmp/ray), so
+    it is <temp>/upscale-ray-<uid>/ray, inside a folder of ours that stays 0700. A folder of that name that is a
+    symlink or another user's is refused: it could hand this user's sessions to someone else."""
+    path = os.path.join(tempfile.gettempdir(), f"upscale-ray-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise OrchestratorError(f"{path} is not a folder of this user's (a symlink, or another user's): remove it; "
+                                  f"embedded Ray keeps its sessions there, private to the user who runs it")
+    os.chmod(path, 0o700)
+    return os.path.join(path, "ray")
 
 
 def ray_problem(settings: Settings, wait: bool = True) -> str | None:

@@ -463,9 +463,15 @@ class Store:
         did it; the sweeps holding them that had ended done or failed go back to pending, so a sweep loop retrains
         them. ConflictError (nothing changed) if ``key`` is not done or one of them is running.
         ``before_commit(keys)`` runs once the checks pass, before the segments can be claimed again (the caller
-        deletes their checkpoint files there, so no retrained segment resumes from them)."""
+        deletes their checkpoint files there, so no retrained segment resumes from them). Concurrent invalidations of
+        one segment are serialised: one wins, the others see it pending (ConflictError) and never call
+        ``before_commit``."""
         now = utcnow()
         with self.transaction() as s:
+            # A write first: it takes the row's lock (SQLite's write lock) before anything is read, so a racing
+            # invalidation waits here and then reads the segment as the winner left it, not as it was.
+            s.execute(update(SegmentRecord).where(SegmentRecord.key == key, SegmentRecord.status == "done")
+                      .values(updated_at=now).execution_options(synchronize_session=False))
             target = s.get(SegmentRecord, key)
             if target is None:
                 raise NotFoundError(f"no segment {key!r}; `upscale segments SWEEP` lists a sweep's segments")

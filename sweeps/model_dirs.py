@@ -10,6 +10,8 @@ remembered by the file's size and modification time (sweeps/data_sources.py `Fil
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from upscale.sweeps.segments import ModelSpec, Shape
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.pt"
+SOURCE_FILE = "source.json"  # provenance of an imported model (workers/hf_models.py), copied along with it
 # Config keys a sweep takes from an imported model: its decoder shape, and the ModelSpec options that change what
 # it computes. Only those the installed Shape / ModelSpec define are passed on.
 SHAPE_KEYS = ("n_layer", "d_model", "n_head", "ffn_width", "n_kv_head")
@@ -71,6 +74,16 @@ def read_dense_model(path: str | Path) -> DenseModelDir:
         err = e.errors()[0]
         raise ModelDirError(f"{cfg_file}: {'.'.join(map(str, err['loc'])) or 'shape'}: {err['msg']}") from None
     return DenseModelDir(str(path), shape, options, fields["vocab_size"], fields["context"])
+
+
+def confine_model_files(path: str | Path, check: Callable[[str], object]) -> None:
+    """``check`` (a server's confinement to its data roots, raising ValueError) on each file of the model directory
+    at ``path`` that a sweep reads or copies, a dangling symlink included: a folder under the roots may hold links
+    out of them."""
+    src = Path(path).expanduser()
+    for name in (CONFIG_FILE, WEIGHTS_FILE, SOURCE_FILE):
+        if os.path.lexists(src / name):
+            check(str(src / name))
 
 
 def weights_fingerprint(path: str | Path) -> str:

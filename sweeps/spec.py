@@ -32,7 +32,7 @@ from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_
 
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, vocab_size_of
 from upscale.sweeps.errors import SpecError, SpecProblem
-from upscale.sweeps.model_dirs import DenseModelDir, read_dense_model
+from upscale.sweeps.model_dirs import DenseModelDir, confine_model_files, read_dense_model
 from upscale.sweeps.segments import (
     MAX_CONTEXT,
     MAX_EXPERTS,
@@ -182,6 +182,7 @@ class ModelSection(Frozen):
             try:
                 if check_path is not None:
                     check_path(self.dense.path)
+                    confine_model_files(self.dense.path, check_path)
                 self._dense_model = read_dense_model(self.dense.path)
             except ValueError as e:  # ModelDirError, or the caller's refusal (upscale.data_roots.OutsideRoots)
                 raise SpecError([("dense.path", str(e))]) from None

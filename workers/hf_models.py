@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from upscale.sweeps.data_sources import TOKENIZER_FILES, tokenizer_files
+from upscale.sweeps.model_dirs import SOURCE_FILE  # provenance of an imported model: HF folder, config, sha256
 from upscale.workers.errors import WorkerError, validated
 from upscale.workers.model import MixtureRouter, ModelConfig
 from upscale.workers.upcycling.adapter import experts_of, router_of, shared_of
 from upscale.workers.weights import WEIGHTS_FILE, expected_shapes, instantiate, load_model, save_model
 
-SOURCE_FILE = "source.json"  # provenance of an imported model: HF folder, its config, the weights' sha256
 TOKENIZER_DIR = "tokenizer"  # an imported model keeps its tokenizer files here
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

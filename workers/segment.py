@@ -33,15 +33,15 @@ from pathlib import Path
 import torch
 
 from upscale import storage
+from upscale.data_roots import OutsideRoots, confine
 from upscale.sweeps import run_tags
-from upscale.sweeps.model_dirs import weights_fingerprint
+from upscale.sweeps.model_dirs import SOURCE_FILE, confine_model_files, weights_fingerprint
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers import checkpoints
 from upscale.workers.data import TokenData, load_tokens
 from upscale.workers.engine import NonFiniteLoss, build_engine, release_device_memory, train_step
 from upscale.workers.errors import WorkerError
 from upscale.workers.evaluate import expert_load, reduce_expert_counts, val_loss
-from upscale.workers.hf_models import SOURCE_FILE
 from upscale.workers.memory import device_memory, fitting_micro_batch
 from upscale.workers.model import ModelConfig, UpscaleLM, build_model, empty_model
 from upscale.workers.parallel import Ranks, current_ranks, ep_size_for, expert_parallel_rank, expert_slice
@@ -177,6 +177,12 @@ def _import_dense(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> Segm
     be the ones the segment was planned from (their SHA-256 is its identity)."""
     source = spec.dense_import
     assert source is not None  # guaranteed by SegmentSpec for dense_import
+    if runtime.data_roots is not None:  # a server's sweep: as at submit, no file linked out of its roots is read
+        roots = [Path(r) for r in runtime.data_roots]
+        try:
+            confine_model_files(source.path, lambda f: confine(f, roots, instead=None))
+        except OutsideRoots as e:
+            raise WorkerError(f"model.dense.path: {e}") from None
     found = weights_fingerprint(source.path)
     if found != source.fingerprint:
         raise WorkerError(f"the weights in {source.path} changed since the sweep was planned (sha256 {found[:16]}, "

@@ -42,6 +42,9 @@ def serve_command(
     Ctrl-C / SIGTERM shut down gracefully: running segments are released and their sweep resumes on restart.
     Connections are bounded (a limit, a deadline for request headers), so a flood of them cannot starve the
     process of file descriptors."""
+    from upscale.orchestrator.raylet_fate import outlive_raylet
+
+    outlive_raylet()  # before Ray is imported: the sweep loop restarts a dead raylet instead of the server ending
     import uvicorn
 
     from upscale.api.app import create_app
@@ -81,6 +84,9 @@ def scheduler_command(
 ) -> None:
     """Only the background work of `upscale serve`: train pending sweeps, analyse sweeps that settle with new
     observations (UPSCALE_ANALYSIS_POLICY) and fire refit schedules, until Ctrl-C."""
+    from upscale.orchestrator.raylet_fate import outlive_raylet
+
+    outlive_raylet()  # before Ray is imported, as for `upscale serve`
     from upscale.api.cli.progress import start_ray
     from upscale.control.analyses import AnalysisLoop
     from upscale.control.refits import RefitLoop

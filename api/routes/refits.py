@@ -117,8 +117,11 @@ async def run_schedule(schedule_id: str, request: Request, services: ServicesDep
     the next version (201), else answer with the latest version (200, `unchanged`). It counts as one of the
     caller's requested analyses while it runs (429 past the bound), and computes on the server's heavy-request
     threads (429 when they and their queue are full). Only the schedule's owner or an admin token may (403
-    otherwise)."""
+    otherwise); 404 for a deleted schedule, which records no version any more."""
     schedule = await run_in_threadpool(_owned_schedule, services, schedule_id, caller)
+    if not schedule.active:
+        raise HTTPException(404, f"refit schedule {schedule_id!r} was deleted: it runs no more refits (its versions "
+                                 f"stay listed by GET /refits); create a new schedule to refit again")
     try:
         with services.jobs.reserve(caller.name):
             record = await request.app.state.heavy.run(refits.run_refit, services, schedule, True)

@@ -158,6 +158,25 @@ def test_a_running_row_whose_process_is_gone_is_taken_over_at_once(services) -> 
     assert again.ran and again.status == "done" and again.trigger == "observations"
 
 
+def test_an_interrupted_requested_analysis_runs_again_with_the_parameters_it_was_asked_with(services) -> None:
+    """A server stopped mid-request (its jobs' `stop_when` raising): the next loop tick runs that row again with
+    the N1s, bootstrap and seed the caller asked for, not the loop's defaults, and the sweep gets no other row."""
+    sid = fill(services)
+    asked = {"n1s": [2e4], "bootstrap": 2, "seed": 7}
+
+    def stopping(*_: object) -> None:
+        raise analyses.Interrupted("the server stopped while it ran")
+
+    with pytest.raises(analyses.Interrupted):
+        run_analysis(services, [sid], **asked, owner="alice", trigger="request", progress=stopping)
+    (row,) = _rows(services)
+    assert row.status == "failed" and analyses.interrupted(row)
+    analyses.AnalysisLoop(services, bootstrap=0, policy="on_new_observations").tick()  # the next start's loop
+    rows = _rows(services)
+    assert [(r.id, r.status, r.trigger) for r in rows] == [(row.id, "done", "request")], [r.params for r in rows]
+    assert {k: rows[0].params[k] for k in asked} == asked
+
+
 def test_unknown_sweep_and_sweep_without_observations(services) -> None:
     from upscale.orchestrator.errors import NotFoundError
 
@@ -349,3 +368,17 @@ def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) ->
     bad = _cli(tmp_path, "analyze", empty)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "no finished segments" in bad.stderr
     assert _cli(tmp_path, "analyze", "nosuch").returncode == 2
+
+
+def test_a_deleted_refit_schedule_runs_no_more(tmp_path, mlflow_uri) -> None:
+    """DELETE stops a schedule for good: running it on demand afterwards is 404 and records no version."""
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
+    sid = fill(Services.open(settings))
+    with serve(settings, scheduler=False) as live:
+        c = live.client()
+        schedule = c.post("/refit-schedules", json={"name": "gone", "trigger": "on_new_observations",
+                                                    "request": {"sweep_ids": [sid], "bootstrap": 0}}).json()
+        assert c.delete(f"/refit-schedules/{schedule['id']}").status_code == 204
+        r = c.post(f"/refit-schedules/{schedule['id']}/run")
+        assert r.status_code == 404 and "was deleted" in r.json()["detail"], r.text
+        assert c.get("/refits", params={"schedule_id": schedule["id"]}).json() == []

@@ -4,9 +4,10 @@
   the running analysis (no request waits for another's work), /healthz, GET /sweeps and /metrics answer meanwhile,
   a third analysis of the same name is a 429 with nothing written, and stopping the server ends the running ones
   `failed`, "interrupted" (a real uvicorn server in this process, real SQLite).
-* SIGTERM to a real `upscale serve` subprocess during an analysis of a sweep that has more observations than its
-  last analysis saw: the server stops, the row is not left `running`, and the next start's analysis loop makes a
-  fresh analysis of the whole sweep, which decisions then answer from.
+* SIGTERM to a real `upscale serve` subprocess during a requested analysis of a sweep that has more observations
+  than its last analysis saw: the server stops, the row is not left `running`, and the next start's analysis loop
+  runs that analysis again, with the parameters it was requested with, on the whole sweep; decisions then answer
+  from it.
 * bob's refit (a write token) of alice's sweep on observations her analysis has not seen yet: her decision keeps
   answering from her analysis, her sweep's MLflow run keeps showing it, and her loop still analyses the new
   observations itself.
@@ -95,7 +96,7 @@ def _settled(services: Services, timeout_s: float = 60) -> list[AnalysisRecord]:
 
 
 @pytest.mark.slow  # a real server stopped mid-analysis, restarted with Ray, then a full analysis: ~100 s on 2 cores
-def test_sigterm_during_an_analysis_then_restart_makes_a_fresh_analysis(tmp_path, mlflow_uri) -> None:
+def test_sigterm_during_an_analysis_then_restart_runs_it_again_as_requested(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
     services = Services.open(settings)
     sid = fill(services, leave_out=1)
@@ -120,12 +121,13 @@ def test_sigterm_during_an_analysis_then_restart_makes_a_fresh_analysis(tmp_path
         def answered() -> dict | None:
             d = httpx.get(f"{url}/decisions/upcycle", params={"n1": 2e4, "d1": 1024, "d2": 1024, "sweep_id": sid},
                           headers=token, timeout=30).json()
-            return d if d["analysis"]["id"] not in (older.id, interrupted) else None
+            return d if d["analysis"]["id"] != older.id else None
 
-        d = wait_for(answered, 300, "a fresh analysis", proc, log)
-    fresh = next(r for r in _rows(services) if r.id == d["analysis"]["id"])
-    assert fresh.status == "done" and fresh.trigger == "observations" and fresh.sweep_ids == [sid]
-    assert sum(fresh.record["points"].values()) == sum(older.record["points"].values()) + 1  # the whole sweep
+        d = wait_for(answered, 300, "the interrupted analysis to run again", proc, log)
+    again = next(r for r in _rows(services) if r.id == d["analysis"]["id"])
+    assert again.id == interrupted and again.status == "done" and again.trigger == "request"
+    assert again.params["bootstrap"] == SLOW["bootstrap"] and again.sweep_ids == [sid]  # as requested
+    assert sum(again.record["points"].values()) == sum(older.record["points"].values()) + 1  # the whole sweep
 
 
 @pytest.mark.slow  # three analyses with bootstrap on a real server: ~55 s on 2 cores

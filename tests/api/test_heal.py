@@ -1,7 +1,9 @@
 """/healthz reports supervision (each background loop's liveness, Ray's health) and answers 503 when either is down;
 a real `upscale serve` whose embedded raylet (or raylet and GCS, as a `ray stop` on the host would) is killed
 mid-sweep restarts Ray and finishes the sweep by itself, having refused submissions with a 503 while the cluster was
-down, spent no segment's attempts, and outlived Ray's own 60 s limit for an unreachable GCS.
+down, spent no segment's attempts, and outlived Ray's own 60 s limit for an unreachable GCS. The server's parent is
+PID 1 (as under systemd or a container's init), where Ray's driver used to end the process at the first call to
+its dead raylet (orchestrator/raylet_fate.py).
 
 The raylet test trains for real (nano model, context 16) in a server subprocess (tests/api/test_recovery.py's
 helpers), so it is slow."""
@@ -62,7 +64,7 @@ def test_a_killed_ray_is_restarted_and_the_sweep_finishes_by_itself(tmp_path, ml
     store = Store(settings.db_url)
     token = create_token(store, "write", "alice")
     log = tmp_path / "serve.log"
-    with upscale_serve(settings, log) as (url, proc):
+    with upscale_serve(settings, log, orphan=True) as (url, proc):
         sweep_id = submit(url, token, SPEC)
 
         def mid_sweep() -> bool:

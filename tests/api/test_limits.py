@@ -346,9 +346,18 @@ def _model_dir(path: Path) -> Path:
 
 
 def test_a_dense_model_outside_the_data_roots_is_one_identical_422_and_never_read(server, outside) -> None:
+    """Named outside, or a folder under the roots whose weights link out of them, to a file or nowhere."""
     model = _model_dir(outside / "model")  # a real model directory: accepted if it were read
+    linked = []
+    for name, target in (("linked", model / "weights.pt"), ("dangling", outside / "missing.pt")):
+        folder = server.settings.data_root_paths[0] / "models" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        _model_dir(folder)
+        (folder / "weights.pt").unlink()
+        (folder / "weights.pt").symlink_to(target)
+        linked.append(str(folder))
     answers = []
-    for path in (str(model), str(outside / "missing"), "/etc", "relative/model"):
+    for path in (str(model), str(outside / "missing"), "/etc", "relative/model", *linked):
         r = _post_raw(server, json.dumps(_dense_spec("outside", path)))
         assert r.status_code == 422, (path, r.text)
         answers.append(r.json())

@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -43,15 +44,43 @@ resources: {cpus: 1}
 UPSCALE = Path(sys.executable).parent / "upscale"
 
 
+class Orphan:
+    """A server whose parent is PID 1, not this test: Popen's `pid`, `poll` and `wait`, read through psutil."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self._process = pid, psutil.Process(pid)
+
+    def poll(self) -> int | None:
+        try:
+            return None if self._process.status() != psutil.STATUS_ZOMBIE else -1
+        except psutil.NoSuchProcess:
+            return -1
+
+    def wait(self, timeout: float) -> None:
+        with suppress(psutil.NoSuchProcess):
+            self._process.wait(timeout)
+
+
 @contextmanager
-def upscale_serve(settings: Settings, log: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`upscale serve [options]` on a free loopback port, until it answers /healthz; killed (its whole session) at
-    the end."""
+def upscale_serve(settings: Settings, log: Path, *options: str,
+                  orphan: bool = False) -> Iterator[tuple[str, subprocess.Popen | Orphan]]:
+    """`upscale serve [options]` on a free loopback port, until it answers /healthz; killed (its whole process
+    group) at the end. ``orphan``: started by a shell that exits at once, so that its parent is PID 1, as under
+    systemd, a container's init, or `nohup` once its shell has gone (skipped where a subreaper adopts it instead)."""
     port = free_port()
     env = {**os.environ, "UPSCALE_HOME": str(settings.home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([str(UPSCALE), "serve", "--host", "127.0.0.1", "--port", str(port), *options], env=env,
-                            start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    argv = [str(UPSCALE), "serve", "--host", "127.0.0.1", "--port", str(port), *options]
+    if orphan:
+        started = subprocess.run(["/bin/sh", "-c", '"$@" >"$0" 2>&1 & echo $!', str(log), *argv], env=env,
+                                 start_new_session=True, capture_output=True, text=True, check=True)
+        proc = Orphan(int(started.stdout))
+        if psutil.Process(proc.pid).ppid() != 1:
+            kill(proc)
+            pytest.skip("a subreaper, not PID 1, adopts orphaned processes here")
+    else:
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: _answers(url), 240, "the server to answer", proc, log)
@@ -60,10 +89,10 @@ def upscale_serve(settings: Settings, log: Path, *options: str) -> Iterator[tupl
         kill(proc)
 
 
-def kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the server and everything in its session (embedded Ray included), as a crash would."""
+def kill(proc: subprocess.Popen | Orphan) -> None:
+    """SIGKILL the server and everything in its process group (embedded Ray included), as a crash would."""
     with suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
     proc.wait(30)
 
 

@@ -106,3 +106,27 @@ def test_an_admin_token_lists_and_revokes_tokens_over_rest(settings) -> None:
         assert r.status_code == 200 and r.json()["state"] == "revoked"
         assert live.client(_bearer(victim)).get("/sweeps").status_code == 401
         assert live.client(root).delete("/tokens/gina").status_code == 404  # an id, never a name, over REST
+
+
+def test_revocation_refuses_the_name_at_once_and_keeps_its_work_until_an_admin_stops_it(settings) -> None:
+    """What revocation means (README, Token lifetimes): a credential withdrawn, not work cancelled. Work belongs to a
+    name, not to one of its tokens (rotating a token must not cancel it), so the revoked name's queued sweep and its
+    cron schedule stay as they were; an admin token stops them on purpose."""
+    from tests.api.test_limits import SPEC
+
+    with serve(settings, scheduler=False) as live:
+        store = live.app.state.services.store
+        root = live.client(_bearer(create_token(store, "admin", "root")))
+        hal = live.client(_bearer(create_token(store, "write", "hal")))
+        sweep = hal.post("/sweeps", json={**SPEC, "name": "hal-sweep"})
+        assert sweep.status_code == 201, sweep.text
+        schedule = hal.post("/refit-schedules", json={"name": "nightly", "trigger": "cron", "cron": "0 3 * * *",
+                                                      "request": {"sweep_ids": [sweep.json()["id"]]}})
+        assert schedule.status_code == 201, schedule.text
+        for token in [t for t in tokens(store) if t.name == "hal"]:
+            assert root.delete(f"/tokens/{token.id}").status_code == 200
+        assert hal.get("/sweeps").status_code == 401
+        assert root.get(f"/sweeps/{sweep.json()['id']}").json()["status"] == "pending"  # still queued to train
+        assert schedule.json()["id"] in {s["id"] for s in root.get("/refit-schedules").json()}  # still firing
+        assert root.post(f"/sweeps/{sweep.json()['id']}/cancel").status_code == 200
+        assert root.delete(f"/refit-schedules/{schedule.json()['id']}").status_code == 204

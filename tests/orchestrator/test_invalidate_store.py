@@ -70,3 +70,42 @@ def test_a_running_descendant_refuses_it_and_nothing_changes(store: Store, tiny)
         store.invalidate(target.id, "carol", before_commit=removed.extend)
     assert removed == []  # no checkpoint deleted either
     assert store.segment(target.id).status == "done" and store.segment(leaf.id).status == "running"
+
+
+def test_concurrent_invalidations_of_one_segment_are_one_and_the_losers_remove_nothing(store: Store, tiny) -> None:  # noqa: F811
+    """Four invalidations at once (the removal of checkpoints slowed, so all four are inside it together unless they
+    are serialised): one succeeds, the others are a ConflictError, not an IntegrityError on the attempt number, and
+    only the winner's `before_commit` runs."""
+    import threading
+    import time
+
+    store.create_sweep("whole", {}, {"cpus": 1}, tiny.segments)
+    trained(store, tiny.segments)
+    target = tiny.segments[0]
+    removals: list[list[str]] = []
+
+    def remove_slowly(keys) -> None:
+        removals.append(list(keys))
+        time.sleep(0.3)
+
+    start = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def invalidate() -> None:
+        start.wait()
+        try:
+            store.invalidate(target.id, "carol", before_commit=remove_slowly)
+            outcomes.append("done")
+        except ConflictError as e:
+            outcomes.append("conflict" if "only a done segment" in str(e) else repr(e))
+        except Exception as e:  # what the race raised before (IntegrityError): shown in the assertion
+            outcomes.append(repr(e))
+
+    threads = [threading.Thread(target=invalidate) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["conflict", "conflict", "conflict", "done"], outcomes
+    assert len(removals) == 1
+    assert [a.status for a in store.attempts(target.id)].count("invalidated") == 1

@@ -62,3 +62,23 @@ def test_weights_changed_after_planning_are_refused(tmp_path: Path) -> None:
     with pytest.raises(WorkerError, match="changed since the sweep was planned"):
         run_segment(spec, runtime)
     assert not (tmp_path / "seg" / tag_for(D1)).exists()
+
+
+def test_a_servers_worker_refuses_model_files_linked_out_of_the_data_roots(tmp_path: Path) -> None:
+    """Defence in depth, as for the corpus: planned under the roots, then its provenance file linked out of them (to
+    a file, or nowhere) before the worker ran; with the server's roots it refuses both alike and writes nothing."""
+    root = tmp_path / "root"
+    src = save_model(root / "imported", IMPORTED, build_model(IMPORTED, seed=3).state_dict())
+    spec = import_segment(src)
+    (tmp_path / "secret.json").write_text("{}")
+    messages = []
+    for target in (tmp_path / "secret.json", tmp_path / "missing.json"):
+        (src / "source.json").unlink(missing_ok=True)
+        (src / "source.json").symlink_to(target)
+        runtime = SegmentRuntime(checkpoint_dir=str(tmp_path / "seg"), data_cache_dir=str(tmp_path / "cache"),
+                                 data_roots=(str(root),))
+        with pytest.raises(WorkerError) as e:
+            run_segment(spec, runtime)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1] and messages[0].startswith("model.dense.path: must be an absolute path under")
+    assert not (tmp_path / "seg" / tag_for(D1)).exists()
