@@ -38,7 +38,7 @@ Figures per family and placement, per family, per placement and overall: ``cover
 end is unbounded; a case without a D* record is not covered), the median width in decades of the bounded intervals
 and how many were open, and for the truths in the grid (placement <= 1x: D* at most the largest budget trained)
 ``bounded_decade_80``, the share of 80% intervals bounded and at most a decade wide. The paper's own family, in the
-grid, is run beside them (bench/calibration.py's truths and tables, ``--paper`` of them). Goals (issue 42): 80%
+grid, is run beside them (bench/calibration.py's truths and tables, ``--paper`` of them). Goals: 80%
 coverage >= 0.75, 95% >= 0.9, and every in-grid 80% interval bounded and at most a decade wide.
 
     nice -n 10 .venv/bin/python bench/cross_family.py [--cases N] [--paper M] [--bootstrap B] [--seed S]

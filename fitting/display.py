@@ -34,12 +34,13 @@ def interval(iv: dict[str, Any] | None) -> str:
 
 def dstar(r: dict[str, Any]) -> str:
     """D* from one result of `dstar_at`: the crossing, or where it lies when the searched range holds none."""
-    lo, hi = r["search_range"]
+    lo, hi = r.get("search_range") or (None, None)
     bracket = (r.get("answer") or {}).get("observed_bracket") or {}
     runs = (f"≥ {number(bracket.get('low'))} (the runs' bracket; the laws contradict the runs)"
             if bracket.get("low") is not None else "the runs' bracket (the laws contradict the runs)")
     return {"crossing": number(r["dstar"]), "above": f"> {number(hi)} (upcycling still wins there)",
-            "below": f"< {number(lo)} (from scratch wins throughout)", "observed": runs}[r["dstar_state"]]
+            "below": f"< {number(lo)} (from scratch wins throughout)",
+            "observed": runs}[r.get("dstar_state", "crossing")]  # records older than the state had a crossing
 
 
 def distance(ext: dict[str, Any] | None) -> str:
@@ -243,7 +244,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     """The ten-second answer: per upcycling group, what the runs show, D* per size (80% interval, how far it is
     projected), the backtest, the pair of runs to add; then the problems, one line per kind and fit."""
     points = ", ".join(f"{k} {v}" for k, v in record.get("points", {}).items())
-    lines = [f"upscale analysis ({points} runs; bootstrap {record['bootstrap']})"]
+    lines = [f"upscale analysis ({points} runs; bootstrap {record.get('bootstrap', MISSING)})"]
     for up in record.get("upcycled", []):
         answer = up.get("answer") or {}
         results = (up.get("dstar") or {}).get("results", [])

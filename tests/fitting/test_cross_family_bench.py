@@ -1,7 +1,7 @@
-"""bench/cross_family.py: each family's truth crosses where it was placed, its runs carry point noise and trunk
-effects, the coverage arithmetic counts an open end as unbounded, tests/data/cross_family/ is still the bench's case
-(the one whose truth the intervals missed before issue 42's change), the analysis's intervals reach the score, and a
-run's JSON gives its figures back."""
+"""bench/cross_family.py: each family's truth crosses where it was placed, its runs carry point noise and trunk effects,
+the coverage arithmetic counts an open end as unbounded, tests/data/cross_family/ is still the bench's case (the one
+whose truth the intervals missed before the law-form change (docs/laws.md, "The answer beyond one law")), the analysis's
+intervals reach the score, and a run's JSON gives its figures back."""
 
 from __future__ import annotations
 
