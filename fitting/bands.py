@@ -169,8 +169,8 @@ def backtest_record(backtests: Backtests, calibration: Calibration, dstar: list[
 
 
 def backtest_line(runs: list[dict[str, Any]]) -> str:
-    """'fitted below 1.05e+06 tokens, the laws predicted the 4.19e+06-token runs within +0.4% / −1.2%' for the
-    largest-budget holdout (the one a D* projection is most like); '' when it did not run."""
+    """'fitted below 1.05e+06 tokens, the laws predicted the 4.19e+06-token runs with errors from -1.2% to +0.4%' for
+    the largest-budget holdout (the one a D* projection is most like); '' when it did not run."""
     run = next((r for r in runs if r["holdout"] == "budget"), None)
     if run is None:
         return ""
@@ -179,4 +179,4 @@ def backtest_line(runs: list[dict[str, Any]]) -> str:
         return ""
     lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
     return (f"fitted below {run['fitted_below']:.3g} tokens, the laws predicted the {run['predicted_up_to']:.3g}-token "
-            f"runs within {_percent(hi)} / {_percent(lo)}")
+            f"runs with errors from {_percent(lo)} to {_percent(hi)}")
