@@ -53,7 +53,7 @@ class Settings(BaseSettings):
                               "over the API may plan; a larger grid is refused (422) before it is planned.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="UPSCALE_MAX_BODY_BYTES: the largest request body the "
                                 "API reads; a larger one is refused with 413 before it is read whole.")
-    connection_limit: int = Field(512, ge=2, description="UPSCALE_CONNECTION_LIMIT: the most connections `upscale "
+    connection_limit: int = Field(1024, ge=2, description="UPSCALE_CONNECTION_LIMIT: the most connections `upscale "
                                   "serve` holds open; one more is closed at once, and a request arriving while that "
                                   "many are open is answered 503 (uvicorn's limit_concurrency).")
     header_timeout_s: float = Field(10.0, gt=0, description="UPSCALE_HEADER_TIMEOUT_S: seconds a connection has to "

@@ -28,7 +28,7 @@ def serve_command(
                                                "elsewhere to train.")] = False,
     refit_tick_s: Annotated[float, typer.Option(help="How often refit schedules are checked (s).")] = 5.0,
     connection_limit: Annotated[int | None, typer.Option(min=2, help="Most connections held open; one more is closed "
-                                                         "at once (default UPSCALE_CONNECTION_LIMIT, 512).")] = None,
+                                                         "at once (default UPSCALE_CONNECTION_LIMIT, 1024).")] = None,
     header_timeout: Annotated[float | None, typer.Option(min=0.001, help="Seconds a connection has to send a "
                                                          "request's headers before it is closed (default "
                                                          "UPSCALE_HEADER_TIMEOUT_S, 10).")] = None,
