@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -76,6 +78,37 @@ async def load(url: str, headers: dict[str, str], rate: float, seconds: float) -
     return np.array(latencies), errors, n / sent_s
 
 
+@contextmanager
+def serving(env: Mapping[str, str], host: str = "127.0.0.1") -> Iterator[tuple[str, subprocess.Popen]]:
+    """`upscale serve --no-scheduler` on a free loopback port with ``env``: its base URL and process once /healthz
+    answers; terminated on the way out (killed if still busy 30 s later: what a flood left computing is not waited
+    for)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).parent / "upscale"), "serve", "--no-scheduler", "--host", host,
+                               "--port", str(port)], env=dict(env), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    base = f"http://{host}:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and server.poll() is None, "server did not start"
+                time.sleep(0.2)
+        yield base, server
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=200.0)
@@ -89,23 +122,8 @@ def main() -> None:
         segments = p.segments[:args.segments]  # topological order: every kept segment's parents are kept
         sweep = services.store.create_sweep("load", SPEC, SPEC["resources"], segments)
         headers = {"Authorization": f"Bearer {create_token(services.store, 'read', 'bench')}"}
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         env = {**os.environ, "UPSCALE_HOME": home, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
-        server = subprocess.Popen([str(Path(sys.executable).parent / "upscale"), "serve", "--no-scheduler",
-                                   "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    assert time.monotonic() < deadline and server.poll() is None, "server did not start"
-                    time.sleep(0.2)
+        with serving(env) as (base, _):
             detail = httpx.get(f"{base}/sweeps/{sweep.id}", headers=headers)
             assert len(detail.json()["segments"]) == len(segments)
             print(f"sweep {sweep.id}: {len(segments)} segments, GET /sweeps/{{id}} body {len(detail.content)} bytes")
@@ -118,9 +136,6 @@ def main() -> None:
                 p50, p99 = (np.percentile(lat, q) * 1e3 if len(lat) else float("nan") for q in (50, 99))
                 print(f"{name:<26} {len(lat)} ok, {errors} errors, {achieved:.0f} req/s sent: "
                       f"p50 {p50:.1f} ms  p99 {p99:.1f} ms")
-        finally:
-            server.terminate()
-            server.wait(30)
 
 
 if __name__ == "__main__":

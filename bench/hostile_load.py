@@ -24,9 +24,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -36,6 +34,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import numpy as np
+from api_load import serving  # bench/api_load.py: a real `upscale serve` on a free loopback port
 
 from upscale.api.auth import create_token
 from upscale.control.services import Services
@@ -213,25 +212,10 @@ def main() -> None:
         store = Services.open(settings).store
         read = {"Authorization": f"Bearer {create_token(store, 'read', 'reader')}"}
         write = {"Authorization": f"Bearer {create_token(store, 'write', 'flooder')}"}
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
         env = {**os.environ, "UPSCALE_HOME": home, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
                "UPSCALE_MAX_SWEEPS_IN_FLIGHT": str(QUOTA), "UPSCALE_MAX_FITS_PER_MINUTE": "100000"}
         env.pop("RAY_ADDRESS", None)
-        server = subprocess.Popen([str(Path(sys.executable).parent / "upscale"), "serve", "--no-scheduler",
-                                   "--host", HOST, "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        base = f"http://{HOST}:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    assert time.monotonic() < deadline and server.poll() is None, "server did not start"
-                    time.sleep(0.2)
+        with serving(env, HOST) as (base, server):
             print(f"{args.seconds:g} s per scenario; probes every {PROBE_EVERY_S} s, refused = not 200 within "
                   f"{PROBE_TIMEOUT_S:g} s")
             print("| scenario | probe | sent | p99 (s) | worst (s) | refused | the attack |")
@@ -243,13 +227,6 @@ def main() -> None:
                 what, health, listing = asyncio.run(scenario(base, read, write, args, attack))
                 print(f"| {name} | /healthz | {health.line()} | {what} |")
                 print(f"| | GET /sweeps | {listing.line()} | |", flush=True)
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:  # still computing what the flood left: it is not waited for
-                server.kill()
-                server.wait()
 
 
 if __name__ == "__main__":
