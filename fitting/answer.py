@@ -239,7 +239,10 @@ def _bounded(iv: dict[str, Any] | None, lo: float | None, hi: float | None) -> d
 
 
 def _contradiction(star: float, lo: float | None, hi: float | None, n1: float) -> str:
-    """Words when the projected D* lies outside the observed bracket, naming the runs it contradicts."""
+    """Words when the projected D* lies outside the observed bracket, naming the runs it contradicts ("" when no
+    form holds at this size: there is no projection to contradict)."""
+    if math.isnan(star):
+        return ""
     if lo is not None and not star > lo:
         where = "has from scratch ahead" if star > 0 else "has from scratch ahead everywhere"
         return (f"the law contradicts the runs at N1={n1:.3g}: it {where} below {lo:.3g} tokens"
