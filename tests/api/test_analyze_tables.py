@@ -108,6 +108,7 @@ def test_the_defaults_agree_between_the_cli_and_upscale_analyze(sweep) -> None:
     assert answers(notebook.to_json()) == answers(stored)
 
 
+@pytest.mark.slow  # ~30 s: two analyses with curves, each with its law forms and backtests
 def test_tables_carry_predicted_decays_and_read_back_to_the_same_answer(thinned_tables, tmp_path) -> None:  # noqa: F811
     """An analysis that fitted decay ends predicted from curves, exported as the tables it fitted, gives the same D*
     and answer from ``upscale.analyze``, and its settings count the predicted rows."""
@@ -120,6 +121,7 @@ def test_tables_carry_predicted_decays_and_read_back_to_the_same_answer(thinned_
     assert back.settings["predicted_rows"] == sum(direct.curves["points"].values()) > 0 and back.settings["curves"]
 
 
+@pytest.mark.slow  # ~20 s: two analyses, each with its law forms and backtests
 def test_without_curves_tables_give_the_answer_of_their_observed_rows(thinned_tables, tmp_path) -> None:  # noqa: F811
     """curves=False (`--no-curves`) leaves the rows marked predicted out: the answer of the observed rows alone."""
     observed, curves = split(thinned_tables, 0.003)
