@@ -377,6 +377,19 @@ def fit(law: Law, df: pd.DataFrame, fixed: dict[str, float] | None = None,
     return fit_problem(law, problem, table, fixed, options)
 
 
+def fit_from(law: Law, df: pd.DataFrame, start: dict[str, float], fixed: dict[str, float] | None = None,
+             options: FitOptions | None = None) -> FitResult | None:
+    """``fit`` as one BFGS run from ``start`` (user units: a fit of the same law on more of the data, or of a law it
+    nests) instead of the multi-start; None when that run does not converge (then the multi-start is the way)."""
+    options = options or FitOptions()
+    problem, table = prepare(law, df, fixed, options)
+    theta = np.array([p.to_fitted(start[n]) for n, p in zip(problem.names, problem.params, strict=True)])
+    run = problem.minimize(theta, options)
+    if not run.converged:
+        return None
+    return _finish(law.name, problem, (run,), 0, dict(fixed or {}), options, data_hash(table, tuple(table.columns)))
+
+
 def fit_problem(law: Law, problem: FitProblem, table: pd.DataFrame, fixed: dict[str, float] | None,
                 options: FitOptions) -> FitResult:
     """``fit`` of the (problem, table) that ``prepare`` built for (law, fixed, options): for callers that go on

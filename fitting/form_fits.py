@@ -16,7 +16,7 @@ import pandas as pd
 
 from upscale.fitting.bootstrap import bootstrap
 from upscale.fitting.errors import FitError
-from upscale.fitting.fit import FitOptions, FitResult, fit, prepare, user_params
+from upscale.fitting.fit import FitOptions, FitResult, fit, fit_from
 from upscale.fitting.forms import FORMS, Form
 from upscale.fitting.laws import LOSS
 
@@ -47,23 +47,18 @@ def _columns(form: Form, df: pd.DataFrame) -> dict[str, np.ndarray]:
 def _made(form: Form, df: pd.DataFrame, params: dict[str, float], samples: np.ndarray,
           result: FitResult | None) -> FormFit:
     cols = _columns(form, df)
-    tmp = FormFit(form, params, samples, 0.0, {}, result)
-    resid = tmp.log_predict(cols) - np.log(df[LOSS].to_numpy(dtype=float))
+    resid = form.log_losses(np.array([[params[n] for n in form.law.param_names]]), cols)[:, 0] \
+        - np.log(df[LOSS].to_numpy(dtype=float))
     trained = {c: (float(v.min()), float(v.max())) for c, v in cols.items()}
     return FormFit(form, params, samples, float(np.sqrt(np.mean(resid ** 2))), trained, result)
 
 
-def _fit(f: Form, df: pd.DataFrame, E: float, options: FitOptions, start: FormFit | None) -> FitResult | dict:
-    """The fit of ``f`` on ``df``; from ``start`` (the form's fit on more of the grid) when given: one BFGS run
-    from there, the multi-start only if it does not converge (a backtest refits 3 x 7 forms; this is most of its
-    cost). Parameters (a dict) in the warm-started case, the FitResult otherwise."""
-    if start is not None:
-        problem, _ = prepare(f.law, df, {"E": E}, options)
-        theta = np.array([p.to_fitted(start.params[n]) for n, p in zip(problem.names, problem.params, strict=True)])
-        run = problem.minimize(theta, options)
-        if run.converged:
-            return user_params(problem, np.array(run.end), {"E": E})
-    return fit(f.law, df, {"E": E}, options)
+def _fit(f: Form, df: pd.DataFrame, E: float, options: FitOptions, start: FormFit | None) -> FitResult:
+    """The fit of ``f`` on ``df``; from ``start`` (the form's fit on more of the grid, or the fit of a form it
+    nests) when given: one BFGS run from there, the multi-start only if it does not converge (a backtest refits
+    3 x 7 forms; this is most of its cost)."""
+    warm = fit_from(f.law, df, start.params, {"E": E}, options) if start is not None else None
+    return warm if warm is not None else fit(f.law, df, {"E": E}, options)
 
 
 NESTS = {"chinchilla-int": "chinchilla", "joint-noint": "joint"}  # a form that is its primary with alpha3 = 0
@@ -106,9 +101,7 @@ def fit_forms(arm: str, df: pd.DataFrame, E: float,
         except FitError as e:
             failed[f.name] = str(e)
             continue
-        no_samples = np.empty((0, len(f.law.params)))
-        fits[f.name] = (_made(f, df, result, no_samples, None) if isinstance(result, dict)
-                        else _made(f, df, result.params, no_samples, result))
+        fits[f.name] = _made(f, df, result.params, np.empty((0, len(f.law.params))), result)
     return fits, failed
 
 
