@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from upscale.fitting.backtest import dstar_backtest, run_backtests
+from upscale.fitting.backtest import distance, dstar_backtest, run_backtests
 from upscale.fitting.bands import LEVELS, Calibration, backtest_record, calibrate
 from upscale.fitting.dstar import OutOfRange
 from upscale.fitting.form_fits import FormFit, fit_forms, with_samples
@@ -87,13 +87,7 @@ class Arms:
 
     def distance(self, arm: str, n1: float, tokens: np.ndarray) -> np.ndarray:
         """Decades beyond the trained range of every point of the path (the worst column)."""
-        trained = next(iter(self.fits[arm].values())).trained
-        cols = path_columns(arm, n1, tokens)
-        worst = np.ones(tokens.shape)
-        for c, v in cols.items():
-            lo, hi = trained[c]
-            worst = np.maximum(worst, np.maximum(v / hi, lo / v))
-        return np.log10(worst)
+        return distance(path_columns(arm, n1, tokens), next(iter(self.fits[arm].values())).trained)
 
     def paths(self, n1: float, tokens: np.ndarray) -> dict[str, dict[str, FormPath]]:
         """Every fitted form's path at ``n1`` (its fit's parameters): arm → form → path, computed once per size."""

@@ -25,7 +25,7 @@ import pandas as pd
 from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.form_fits import FormFit, fit_forms
 from upscale.fitting.laws import LOSS
-from upscale.fitting.projection import form_path, pair_dstar, tokens_grid
+from upscale.fitting.projection import FormPath, form_path, pair_dstar, tokens_grid
 
 HOLDOUTS = ("budget", "size", "both")
 TOKENS = {"scratch": ("D",), "upcycled": ("D1", "D2")}
@@ -84,7 +84,9 @@ def run_backtests(tables: Mapping[str, pd.DataFrame], full: Mapping[str, Mapping
     observed = {k: tables[k][~is_predicted(tables[k])].reset_index(drop=True) for k in ("scratch", "upcycled")}
     top = {c: float(observed[k][c].max()) for k in ("scratch", "upcycled") for c in (*TOKENS[k], SIZE[k])}
     rows: list[dict[str, Any]] = []
-    out = Backtests(pd.DataFrame())
+    runs: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    refits: dict[str, dict[str, dict[str, FormFit]]] = {}
     for holdout in HOLDOUTS:
         kept, left = {}, {}
         for kind in ("scratch", "upcycled"):
@@ -92,16 +94,16 @@ def run_backtests(tables: Mapping[str, pd.DataFrame], full: Mapping[str, Mapping
             kept[kind], left[kind] = observed[kind][~mask], observed[kind][mask]
         why = next((w for w in (_affordable(k, kept[k]) for k in kept) if w), "")
         if why:
-            out.skipped.append({"holdout": holdout, "why": why})
+            skipped.append({"holdout": holdout, "why": why})
             continue
         fits = {}
         for arm in ("scratch", "upcycled"):
             fits[arm], failed = fit_forms(arm, kept[arm], E, starts=full[arm])
-            out.skipped.extend({"holdout": holdout, "arm": arm, "form": f, "why": w} for f, w in failed.items())
+            skipped.extend({"holdout": holdout, "arm": arm, "form": f, "why": w} for f, w in failed.items())
+            if left[arm].empty:
+                continue
             for name, ff in fits[arm].items():
                 cols = {c: left[arm][c].to_numpy(dtype=float) for c in ff.form.law.columns}
-                if not len(left[arm]):
-                    continue
                 err = ff.log_predict(cols) - np.log(left[arm][LOSS].to_numpy(dtype=float))
                 dist = distance(cols, ff.trained)
                 for i in range(len(err)):
@@ -112,10 +114,10 @@ def run_backtests(tables: Mapping[str, pd.DataFrame], full: Mapping[str, Mapping
                                  "distance": float(dist[i])})
         below = max(float(kept[k][c].max()) for k in kept for c in TOKENS[k])
         beyond = max((float(left[k][c].max()) for k in left for c in TOKENS[k] if len(left[k])), default=below)
-        out.runs.append({"holdout": holdout, "fitted_below": below, "predicted_up_to": beyond,
-                         "held_out": {k: len(v) for k, v in left.items()}})
-        out.fits[holdout] = fits
-    return Backtests(pd.DataFrame(rows), out.runs, out.skipped, out.fits)
+        runs.append({"holdout": holdout, "fitted_below": below, "predicted_up_to": beyond,
+                     "held_out": {k: len(v) for k, v in left.items()}})
+        refits[holdout] = fits
+    return Backtests(pd.DataFrame(rows), runs, skipped, refits)
 
 
 def dstar_backtest(backtests: Backtests, full: Mapping[str, Mapping[str, FormFit]], pairs: Sequence[tuple[str, str]],
@@ -123,13 +125,17 @@ def dstar_backtest(backtests: Backtests, full: Mapping[str, Mapping[str, FormFit
     """Per holdout, size and pair of forms (scratch, upcycled) fitted both ways: the truncated grid's D* against the
     whole grid's, over ``span``."""
     tokens = tokens_grid(span)
+    needed = {"scratch": {s for s, _ in pairs}, "upcycled": {u for _, u in pairs}}
+
+    def paths(fits: Mapping[str, Mapping[str, FormFit]], n1: float) -> dict[tuple[str, str], FormPath]:
+        return {(arm, f): form_path(ff.form, ff.row(), n1, tokens) for arm, by_form in fits.items()
+                for f, ff in by_form.items() if f in needed[arm]}
+
     out = []
     for n1 in n1s:
-        whole = {(arm, f): form_path(ff.form, ff.row(), n1, tokens) for arm, fits in full.items()
-                 for f, ff in fits.items()}
+        whole = paths(full, n1)
         for holdout, truncated in backtests.fits.items():
-            cut = {(arm, f): form_path(ff.form, ff.row(), n1, tokens) for arm, fits in truncated.items()
-                   for f, ff in fits.items() if f in {p[arm == "upcycled"] for p in pairs}}
+            cut = paths(truncated, n1)
             for s, u in pairs:
                 if ("scratch", s) not in cut or ("upcycled", u) not in cut:
                     continue
