@@ -65,10 +65,15 @@ class Calibration:
                 "n_scores": self.n_scores, "calibrated": self.calibrated}
 
 
+def _by_run(points: pd.DataFrame, values: str | list[str]) -> pd.DataFrame:
+    """Held-out points as one row per run (holdout, size, tokens, observed loss) and a column per form."""
+    return points.pivot_table(index=["holdout", "size", "tokens", "observed"], columns="form", values=values)
+
+
 def form_weights(points: pd.DataFrame, arm: str, available: list[str], seed: int = 0) -> dict[str, float]:
     """Pseudo-BMA+ weights of the ``available`` forms of ``arm`` from their held-out log errors."""
     mine = points[points["arm"] == arm]
-    table = mine.pivot_table(index=["holdout", "size", "tokens", "observed"], columns="form", values="log_error")
+    table = _by_run(mine, "log_error")
     complete = [f for f in available if f in table.columns and table[f].notna().all()]
     if not complete or table.empty:
         return {}
@@ -99,8 +104,7 @@ def calibrate(backtests: Backtests, full: Mapping[str, Mapping[str, FormFit]], s
         sigma0[arm] = max(math.sqrt(sum(v * full[arm][f].rms ** 2 for f, v in w.items())), _FLOOR) if w else _FLOOR
         if backtests.ran:
             mine = backtests.points[(backtests.points["arm"] == arm) & backtests.points["form"].isin(list(w))]
-            table = mine.pivot_table(index=["holdout", "size", "tokens", "observed"], columns="form",
-                                     values=["log_error", "distance"])
+            table = _by_run(mine, ["log_error", "distance"])
             if not table.empty:
                 r = stacked(w, {f: table["log_error"][f].to_numpy() for f in w})
                 d = table["distance"][next(iter(w))].to_numpy()
@@ -154,7 +158,7 @@ def backtest_record(backtests: Backtests, calibration: Calibration, dstar: list[
             per_form = {f: [float(g.min()), float(g.max()), float(np.sqrt(np.mean(g ** 2)))]
                         for f, g in mine.groupby("form")["log_error"]}
             w = {f: v for f, v in calibration.weights[arm].items() if f in per_form}
-            table = mine.pivot_table(index=["size", "tokens", "observed"], columns="form", values="log_error")
+            table = _by_run(mine, "log_error")
             total = sum(w.values())
             r = stacked({f: v / total for f, v in w.items()}, {f: table[f].to_numpy() for f in w}) if total else None
             errors[arm] = {"forms": per_form,
