@@ -273,11 +273,12 @@ def tables(case: Case) -> dict[str, pd.DataFrame]:
             for i, kind in enumerate(("dense", "scratch", "upcycled"))}
 
 
-def cases(n: int, paper: int, seed: int) -> list[Case]:
+def cases(n: int, paper: int, seed: int, placements: Sequence[float] = PLACEMENTS) -> list[Case]:
     """``n`` cases spread over FAMILIES x PLACEMENTS (family fastest, then placement, then repeats: a run cut short
-    has all of them), then ``paper`` of the paper's family."""
+    has all of them), those at ``placements`` kept (each case the same truth as in the whole run), then ``paper`` of
+    the paper's family."""
     combos = [(f, pl) for pl in PLACEMENTS for f in FAMILIES]
-    out = [draw_case(i, *combos[i % len(combos)], seed) for i in range(n)]
+    out = [draw_case(i, *combos[i % len(combos)], seed) for i in range(n) if combos[i % len(combos)][1] in placements]
     return out + [paper_case(n + j, seed) for j in range(paper)]
 
 
@@ -399,6 +400,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--paper", type=int, default=6, help="cases of the paper's own family in the grid (default 6)")
     ap.add_argument("--bootstrap", type=int, default=50, help="cluster-bootstrap refits per fit (default 50)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the truths and their noise")
+    ap.add_argument("--placements", type=float, nargs="+", default=list(PLACEMENTS),
+                    help=f"only the cross-family cases at these placements (default all: {list(PLACEMENTS)}), "
+                         f"each the same truth as in a run of them all")
     ap.add_argument("--workers", type=int, default=1, help="processes running cases side by side (default 1)")
     ap.add_argument("--json", type=str, default=None, help="also write the figures and every case to this file "
                                                            "(rewritten after every case)")
@@ -417,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{[x['seed'] for x in saved]}, bootstrap {sorted({x['bootstrap'] for x in saved})}")
         return {"figures": pooled}
     t0 = time.perf_counter()
-    todo = cases(args.cases, args.paper, args.seed)
+    todo = cases(args.cases, args.paper, args.seed, args.placements)
     rows: list[dict[str, Any]] = []
 
     def out() -> dict[str, Any]:
