@@ -44,6 +44,12 @@ TOKENS = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_see
 CALIBRATION = torch.randint(0, VOCAB, (16, 32), generator=torch.Generator().manual_seed(2))
 
 
+def upcycled(dense: Path, method: str, options: dict, **moe: object) -> tuple:
+    """(config, state dict) of the imported dense model at `dense` upcycled by `method` into the MoE of `moe`."""
+    dense_cfg, dense_sd = load_model(dense)
+    return upcycle(dense_sd, dense_cfg.updated(**moe), method_spec(method, **options), calibration_tokens=CALIBRATION)
+
+
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the HF dense folder, its upscale import)."""
@@ -92,10 +98,7 @@ def test_naive_upcycle_exported_as_mixtral_is_the_original_dense_function(import
 ])
 def test_moe_exports_load_and_match_upscale(imported: tuple[Path, Path], tmp_path: Path, method: str,
                                            options: dict, arch: str) -> None:
-    _, dense = imported
-    dense_cfg, dense_sd = load_model(dense)
-    cfg, moe_sd = upcycle(dense_sd, dense_cfg.updated(n_expert=8, topk=2), method_spec(method, **options),
-                          calibration_tokens=CALIBRATION)
+    cfg, moe_sd = upcycled(imported[1], method, options, n_expert=8, topk=2)
     save_model(tmp_path / "moe", cfg, moe_sd)
     report = export_hf(tmp_path / "moe", tmp_path / "hf_moe")
     assert report["architecture"] == arch
@@ -116,10 +119,7 @@ def test_moe_exports_load_and_match_upscale(imported: tuple[Path, Path], tmp_pat
 ])
 def test_expanded_moe_exports_with_equal_logits(imported: tuple[Path, Path], tmp_path: Path, method: str,
                                                options: dict, arch: str) -> None:
-    _, dense = imported
-    dense_cfg, dense_sd = load_model(dense)
-    parent_cfg, parent_sd = upcycle(dense_sd, dense_cfg.updated(n_expert=4, topk=2), method_spec(method, **options),
-                                    calibration_tokens=CALIBRATION)
+    parent_cfg, parent_sd = upcycled(imported[1], method, options, n_expert=4, topk=2)
     cfg, sd = expand(parent_sd, parent_cfg, ExpandSpec(factor=2, r=0.25))
     save_model(tmp_path / "moe", cfg, sd)
     report = export_hf(tmp_path / "moe", tmp_path / "hf_moe")
@@ -130,10 +130,7 @@ def test_expanded_moe_exports_with_equal_logits(imported: tuple[Path, Path], tmp
 
 
 def test_loss_free_bias_is_left_out_only_when_allowed(imported: tuple[Path, Path], tmp_path: Path) -> None:
-    _, dense = imported
-    dense_cfg, dense_sd = load_model(dense)
-    parent_cfg, parent_sd = upcycle(dense_sd, dense_cfg.updated(n_expert=4, topk=2, balancing="loss_free"),
-                                    method_spec("drop"))
+    parent_cfg, parent_sd = upcycled(imported[1], "drop", {}, n_expert=4, topk=2, balancing="loss_free")
     cfg, sd = expand(parent_sd, parent_cfg, ExpandSpec(factor=2))
     save_model(tmp_path / "zero", cfg, sd)  # a zero bias (a fresh upcycle's) chooses nothing: exported exactly
     assert export_hf(tmp_path / "zero", tmp_path / "hf_zero")["routing_change"] is None

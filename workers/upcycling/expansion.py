@@ -13,8 +13,8 @@ choice only. `r > 0` applies Drop-Upcycling (workers/upcycling/drop.py) to the r
 norms, embeddings and any shared expert are copied.
 
 Optimizer state: none is carried; the expanded MoE starts fresh AdamW moments, as every upcycled model here does (an
-upcycle segment hands over weights only). The paper's code copies the source expert's moments by default; with a
-fresh state the first steps follow the warmup instead.
+upcycle hands over weights only and reads no optimiser shards). The paper's code copies the source expert's moments
+by default.
 
 Exactness (docs/methods.md, "Expansion"): at zero noise and r = 0 with top-1 and renormalised weights
 (`routing="softmax_topk"`), the expanded model computes the parent's function: the replicas of the parent's chosen
