@@ -4,16 +4,20 @@ checkpoint; the options are checked by name."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from upscale.sweeps.segments import OptimSpec
 from upscale.workers import checkpoints
+from upscale.workers.distributed import free_port
 from upscale.workers.engine import build_engine, train_step
 from upscale.workers.errors import WorkerError
 from upscale.workers.model import ModelConfig, UpscaleLM, build_model
+from upscale.workers.parallel import Ranks
 from upscale.workers.weights import instantiate
 
 CFG = ModelConfig(n_layer=2, d_model=32, n_head=2, vocab_size=64, context=16, n_expert=8, topk=2,
@@ -111,6 +115,41 @@ def test_bias_round_trips_with_the_checkpoint(tmp_path: Path, dist_group: None) 
     assert all(torch.equal(exported[k], v) for k, v in bias.items())
     assert train_step(a, batch(9), 1e-3, 0.0, "cpu") == train_step(b, batch(9), 1e-3, 0.0, "cpu")
     assert all(torch.equal(a.module.state_dict()[k], b.module.state_dict()[k]) for k in bias)
+
+
+def _expert_parallel_rank(rank: int, port: int, results: dict) -> None:
+    """One of 2 ranks training the expert-parallel (ep_size=2) model one step on its half of a batch."""
+    import deepspeed
+
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)})
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    engine = build_engine(build_model(CFG.updated(ep_size=2), seed=0, ep_rank=rank), OPTIM, ranks=Ranks(rank, 2))
+    train_step(engine, batch(0), 1e-3, 0.0, "cpu", Ranks(rank, 2))
+    results[rank] = [g.route_bias.clone() for g in gates(engine.module)]
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned ranks importing DeepSpeed
+def test_expert_parallel_ranks_balance_on_the_loads_of_all_ranks() -> None:
+    # before the first step the weights are the single-process model's, so every token is routed the same: the
+    # update must come from the whole batch's loads, on both ranks, and a rank's own half would give another one
+    def update(rows: torch.Tensor) -> list[torch.Tensor]:
+        with torch.no_grad():
+            model(rows[:, :-1])
+        return [CFG.balancing_rate * torch.sign(c.float().mean() - c.float()) for c in model.expert_counts]
+
+    model = build_model(CFG, seed=0)
+    want = update(batch(0))
+    assert any(not torch.equal(a, b) for half in batch(0).chunk(2) for a, b in zip(update(half), want, strict=True))
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_expert_parallel_rank, args=(free_port(), results), nprocs=2, join=True)
+        got = dict(results)
+    assert set(got) == {0, 1}
+    for biases in got.values():
+        assert all(torch.equal(b, w) for b, w in zip(biases, want, strict=True))
 
 
 def test_loss_free_drops_the_aux_term_and_refuses_what_cannot_learn() -> None:
