@@ -79,7 +79,7 @@ def skewed(cfg: ModelConfig) -> UpscaleLM:
 
 
 def imbalance(cfg: ModelConfig, steps: int) -> float:
-    """max/mean expert load over the last 20 of `steps` training steps (both layers), the aux loss off."""
+    """max/mean expert load over the last 20 of `steps` training steps (the worse layer), the aux loss off."""
     engine = build_engine(skewed(cfg), OPTIM)
     loads = torch.zeros(cfg.n_layer, cfg.n_expert)
     for i in range(steps):
