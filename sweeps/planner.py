@@ -170,9 +170,10 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     options = dict(rc.imported.options) if rc.imported else {}  # what an imported model was built with
 
     def model(n_expert: int = 0, topk: int = 0) -> ModelSpec:
+        balancing = {"balancing": spec.moe.balancing, "balancing_rate": spec.moe.balancing_rate} if n_expert else {}
         return ModelSpec(**shape.model_dump(), **options, vocab_size=vocab, context=t.context, n_expert=n_expert,
                          topk=topk, aux_loss_coef=spec.moe.aux_loss_coef, init_std=rc.init_std,
-                         routing=spec.moe.routing, dispatch=spec.moe.dispatch)
+                         routing=spec.moe.routing, dispatch=spec.moe.dispatch, **balancing)
 
     common = {"data": spec.data, "seed": t.seed}
     n1 = dense_params(shape)

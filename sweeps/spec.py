@@ -40,6 +40,8 @@ from upscale.sweeps.segments import (
     MAX_VOCAB,
     MIN_EXPERTS,
     AuxLossCoef,
+    Balancing,
+    BalancingRate,
     DataSpec,
     DecayShape,
     Dispatch,
@@ -213,10 +215,17 @@ class MoeSection(Frozen):
     aux_loss_coef: AuxLossCoef = 1e-3
     routing: Routing = "softmax_topk"
     dispatch: Dispatch = "grouped"
+    balancing: Balancing = "aux_loss"
+    balancing_rate: BalancingRate = 1e-3
+
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"balancing", "balancing_rate"})
 
     def identity_omits(self) -> frozenset[str]:
-        """The dispatch never changes a result, and the routing only at top-1 (`ModelSpec.identity_omits`)."""
-        return frozenset({"dispatch"}) if 1 in self.topk else frozenset({"dispatch", "routing"})
+        """The dispatch never changes a result, the routing only at top-1, the aux coefficient and the bias update
+        rate only under their own balancing (`ModelSpec.identity_omits`)."""
+        omit = {"dispatch"} if 1 in self.topk else {"dispatch", "routing"}
+        omit.add("aux_loss_coef" if self.balancing == "loss_free" else "balancing_rate")
+        return frozenset(omit)
 
     @model_validator(mode="after")
     def _check(self) -> MoeSection:
@@ -232,6 +241,10 @@ class MoeSection(Frozen):
                 if k > e:
                     problems.append((f"topk[{j}]", f"topk={k} exceeds experts={e} (experts[{i}]); every topk is "
                                      "paired with every expert count"))
+        if self.balancing == "loss_free" and 1 in self.topk and self.routing == "softmax_topk":
+            problems.append(("balancing", "loss_free with topk 1 and routing softmax_topk leaves the router without "
+                             "gradient (its one weight is the constant 1, no aux loss is added); use routing "
+                             "deepspeed or topk >= 2"))
         _raise_if(problems)
         return self
 
