@@ -1,6 +1,6 @@
 """Sweep operations behind the routes: submit with a plan summary and an owner, progress and cost, extend.
 
-Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it, and what a
+Recording goes through `Orchestrator.record`; this module adds what the API shows around it, and what a
 server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data and model paths under
 the data roots, resources the cluster has and models that fit one of its nodes' memory or one GPU's
 (`check_memory`). The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own machine and is not
@@ -102,9 +102,8 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
     existing = sweep is not None
     if sweep is None:
         try:  # the key makes concurrent identical submissions one sweep; the owner row is written with it
-            sweep = services.orch.submit(
-                spec, p, reuse_stale=reuse_stale, stale=check.stale, other_cuts=check.other_cuts,
-                submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
+            sweep = services.orch.record(
+                spec, check, submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
                 rows=lambda sweep_id: [SweepOwnerRecord(sweep_id=sweep_id, owner=owner, extends=extends)],
                 check=within_quota(services, owner))
         except SweepExists as e:
