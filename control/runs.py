@@ -128,7 +128,8 @@ def run_spec(services: Services, spec: SweepSpec, watch: RunWatch = QUIET, *, la
     return Ran(out, p)
 
 
-def run_recorded(services: Services, sweep_id: str, watch: RunWatch = QUIET) -> SweepOutcome:
+def run_recorded(services: Services, sweep_id: str, watch: RunWatch = QUIET, *,
+                 segment_fn: SegmentFn = train_segment) -> SweepOutcome:
     """Train the recorded sweep ``sweep_id`` to completion here (what an in-process `submit --wait` does: nobody
     else trains it), estimated from its stored segments rather than by planning its spec again."""
     sweep = services.store.sweep(sweep_id)
@@ -139,7 +140,7 @@ def run_recorded(services: Services, sweep_id: str, watch: RunWatch = QUIET) -> 
         prepare_data(services.settings, watch, first.data, first.model.context)
     flops_per_s = gpu_flops_per_s(SweepSpec.model_validate(sweep.spec))
     with watch.sweep(f"sweep {sweep_id}", stored_estimates(segments, flops_per_s)) as on_progress:
-        return scheduler(services, on_progress).run(sweep_id)
+        return scheduler(services, on_progress, segment_fn=segment_fn).run(sweep_id)
 
 
 def stored_estimates(segments: Sequence[SegmentRecord], flops_per_s: float | None) -> Estimates:
