@@ -26,7 +26,7 @@ from pathlib import Path
 
 from upscale.control.curves import OBSERVATION_FIELDS, sweep_curves
 from upscale.control.runs import run_spec
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import DEMO_SPEC, load_spec
 
@@ -35,7 +35,7 @@ OUT = Path(__file__).resolve().parent / "data" / "demo_grid.json"
 
 def export(spec_path: Path, home: Path, out: Path) -> None:
     spec = load_spec(spec_path)
-    services = Services.open(Settings(home=home), auth=False)
+    services = open_services(Settings(home=home), auth=False)
     t0 = time.perf_counter()
     outcome, planned = run_spec(services, spec)  # a done identical sweep is returned as it is, not trained again
     if outcome.status != "done":

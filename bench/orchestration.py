@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from upscale.control.runs import run_spec
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import ensure_ray
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import DEMO_SPEC, load_spec
@@ -36,7 +36,7 @@ def main() -> None:
         t0 = time.perf_counter()
         ensure_ray(settings)
         t_ray = time.perf_counter() - t0
-        out = run_spec(Services.open(settings, auth=False), spec, max_concurrent=args.max_concurrent).outcome
+        out = run_spec(open_services(settings, auth=False), spec, max_concurrent=args.max_concurrent).outcome
         wall = time.perf_counter() - t0
     if out.status != "done":
         raise SystemExit(f"sweep {out.status}")

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from sqlalchemy import Select, func, select, text
 from sqlalchemy.orm import Session
 
@@ -27,6 +28,7 @@ from upscale.control.timing import timing
 from upscale.data_roots import confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
+from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
 from upscale.orchestrator.service import spec_hash
 from upscale.orchestrator.store import SweepExists
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, confine_entry
@@ -79,10 +81,6 @@ def cluster(services: Services) -> ClusterResources | None:
     """What the cluster offers: RAY_ADDRESS's, or the embedded Ray this process runs (its sweep loop starts it, and
     restarts it if it dies); None when neither is there to ask (`upscale serve --no-scheduler` beside an embedded
     `upscale scheduler`). ClusterUnavailable (503) while the cluster is down."""
-    import ray
-
-    from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
-
     if services.settings.ray_address is None and not ray.is_initialized() and not ray_restarting():
         return None
     have = cluster_resources(services.settings)

@@ -92,11 +92,11 @@ def scheduler_command(
     from upscale.control.analyses import AnalysisLoop
     from upscale.control.refits import RefitLoop
     from upscale.control.runs import start_ray
-    from upscale.control.services import Services
     from upscale.control.sweep_loop import SweepLoop
+    from upscale.control.wiring import open_services
     from upscale.orchestrator.settings import get_settings
 
-    services = Services.open(get_settings())
+    services = open_services(get_settings())
     start_ray(services.settings, BarWatch())
     loops = (SweepLoop(services), RefitLoop(services, tick_s=refit_tick_s), AnalysisLoop(services))
     stop = threading.Event()

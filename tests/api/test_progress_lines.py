@@ -15,7 +15,7 @@ from tests.orchestrator.segment_fns import counting_segment
 from upscale.api.cli import progress
 from upscale.api.cli.app import err_console
 from upscale.control.runs import run_spec
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.planner import plan
@@ -27,7 +27,7 @@ LINE = re.compile(r"^sweep tiny: (\d+)/(\d+) segments, .* tokens, \d+:\d\d:\d\d 
 
 def test_piped_progress_prints_a_line_per_finished_segment_with_the_time_left(tmp_path, mlflow_uri, capsys) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
-    services = Services.open(settings)
+    services = open_services(settings)
     orch = services.orch
     orch.run(load_spec(TINY_NAIVE_SPEC), Scheduler(orch.store, settings, segment_fn=counting_segment, poll_s=0.05))
     reused = len(plan(load_spec(TINY_NAIVE_SPEC)).segments)

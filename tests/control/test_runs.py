@@ -13,8 +13,9 @@ import pytest
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from upscale.control import runs
-from upscale.control.services import LOCAL_OWNER, Services
+from upscale.control.services import LOCAL_OWNER
 from upscale.control.sweeps import admit, submit
+from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import Progress
 from upscale.sweeps import planner
 from upscale.sweeps.spec import load_spec
@@ -64,7 +65,7 @@ class Heard:
 
 
 def test_a_spec_is_planned_once_and_an_identical_one_is_returned(settings) -> None:
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     spec = load_spec(TINY_SPEC)
     heard = Heard()
     with planner_calls() as calls:
@@ -85,7 +86,7 @@ def test_a_spec_is_planned_once_and_an_identical_one_is_returned(settings) -> No
 
 def test_a_recorded_sweep_trains_without_being_planned_again(settings) -> None:
     """What an in-process `submit --wait` does: the sweep `submit` recorded, estimated from the store."""
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     created = submit(services, admit(services, load_spec(TINY_SPEC).model_dump(mode="json")), LOCAL_OWNER)
     p = planner.plan(load_spec(TINY_SPEC))
     heard = Heard()

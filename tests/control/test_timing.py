@@ -13,7 +13,7 @@ import pytest
 from tests.orchestrator.conftest import TINY_NAIVE_SPEC, TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from upscale.control import sweeps
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.sweeps.planner import eta_s, plan, segment_seconds
 from upscale.sweeps.spec import load_spec
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def test_a_sweep_half_done_by_an_earlier_one_times_only_its_new_half(settings) -> None:
-    services = Services.open(settings)
+    services = open_services(settings)
     Scheduler(services.store, settings, segment_fn=counting_segment, poll_s=0.05).run(
         sweeps.submit(services, load_spec(TINY_NAIVE_SPEC), "alice").id)
     spec = load_spec(TINY_SPEC)
