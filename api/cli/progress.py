@@ -66,6 +66,7 @@ class SweepBar:
         self.reused: frozenset[str] | None = None
         self.started = 0.0  # monotonic time of the first update
         self.planned_s = self.planned_done_s = 0.0
+        self.first: tuple[float, float] | None = None  # (seconds since the start, planned seconds) at the first finish
         self.told: tuple[float, float | None] | None = None  # (monotonic time, seconds left) the server said
         self.line: tuple[int, float] = (-1, 0.0)  # (segments done, monotonic time) of the last line printed
         self.task = bar.add_task(label, total=None, note="", tokens="", sweep=self) if bar is not None else None
@@ -86,6 +87,8 @@ class SweepBar:
             self.reused, self.started = frozenset(done), now
             self.planned_s = sum(s for k, s in self.seconds.items() if k not in self.reused)
         self.planned_done_s = sum(self.seconds.get(k, 0.0) for k in done - self.reused)
+        if self.first is None and self.planned_done_s > 0:
+            self.first = (now - self.started, self.planned_done_s)
         if told:
             self.told = (now, time_left_s)
         tokens = (f"{_count(sum(self.tokens.get(k, 0) for k in done))}/{_count(sum(self.tokens.values()))} tokens"
@@ -103,7 +106,7 @@ class SweepBar:
 
     def time_left(self) -> float | None:
         """Seconds left now: the server's last figure counted down (None once it runs out: past its estimate), or
-        the plan's estimate at the pace measured so far (sweeps/planner.py `eta_s`)."""
+        the plan's estimate at the pace measured since the first segment finished (sweeps/planner.py `eta_s`)."""
         from upscale.sweeps.planner import eta_s
 
         now = time.monotonic()
@@ -113,7 +116,7 @@ class SweepBar:
                 return left
             remaining = left - (now - at)
             return remaining if remaining > 0 else None
-        return eta_s(self.planned_s, self.planned_done_s, now - self.started)
+        return eta_s(self.planned_s, self.planned_done_s, now - self.started, first=self.first)
 
 
 def _count(n: float) -> str:
