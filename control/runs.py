@@ -62,7 +62,7 @@ class RunWatch(Protocol):
 
 
 class _Quiet:
-    """Tells nobody: the bench scripts, and the CLI where nothing may reach stderr."""
+    """Tells nobody: the bench scripts."""
 
     def note(self, text: str) -> None:
         return None
@@ -98,9 +98,9 @@ def scheduler(services: Services, on_progress: Callable[[Progress], None] | None
                      max_attempts=max_attempts, poll_s=poll_s, on_progress=on_progress, data_roots=data_roots)
 
 
-def run_spec(services: Services, spec: SweepSpec, watch: RunWatch = QUIET, *, label: str | None = None,
-             new: bool = False, reuse_stale: bool = False, segment_fn: SegmentFn = train_segment,
-             max_concurrent: int | None = None, max_attempts: int = 3) -> Ran:
+def run_spec(services: Services, spec: SweepSpec, watch: RunWatch = QUIET, *, new: bool = False,
+             reuse_stale: bool = False, segment_fn: SegmentFn = train_segment, max_concurrent: int | None = None,
+             max_attempts: int = 3) -> Ran:
     """Train ``spec`` to completion here, planning it once. Unless ``new``, the local sweep of an identical spec is
     resumed (or, when done, returned without starting Ray). Segments the store holds only under an older
     training-semantics version are retrained, or with ``reuse_stale`` taken over (said to ``watch`` either way);
@@ -122,7 +122,7 @@ def run_spec(services: Services, spec: SweepSpec, watch: RunWatch = QUIET, *, la
     sweep_id = services.orch.sweep_to_run(spec, compared, existing.id if existing else None)
     estimates = Estimates(segment_seconds(p, flops_per_s=gpu_flops_per_s(spec)),
                           {s.id: s.tokens for s in p.segments})
-    with watch.sweep(label or f"sweep {spec.name}", estimates) as on_progress:
+    with watch.sweep(f"sweep {spec.name}", estimates) as on_progress:
         out = scheduler(services, on_progress, segment_fn=segment_fn, max_concurrent=max_concurrent,
                         max_attempts=max_attempts).run(sweep_id)
     return Ran(out, p)

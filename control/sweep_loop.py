@@ -1,14 +1,13 @@
 """The sweep loop of `upscale serve` / `upscale scheduler`: run sweeps one after another on Ray.
 
 Each sweep is driven by the orchestrator's `Scheduler`, built on the road of control/runs.py, which records itself as
-the sweep's runner. On every poll the
-loop first makes sure Ray is up: embedded Ray whose raylet or GCS died is restarted, a RAY_ADDRESS cluster joined
-anew. Then it *adopts* sweeps whose runner died (a server killed mid-sweep, or a scheduler of this process that the
-infrastructure stopped): a `running` one is resumed (finished segments stay finished, running ones resume from their
-checkpoint), a `cancelling` one finishes cancelling. Then it starts the oldest pending sweep the cluster has the
-resources for; one that needs more (a cluster that shrank since it was submitted) stays pending with an error saying
-what it waits for, and never blocks the sweeps behind it. Claiming a sweep is a compare-and-set on its runner, so of
-several servers on one store only one drives a sweep.
+the sweep's runner. On every poll the loop first makes sure Ray is up: embedded Ray whose raylet or GCS died is
+restarted, a RAY_ADDRESS cluster joined anew. Then it *adopts* sweeps whose runner died (a server killed mid-sweep, or
+a scheduler of this process that the infrastructure stopped): a `running` one is resumed (finished segments stay
+finished, running ones resume from their checkpoint), a `cancelling` one finishes cancelling. Then it starts the
+oldest pending sweep the cluster has the resources for; one that needs more (a cluster that shrank since it was
+submitted) stays pending with an error saying what it waits for, and never blocks the sweeps behind it. Claiming a
+sweep is a compare-and-set on its runner, so of several servers on one store only one drives a sweep.
 
 The loop is supervised (control/supervised.py): an infrastructure failure (Ray died, a full disk, a locked store)
 puts the sweep back to pending, spends none of its segments' attempts, and the loop retries with a backoff; only

@@ -54,10 +54,10 @@ class SweepBar:
     (``bar``); elsewhere (``bar`` None) a line on stderr per finished segment, and every LINE_EVERY_S at least.
 
     The time left is the server's (GET /sweeps/{id} `timing`, control/timing.py) when ``update`` is given it, counted
-    down between polls; otherwise, under an in-process scheduler, the plan's estimate (`upscale plan`'s) of what trains
-    until a segment finishes, then at the pace measured so far. Segments already done when it starts (reused from
-    earlier sweeps or runs) count as done but neither in the time planned nor in the pace. ``tokens`` and
-    ``seconds`` are each segment's, as planned (the road's estimates, control/runs.py): nothing is planned here."""
+    down between polls; otherwise, under an in-process scheduler, the plan's estimate (`upscale plan`'s) of what
+    trains until a segment finishes, then at the pace measured since (`eta_s`). Segments already done when it starts
+    (reused from earlier sweeps or runs) count as done but neither in the time planned nor in the pace. ``tokens``
+    and ``seconds`` are each segment's, as planned (the road's estimates, control/runs.py): nothing is planned here."""
 
     def __init__(self, bar: Progress | None, label: str, tokens: dict[str, int] | None = None,
                  seconds: dict[str, float] | None = None) -> None:

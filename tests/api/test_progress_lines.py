@@ -34,7 +34,7 @@ def test_piped_progress_prints_a_line_per_finished_segment_with_the_time_left(tm
     spec = load_spec(TINY_SPEC)
     capsys.readouterr()
     assert not err_console.is_terminal  # so lines, not a live display nobody sees
-    out = run_spec(services, spec, progress.BarWatch(), label="sweep tiny", segment_fn=counting_segment).outcome
+    out = run_spec(services, spec, progress.BarWatch(), segment_fn=counting_segment).outcome
     # the road's notes (a one-time op build ahead, the token cache built) come before the sweep's lines
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep tiny: ")]
     parsed = [LINE.match(line) for line in lines]
