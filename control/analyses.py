@@ -53,7 +53,7 @@ from upscale.orchestrator.observations import table
 from upscale.sweeps.data_sources import vocab_size_of
 from upscale.sweeps.spec import parse_spec, resolve
 
-if TYPE_CHECKING:  # no cycle: what loads Ray, MLflow, SciPy or matplotlib stays out of the CLI's reads of analyses
+if TYPE_CHECKING:  # no cycle: what loads Ray, MLflow, the fitting stack or matplotlib stays out of the CLI's reads
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
     from upscale.fitting.plots import DrawnPlots
@@ -138,7 +138,7 @@ def curve_trunks(services: Services, sweep_ids: Sequence[str], curves: bool,
 def inputs_hash(observations: str, params: dict[str, Any], refit_owner: str | None = None) -> str:
     """sha256 of the observations' hash, the parameters and the record's version: equal inputs, one analysis. A
     refit's (``refit_owner``: its schedule's owner) are that owner's own inputs, never a sweep's own analysis."""
-    from upscale.fitting.analysis import ANALYSIS_VERSION  # SciPy: not for the CLI's reads of stored analyses
+    from upscale.fitting.analysis import ANALYSIS_VERSION  # the fitting stack: not for the CLI's reads
 
     inputs = {"observations": observations, "params": params, "version": ANALYSIS_VERSION}
     if refit_owner is not None:
@@ -220,7 +220,7 @@ class _Work:
 
     def run(self, record: AnalysisRecord, workers: int, progress: Progress | None) -> AnalysisRecord:
         """Run the claimed ``record``, end it done or failed (never left `running`) and log it to MLflow."""
-        from upscale.fitting.analysis import analyze  # SciPy: only where an analysis runs
+        from upscale.fitting.analysis import analyze  # the fitting stack: only where an analysis runs
 
         services, params = self.services, record.params
         try:
@@ -245,7 +245,6 @@ def sweep_limits(services: Services, sweep_ids: Sequence[str]) -> Limits:
     """The laws' sane region for these sweeps' models (fitting/dstar.py `Limits`): the loss of an untrained model,
     ln of the largest vocabulary, and the smallest optimizer batch in tokens. Unknown (None) without a sweep (the
     synthetic demo) or where a spec cannot be read back (a tokenizer file since moved)."""
-
     vocabs, batches = [], []
     for sweep_id in sweep_ids:
         try:
@@ -504,7 +503,7 @@ def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str 
     """The verdict for (N1, D1, D2) from the newest done analysis (of ``sweep_id``'s sweeps, if given), with the
     analysis it came from. NotReady (409) when no analysis can answer, saying what is missing; ValueError (422) for
     a group the analysis does not have, and OutOfRange (422) for a question outside the law's sane region."""
-    from upscale.fitting.analysis import Analysis  # SciPy: only where a verdict is read
+    from upscale.fitting.analysis import Analysis  # the fitting stack: only where a verdict is read
 
     if sweep_id is not None:
         services.store.sweep(sweep_id)  # 404 for an unknown sweep

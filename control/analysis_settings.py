@@ -19,7 +19,7 @@ import pandas as pd
 
 from upscale.fitting.curve_observations import is_predicted
 
-if TYPE_CHECKING:  # no cycle: SciPy and the fitting stack load where analyses run, not where settings are compared
+if TYPE_CHECKING:  # no cycle: the fitting stack loads where analyses run, not where settings are compared
     from upscale.fitting.analysis import Analysis
 
 COMPARED = ("curves", "predicted_rows", "bootstrap", "seed", "n1s")  # what changes the answer; source does not
