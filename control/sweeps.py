@@ -1,6 +1,6 @@
 """Sweep operations behind the routes: submit with a plan summary and an owner, progress and cost, extend.
 
-Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it, and what a
+Recording goes through `Orchestrator.record`; this module adds what the API shows around it, and what a
 server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data and model paths under
 the data roots, resources the cluster has and models that fit one of its nodes' memory or one GPU's
 (`check_memory`). The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own machine and is not
@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from sqlalchemy import Select, func, select, text
 from sqlalchemy.orm import Session
 
@@ -27,6 +28,7 @@ from upscale.control.timing import timing
 from upscale.data_roots import confine
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
+from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
 from upscale.orchestrator.service import spec_hash
 from upscale.orchestrator.store import SweepExists
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, confine_entry
@@ -79,10 +81,6 @@ def cluster(services: Services) -> ClusterResources | None:
     """What the cluster offers: RAY_ADDRESS's, or the embedded Ray this process runs (its sweep loop starts it, and
     restarts it if it dies); None when neither is there to ask (`upscale serve --no-scheduler` beside an embedded
     `upscale scheduler`). ClusterUnavailable (503) while the cluster is down."""
-    import ray
-
-    from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
-
     if services.settings.ray_address is None and not ray.is_initialized() and not ray_restarting():
         return None
     have = cluster_resources(services.settings)
@@ -102,9 +100,8 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
     existing = sweep is not None
     if sweep is None:
         try:  # the key makes concurrent identical submissions one sweep; the owner row is written with it
-            sweep = services.orch.submit(
-                spec, p, reuse_stale=reuse_stale, stale=check.stale, other_cuts=check.other_cuts,
-                submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
+            sweep = services.orch.record(
+                spec, check, submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
                 rows=lambda sweep_id: [SweepOwnerRecord(sweep_id=sweep_id, owner=owner, extends=extends)],
                 check=within_quota(services, owner))
         except SweepExists as e:

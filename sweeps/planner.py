@@ -324,14 +324,26 @@ def critical_path_s(p: Plan, seconds: dict[str, float]) -> float:
     return max(finish.values(), default=0.0)
 
 
-def eta_s(planned_s: float, planned_done_s: float, elapsed_s: float, planned_waiting_s: float = 0.0) -> float | None:
+def eta_s(planned_s: float, planned_done_s: float, elapsed_s: float, planned_waiting_s: float = 0.0,
+          first: tuple[float, float] | None = None) -> float | None:
     """Seconds left of a run whose segments the plan estimates at ``planned_s`` in all, of which segments estimated at
     ``planned_done_s`` have finished ``elapsed_s`` seconds after the start: the plan's remainder at the pace measured
     so far (elapsed seconds per planned second) once a segment has finished. Before that, the plan's figure counted
     down, but never below ``planned_waiting_s``, the plan's figure for the segments not yet started (what has not
     begun has not got faster); None when only segments already running remain and they have outrun the plan's
-    figure: there is no pace to go by yet, and 0 would be a false promise."""
+    figure: there is no pace to go by yet, and 0 would be a false promise.
+
+    ``first``: (elapsed seconds, planned seconds finished) when the first segments finished. The wait for them holds
+    the run's one-off start-up (Ray's workers, their imports, DeepSpeed's op build), which a pace measured from the
+    start would charge to every segment left: a demo whose first, small segment took minutes to start was told hours
+    instead of minutes. Given it, the pace is measured from then on, and until another segment finishes the plan's
+    remainder counts down from then."""
     if planned_done_s <= 0:
         left = max(planned_s - elapsed_s, planned_waiting_s)
         return left if left > 0 or planned_s <= 0 else None
+    if first is not None:
+        at, planned_first = first
+        if planned_done_s <= planned_first:
+            return eta_s(planned_s - planned_first, 0.0, elapsed_s - at, planned_waiting_s)
+        planned_s, planned_done_s, elapsed_s = planned_s - planned_first, planned_done_s - planned_first, elapsed_s - at
     return max(planned_s - planned_done_s, 0.0) * elapsed_s / planned_done_s

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from upscale.api.cli.app import console, register_user_error
+from upscale.control.plans import stale_lines
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.spec import SpecError, check_memory, load_spec
@@ -61,17 +62,6 @@ def in_store(p: Plan, reuse_stale: bool) -> PlanInStore:
         return compare(store, p, reuse_stale)
     finally:
         store.engine.dispose()
-
-
-def stale_lines(stale: dict[str, str], reuse_stale: bool) -> list[str]:
-    """What to tell the user about stale segments, or nothing when there are none and none were to be reused."""
-    n = len(stale)
-    if not n:
-        return ["--reuse-stale: no segment of this plan is stale"] if reuse_stale else []
-    keys = ", ".join(list(stale)[:5]) + (f" and {n - 5} more" if n > 5 else "")
-    what = ("reused (--reuse-stale)" if reuse_stale
-            else "retrained under the current version (--reuse-stale reuses them)")
-    return [f"{n} segment(s) trained under an older training-semantics version are stale: {what}: {keys}"]
 
 
 def duration(s: float) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from upscale.api.auth import digest
 from upscale.control.records import TokenRecord
-from upscale.control.services import Services
+from upscale.control.tokens import digest
+from upscale.control.wiring import open_services
 
 SPEC = {"name": "auth-check", "model": {"sizes": ["nano"]}, "moe": {"experts": [2], "topk": [1]},
         "upcycling": {"methods": ["naive"]}, "tokens": {"d1": [256], "d2": [128, 256]},
@@ -27,7 +27,7 @@ def test_no_token_is_401_and_read_token_cannot_write(live) -> None:
         r = c.post("/sweeps", json=SPEC)
         assert r.status_code == 403 and "bob" in r.json()["detail"] and "write" in r.json()["detail"]
         assert c.post("/fits", json={"law": "power-d2", "kind": "upcycled", "rows": []}).status_code == 403
-    with Services.open(live.settings).store.transaction() as s:  # only hashes are stored
+    with open_services(live.settings).store.transaction() as s:  # only hashes are stored
         hashes = {t.token_hash for t in s.query(TokenRecord)}
     assert digest(live.write["Authorization"].split()[1]) in hashes
     assert not any(t.startswith("ups_") for t in hashes)

@@ -17,8 +17,8 @@ from tests.api.conftest import serve
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from tests.orchestrator.test_scheduler import ends, events
-from upscale.api.auth import create_token
 from upscale.api.cli import app
+from upscale.control.tokens import create_token
 from upscale.orchestrator.records import CheckpointRecord, ObservationRecord
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
