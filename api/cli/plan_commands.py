@@ -23,15 +23,13 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from upscale.api.cli.app import console, register_user_error
+from upscale.api.cli.app import console
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.sweeps.planner import Plan, plan
-from upscale.sweeps.spec import SpecError, check_memory, load_spec
+from upscale.sweeps.spec import check_memory, load_spec
 
 if TYPE_CHECKING:
     from upscale.orchestrator.plan_in_store import PlanInStore
-
-register_user_error(SpecError)
 
 
 def segment_list(p: Plan) -> list[dict]:
