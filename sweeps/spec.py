@@ -781,8 +781,9 @@ def _message(err: Any) -> str:
 DEMO_SPEC = Path(__file__).resolve().parent / "examples" / "demo.yaml"
 
 
-def load_spec(source: str | Path) -> SweepSpec:
-    """Read a spec from a .yaml/.yml/.json path or from YAML/JSON text (JSON is YAML)."""
+def load_spec(source: str | Path, max_segments: int | None = None) -> SweepSpec:
+    """Read a spec from a .yaml/.yml/.json path or from YAML/JSON text (JSON is YAML); ``max_segments`` as for
+    `parse_spec`."""
     text = source
     looks_like_path = isinstance(source, Path) or ("\n" not in source and (
         source.endswith((".yaml", ".yml", ".json")) or Path(source).is_file()))
@@ -792,7 +793,7 @@ def load_spec(source: str | Path) -> SweepSpec:
             raise SpecError([("", f"{path} is a folder, not a spec file" if path.is_dir()
                                   else f"no such spec file: {path}")])
         text = path.read_text()
-    return parse_spec(parse_document(text, "json" if text.lstrip().startswith("{") else "yaml"))
+    return parse_spec(parse_document(text, "json" if text.lstrip().startswith("{") else "yaml"), max_segments)
 
 
 class SpecLoader(yaml.SafeLoader):
