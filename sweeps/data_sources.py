@@ -133,8 +133,8 @@ def is_saved_dataset(path: Path) -> bool:
         or (path / "dataset_dict.json").is_file()
 
 
-def _not_local(field: str, name: str, what: str) -> SpecError:
-    return _problem(field, f"{what} {name!r} is not a local path; nothing is downloaded from a hub: download it "
+def _not_local(field: str, name: str, what: str, why: str = "is not a local path") -> SpecError:
+    return _problem(field, f"{what} {name!r} {why}; nothing is downloaded from a hub: download it "
                            f"first (for a dataset, `datasets.load_dataset(...).save_to_disk(DIR)`; for a tokenizer, "
                            f"`save_pretrained(DIR)`) and give the folder's absolute path")
 
@@ -194,8 +194,7 @@ def corpus_source(corpus: str, roots: Sequence[Path] | None = None) -> CorpusSou
         source = CorpusSource("data_files", _glob_base(path), tuple(files), _builder_of(files, corpus))
     elif not path.exists():
         if not path.is_absolute():
-            raise _problem("data.corpus", f"corpus path {corpus!r} does not exist here ({Path.cwd()}); nothing is "
-                                          f"downloaded from a hub: give an existing local path, best absolute")
+            raise _not_local("data.corpus", corpus, "corpus", f"does not exist (a relative path, from {Path.cwd()})")
         raise _problem("data.corpus", f"corpus path {corpus!r} does not exist; give a folder of text files, a "
                                       f".parquet/.jsonl/.json/.txt file or glob, a save_to_disk dataset folder, or "
                                       f"{BUILTIN_STDLIB}")

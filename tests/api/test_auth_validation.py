@@ -60,8 +60,7 @@ def test_an_unknown_sweep_is_404_on_every_route_and_422_in_a_fit_body(live) -> N
     schedule = {"name": "x", "trigger": "on_new_observations",
                 "request": {"sweep_ids": ["f00000000000"]}}
     with live.client() as c:
-        nope = {"detail": "no sweep 'nope'; `upscale status` (GET /sweeps) lists them"}
-        assert c.get("/sweeps/nope").json() == nope  # not an id
+        assert c.get("/sweeps/nope").json() == {"detail": "no sweep 'nope'; GET /sweeps lists them"}  # not an id
         for method, url, body in (("POST", "/sweeps/f00000000000/cancel", None),
                                   ("POST", "/sweeps/f00000000000/extend", {"additions": {}}),
                                   ("GET", "/sweeps/f00000000000/observations", None),

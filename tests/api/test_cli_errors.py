@@ -117,3 +117,15 @@ def test_plan_of_a_grid_over_the_segment_limit(env, tmp_path: Path) -> None:
                                 "upcycling": {"methods": ["naive", "drop"], "r": [i / 1000 for i in range(1000)]}}))
     line = _fails({**env, "UPSCALE_MAX_SEGMENTS": "5000"}, "plan", str(spec))
     assert "UPSCALE_MAX_SEGMENTS" in line and "over the limit of 5,000" in line
+
+
+def test_plan_of_a_corpus_missing_under_the_data_roots(env, tmp_path: Path) -> None:
+    """A corpus under the data roots (UPSCALE_HOME/data) that is not there: one line at data.corpus, as POST /sweeps
+    answers 422; a relative path that does not exist says so."""
+    spec = tmp_path / "missing.json"
+    spec.write_text(json.dumps({**SMALL_SPEC, "data": {"corpus": str(tmp_path / "data" / "texts")}}))
+    line = _fails(env, "plan", str(spec))
+    assert "data.corpus" in line and "does not exist under the data roots" in line
+    spec.write_text(json.dumps({**SMALL_SPEC, "data": {"corpus": "texts/corpus.jsonl"}}))
+    line = _fails(env, "plan", str(spec))
+    assert "data.corpus" in line and "'texts/corpus.jsonl' does not exist (a relative path, from " in line
