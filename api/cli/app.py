@@ -4,10 +4,10 @@ A command's module is imported only when that command is looked up (`LazyCommand
 commands, not the sweep spec, the store or the server, and `--version` loads none. Command modules import heavy
 packages (torch, ray, mlflow) inside their functions, so that `upscale laws` or `upscale --help` start instantly.
 
-What a user can cause never shows a traceback: the registered error types (a bad spec, an unknown law, the REST
-client's ApiError for a refused connection, a timeout or a 401...) and any OSError that names a file (a missing
-spec, a folder where a file belongs, an unwritable output path) print one `error:` line and exit 2. Anything else
-is a bug and keeps its traceback.
+What a user can cause never shows a traceback: its error types (USER_ERRORS, PACKAGE_ERRORS: a bad spec, an unknown
+law, the REST client's ApiError for a refused connection, a timeout or a 401...) and any OSError that names a file (a
+missing spec, a folder where a file belongs, an unwritable output path) print one `error:` line and exit 2.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from collections.abc import Iterator, MutableMapping
 from importlib import import_module
 from typing import Annotated, Any
 
-import click
 import rich.console
 import typer
 from rich.measure import Measurement
 from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from upscale.client import ApiError
 from upscale.home import private_state
@@ -34,8 +33,8 @@ from upscale.orchestrator import verbosity
 LAZY_COMMANDS: dict[str, tuple[str, str, str, dict[str, Any]]] = {}
 
 
-def build_command(name: str) -> click.Command:
-    """The click command of LAZY_COMMANDS[name], its module imported now, built as `app.command` or `app.add_typer`
+def build_command(name: str) -> TyperCommand | TyperGroup:
+    """The command of LAZY_COMMANDS[name], its module imported now, built as `app.command` or `app.add_typer`
     would build it (a Typer of the same defaults)."""
     module, attribute, panel, options = LAZY_COMMANDS[name]
     command = getattr(import_module(f"upscale.api.cli.{module}"), attribute)
@@ -50,15 +49,15 @@ def build_command(name: str) -> click.Command:
 class _Commands(MutableMapping):
     """The root group's commands by name: every name of LAZY_COMMANDS is listed, and built on first lookup."""
 
-    def __init__(self, built: dict[str, click.Command]) -> None:
+    def __init__(self, built: dict[str, TyperCommand | TyperGroup]) -> None:
         self.built = built
 
-    def __getitem__(self, name: str) -> click.Command:
+    def __getitem__(self, name: str) -> TyperCommand | TyperGroup:
         if name not in self.built and name in LAZY_COMMANDS:
             self.built[name] = build_command(name)
         return self.built[name]
 
-    def __setitem__(self, name: str, command: click.Command) -> None:
+    def __setitem__(self, name: str, command: TyperCommand | TyperGroup) -> None:
         self.built[name] = command
 
     def __delitem__(self, name: str) -> None:
