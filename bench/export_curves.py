@@ -29,8 +29,8 @@ from upscale.control.services import LOCAL_OWNER, Services
 from upscale.control.sweeps import identical
 from upscale.orchestrator.scheduler import Scheduler, ensure_ray
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import DEMO_SPEC, load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import DEMO_SPEC, load_spec
 
 OUT = Path(__file__).resolve().parent / "data" / "demo_grid.json"
 

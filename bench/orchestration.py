@@ -21,7 +21,7 @@ from pathlib import Path
 from upscale.orchestrator.scheduler import Scheduler, ensure_ray
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.spec import DEMO_SPEC, load_spec
+from upscale.sweeps.loader import DEMO_SPEC, load_spec
 
 
 def main() -> None:

@@ -253,7 +253,8 @@ def sweep_limits(services: Services, sweep_ids: Sequence[str]) -> Limits:
 
     from upscale.fitting.dstar import Limits
     from upscale.sweeps.data_sources import vocab_size_of
-    from upscale.sweeps.spec import parse_spec, resolve
+    from upscale.sweeps.spec import parse_spec
+    from upscale.sweeps.steps import resolve
 
     vocabs, batches = [], []
     for sweep_id in sweep_ids:

@@ -29,16 +29,12 @@ from upscale.orchestrator.records import ObservationRecord, SegmentRecord, Sweep
 from upscale.orchestrator.service import spec_hash
 from upscale.orchestrator.store import SweepExists, no_sweep
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, check_present, confine_entry
+from upscale.sweeps.loader import check_document
+from upscale.sweeps.memory import check_memory
 from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.resources import ClusterResources, check_resources
 from upscale.sweeps.segments import BUILTIN_CORPORA
-from upscale.sweeps.spec import (
-    ClusterResources,
-    SweepSpec,
-    check_document,
-    check_memory,
-    check_resources,
-    parse_spec,
-)
+from upscale.sweeps.spec import SweepSpec, parse_spec
 
 
 def identical(services: Services, spec: SweepSpec, p: Plan, owner: str) -> SweepRecord | None:

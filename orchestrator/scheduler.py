@@ -58,8 +58,10 @@ from upscale.orchestrator.store import Store, checkpoint_at
 from upscale.orchestrator.task import SegmentFn, segment_task, train_segment
 from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
 from upscale.orchestrator.training_path import training_path
+from upscale.sweeps.resources import ClusterResources
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.sweeps.spec import ClusterResources, ResourcesSection, SizeOverride, TrainSection, round_steps
+from upscale.sweeps.spec import ResourcesSection, SizeOverride, TrainSection
+from upscale.sweeps.steps import round_steps
 
 
 @dataclass

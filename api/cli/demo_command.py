@@ -25,7 +25,7 @@ from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import print_plots
 from upscale.api.cli.progress import stage_bars, workers_for
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
-from upscale.sweeps.spec import DEMO_SPEC
+from upscale.sweeps.loader import DEMO_SPEC
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,7 +74,7 @@ def _synthetic(out_dir: Path, n_boot: int, details: bool) -> None:
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int, details: bool) -> None:
     from upscale.api.cli.run_commands import run_sweep, trained_line
     from upscale.orchestrator.tracking import ui_address
-    from upscale.sweeps.spec import load_spec
+    from upscale.sweeps.loader import load_spec
 
     spec = load_spec(spec_path)
     services, outcome = run_sweep(spec, str(spec_path))

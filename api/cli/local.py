@@ -107,7 +107,7 @@ class Local:
                reuse_stale: bool = False) -> dict[str, Any]:
         from upscale.control import sweeps
         from upscale.control.services import LOCAL_OWNER
-        from upscale.sweeps.spec import parse_document
+        from upscale.sweeps.loader import parse_document
 
         if isinstance(spec, str | os.PathLike):
             path = Path(spec)

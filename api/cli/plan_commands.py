@@ -26,9 +26,10 @@ from rich.text import Text
 from upscale.api.cli.app import console
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.sweeps.data_sources import check_present
+from upscale.sweeps.loader import load_spec
+from upscale.sweeps.memory import check_memory
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import BUILTIN_CORPORA
-from upscale.sweeps.spec import check_memory, load_spec
 
 if TYPE_CHECKING:
     from upscale.orchestrator.plan_in_store import PlanInStore

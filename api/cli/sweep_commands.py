@@ -59,7 +59,7 @@ def _wait(c: Client | Local, sweep_id: str, spec: Path) -> None:
     from what the sweep trains (control/timing.py); in-process nobody else trains it, so the orchestrator's
     scheduler runs it here, on the same store (and its hooks)."""
     from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
-    from upscale.sweeps.spec import load_spec
+    from upscale.sweeps.loader import load_spec
 
     sweep_spec = load_spec(spec)  # the plan the server made of it: tokens and the time left on the bar
     local = isinstance(c, Local)

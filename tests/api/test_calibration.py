@@ -15,9 +15,9 @@ from upscale.api.cli.app import user_errors
 from upscale.control.records import PredictionRecord
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import get_settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentResult
-from upscale.sweeps.spec import load_spec
 
 
 def test_the_ledger_is_scored_and_served_by_the_route_and_the_cli(live, mlflow_uri, monkeypatch) -> None:

@@ -15,8 +15,8 @@ from tests.orchestrator.segment_fns import counting_segment
 from upscale.control import sweeps
 from upscale.control.services import Services
 from upscale.orchestrator.scheduler import Scheduler
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import eta_s, plan, segment_seconds
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

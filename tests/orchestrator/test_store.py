@@ -22,9 +22,9 @@ from tests.orchestrator.conftest import TINY_SPEC
 from upscale.orchestrator.errors import OrchestratorError
 from upscale.orchestrator.records import Base
 from upscale.orchestrator.store import Store, alembic_config
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentResult
-from upscale.sweeps.spec import load_spec
 
 SQLITE_DEFAULT_VARIABLES = 32766  # SQLITE_MAX_VARIABLE_NUMBER of SQLite's default build since 3.32
 
