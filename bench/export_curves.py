@@ -28,7 +28,7 @@ from upscale.control.curves import OBSERVATION_FIELDS, sweep_curves
 from upscale.control.runs import run_spec
 from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.spec import DEMO_SPEC, load_spec
+from upscale.sweeps.loader import DEMO_SPEC, load_spec
 
 OUT = Path(__file__).resolve().parent / "data" / "demo_grid.json"
 

@@ -22,7 +22,7 @@ from upscale.control.runs import run_spec
 from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import ensure_ray
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.spec import DEMO_SPEC, load_spec
+from upscale.sweeps.loader import DEMO_SPEC, load_spec
 
 
 def main() -> None:

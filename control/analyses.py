@@ -51,7 +51,8 @@ from upscale.fitting.errors import FitError
 from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.observations import table
 from upscale.sweeps.data_sources import vocab_size_of
-from upscale.sweeps.spec import parse_spec, resolve
+from upscale.sweeps.spec import parse_spec
+from upscale.sweeps.steps import resolve
 
 if TYPE_CHECKING:  # no cycle: what loads Ray, MLflow, the fitting stack or matplotlib stays out of the CLI's reads
     from upscale.control.services import Services

@@ -9,8 +9,9 @@ from upscale.control.identifiability import planned_grid
 from upscale.control.schemas import KindTotals, LawCheckPublic, PlanEstimate, PlanSummary, SizeMemoryPublic
 from upscale.fitting.identifiability import identifiability
 from upscale.orchestrator.plan_in_store import PlanInStore
+from upscale.sweeps.memory import GIB, memory_plan, worker_memory
 from upscale.sweeps.planner import GPU_FLOPS_PER_S, critical_path_s, gpu_flops_per_s, segment_seconds
-from upscale.sweeps.spec import GIB, SweepSpec, memory_plan, worker_memory
+from upscale.sweeps.spec import SweepSpec
 
 KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
               "scratch_trunk", "scratch_decay")

@@ -40,7 +40,7 @@ class PlanEstimate(BaseModel):
 
 
 class SizeMemoryPublic(BaseModel):
-    """One size's largest model as one worker trains it (sweeps/spec.py `memory_plan`; docs/training.md)."""
+    """One size's largest model as one worker trains it (sweeps/memory.py `memory_plan`; docs/training.md)."""
 
     size: str
     model: str = Field(description="The size's model that needs the most memory: `dense 0.1B` or `0.1B as 8x2`.")

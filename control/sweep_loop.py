@@ -29,7 +29,8 @@ from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, cluster_resources, ray_problem, restart_ray, runner_gone
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.task import SegmentFn, train_segment
-from upscale.sweeps.spec import ClusterResources, ResourcesSection, SpecError, SweepSpec, check_resources
+from upscale.sweeps.resources import ClusterResources, check_resources
+from upscale.sweeps.spec import ResourcesSection, SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
 

@@ -26,22 +26,17 @@ from upscale.control.schemas import SegmentProgress, SweepCreated, SweepDetail, 
 from upscale.control.services import LOCAL_OWNER, Services
 from upscale.control.timing import timing
 from upscale.data_roots import confine
-from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
 from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
 from upscale.orchestrator.service import spec_hash
-from upscale.orchestrator.store import SweepExists
-from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, confine_entry
+from upscale.orchestrator.store import SweepExists, no_sweep
+from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, check_present, confine_entry
+from upscale.sweeps.loader import check_document
+from upscale.sweeps.memory import check_memory
 from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.resources import ClusterResources, check_resources
 from upscale.sweeps.segments import BUILTIN_CORPORA
-from upscale.sweeps.spec import (
-    ClusterResources,
-    SweepSpec,
-    check_document,
-    check_memory,
-    check_resources,
-    parse_spec,
-)
+from upscale.sweeps.spec import SweepSpec, parse_spec
 
 
 def identical(services: Services, spec: SweepSpec, p: Plan, owner: str) -> SweepRecord | None:
@@ -68,6 +63,7 @@ def admit(services: Services, data: Any) -> SweepSpec:
     # data_roots), in the one walk that reads them
     if spec.data.corpus not in BUILTIN_CORPORA:
         confine_entry("data.corpus", spec.data.corpus, settings.data_root_paths)
+        check_present("data.corpus", spec.data.corpus, settings.data_root_paths)
     if spec.data.tokenizer not in BUILTIN_TOKENIZERS:
         confine_entry("data.tokenizer", spec.data.tokenizer, settings.data_root_paths, instead="bytes, bpe")
     available = cluster(services)
@@ -282,7 +278,7 @@ def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes]:
     sweep."""
     key = version(services, sweep_id)
     if key is None:
-        raise NotFoundError(f"no sweep {sweep_id!r}; GET /sweeps lists them")
+        raise no_sweep(sweep_id)
     cached = services.detail_cache.get(sweep_id)
     if cached is None or cached.version != key:
         body = detail(services, sweep_id).model_dump_json().encode()

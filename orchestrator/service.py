@@ -18,8 +18,9 @@ from upscale.orchestrator.scheduler import Scheduler, SweepOutcome, cluster_reso
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.resources import check_resources
 from upscale.sweeps.segments import fingerprint
-from upscale.sweeps.spec import SweepSpec, check_resources
+from upscale.sweeps.spec import SweepSpec
 
 
 @dataclass

@@ -43,7 +43,8 @@ from upscale.sweeps.segments import (
     fingerprint,
 )
 from upscale.sweeps.sizes import dense_params, expert_widths, moe_active_params, moe_total_params, train_flops_per_token
-from upscale.sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, resolve, round_steps
+from upscale.sweeps.spec import R_METHODS, SweepSpec
+from upscale.sweeps.steps import Budgets, SizeRecipe, resolve, round_steps
 
 AxisValue = str | int | float | None
 LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_search parents that will fix it)

@@ -101,7 +101,7 @@ def test_demo_trains_a_grid_for_real_and_fits_it(tmp_path: Path) -> None:
     if "warning: plot dstar skipped: D* is not finite" in run.stderr:  # a tiny real grid may have one side win:
         expected -= {"dstar.png", "dstar.pdf"}  # everywhere; the demo then says so instead of an empty band
     assert drawn == expected
-    assert "upscale ui --launch" in out
+    assert "upscale ui --launch, then http://127.0.0.1:5000/#/experiments/" in out  # the runs, not the landing
     # A second run reuses every segment: nothing is trained again.
     assert "0 segment(s) trained this run" in _demo(tmp_path / "home", "--spec", str(spec), "--bootstrap", "0",
                                                     timeout=600)

@@ -30,7 +30,10 @@ from typing import Any
 import torch
 
 from upscale.sweeps.data_sources import TOKENIZER_FILES, tokenizer_files
-from upscale.sweeps.model_dirs import SOURCE_FILE  # provenance of an imported model: HF folder, config, sha256
+from upscale.sweeps.model_dirs import (  # provenance of an imported model: HF folder, config, sha256
+    SOURCE_FILE,
+    read_json_object,
+)
 from upscale.workers.errors import WorkerError, validated
 from upscale.workers.model import MixtureRouter, ModelConfig
 from upscale.workers.upcycling.adapter import bias_of, experts_of, router_of, shared_of
@@ -108,13 +111,7 @@ def _check_out(out: Path) -> None:
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise WorkerError(f"{path}: missing (a Hugging Face model folder holds config.json beside its weights)")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WorkerError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise WorkerError(f"{path}: must hold a JSON object")
-    return data
+    return read_json_object(path, WorkerError)
 
 
 def _llama_to_config(raw: dict[str, Any], cfg_file: Path) -> ModelConfig:

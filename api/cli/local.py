@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from upscale.api.cli.app import CommandError, register_user_error
+from upscale.api.cli.app import CommandError
 from upscale.client import Client
-from upscale.orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from upscale.control.services import Services
     from upscale.sweeps.spec import SweepSpec
 
-register_user_error(OrchestratorError)  # NotFoundError (an unknown sweep) among them: the API's 404
 
 ApiOpt = Annotated[str | None, typer.Option("--api", help="A remote server's URL, e.g. http://host:8000; default: "
                                             "in-process on this machine's store. UPSCALE_TIMEOUT: seconds to wait.")]
@@ -110,7 +108,7 @@ class Local:
                reuse_stale: bool = False) -> dict[str, Any]:
         from upscale.control import sweeps
         from upscale.control.services import LOCAL_OWNER
-        from upscale.sweeps.spec import parse_document
+        from upscale.sweeps.loader import parse_document
 
         if isinstance(spec, str | os.PathLike):
             path = Path(spec)

@@ -21,10 +21,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import console, register_user_error
+from upscale.api.cli.app import console
 from upscale.workers.errors import WorkerError
-
-register_user_error(WorkerError)
 
 model_app = typer.Typer(help="Dense model checkpoints.", no_args_is_help=True)
 

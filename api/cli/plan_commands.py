@@ -23,16 +23,17 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from upscale.api.cli.app import console, register_user_error
+from upscale.api.cli.app import console
 from upscale.control.plans import stale_lines
 from upscale.orchestrator.errors import OrchestratorError
+from upscale.sweeps.data_sources import check_present
+from upscale.sweeps.loader import load_spec
+from upscale.sweeps.memory import check_memory
 from upscale.sweeps.planner import Plan, plan
-from upscale.sweeps.spec import SpecError, check_memory, load_spec
+from upscale.sweeps.segments import BUILTIN_CORPORA
 
 if TYPE_CHECKING:
     from upscale.orchestrator.plan_in_store import PlanInStore
-
-register_user_error(SpecError)
 
 
 def segment_list(p: Plan) -> list[dict]:
@@ -85,8 +86,12 @@ def plan_command(
     not yet done in the state store (and what is stale there), an estimated wall time, and a warning for each law of
     the analysis the grid cannot identify (why, what to add); `upscale submit` and POST /sweeps show the same."""
     from upscale.control.plans import plan_summary  # numpy and pandas: not for --help
+    from upscale.orchestrator.settings import get_settings
 
-    sweep = load_spec(spec)
+    settings = get_settings()
+    sweep = load_spec(spec, max_segments=settings.max_segments)  # the bound POST /sweeps applies
+    if sweep.data.corpus not in BUILTIN_CORPORA:  # as POST /sweeps refuses it; outside the roots it may be a cluster's
+        check_present("data.corpus", sweep.data.corpus, settings.data_root_paths)
     p = plan(sweep)
     summary = plan_summary(in_store(p, reuse_stale), sweep, tokens_per_s, flops_per_s)
     if as_json:

@@ -63,7 +63,7 @@ def run_command(
     """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations and what
     this run trained. Running an identical spec again resumes its sweep, or returns it if done."""
     from upscale.orchestrator.observations import JSON_FIELDS, as_row
-    from upscale.sweeps.spec import load_spec
+    from upscale.sweeps.loader import load_spec
 
     services, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
                               max_attempts=max_attempts, new=new, reuse_stale=reuse_stale)

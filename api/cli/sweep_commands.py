@@ -106,6 +106,8 @@ def status_command(
         t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
                   "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
     console.print(t)
+    if d["error"]:  # whole: its cause comes first, and a cell would cut it
+        console.print(f"{d['status']}: {d['error']}", highlight=False, markup=False, soft_wrap=True)
     console.print(timing_line(d["timing"], d["status"]), highlight=False, soft_wrap=True)
     if d["stale_segments"]:
         console.print(f"{len(d['stale_segments'])} segment(s) were stale (trained under an older training-semantics "

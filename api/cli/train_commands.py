@@ -15,14 +15,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from upscale.api.cli.app import console, err_console, register_user_error
-from upscale.storage import StorageError
+from upscale.api.cli.app import console, err_console
 from upscale.workers.errors import WorkerError
 
 if TYPE_CHECKING:
     from upscale.sweeps.segments import SegmentResult
-
-register_user_error(WorkerError, StorageError)
 
 
 def _parents(values: list[str], parent_ids: tuple[str, ...]) -> dict[str, str]:

@@ -27,8 +27,9 @@ from upscale.control.schemas import (
 from upscale.orchestrator.observations import as_row, table
 from upscale.orchestrator.plan_in_store import PlanInStore
 from upscale.orchestrator.records import ObservationRecord
+from upscale.sweeps.loader import DEMO_SPEC, load_spec, parse_document
 from upscale.sweeps.planner import eta_s, plan, segment_seconds
-from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
+from upscale.sweeps.spec import SweepSpec
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 

@@ -56,7 +56,7 @@ def test_bad_spec_is_422_naming_each_field(live) -> None:
 def test_an_unknown_sweep_is_404_on_every_route_and_422_in_a_fit_body(live) -> None:
     """One exception handler maps the store's NotFoundError to 404 with the message as `detail`; a sweep id inside a
     request body is a bad value (422), not a missing URL."""
-    gone = {"detail": "no sweep 'f00000000000'; `upscale sweeps` lists them"}
+    gone = {"detail": "no sweep 'f00000000000'; `upscale status` (GET /sweeps) lists them"}
     schedule = {"name": "x", "trigger": "on_new_observations",
                 "request": {"sweep_ids": ["f00000000000"]}}
     with live.client() as c:

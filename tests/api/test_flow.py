@@ -22,8 +22,8 @@ from upscale.control.wiring import open_services
 from upscale.fitting.data import read_table
 from upscale.fitting.synthetic import bundled_path
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 FLOW_SPEC = """
 name: api-flow

@@ -23,8 +23,8 @@ from upscale.orchestrator.records import CheckpointRecord, ObservationRecord
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings, get_settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -18,8 +18,8 @@ from upscale.control.runs import run_spec
 from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 LINE = re.compile(r"^sweep tiny: (\d+)/(\d+) segments, .* tokens, \d+:\d\d:\d\d elapsed, (time left (.+)|done)$")

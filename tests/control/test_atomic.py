@@ -26,8 +26,8 @@ from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 THREADS = 16
 

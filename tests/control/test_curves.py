@@ -12,9 +12,9 @@ from upscale.control.curves import fitting_trunks, sweep_curves
 from upscale.control.services import Services
 from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import DECAY_KINDS, SegmentResult
-from upscale.sweeps.spec import load_spec
 
 TPS = 64  # 4 sequences of 16 tokens
 EVERY = 2 * TPS

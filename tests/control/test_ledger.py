@@ -28,8 +28,8 @@ from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import ObservationRecord
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import Observation, plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -18,7 +18,7 @@ from upscale.control.sweeps import admit, submit
 from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import Progress
 from upscale.sweeps import planner
-from upscale.sweeps.spec import load_spec
+from upscale.sweeps.loader import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

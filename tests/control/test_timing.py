@@ -18,8 +18,8 @@ from upscale.control.wiring import open_services
 from upscale.orchestrator.clock import as_utc
 from upscale.orchestrator.records import AttemptRecord
 from upscale.orchestrator.scheduler import Scheduler
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import eta_s, plan, segment_seconds
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

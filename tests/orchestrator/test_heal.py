@@ -28,7 +28,7 @@ from upscale.orchestrator.infra import is_deterministic, is_infrastructure
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
-from upscale.sweeps.spec import load_spec
+from upscale.sweeps.loader import load_spec
 from upscale.workers.errors import WorkerError
 
 pytestmark = pytest.mark.usefixtures("ray_session")

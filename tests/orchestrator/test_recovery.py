@@ -26,8 +26,8 @@ from upscale.orchestrator.clock import utcnow
 from upscale.orchestrator.scheduler import owner_id, runner_gone
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.tracking import RunTree
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
