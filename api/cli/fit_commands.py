@@ -284,6 +284,7 @@ def dstar_command(
         analysis, ref = newest_analysis(api, token)
         moe_fit, up_fit, label = group_fits(analysis, group)
         out = {**dstar_results(moe_fit, up_fit, n1), "group": label, "analysis": ref}
+        analysis.answer_dstars(out["results"], label)  # the answer the analysis and a decision give, not the law's
     if as_json:
         print_json(out)
     else:
