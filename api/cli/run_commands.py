@@ -63,9 +63,11 @@ def run_command(
     """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations and what
     this run trained. Running an identical spec again resumes its sweep, or returns it if done."""
     from upscale.orchestrator.observations import JSON_FIELDS, as_row
+    from upscale.orchestrator.settings import get_settings
     from upscale.sweeps.loader import load_spec
 
-    services, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
+    sweep_spec = load_spec(spec, max_segments=get_settings().max_segments)  # the bound `upscale plan` applies
+    services, out = run_sweep(sweep_spec, str(spec), transient=as_json, max_concurrent=max_concurrent,
                               max_attempts=max_attempts, new=new, reuse_stale=reuse_stale)
     rows = [as_row(o) for o in services.store.observations(out.sweep_id)]
     report = trained_report(services.orch, out)

@@ -110,12 +110,14 @@ def test_ui_runs_mlflow_through_this_interpreter(env, mlflow_uri) -> None:
     assert r.stderr.strip() == f"error: mlflow is not installed for {sys.executable}: pip install 'upscale[worker]'"
 
 
-def test_plan_of_a_grid_over_the_segment_limit(env, tmp_path: Path) -> None:
-    """`upscale plan` refuses, in one line and before planning, the grid POST /sweeps refuses: UPSCALE_MAX_SEGMENTS."""
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_grid_over_the_segment_limit(env, tmp_path: Path, command: str) -> None:
+    """`upscale plan` and `upscale run` refuse, in one line and before planning, the grid POST /sweeps refuses:
+    UPSCALE_MAX_SEGMENTS."""
     spec = tmp_path / "huge.json"
     spec.write_text(json.dumps({**SMALL_SPEC, "moe": {"experts": list(range(2, 1002)), "topk": [1, 2]},
                                 "upcycling": {"methods": ["naive", "drop"], "r": [i / 1000 for i in range(1000)]}}))
-    line = _fails({**env, "UPSCALE_MAX_SEGMENTS": "5000"}, "plan", str(spec))
+    line = _fails({**env, "UPSCALE_MAX_SEGMENTS": "5000"}, command, str(spec))
     assert "UPSCALE_MAX_SEGMENTS" in line and "over the limit of 5,000" in line
 
 
