@@ -65,6 +65,7 @@ def test_synthetic_demo_recovers_the_papers_dstar_and_writes_the_plots(tmp_path:
                                                        str(tmp_path / "plots"), timeout=300)
 
 
+@pytest.mark.slow  # ~10 s on 2 busy cores (make test stays under 10 minutes)
 def test_decide_without_fits_says_what_to_run(tmp_path: Path) -> None:
     for args in (("decide", "--n1", "1e9", "--d1", "1e9", "--d2", "1e9"), ("dstar", "--n1", "1e9")):
         out = _upscale(tmp_path, *args, timeout=120)

@@ -105,6 +105,7 @@ def _rows(services: Services) -> list[AnalysisRecord]:
         return list(s.scalars(select(AnalysisRecord)))
 
 
+@pytest.mark.slow  # ~36 s on 2 busy cores (make test stays under 10 minutes)
 def test_identical_inputs_make_one_analysis_even_when_triggers_race(services) -> None:
     sid = fill(services)
     results: list[AnalysisRecord] = []
@@ -144,6 +145,7 @@ def test_a_crashed_running_row_is_taken_over_once_stale(services) -> None:
     assert taken.id == first.id and taken.ran and taken.status == "done" and taken.owner == "bob"
 
 
+@pytest.mark.slow  # ~43 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_running_row_whose_process_is_gone_is_taken_over_at_once(services) -> None:
     sid = fill(services)
     first = run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="request")
@@ -159,6 +161,7 @@ def test_a_running_row_whose_process_is_gone_is_taken_over_at_once(services) -> 
     assert again.ran and again.status == "done" and again.trigger == "observations"
 
 
+@pytest.mark.slow  # ~17 s on 2 busy cores (make test stays under 10 minutes)
 def test_an_interrupted_requested_analysis_runs_again_with_the_parameters_it_was_asked_with(services) -> None:
     """A server stopped mid-request (its jobs' `stop_when` raising): the next loop tick runs that row again with
     the N1s, bootstrap and seed the caller asked for, not the loop's defaults, and the sweep gets no other row."""
@@ -225,6 +228,7 @@ def test_a_failing_analysis_is_recorded_and_not_retried_by_the_loop(services) ->
     assert len(_rows(services)) == 1 and _rows(services)[0].created_at == rows[0].created_at
 
 
+@pytest.mark.slow  # ~43 s on 2 busy cores (make test stays under 10 minutes)
 def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
     services = open_services(settings)

@@ -152,6 +152,7 @@ def test_a_missing_file_or_column_is_one_line_naming_it(tmp_path) -> None:
     assert "give a sweep id" in str(runner.invoke(app, ["analyze"]).exception)
 
 
+@pytest.mark.slow  # ~11 s on 2 busy cores (make test stays under 10 minutes)
 def test_the_bundled_tables_as_the_readme_analyses_them() -> None:
     """README's worked example: the three CSV options on the bundled synthetic tables, JSON out."""
     from upscale.fitting.synthetic import bundled_path

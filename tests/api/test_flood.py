@@ -18,6 +18,7 @@ import time
 from contextlib import suppress
 
 import httpx
+import pytest
 
 from tests.api.conftest import free_port
 from tests.api.test_recovery import UPSCALE, _answers, kill, wait_for
@@ -52,6 +53,7 @@ def flood(port: int, held: list[socket.socket], stop: threading.Event) -> None:
         held.append(s)
 
 
+@pytest.mark.slow  # ~14 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_flood_of_half_sent_requests_leaves_the_server_and_its_queued_sweeps_whole(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path / "home", mlflow_tracking_uri=mlflow_uri)
     store = Store(settings.db_url)

@@ -44,6 +44,7 @@ def trained_from(key: str) -> set[str]:
     return found
 
 
+@pytest.mark.slow  # ~13 s on 2 busy cores (make test stays under 10 minutes)
 def test_an_invalidated_segment_and_its_descendants_are_retrained_once_more(tmp_path, mlflow_uri,
                                                                             monkeypatch) -> None:
     settings = Settings(home=tmp_path / "home", mlflow_tracking_uri=mlflow_uri)

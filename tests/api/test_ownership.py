@@ -174,6 +174,7 @@ def test_a_read_token_sees_every_owners_sweeps_fits_and_schedules(world) -> None
         assert c.get(f"/sweeps/{world.sweep}/observations").status_code == 200
 
 
+@pytest.mark.slow  # ~17 s on 2 busy cores (make test stays under 10 minutes)
 def test_every_timestamp_is_timezone_aware_utc_in_one_form(world) -> None:
     """POST /fits answered `...Z` and GET without it, as SQLite gives timestamps back naive: now one form."""
     with world.live.client(world.headers["alice"]) as c:

@@ -72,6 +72,7 @@ def test_an_expired_token_is_refused_and_a_live_one_is_not(settings) -> None:
             client.sweeps()
 
 
+@pytest.mark.slow  # ~16 s on 2 busy cores (make test stays under 10 minutes)
 def test_token_create_expires_and_list(settings) -> None:
     token = _cli(settings, "create", "--scope", "admin", "root", "--expires", "30").stdout.strip()
     assert token.startswith("ups_")

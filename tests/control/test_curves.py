@@ -185,6 +185,7 @@ def _move_a_trunk_curve(services: Services, planned) -> None:
         row.result = {**row.result, "curve": curve}
 
 
+@pytest.mark.slow  # ~9 s on 2 busy cores (make test stays under 10 minutes)
 def test_refits_and_new_analyses_follow_the_curves_not_only_the_observations(done) -> None:
     from upscale.control.analyses import analyse_if_new, run_analysis
     from upscale.control.records import AnalysisRecord

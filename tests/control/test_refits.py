@@ -35,6 +35,7 @@ def _analyses(services: Services) -> int:
         return s.scalar(select(func.count()).select_from(AnalysisRecord))
 
 
+@pytest.mark.slow  # ~13 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_cron_firing_on_unchanged_observations_records_nothing(services) -> None:
     sweep = fill(services, leave_out=1)
     body = RefitScheduleCreate(name="every minute", trigger="cron", cron="* * * * *",
@@ -61,6 +62,7 @@ def test_a_cron_firing_on_unchanged_observations_records_nothing(services) -> No
     assert len(refits(services, schedule.id)) == 1 and lag_s(services)[schedule.id] > 0
 
 
+@pytest.mark.slow  # ~18 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_schedule_takes_its_defaults_from_the_data(services) -> None:
     """No N1 given: the analysis runs at every size the sweep trained and D* is reported at the largest; the
     bootstrap is the analyses' (an interval on D*)."""

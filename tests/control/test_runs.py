@@ -84,6 +84,7 @@ def test_a_spec_is_planned_once_and_an_identical_one_is_returned(settings) -> No
                            "records another"] and again.estimates == []  # nothing to train: no bar
 
 
+@pytest.mark.slow  # ~12 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_recorded_sweep_trains_without_being_planned_again(settings) -> None:
     """What an in-process `submit --wait` does: the sweep `submit` recorded, estimated from the store."""
     services = open_services(settings, auth=False)

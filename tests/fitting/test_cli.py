@@ -64,6 +64,7 @@ def test_laws_lists_one_law_a_line():
     assert out[-1].split()[0] == "multi-power" and "the LR of every step" in out[-1]
 
 
+@pytest.mark.slow  # ~11 s on 2 busy cores (make test stays under 10 minutes)
 def test_fit_dstar_decide_optimal_json_contracts(tmp_path):
     joint = get_law("joint")
     grid = {"N1": (1e8, 1e9), "D1": (1e9, 4e9, 1.6e10), "D2": (1e9, 4e9, 1.6e10, 6.4e10)}
@@ -193,6 +194,7 @@ def bad_tables(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
+@pytest.mark.slow  # ~12 s on 2 busy cores (make test stays under 10 minutes)
 def test_every_bad_input_is_one_line_and_exit_2(tmp_path):
     cases = bad_tables(tmp_path)
     results = run_all([["fit", *args] for args, _ in cases.values()], tmp_path)

@@ -86,6 +86,7 @@ def test_fit_plots_skip_what_a_small_grid_cannot_support(tmp_path: Path) -> None
     assert not list(tmp_path.glob("alpha_d1*"))
 
 
+@pytest.mark.slow  # ~19 s on 2 busy cores (make test stays under 10 minutes)
 def test_draw_analysis_draws_every_plot_of_the_synthetic_tables(tables: dict[str, pd.DataFrame],
                                                                 tmp_path: Path) -> None:
     analysis = analyze(tables, [1e8, 1e9, 7e9], bootstrap=10)
@@ -112,6 +113,7 @@ def test_draw_analysis_skips_what_the_analysis_has_no_law_for(tables: dict[str, 
     assert not (tmp_path / "naive_8x2").exists() and not (tmp_path / "dstar.png").exists()
 
 
+@pytest.mark.slow  # ~11 s on 2 busy cores (make test stays under 10 minutes)
 def test_draw_analysis_without_from_scratch_runs(tables: dict[str, pd.DataFrame], tmp_path: Path) -> None:
     no_scratch = {**tables, "scratch": tables["scratch"].iloc[0:0]}
     drawn = draw_analysis(analyze(no_scratch, bootstrap=0), no_scratch, tmp_path)

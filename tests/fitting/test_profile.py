@@ -101,6 +101,7 @@ def test_ends_tell_an_interval_open_at_both_ends_from_no_interval() -> None:
     assert ProfileInterval(math.nan, math.nan, math.nan, 0.8, 5).ends() is None  # no crossing is consistent
 
 
+@pytest.mark.slow  # ~12 s on 2 busy cores (make test stays under 10 minutes)
 def test_upcycling_that_always_wins_by_far_puts_dstar_beyond_the_tokens_searched() -> None:
     truth = {"moe": TABLE2["moe"], "up": {**TABLE2["upcycled"], "A": TABLE2["upcycled"]["A"] * 0.75,
                                           "alpha2": 0.14}}

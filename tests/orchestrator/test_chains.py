@@ -36,6 +36,7 @@ def _tokens_trained(orch: Orchestrator, out) -> int:
     return trained_report(orch, out)["trained"]["tokens"]
 
 
+@pytest.mark.slow  # ~9 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_grid_grown_in_two_steps_trains_the_whole_grids_tokens(settings, tmp_path) -> None:
     small, grown = _spec([512, 1024], [256], [512]), _spec([512, 1024, 1536], [256, 512], [512, 1024])
     two = Orchestrator.open(settings)

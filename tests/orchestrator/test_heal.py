@@ -136,6 +136,7 @@ def test_the_sweep_loop_survives_the_store_failing_and_still_runs_the_sweep(sett
         loop.stop()
 
 
+@pytest.mark.slow  # ~14 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_store_failing_while_a_worker_finishes_leaves_the_worker_to_finish_and_trains_nothing_twice(
         settings, monkeypatch) -> None:
     """The store fails while a worker is between its last step and its result file: the scheduler that stops leaves
@@ -205,6 +206,7 @@ def test_a_store_whose_disk_fills_mid_sweep_then_frees_finishes_the_sweep_traini
     assert max(trained.values()) == 1, trained  # nothing trained twice
 
 
+@pytest.mark.slow  # ~10 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_tracking_store_deleted_mid_sweep_costs_only_the_dashboard(tmp_path) -> None:
     mlflow_db = tmp_path / "mlflow" / "mlflow.db"
     mlflow_db.parent.mkdir()
@@ -228,6 +230,7 @@ def test_a_tracking_store_deleted_mid_sweep_costs_only_the_dashboard(tmp_path) -
     assert run.info.status == "FINISHED", run.info
 
 
+@pytest.mark.slow  # ~11 s on 2 busy cores (make test stays under 10 minutes)
 def test_stopping_the_loop_mid_sweep_leaves_it_pending_and_the_next_loop_finishes_it(settings) -> None:
     services, sweep, loop = sweep_under_loop(settings, TINY_NAIVE_SPEC, step_s=0.05, done=2)
     store = services.store

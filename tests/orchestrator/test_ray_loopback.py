@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 PROBE = textwrap.dedent("""
     import json, sys
     import psutil, ray
@@ -39,6 +41,7 @@ PROBE = textwrap.dedent("""
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
+@pytest.mark.slow  # ~18 s on 2 busy cores (make test stays under 10 minutes)
 def test_embedded_ray_listens_on_loopback_only(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True, text=True, timeout=240,
                          start_new_session=True)

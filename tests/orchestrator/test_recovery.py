@@ -48,6 +48,7 @@ def dead_owner() -> str:
     return f"{socket.gethostname()}:{int(proc.stdout)}:dead00"
 
 
+@pytest.mark.slow  # ~12 s on 2 busy cores (make test stays under 10 minutes)
 def test_a_killed_worker_is_one_failed_attempt_that_the_scheduler_retries(settings) -> None:
     orch = Orchestrator.open(settings)
     spec = load_spec(TINY_SPEC)

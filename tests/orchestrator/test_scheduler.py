@@ -155,6 +155,7 @@ def test_an_overlapping_sweep_trains_only_its_new_segments(settings) -> None:
     assert len(orch.store.observations(out.sweep_id)) == 11 + 4
 
 
+@pytest.mark.slow  # ~9 s on 2 busy cores (make test stays under 10 minutes)
 def test_two_schedulers_on_one_sweep_train_each_segment_once(settings) -> None:
     orch = Orchestrator.open(settings)
     knobs(settings, step_s=0.005)

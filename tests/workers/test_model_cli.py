@@ -158,6 +158,7 @@ def test_model_init_explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert code == 2 and "d_model=16 is not divisible by n_head=3" in err
 
 
+@pytest.mark.slow  # ~15 s on 2 busy cores (make test stays under 10 minutes)
 def test_hf_import_and_export_through_the_console_script(tmp_path: Path) -> None:
     from tests.workers.test_hf_models import hf_llama
 
