@@ -150,9 +150,13 @@ def submit_command(
     if shutil.which("sbatch") is None:
         raise CommandError("sbatch not found: run `upscale slurm submit` on a SLURM login node (or put sbatch on "
                            "PATH); --dry-run prints the script without it")
-    (job_home / "slurm").mkdir(parents=True, exist_ok=True)  # the job's log folder must exist before it starts
+    logs = job_home / "slurm"
+    made = [p for p in (logs, *logs.parents) if not p.exists()]
+    logs.mkdir(parents=True, exist_ok=True)  # the job's log folder must exist before the job starts
     done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True)
     if done.returncode != 0:
+        for folder in made:  # deepest first: leave nothing behind
+            folder.rmdir()
         why = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
         raise CommandError(f"sbatch refused the job: {why}")
     job_id = done.stdout.strip().split(";")[0]

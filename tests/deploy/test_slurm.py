@@ -1,9 +1,9 @@
 """`upscale slurm submit` against a real SLURM (tests/deploy/slurm_cluster.py: slurmctld and slurmd for this one
 node): the micro sweep's job starts Ray inside the allocation as deploy/slurm/upscale.sbatch does, finishes with every
-observation in the store under its UPSCALE_HOME, and `upscale status` shows it; a job requeued mid-sweep
-(`scontrol requeue`: SLURM kills it and runs it again, as after a preemption) resumes the sweep, training each
-segment once. Skipped with the reason where SLURM cannot start (not installed, not root). `.ci/run` runs these
-after `make test` (`pytest -m slurm`)."""
+observation in the store under its UPSCALE_HOME, and `upscale status` shows it; a partition SLURM does not know is
+refused in one line, leaving nothing behind; a job requeued mid-sweep (`scontrol requeue`: SLURM kills it and runs it
+again, as after a preemption) resumes the sweep, training each segment once. Skipped with the reason where SLURM
+cannot start (not installed, not root, no job runs). `.ci/run` runs these after `make test` (`pytest -m slurm`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.api.test_cli import UPSCALE
+from tests.api.test_cli_errors import _fails
 from tests.deploy.conftest import MICRO_SPEC
 from tests.deploy.slurm_cluster import SlurmUnavailable, _free_port, local_slurm
 from upscale.orchestrator.store import Store
@@ -106,6 +107,16 @@ def test_a_submitted_sweep_finishes_with_every_observation(slurm) -> None:
     assert "Ray ready: 1 node(s)" in log and "sweep settled (upscale run exited 0)" in log, log
     status = subprocess.run([UPSCALE, "status"], env=job_env, capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and sweep_id in status.stdout and "done" in status.stdout, status.stdout
+
+
+def test_a_partition_slurm_rejects_is_one_line_and_leaves_nothing(slurm) -> None:
+    env, d = slurm
+    spec = d / "rejected.yaml"
+    spec.write_text(MICRO_SPEC)
+    home = d / "rejected"
+    line = _fails({**env, "UPSCALE_HOME": str(home)}, "slurm", "submit", str(spec), "--partition", "nosuch")
+    assert line.startswith("error: sbatch refused the job:") and "invalid partition" in line.lower(), line
+    assert not home.exists()
 
 
 def test_a_requeued_job_resumes_the_sweep_training_each_segment_once(slurm) -> None:
