@@ -124,8 +124,8 @@ def submit_command(
     = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script; submit nothing.")] = False,
 ) -> None:
-    """Write the batch script for SPEC and submit it with sbatch; print the job id. `upscale status` (with the
-    same UPSCALE_HOME) shows the sweep."""
+    """Fill in the batch script for SPEC and submit it with sbatch; print the job id. `upscale status` (with the
+    same UPSCALE_HOME) shows the sweep; a requeued or resubmitted job resumes it."""
     from upscale.orchestrator.settings import get_settings
     from upscale.sweeps.spec import load_spec
 
