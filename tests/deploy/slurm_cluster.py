@@ -11,11 +11,13 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
+BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
 START_TIMEOUT_S = 60
 
 
@@ -30,9 +32,9 @@ def _free_port() -> int:
 
 
 # cred_expire: a requeued job waits this long (default 120 s) before it may start again.
-def _conf(d: Path, node: str, cpus: int) -> str:
+def _conf(d: Path, cluster: str, node: str, cpus: int) -> str:
     return f"""\
-ClusterName=upscaletest
+ClusterName={cluster}
 SlurmctldHost={node}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
@@ -62,6 +64,11 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
+def _binary(name: str) -> str:
+    """Where ``name`` is: on PATH, or in /usr/sbin (the daemons, off a non-root PATH)."""
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
 def _logs(d: Path) -> str:
     return " | ".join(f"{p.name}: {' / '.join(p.read_text(errors='replace').splitlines()[-3:])}"
                       for p in sorted(d.glob("*.log")))
@@ -72,7 +79,7 @@ def local_slurm(d: Path) -> Iterator[dict[str, str]]:
     """Start the three daemons with their state under ``d``; yield the environment that points sbatch, squeue and
     scontrol at them (SLURM_CONF). Stops them, by their pids, on exit. Raises SlurmUnavailable when a binary is
     missing or a daemon does not come up."""
-    missing = [b for b in DAEMONS if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    missing = [b for b in BINARIES if not Path(_binary(b)).exists()]
     if missing:
         raise SlurmUnavailable(f"{', '.join(missing)} not installed (Debian: apt-get install slurm-wlm munge)")
     if os.geteuid() != 0:
@@ -82,22 +89,22 @@ def local_slurm(d: Path) -> Iterator[dict[str, str]]:
         (d / sub).mkdir(parents=True)
     node = socket.gethostname().split(".")[0]
     conf = d / "slurm.conf"
-    conf.write_text(_conf(d, node, os.cpu_count() or 1))
+    cluster = f"upscale{uuid.uuid4().hex[:8]}"  # its own name: the jobs' Ray folders are named by cluster and job id
+    conf.write_text(_conf(d, cluster, node, os.cpu_count() or 1))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs: list[subprocess.Popen] = []
-    sbin = lambda b: shutil.which(b) or f"/usr/sbin/{b}"  # noqa: E731
     try:
-        subprocess.run([sbin("mungekey"), "--create", f"--keyfile={d}/munge.key"], check=True, capture_output=True)
+        subprocess.run([_binary("mungekey"), "--create", f"--keyfile={d}/munge.key"], check=True, capture_output=True)
         procs.append(subprocess.Popen(
-            [sbin("munged"), "--foreground", f"--socket={d}/munge.socket", f"--key-file={d}/munge.key",
+            [_binary("munged"), "--foreground", f"--socket={d}/munge.socket", f"--key-file={d}/munge.key",
              f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         _wait(lambda: (d / "munge.socket").exists(), procs, "munged", d)
-        procs.append(subprocess.Popen([sbin("slurmctld"), "-D", "-i", "-f", str(conf)], env=env,
+        procs.append(subprocess.Popen([_binary("slurmctld"), "-D", "-i", "-f", str(conf)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         _wait(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True).returncode == 0, procs,
               "slurmctld", d)
-        procs.append(subprocess.Popen([sbin("slurmd"), "-D", "-N", node, "-f", str(conf)], env=env,
+        procs.append(subprocess.Popen([_binary("slurmd"), "-D", "-N", node, "-f", str(conf)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         _wait(lambda: "idle" in subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
                                                text=True).stdout, procs, "slurmd", d)
@@ -113,6 +120,8 @@ def local_slurm(d: Path) -> Iterator[dict[str, str]]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for ray_dir in Path(tempfile.gettempdir()).glob(f"upscale-ray-{cluster}-*"):  # the jobs' Ray logs
+            shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def _probe(env: dict[str, str], d: Path) -> None:
