@@ -41,11 +41,11 @@ from upscale.api.quotas import IN_FLIGHT_RETRY_S, PerMinute
 from upscale.api.request_guards import AuthBeforeBody, BodyDeadline
 from upscale.api.routes import analyses, calibration, fits, ops, refits, segments, sweeps, tokens
 from upscale.api.routes.deps import known_ids
-from upscale.control.analyses import AnalysisLoop, NotReady
+from upscale.control.analyses import AnalysisLoop, NotReady, stop_requested
 from upscale.control.refits import RefitLoop
-from upscale.control.services import Services
 from upscale.control.sweep_loop import SweepLoop
 from upscale.control.sweeps import TooManyInFlight
+from upscale.control.wiring import open_services
 from upscale.orchestrator.errors import ConflictError, NotFoundError
 from upscale.orchestrator.infra import ClusterUnavailable
 from upscale.orchestrator.settings import Settings
@@ -209,7 +209,7 @@ def _add_spec_schemas(app: FastAPI) -> None:
 def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True, refit_tick_s: float = 5.0,
                poll_s: float = 1.0, analysis_tick_s: float = 5.0) -> FastAPI:
     """The app on ``settings``' store; its lifespan starts and gracefully stops the background loops."""
-    services = Services.open(settings, auth=auth)
+    services = open_services(settings, auth=auth)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -220,7 +220,7 @@ def create_app(settings: Settings, *, auth: bool = True, scheduler: bool = True,
                 loop.start()
         yield
         app.state.heavy.shutdown()
-        services.jobs.stop(services.store)  # analyses in flight end `failed`, interrupted: the next start reruns them
+        stop_requested(services)  # analyses in flight end `failed`, interrupted: the next start reruns them
         if app.state.loops:
             for loop in app.state.loops:
                 loop.stop()

@@ -19,7 +19,8 @@ from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from upscale.api.auth import SCOPES, authorize
+from upscale.api.auth import authorize
+from upscale.control.tokens import SCOPES
 
 AUTH_THREADS = 4
 

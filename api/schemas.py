@@ -1,5 +1,5 @@
-"""Bodies only the HTTP face returns: liveness and the bearer tokens (api/auth.py). What the routes share with the CLI
-and the background loops, requests and results alike, is the control layer's (control/schemas.py)."""
+"""Bodies only the HTTP face returns: liveness and the bearer tokens (control/tokens.py). What the routes share with
+the CLI and the background loops, requests and results alike, is the control layer's (control/schemas.py)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ import aiohttp
 import httpx
 import numpy as np
 
-from upscale.api.auth import create_token
-from upscale.control.services import Services
+from upscale.control.tokens import create_token
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import parse_spec
@@ -117,7 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="upscale-api-load-") as home:
         settings = Settings(home=Path(home))
-        services = Services.open(settings)
+        services = open_services(settings)
         p = plan(parse_spec(SPEC))
         segments = p.segments[:args.segments]  # topological order: every kept segment's parents are kept
         sweep = services.store.create_sweep("load", SPEC, SPEC["resources"], segments)

@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 from upscale.orchestrator.scheduler import step_options
+from upscale.sweeps.loader import DEMO_SPEC, load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import TRUNK_KINDS, SegmentRuntime
-from upscale.sweeps.spec import DEMO_SPEC, load_spec
 from upscale.workers.segment import run_segment
 
 

@@ -25,33 +25,25 @@ import time
 from pathlib import Path
 
 from upscale.control.curves import OBSERVATION_FIELDS, sweep_curves
-from upscale.control.services import LOCAL_OWNER, Services
-from upscale.control.sweeps import identical
-from upscale.orchestrator.scheduler import Scheduler, ensure_ray
+from upscale.control.runs import run_spec
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import DEMO_SPEC, load_spec
+from upscale.sweeps.loader import DEMO_SPEC, load_spec
 
 OUT = Path(__file__).resolve().parent / "data" / "demo_grid.json"
 
 
 def export(spec_path: Path, home: Path, out: Path) -> None:
     spec = load_spec(spec_path)
-    planned = plan(spec)
-    settings = Settings(home=home)
-    services = Services.open(settings, auth=False)
-    found = identical(services, spec, planned, LOCAL_OWNER)
-    if found is None or found.status != "done":
-        t0 = time.perf_counter()
-        ensure_ray(settings)
-        outcome = services.orch.run(spec, Scheduler(services.store, settings), sweep_id=found.id if found else None)
-        if outcome.status != "done":
-            raise SystemExit(f"sweep {outcome.sweep_id} ended {outcome.status}: see `UPSCALE_HOME={home} upscale "
-                             f"sweeps show {outcome.sweep_id}`")
+    services = open_services(Settings(home=home), auth=False)
+    t0 = time.perf_counter()
+    outcome, planned = run_spec(services, spec)  # a done identical sweep is returned as it is, not trained again
+    if outcome.status != "done":
+        raise SystemExit(f"sweep {outcome.sweep_id} ended {outcome.status}: see `UPSCALE_HOME={home} upscale "
+                         f"status {outcome.sweep_id}`")
+    if outcome.trained:
         print(f"trained sweep {outcome.sweep_id} in {time.perf_counter() - t0:.0f} s")
-        sweep_id = outcome.sweep_id
-    else:
-        sweep_id = found.id
+    sweep_id = outcome.sweep_id
     observations = [{f: getattr(o, f) for f in (*OBSERVATION_FIELDS, "trunk", "segment_key")}
                     for o in services.store.observations(sweep_id)]
     segments = [{"key": s.id, "kind": s.spec.kind, "flops": s.flops, "tokens": s.tokens,

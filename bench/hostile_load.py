@@ -36,8 +36,8 @@ import httpx
 import numpy as np
 from api_load import serving  # bench/api_load.py: a real `upscale serve` on a free loopback port
 
-from upscale.api.auth import create_token
-from upscale.control.services import Services
+from upscale.control.tokens import create_token
+from upscale.control.wiring import open_services
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2, design, generate
 from upscale.orchestrator.settings import Settings
@@ -209,7 +209,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="upscale-hostile-") as home:
         settings = Settings(home=Path(home))
-        store = Services.open(settings).store
+        store = open_services(settings).store
         read = {"Authorization": f"Bearer {create_token(store, 'read', 'reader')}"}
         write = {"Authorization": f"Bearer {create_token(store, 'write', 'flooder')}"}
         env = {**os.environ, "UPSCALE_HOME": home, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,

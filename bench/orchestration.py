@@ -2,11 +2,11 @@
 
 The baseline is the sum of every segment's wall time as its worker measured it (`SegmentResult.wall_s`: model
 build, data, training, evaluation, checkpoints, metric logging), i.e. the sweep with a free orchestrator. Ours is the
-sweep's wall time from `Orchestrator.run` to its return, including Ray's start, the first worker's imports (torch,
-DeepSpeed), the state store, the MLflow run tree and every scheduling decision. With one segment at a time
-(`--max-concurrent 1`, the default) nothing overlaps, so (wall - compute) / wall is exactly the time the
-orchestrator adds; target at most 10% (Ray Tune's own scalability figures: 14% for 1-second trials, 2.6%
-for long ones). A fresh UPSCALE_HOME is used so that nothing is reused from earlier sweeps.
+sweep's wall time from the road's `run_spec` (control/runs.py) to its return, including Ray's start, the token cache,
+the first worker's imports (torch, DeepSpeed), the state store, the MLflow run tree and every scheduling decision.
+With one segment at a time (`--max-concurrent 1`, the default) nothing overlaps, so (wall - compute) / wall is
+exactly the time the orchestrator adds; target at most 10% (Ray Tune's own scalability figures: 14% for 1-second
+trials, 2.6% for long ones). A fresh UPSCALE_HOME is used so that nothing is reused from earlier sweeps.
 
     .venv/bin/python bench/orchestration.py [--spec sweeps/examples/demo.yaml] [--max-concurrent 1]
 """
@@ -18,10 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from upscale.orchestrator.scheduler import Scheduler, ensure_ray
-from upscale.orchestrator.service import Orchestrator
+from upscale.control.runs import run_spec
+from upscale.control.wiring import open_services
+from upscale.orchestrator.scheduler import ensure_ray
 from upscale.orchestrator.settings import Settings
-from upscale.sweeps.spec import DEMO_SPEC, load_spec
+from upscale.sweeps.loader import DEMO_SPEC, load_spec
 
 
 def main() -> None:
@@ -35,8 +36,7 @@ def main() -> None:
         t0 = time.perf_counter()
         ensure_ray(settings)
         t_ray = time.perf_counter() - t0
-        orch = Orchestrator.open(settings)
-        out = orch.run(spec, Scheduler(orch.store, settings, max_concurrent=args.max_concurrent))
+        out = run_spec(open_services(settings, auth=False), spec, max_concurrent=args.max_concurrent).outcome
         wall = time.perf_counter() - t0
     if out.status != "done":
         raise SystemExit(f"sweep {out.status}")

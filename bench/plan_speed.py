@@ -16,7 +16,8 @@ import time
 
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import ModelSpec, OptimSpec, ScheduleSpec, SegmentSpec, UpcycleSpec
-from upscale.sweeps.spec import SweepSpec, parse_spec, resolve
+from upscale.sweeps.spec import SweepSpec, parse_spec
+from upscale.sweeps.steps import resolve
 
 STEP = 16 * 128
 GRID = {

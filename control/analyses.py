@@ -25,12 +25,13 @@ import atexit
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,19 +39,24 @@ import pandas as pd
 from sqlalchemy import ColumnElement, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 
+from upscale.control.analysis_jobs import AnalysisJobs, Interrupted, stop_when
+from upscale.control.analysis_settings import sweep_source, with_settings
 from upscale.control.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.control.records import AnalysisRecord
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic, DecisionPublic
 from upscale.control.supervised import SupervisedLoop
+from upscale.fitting.curve_observations import TrunkCurves, predicted_decays, trunks_hash
+from upscale.fitting.dstar import Limits, OutOfRange
 from upscale.fitting.errors import FitError
 from upscale.orchestrator.clock import as_utc, utcnow
+from upscale.orchestrator.observations import table
+from upscale.sweeps.data_sources import vocab_size_of
+from upscale.sweeps.spec import parse_spec
+from upscale.sweeps.steps import resolve
 
-if TYPE_CHECKING:
-    from upscale.control.analysis_jobs import AnalysisJobs
+if TYPE_CHECKING:  # no cycle: what loads Ray, MLflow, the fitting stack or matplotlib stays out of the CLI's reads
     from upscale.control.services import Services
     from upscale.fitting.analysis import Analysis, Progress
-    from upscale.fitting.curve_observations import TrunkCurves
-    from upscale.fitting.dstar import Limits
     from upscale.fitting.plots import DrawnPlots
     from upscale.orchestrator.store import Store
 
@@ -76,11 +82,6 @@ class AnalysisRunning(NotReady):
         super().__init__(f"analysis {record.id} of these inputs is running (trigger {record.trigger}, since "
                          f"{as_utc(record.created_at):%Y-%m-%d %H:%M:%S} UTC): GET /analyses/{record.id} shows it "
                          f"and says when it is done")
-
-
-class Interrupted(Exception):
-    """Raised into an analysis through its progress callback when its server stops: the row ends failed,
-    "interrupted", and is run again."""
 
 
 def analysis_dir(home: Path, analysis_id: str) -> Path:
@@ -115,8 +116,6 @@ def analysis_params(n1s: Sequence[float] | None, bootstrap: int, seed: int,
     params = {"n1s": sorted(float(n) for n in n1s) if n1s else None, "bootstrap": int(bootstrap), "seed": int(seed),
               "decisions": [list(map(float, d)) for d in decisions] if decisions else None}
     if trunks:
-        from upscale.fitting.curve_observations import trunks_hash
-
         params["curves"] = trunks_hash(trunks)
     return params
 
@@ -128,7 +127,7 @@ def curve_trunks(services: Services, sweep_ids: Sequence[str], curves: bool,
     analysis's work."""
     if not curves:
         return None
-    from upscale.control.curves import fitting_trunks, sweep_curves
+    from upscale.control.curves import fitting_trunks, sweep_curves  # Ray and MLflow: only where curves are read
 
     def read() -> list[TrunkCurves]:
         return fitting_trunks(sweep_curves(services, sweep_ids, cache))
@@ -140,7 +139,7 @@ def curve_trunks(services: Services, sweep_ids: Sequence[str], curves: bool,
 def inputs_hash(observations: str, params: dict[str, Any], refit_owner: str | None = None) -> str:
     """sha256 of the observations' hash, the parameters and the record's version: equal inputs, one analysis. A
     refit's (``refit_owner``: its schedule's owner) are that owner's own inputs, never a sweep's own analysis."""
-    from upscale.fitting.analysis import ANALYSIS_VERSION
+    from upscale.fitting.analysis import ANALYSIS_VERSION  # the fitting stack: not for the CLI's reads
 
     inputs = {"observations": observations, "params": params, "version": ANALYSIS_VERSION}
     if refit_owner is not None:
@@ -222,9 +221,7 @@ class _Work:
 
     def run(self, record: AnalysisRecord, workers: int, progress: Progress | None) -> AnalysisRecord:
         """Run the claimed ``record``, end it done or failed (never left `running`) and log it to MLflow."""
-        from upscale.control.analysis_settings import sweep_source, with_settings
-        from upscale.fitting.analysis import analyze
-        from upscale.fitting.curve_observations import predicted_decays
+        from upscale.fitting.analysis import analyze  # the fitting stack: only where an analysis runs
 
         services, params = self.services, record.params
         try:
@@ -249,12 +246,6 @@ def sweep_limits(services: Services, sweep_ids: Sequence[str]) -> Limits:
     """The laws' sane region for these sweeps' models (fitting/dstar.py `Limits`): the loss of an untrained model,
     ln of the largest vocabulary, and the smallest optimizer batch in tokens. Unknown (None) without a sweep (the
     synthetic demo) or where a spec cannot be read back (a tokenizer file since moved)."""
-    import math
-
-    from upscale.fitting.dstar import Limits
-    from upscale.sweeps.data_sources import vocab_size_of
-    from upscale.sweeps.spec import parse_spec, resolve
-
     vocabs, batches = [], []
     for sweep_id in sweep_ids:
         try:
@@ -284,7 +275,7 @@ def runner_gone(record: AnalysisRecord) -> bool:
     process, gone once the claim ended (or the pid's earlier owner made it); of another process on this host, gone
     with that pid; of another host, STALE_RUNNING_S after the claim. A row claimed before runners were recorded
     counts as gone once older than STALE_RUNNING_S."""
-    from upscale.orchestrator.scheduler import owner_alive
+    from upscale.orchestrator.scheduler import owner_alive  # Ray: not for the CLI's reads of stored analyses
 
     if record.runner is None:
         return (utcnow() - as_utc(record.created_at)).total_seconds() >= STALE_RUNNING_S
@@ -373,6 +364,14 @@ def _finish(store: Store, row: AnalysisRecord, **values: Any) -> None:
         _IN_FLIGHT.pop(runner, None)
 
 
+def stop_requested(services: Services) -> None:
+    """The server is stopping: the requested analyses' threads stop at their next progress step, and every analysis
+    this process runs on its store (the analysis loop's too) ends failed, "interrupted", now: uvicorn ends the
+    process with the SIGTERM it caught, so neither the threads nor exit hooks get to."""
+    services.jobs.stop()
+    interrupt_in_flight(services.store)
+
+
 def interrupt_in_flight(store: Store | None = None) -> None:
     """Mark the analyses this process is running (on ``store``, or on any) failed, interrupted, so that they never
     stay `running` and the analysis loop of the next start runs them again: at a server's shutdown, and at exit."""
@@ -397,7 +396,7 @@ atexit.register(interrupt_in_flight)
 def _draw(analysis: Analysis, tables: dict[str, pd.DataFrame], folder: Path) -> DrawnPlots:
     """The analysis's plots in ``folder`` (fitting/analysis_plots.py); a plot that fails is a warning, never a
     failed analysis."""
-    from upscale.fitting.analysis_plots import draw_analysis
+    from upscale.fitting.analysis_plots import draw_analysis  # matplotlib: loaded by the first analysis drawn
     from upscale.fitting.plots import DrawnPlots
 
     try:
@@ -411,8 +410,7 @@ def _draw(analysis: Analysis, tables: dict[str, pd.DataFrame], folder: Path) -> 
 def _log_to_mlflow(services: Services, record: AnalysisRecord, folder: Path) -> None:
     """The analysis in MLflow (control/analysis_run.py): the sweep's own on its run, shown there if it is the newest;
     one of several sweeps or a refit on a run of its own under theirs. MLflow being down never fails the analysis."""
-    from upscale.control.analysis_run import AnalysisMeta, log_analysis
-    from upscale.orchestrator.observations import table
+    from upscale.control.analysis_run import AnalysisMeta, log_analysis  # MLflow: only where an analysis is logged
     from upscale.orchestrator.tracking import RunTree
 
     runs = [(sweep_id, run_id) for sweep_id in record.sweep_ids
@@ -506,8 +504,7 @@ def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str 
     """The verdict for (N1, D1, D2) from the newest done analysis (of ``sweep_id``'s sweeps, if given), with the
     analysis it came from. NotReady (409) when no analysis can answer, saying what is missing; ValueError (422) for
     a group the analysis does not have, and OutOfRange (422) for a question outside the law's sane region."""
-    from upscale.fitting.analysis import Analysis
-    from upscale.fitting.dstar import OutOfRange
+    from upscale.fitting.analysis import Analysis  # the fitting stack: only where a verdict is read
 
     if sweep_id is not None:
         services.store.sweep(sweep_id)  # 404 for an unknown sweep
@@ -535,7 +532,7 @@ def analysis_ref(record: AnalysisRecord) -> dict[str, Any]:
 
 
 def sweep_owner(services: Services, sweep_id: str) -> str:
-    from upscale.control.sweeps import owners
+    from upscale.control.sweeps import owners  # Ray and MLflow (the orchestrator): only the loops ask
 
     return owners(services).get(sweep_id, "upscale")
 
@@ -555,8 +552,6 @@ def analyse_if_new(services: Services, sweep_id: str, bootstrap: int = DEFAULT_A
         latest = s.scalar(select(AnalysisRecord).where(AnalysisRecord.sweep_key == sweep_id, ANSWERING)
                           .order_by(AnalysisRecord.created_at.desc()).limit(1))
     if latest is not None and latest.observations_hash == observations_hash(tables) and not interrupted(latest):
-        from upscale.fitting.curve_observations import trunks_hash
-
         had = (latest.params or {}).get("curves")  # the hash of the curves it predicted from (`analysis_params`)
         if had is None or had == (trunks_hash(trunks) if trunks else None):
             return None
@@ -613,15 +608,6 @@ def rerun_interrupted_requests(services: Services, progress: Progress | None = N
                                         f"sweeps' observations changed since"))
         ran.append(record.id)
     return ran
-
-
-def stop_when(event: threading.Event) -> Callable[..., None]:
-    """An analysis's progress callback that stops it (failed, interrupted) once ``event`` is set: a server
-    stopping never waits for a bootstrap to end, nor leaves its row `running`."""
-    def check(*_: object) -> None:
-        if event.is_set():
-            raise Interrupted("the server stopped while it ran")
-    return check
 
 
 class AnalysisLoop(SupervisedLoop):

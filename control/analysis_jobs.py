@@ -1,8 +1,9 @@
 """Analyses a request asked for run here, off the server's request threads: POST /sweeps/{id}/analysis claims the
 row and answers at once (202), and one of these daemon threads does the work. Bounded twice: each token name may
 have PER_OWNER requested analyses running (TooManyAnalyses, HTTP 429, past that, before anything is written), and
-at most SLOTS compute at once (the rest wait their turn, `running`). Stopping (the server's shutdown) ends their
-rows failed, "interrupted" (the analysis loop runs them again), and the threads at their next progress step.
+at most SLOTS compute at once (the rest wait their turn, `running`). Stopping (the server's shutdown,
+control/analyses.py `stop_requested`) ends their rows failed, "interrupted" (the analysis loop runs them again), and
+the threads at their next progress step.
 """
 
 from __future__ import annotations
@@ -12,12 +13,6 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
-
-from upscale.control.analyses import interrupt_in_flight, stop_when
-
-if TYPE_CHECKING:
-    from upscale.orchestrator.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +20,20 @@ PER_OWNER = 2  # requested analyses one token name may have running at once
 SLOTS = 2  # requested analyses computing at once: each is a core's worth of bootstrap refits
 
 Work = Callable[[Callable[..., None]], object]  # runs a claimed analysis, given its progress callback
+
+
+class Interrupted(Exception):
+    """Raised into an analysis through its progress callback when its server stops: the row ends failed,
+    "interrupted", and is run again."""
+
+
+def stop_when(event: threading.Event) -> Callable[..., None]:
+    """An analysis's progress callback that stops it (failed, interrupted) once ``event`` is set: a server
+    stopping never waits for a bootstrap to end, nor leaves its row `running`."""
+    def check(*_: object) -> None:
+        if event.is_set():
+            raise Interrupted("the server stopped while it ran")
+    return check
 
 
 class TooManyAnalyses(RuntimeError):
@@ -76,9 +85,7 @@ class AnalysisJobs:
         with self.lock:
             self.running[owner] -= 1
 
-    def stop(self, store: Store) -> None:
-        """The server is stopping: the threads stop at their next progress step, and every analysis this process
-        runs on ``store`` (the analysis loop's too) ends failed, "interrupted", now: uvicorn ends the process with
-        the SIGTERM it caught, so neither the threads nor exit hooks get to."""
+    def stop(self) -> None:
+        """The server is stopping: the threads stop at their next progress step (control/analyses.py
+        `stop_requested` also ends their rows)."""
         self.stopping.set()
-        interrupt_in_flight(store)

@@ -35,17 +35,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pandas as pd
 from mlflow.entities import Metric, RunTag
 
 from upscale.fitting import display
 from upscale.fitting.groups import as_slug, group_label, group_slug
 from upscale.orchestrator.tracking import NOTE, RunTree, run_link
 from upscale.sweeps import run_tags
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 ANALYSIS_COUNT = run_tags.PREFIX + "analysis.count"  # on a sweep's run: how many analyses it has shown
 ANALYSIS_ID = run_tags.PREFIX + "analysis_id"  # on an analysis's own run and its link children
@@ -303,8 +301,6 @@ def health_tags(record: dict) -> dict[str, str]:
 
 
 def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    import pandas as pd
-
     pd.DataFrame(rows).to_csv(path, index=False)
 
 

@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import pandas as pd
+import pandas as pd
 
+from upscale.fitting.curve_observations import is_predicted
+
+if TYPE_CHECKING:  # no cycle: the fitting stack loads where analyses run, not where settings are compared
     from upscale.fitting.analysis import Analysis
 
 COMPARED = ("curves", "predicted_rows", "bootstrap", "seed", "n1s")  # what changes the answer; source does not
@@ -33,8 +35,6 @@ def sweep_source(sweep_ids: Sequence[str]) -> str:
 def with_settings(analysis: Analysis, source: str, tables: Mapping[str, pd.DataFrame]) -> Analysis:
     """``analysis`` with its ``settings``: ``source``, bootstrap, seed, n1s, and how many of the rows fitted
     (``tables``, or the record's curves when the analysis predicted them itself) were predicted from curves."""
-    from upscale.fitting.curve_observations import is_predicted
-
     if analysis.curves:
         predicted = sum((analysis.curves.get("points") or {}).values())
     else:

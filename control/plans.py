@@ -9,8 +9,9 @@ from upscale.control.identifiability import planned_grid
 from upscale.control.schemas import KindTotals, LawCheckPublic, PlanEstimate, PlanSummary, SizeMemoryPublic
 from upscale.fitting.identifiability import identifiability
 from upscale.orchestrator.plan_in_store import PlanInStore
+from upscale.sweeps.memory import GIB, memory_plan, worker_memory
 from upscale.sweeps.planner import GPU_FLOPS_PER_S, critical_path_s, gpu_flops_per_s, segment_seconds
-from upscale.sweeps.spec import GIB, SweepSpec, memory_plan, worker_memory
+from upscale.sweeps.spec import SweepSpec
 
 KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
               "scratch_trunk", "scratch_decay")
@@ -65,3 +66,14 @@ def memory_summary(spec: SweepSpec, node_memory: float | None = None) -> list[Si
                              memory_gib=m.need.total / GIB, state_gib=m.need.state / GIB,
                              device_gib=memory / GIB if memory else None, fits=m.fits)
             for m in memory_plan(spec, memory)]
+
+
+def stale_lines(stale: dict[str, str], reuse_stale: bool) -> list[str]:
+    """What to tell the user about stale segments, or nothing when there are none and none were to be reused."""
+    n = len(stale)
+    if not n:
+        return ["--reuse-stale: no segment of this plan is stale"] if reuse_stale else []
+    keys = ", ".join(list(stale)[:5]) + (f" and {n - 5} more" if n > 5 else "")
+    what = ("reused (--reuse-stale)" if reuse_stale
+            else "retrained under the current version (--reuse-stale reuses them)")
+    return [f"{n} segment(s) trained under an older training-semantics version are stale: {what}: {keys}"]

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from upscale.control.cron import check_cron
 from upscale.orchestrator.clock import as_utc
 
 Kind = Literal["dense", "upcycled", "scratch"]
@@ -39,7 +40,7 @@ class PlanEstimate(BaseModel):
 
 
 class SizeMemoryPublic(BaseModel):
-    """One size's largest model as one worker trains it (sweeps/spec.py `memory_plan`; docs/training.md)."""
+    """One size's largest model as one worker trains it (sweeps/memory.py `memory_plan`; docs/training.md)."""
 
     size: str
     model: str = Field(description="The size's model that needs the most memory: `dense 0.1B` or `0.1B as 8x2`.")
@@ -446,8 +447,6 @@ class RefitScheduleCreate(BaseModel):
 
     @model_validator(mode="after")
     def _cron(self) -> RefitScheduleCreate:
-        from upscale.control.cron import check_cron
-
         if (self.trigger == "cron") != (self.cron is not None):
             raise ValueError("give cron exactly when trigger is 'cron'")
         if self.cron is not None:

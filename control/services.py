@@ -1,15 +1,14 @@
 """What the routes, the CLI and the background loops share: the settings, the orchestrator's store (opened with the
 prediction ledger's hooks), whether auth is enforced, and the threads requested analyses run on.
 
-`Services.open(settings)` migrates the database (the orchestrator's and the control layer's tables, one Alembic
-history).
+A plain container: control/wiring.py `open_services(settings)` opens one, wiring the ledger's hooks into the store
+from outside, and migrates the database (the orchestrator's and the control layer's tables, one Alembic history).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from upscale.control import ledger
 from upscale.control.analysis_jobs import AnalysisJobs
 from upscale.control.detail_cache import DetailCache
 from upscale.orchestrator.service import Orchestrator
@@ -25,10 +24,6 @@ class Services:
     auth: bool = True  # False for the CLI's in-process calls: whoever holds the database needs no token
     detail_cache: DetailCache = field(default_factory=lambda: DetailCache(0))  # GET /sweeps/{id}'s built answers
     jobs: AnalysisJobs = field(default_factory=AnalysisJobs)  # requested analyses, off the request threads
-
-    @classmethod
-    def open(cls, settings: Settings, auth: bool = True) -> Services:
-        return cls(Orchestrator.open(settings, ledger.hooks()), auth, DetailCache(settings.detail_cache_bytes))
 
     @property
     def store(self) -> Store:

@@ -31,6 +31,7 @@ from upscale.control.analyses import NotReady, latest_analysis, sweep_tables, wh
 from upscale.control.schemas import StopAdvice, SuggestedAction, Suggestion, SuggestRequest
 from upscale.control.services import Services
 from upscale.control.sweeps import extend, merge
+from upscale.fitting.analysis import Analysis
 from upscale.fitting.answer import GroupAnswer
 from upscale.fitting.bootstrap import percentile_interval
 from upscale.fitting.design import (
@@ -127,8 +128,6 @@ class _Problem:
     """The sweep, its analysis and the criterion, with the planner and store answering for candidates."""
 
     def __init__(self, services: Services, sweep_id: str, n1: float | None) -> None:
-        from upscale.fitting.analysis import Analysis
-
         self.services = services
         sweep = services.store.sweep(sweep_id)  # NotFoundError: 404
         if sweep.status == "cancelled":

@@ -1,13 +1,13 @@
 """The sweep loop of `upscale serve` / `upscale scheduler`: run sweeps one after another on Ray.
 
-Each sweep is driven by the orchestrator's `Scheduler`, which records itself as the sweep's runner. On every poll the
-loop first makes sure Ray is up: embedded Ray whose raylet or GCS died is restarted, a RAY_ADDRESS cluster joined
-anew. Then it *adopts* sweeps whose runner died (a server killed mid-sweep, or a scheduler of this process that the
-infrastructure stopped): a `running` one is resumed (finished segments stay finished, running ones resume from their
-checkpoint), a `cancelling` one finishes cancelling. Then it starts the oldest pending sweep the cluster has the
-resources for; one that needs more (a cluster that shrank since it was submitted) stays pending with an error saying
-what it waits for, and never blocks the sweeps behind it. Claiming a sweep is a compare-and-set on its runner, so of
-several servers on one store only one drives a sweep.
+Each sweep is driven by the orchestrator's `Scheduler`, built on the road of control/runs.py, which records itself as
+the sweep's runner. On every poll the loop first makes sure Ray is up: embedded Ray whose raylet or GCS died is
+restarted, a RAY_ADDRESS cluster joined anew. Then it *adopts* sweeps whose runner died (a server killed mid-sweep, or
+a scheduler of this process that the infrastructure stopped): a `running` one is resumed (finished segments stay
+finished, running ones resume from their checkpoint), a `cancelling` one finishes cancelling. Then it starts the
+oldest pending sweep the cluster has the resources for; one that needs more (a cluster that shrank since it was
+submitted) stays pending with an error saying what it waits for, and never blocks the sweeps behind it. Claiming a
+sweep is a compare-and-set on its runner, so of several servers on one store only one drives a sweep.
 
 The loop is supervised (control/supervised.py): an infrastructure failure (Ray died, a full disk, a locked store)
 puts the sweep back to pending, spends none of its segments' attempts, and the loop retries with a backoff; only
@@ -21,13 +21,16 @@ from __future__ import annotations
 import logging
 import traceback
 
+from upscale.control import runs
 from upscale.control.services import Services
 from upscale.control.supervised import SupervisedLoop
 from upscale.orchestrator.infra import is_infrastructure
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.scheduler import Scheduler, cluster_resources, ray_problem, restart_ray, runner_gone
+from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.task import SegmentFn, train_segment
-from upscale.sweeps.spec import ClusterResources, ResourcesSection, SpecError, SweepSpec, check_resources
+from upscale.sweeps.resources import ClusterResources, check_resources
+from upscale.sweeps.spec import ResourcesSection, SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +83,8 @@ class SweepLoop(SupervisedLoop):
         return False
 
     def _scheduler(self) -> Scheduler:
-        return Scheduler(self.services.store, self.services.settings, self.segment_fn, poll_s=self.scheduler_poll_s,
-                         on_progress=lambda _: self.beat(), data_roots=self.services.settings.data_root_paths)
+        return runs.scheduler(self.services, lambda _: self.beat(), segment_fn=self.segment_fn,
+                              poll_s=self.scheduler_poll_s, data_roots=self.services.settings.data_root_paths)
 
     def _drive(self, scheduler: Scheduler, sweep_id: str, cancelling: bool = False) -> None:
         """Run (or finish cancelling) a claimed sweep; an infrastructure failure is raised to the supervisor, any
@@ -111,6 +114,12 @@ class SweepLoop(SupervisedLoop):
         if scheduler is not None:
             scheduler.interrupt()
         self.join(timeout_s)
+
+
+def ray_health(settings: Settings) -> str | None:
+    """What keeps Ray from running segments now, in a line, or None while it can: /healthz's probe, which never
+    waits on a Ray that this loop is restarting."""
+    return ray_problem(settings, wait=False)
 
 
 def waiting_for(sweep: SweepRecord, have: ClusterResources) -> str | None:

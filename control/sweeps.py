@@ -1,6 +1,6 @@
 """Sweep operations behind the routes: submit with a plan summary and an owner, progress and cost, extend.
 
-Planning and recording go through `Orchestrator.submit`; this module adds what the API shows around it, and what a
+Recording goes through `Orchestrator.record`; this module adds what the API shows around it, and what a
 server checks of a spec before planning it (`admit`): the grid within UPSCALE_MAX_SEGMENTS, data and model paths under
 the data roots, resources the cluster has and models that fit one of its nodes' memory or one GPU's
 (`check_memory`). The in-process CLI (`upscale run`, `upscale plan`) runs on the operator's own machine and is not
@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from sqlalchemy import Select, func, select, text
 from sqlalchemy.orm import Session
 
@@ -25,21 +26,17 @@ from upscale.control.schemas import SegmentProgress, SweepCreated, SweepDetail, 
 from upscale.control.services import LOCAL_OWNER, Services
 from upscale.control.timing import timing
 from upscale.data_roots import confine
-from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord, SweepRecord, SweepSegmentRecord
+from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
 from upscale.orchestrator.service import spec_hash
-from upscale.orchestrator.store import SweepExists
-from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, confine_entry
+from upscale.orchestrator.store import SweepExists, no_sweep
+from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, check_present, confine_entry
+from upscale.sweeps.loader import check_document
+from upscale.sweeps.memory import check_memory
 from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.resources import ClusterResources, check_resources
 from upscale.sweeps.segments import BUILTIN_CORPORA
-from upscale.sweeps.spec import (
-    ClusterResources,
-    SweepSpec,
-    check_document,
-    check_memory,
-    check_resources,
-    parse_spec,
-)
+from upscale.sweeps.spec import SweepSpec, parse_spec
 
 
 def identical(services: Services, spec: SweepSpec, p: Plan, owner: str) -> SweepRecord | None:
@@ -66,6 +63,7 @@ def admit(services: Services, data: Any) -> SweepSpec:
     # data_roots), in the one walk that reads them
     if spec.data.corpus not in BUILTIN_CORPORA:
         confine_entry("data.corpus", spec.data.corpus, settings.data_root_paths)
+        check_present("data.corpus", spec.data.corpus, settings.data_root_paths)
     if spec.data.tokenizer not in BUILTIN_TOKENIZERS:
         confine_entry("data.tokenizer", spec.data.tokenizer, settings.data_root_paths, instead="bytes, bpe")
     available = cluster(services)
@@ -79,10 +77,6 @@ def cluster(services: Services) -> ClusterResources | None:
     """What the cluster offers: RAY_ADDRESS's, or the embedded Ray this process runs (its sweep loop starts it, and
     restarts it if it dies); None when neither is there to ask (`upscale serve --no-scheduler` beside an embedded
     `upscale scheduler`). ClusterUnavailable (503) while the cluster is down."""
-    import ray
-
-    from upscale.orchestrator.scheduler import cluster_resources, ray_restarting
-
     if services.settings.ray_address is None and not ray.is_initialized() and not ray_restarting():
         return None
     have = cluster_resources(services.settings)
@@ -102,9 +96,8 @@ def submit(services: Services, spec: SweepSpec, owner: str, extends: str | None 
     existing = sweep is not None
     if sweep is None:
         try:  # the key makes concurrent identical submissions one sweep; the owner row is written with it
-            sweep = services.orch.submit(
-                spec, p, reuse_stale=reuse_stale, stale=check.stale, other_cuts=check.other_cuts,
-                submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
+            sweep = services.orch.record(
+                spec, check, submission_key=None if new else submission_key(owner, spec_hash(spec, p)),
                 rows=lambda sweep_id: [SweepOwnerRecord(sweep_id=sweep_id, owner=owner, extends=extends)],
                 check=within_quota(services, owner))
         except SweepExists as e:
@@ -285,7 +278,7 @@ def detail_json(services: Services, sweep_id: str) -> tuple[str, bytes]:
     sweep."""
     key = version(services, sweep_id)
     if key is None:
-        raise NotFoundError(f"no sweep {sweep_id!r}; GET /sweeps lists them")
+        raise no_sweep(sweep_id)
     cached = services.detail_cache.get(sweep_id)
     if cached is None or cached.version != key:
         body = detail(services, sweep_id).model_dump_json().encode()

@@ -46,6 +46,7 @@ def timing(services: Services, sweep: SweepRecord, members: list[tuple[SegmentRe
     finished = {a.key: a for a in attempts if a.status in FINISHED}
     to_train = trained = reused = tokens = 0
     planned = planned_done = planned_waiting = wall = 0.0
+    done_at: list[tuple[datetime, float]] = []  # (when, planned seconds) of each segment trained for it
     for seg, _ in members:
         if seg.status == "done" and seg.key not in finished:
             reused += 1
@@ -59,15 +60,20 @@ def timing(services: Services, sweep: SweepRecord, members: list[tuple[SegmentRe
             planned_done += seconds
             tokens += int((seg.result or {}).get("tokens") or 0)
             wall += finished[seg.key].wall_s or 0.0
+            if finished[seg.key].ended_at is not None:
+                done_at.append((as_utc(finished[seg.key].ended_at), seconds))
         elif seg.status != "running":
             planned_waiting += seconds
-    elapsed = None
+    elapsed = first = None
     if attempts:
         start = max(min(as_utc(a.started_at) for a in attempts), since)  # one another sweep began: from ours
         ends = [as_utc(a.ended_at) for a in attempts if a.ended_at is not None]
         end = max(ends) if sweep.status in ("done", "failed", "cancelled") and ends else now
         elapsed = max((end - start).total_seconds(), 0.0)
-    left = 0.0 if trained == to_train else eta_s(planned, planned_done, elapsed or 0.0, planned_waiting)
+        if done_at:  # the pace is measured from the first finish on: before it, the start-up (`eta_s`)
+            at = min(when for when, _ in done_at)
+            first = ((at - start).total_seconds(), sum(s for when, s in done_at if when == at))
+    left = 0.0 if trained == to_train else eta_s(planned, planned_done, elapsed or 0.0, planned_waiting, first)
     return SweepTiming(segments_to_train=to_train, segments_trained=trained, segments_reused=reused,
                        planned_s=planned, basis=estimate_basis(flops_per_s=flops_per_s), elapsed_s=elapsed,
                        time_left_s=left, tokens_trained=tokens, tokens_per_s=tokens / wall if wall > 0 else None,

@@ -203,6 +203,17 @@ class Analysis:
                if p["law"] in laws]
         return "; ".join(why) or "no observations of it"
 
+    def answer_dstars(self, results: list[dict[str, Any]], label: str) -> None:
+        """Each D* result of ``dstar_results`` for upcycling group ``label`` made the answer's, as the analysis made
+        it (``merge_answer``: the runs' bracket, the weighed forms): so that `upscale dstar`, a decision and the
+        analysis give one D* for one N1. Nothing changes where the analysis kept no answer for the group."""
+        found = next((u.answer for u in self.upcycled if u.label == label and u.answer is not None), None)
+        if found is None:
+            return
+        group = GroupAnswer.from_json(found)
+        for star in results:
+            merge_answer(star, group.at(star["n1"]))
+
     def decision(self, n1: float, d1: float, d2: float, group: str | None = None) -> dict[str, Any]:
         """The verdict for (N1, D1, D2) with D* at N1, from the from-scratch law and one upcycled group's: ``group``
         (a label), by default the group whose law predicts the lowest loss there (the best way to upcycle). Its

@@ -58,8 +58,10 @@ from upscale.orchestrator.store import Store, checkpoint_at
 from upscale.orchestrator.task import SegmentFn, segment_task, train_segment
 from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
 from upscale.orchestrator.training_path import training_path
+from upscale.sweeps.resources import ClusterResources
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.sweeps.spec import ClusterResources, ResourcesSection, SizeOverride, TrainSection, round_steps
+from upscale.sweeps.spec import ResourcesSection, SizeOverride, TrainSection
+from upscale.sweeps.steps import round_steps
 
 
 @dataclass
@@ -321,7 +323,7 @@ class Scheduler:
             return out
         out.wall_s = time.perf_counter() - t0
         segs = {s.key: s for s, _ in self.store.members(sweep_id)}
-        failed = [s.key for s in segs.values() if s.status == "failed"]
+        failed = [s for s in segs.values() if s.status == "failed"]
         self._show_reused(sweep)  # segments another sweep finished while this one waited for them
         mlflow_status = {"done": "FINISHED", "cancelled": "KILLED"}.get(out.status, "FAILED")
         done = sum(s.status == "done" for s in segs.values())
@@ -332,8 +334,7 @@ class Scheduler:
                                     "segments_trained": len(out.trained)},
                                    table(self.store.observations(sweep_id)), segments_done=done)
         # the status last: whoever sees the sweep ended finds its MLflow run ended too
-        self.store.set_sweep(sweep_id, status=out.status,
-                             error=f"segment(s) failed: {', '.join(failed)}" if failed else None)
+        self.store.set_sweep(sweep_id, status=out.status, error=failure(failed) if failed else None)
         self._progress(segs, out)
         return out
 
@@ -623,6 +624,13 @@ def _summary(result: SegmentResult) -> dict[str, float]:
     if result.best_lr is not None:
         values["best_lr"] = result.best_lr
     return values
+
+
+def failure(failed: Sequence[SegmentRecord]) -> str:
+    """A failed sweep's error, its cause first: the first failed segment's own error, then which segments failed."""
+    first = failed[0]
+    keys = ", ".join(s.key for s in failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+    return f"{first.error or 'a segment failed'} (segment {first.key}; {len(failed)} segment(s) failed: {keys})"
 
 
 def _one_line(e: BaseException) -> str:

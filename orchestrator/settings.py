@@ -50,7 +50,8 @@ class Settings(BaseSettings):
         "did not have) or off (only POST /sweeps/{id}/analysis, `upscale analyze` and refits run it).")
 
     max_segments: int = Field(20000, ge=1, description="UPSCALE_MAX_SEGMENTS: the most segments a sweep submitted "
-                              "over the API may plan; a larger grid is refused (422) before it is planned.")
+                              "over the API, or planned by `upscale plan`, may plan; a larger grid is refused (422, or "
+                              "one error line) before it is planned.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="UPSCALE_MAX_BODY_BYTES: the largest request body the "
                                 "API reads; a larger one is refused with 413 before it is read whole.")
     connection_limit: int = Field(1024, ge=2, description="UPSCALE_CONNECTION_LIMIT: the most connections `upscale "

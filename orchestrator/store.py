@@ -43,6 +43,14 @@ from upscale.sweeps.segments import TRUNK_KINDS, SegmentResult
 KEYS_PER_QUERY = 10000  # bound parameters per IN (...) query: SQLite allows 32766, PostgreSQL 65535
 
 
+def chunks(keys: Iterable[str], size: int = KEYS_PER_QUERY) -> Iterator[list[str]]:
+    """``keys`` in slices of at most ``size``, one IN (...) list each, so that no query of any grid's keys passes
+    more bound parameters than SQLite allows (it refuses the statement: "too many SQL variables")."""
+    keys = list(keys)
+    for i in range(0, len(keys), size):
+        yield keys[i:i + size]
+
+
 def make_engine(url: str) -> Engine:
     """An engine with SQLite set up for several processes: WAL, a busy timeout, foreign keys enforced."""
     if url.startswith("sqlite:///"):
@@ -143,7 +151,8 @@ class Store:
             if check is not None:
                 s.flush()
                 check(s)
-            known = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_([p.id for p in segments]))))
+            known = {k for part in chunks(p.id for p in segments)
+                     for k in s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_(part)))}
             for position, p in enumerate(segments):
                 if p.id not in known:
                     s.add(SegmentRecord(
@@ -168,14 +177,16 @@ class Store:
         training-semantics version (stale), the newest version's first; one transaction."""
         keys = list(unversioned)
         with self.transaction() as s:
-            done = set(s.scalars(select(SegmentRecord.key).where(SegmentRecord.key.in_(keys),
-                                                                SegmentRecord.status == "done")))
+            done = {k for part in chunks(keys) for k in s.scalars(
+                select(SegmentRecord.key).where(SegmentRecord.key.in_(part), SegmentRecord.status == "done"))}
             wanted = {u: k for k, u in unversioned.items() if k not in done}
-            rows = s.execute(select(SegmentRecord.key, SegmentRecord.unversioned_key)
-                             .where(SegmentRecord.unversioned_key.in_(list(wanted)), SegmentRecord.status == "done",
-                                    SegmentRecord.key.not_in(keys))
-                             .order_by(SegmentRecord.semantics, SegmentRecord.updated_at))
-            stale = {wanted[u]: old for old, u in rows}  # ascending: the newest version's row is written last
+            planned = set(keys)
+            rows = sorted((r for part in chunks(wanted) for r in s.execute(
+                select(SegmentRecord.key, SegmentRecord.unversioned_key, SegmentRecord.semantics,
+                       SegmentRecord.updated_at)
+                .where(SegmentRecord.unversioned_key.in_(part), SegmentRecord.status == "done"))
+                           if r.key not in planned), key=lambda r: (r.semantics, r.updated_at))
+            stale = {wanted[u]: old for old, u, _, _ in rows}  # ascending: the newest version's row is written last
         return done, {k: stale[k] for k in keys if k in stale}
 
     def other_cut_holdings(self, old_keys: Mapping[str, Sequence[str]], piece_ends: Mapping[str, int]
@@ -189,9 +200,9 @@ class Store:
             return {}
         rows: dict[str, SegmentRecord] = {}
         with self.transaction() as s:
-            for i in range(0, len(wanted), KEYS_PER_QUERY):  # a wide plan's other keys outnumber a query's parameters
+            for part in chunks(wanted):
                 rows.update((r.key, r) for r in s.scalars(select(SegmentRecord).where(
-                    SegmentRecord.key.in_(wanted[i:i + KEYS_PER_QUERY]), SegmentRecord.status == "done")))
+                    SegmentRecord.key.in_(part), SegmentRecord.status == "done")))
         out = {}
         for key, olds in old_keys.items():
             end = piece_ends.get(key)
@@ -206,7 +217,7 @@ class Store:
         with self.transaction() as s:
             sweep = s.get(SweepRecord, sweep_id)
             if sweep is None:
-                raise _no_sweep(sweep_id)
+                raise no_sweep(sweep_id)
             sweep.reuse_stale = True
             sweep.stale_segments = {**(sweep.stale_segments or {}), **stale}
             return self._adopt_stale(s, stale)
@@ -215,9 +226,10 @@ class Store:
         """Each pending (or failed) segment in ``stale`` becomes done with its old segment's result, checkpoints and
         observation: its children start from the old checkpoints, as from any done parent's. A trunk piece taking
         over a piece of another cut of its chain gets that piece's checkpoint at its end as its final one."""
-        olds = {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(list(stale.values()))))}
-        ckpts = s.scalars(select(CheckpointRecord).where(CheckpointRecord.segment_key.in_(list(olds)),
-                                                         CheckpointRecord.deleted_at.is_(None)))
+        olds = {r.key: r for part in chunks(set(stale.values()))
+                for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(part)))}
+        ckpts = [c for part in chunks(olds) for c in s.scalars(select(CheckpointRecord).where(
+            CheckpointRecord.segment_key.in_(part), CheckpointRecord.deleted_at.is_(None)))]
         by_segment: dict[str, list[CheckpointRecord]] = {}
         for c in ckpts:
             by_segment.setdefault(c.segment_key, []).append(c)
@@ -252,7 +264,7 @@ class Store:
         with self.transaction() as s:
             sweep = s.get(SweepRecord, sweep_id)
             if sweep is None:
-                raise _no_sweep(sweep_id)
+                raise no_sweep(sweep_id)
             return sweep
 
     def sweeps(self, status: str | None = None) -> list[SweepRecord]:
@@ -307,7 +319,7 @@ class Store:
                                 .values(status=case((unclaimed, "cancelled"), else_="cancelling"),
                                         updated_at=utcnow())).rowcount
             if not changed and s.get(SweepRecord, sweep_id) is None:
-                raise _no_sweep(sweep_id)
+                raise no_sweep(sweep_id)
 
     def start_sweep(self, sweep_id: str) -> bool:
         """Its scheduler starts the sweep: running, unless a cancel came first (it stays cancelling, and the
@@ -339,7 +351,7 @@ class Store:
             members = self._members(s, sweep_id)
             status = s.scalar(select(SweepRecord.status).where(SweepRecord.id == sweep_id))
             if status is None:
-                raise _no_sweep(sweep_id)
+                raise no_sweep(sweep_id)
             return status, members
 
     @staticmethod
@@ -361,7 +373,8 @@ class Store:
 
     def segments(self, keys: Sequence[str]) -> dict[str, SegmentRecord]:
         with self.transaction() as s:
-            return {r.key: r for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(list(keys))))}
+            return {r.key: r for part in chunks(keys)
+                    for r in s.scalars(select(SegmentRecord).where(SegmentRecord.key.in_(part)))}
 
     def claim(self, key: str, owner: str) -> AttemptRecord | None:
         """Move a pending segment to running under ``owner`` and open an attempt; None if someone else has it."""
@@ -450,10 +463,11 @@ class Store:
     def reset_failed(self, keys: Sequence[str]) -> None:
         """Give failed segments a fresh retry budget (a new run of a sweep that failed before)."""
         with self.transaction() as s:
-            s.execute(update(AttemptRecord).where(AttemptRecord.segment_key.in_(list(keys)),
-                                                  AttemptRecord.status == "failed").values(status="failed-reset"))
-            s.execute(update(SegmentRecord).where(SegmentRecord.key.in_(list(keys)), SegmentRecord.status == "failed")
-                      .values(status="pending", updated_at=utcnow()))
+            for part in chunks(keys):
+                s.execute(update(AttemptRecord).where(AttemptRecord.segment_key.in_(part),
+                                                      AttemptRecord.status == "failed").values(status="failed-reset"))
+                s.execute(update(SegmentRecord).where(SegmentRecord.key.in_(part), SegmentRecord.status == "failed")
+                          .values(status="pending", updated_at=utcnow()))
 
     def invalidate(self, key: str, by: str, before_commit: Callable[[Sequence[str]], None] | None = None
                    ) -> Invalidation:
@@ -493,12 +507,15 @@ class Store:
                 seg.owner, seg.heartbeat_at, seg.mlflow_run_id = None, None, None  # a new MLflow run when it trains
                 seg.error, seg.updated_at = reason, now
             keys = list(segs)
-            s.execute(delete(ObservationRecord).where(ObservationRecord.segment_key.in_(keys)))
-            s.execute(delete(CheckpointRecord).where(CheckpointRecord.segment_key.in_(keys)))
-            sweeps = sorted(set(s.scalars(select(SweepSegmentRecord.sweep_id)
-                                          .where(SweepSegmentRecord.segment_key.in_(keys)))))
-            s.execute(update(SweepRecord).where(SweepRecord.id.in_(sweeps), SweepRecord.status.in_(("done", "failed")))
-                      .values(status="pending", error=f"segment {key} {reason}", updated_at=now))
+            for part in chunks(keys):
+                s.execute(delete(ObservationRecord).where(ObservationRecord.segment_key.in_(part)))
+                s.execute(delete(CheckpointRecord).where(CheckpointRecord.segment_key.in_(part)))
+            sweeps = sorted({i for part in chunks(keys) for i in s.scalars(
+                select(SweepSegmentRecord.sweep_id).where(SweepSegmentRecord.segment_key.in_(part)))})
+            for part in chunks(sweeps):
+                s.execute(update(SweepRecord)
+                          .where(SweepRecord.id.in_(part), SweepRecord.status.in_(("done", "failed")))
+                          .values(status="pending", error=f"segment {key} {reason}", updated_at=now))
         return Invalidation(segments=sorted(keys), sweeps=sweeps)
 
     @staticmethod
@@ -508,14 +525,15 @@ class Store:
         found: dict[str, SegmentRecord] = {}
         frontier = {key}
         while frontier:  # each key is in the frontier once: the walk ends
-            keys = list(frontier)
-            new = {r.key: r for r in s.scalars(select(SegmentRecord).where(
-                SegmentRecord.key.in_(keys) | SegmentRecord.reused_from.in_(keys)))}
-            holding = select(SweepSegmentRecord.sweep_id).where(SweepSegmentRecord.segment_key.in_(keys))
-            members = s.scalars(select(SegmentRecord)
-                                .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
-                                .where(SweepSegmentRecord.sweep_id.in_(holding)))
-            new.update((m.key, m) for m in members if frontier.intersection(m.parents))
+            new: dict[str, SegmentRecord] = {}
+            for part in chunks(frontier, KEYS_PER_QUERY // 2):  # the slice is bound twice
+                new.update((r.key, r) for r in s.scalars(select(SegmentRecord).where(
+                    SegmentRecord.key.in_(part) | SegmentRecord.reused_from.in_(part))))
+                holding = select(SweepSegmentRecord.sweep_id).where(SweepSegmentRecord.segment_key.in_(part))
+                members = s.scalars(select(SegmentRecord)
+                                    .join(SweepSegmentRecord, SweepSegmentRecord.segment_key == SegmentRecord.key)
+                                    .where(SweepSegmentRecord.sweep_id.in_(holding)))
+                new.update((m.key, m) for m in members if frontier.intersection(m.parents))
             frontier = set(new) - set(found) - frontier
             found.update(new)
         return found
@@ -575,5 +593,6 @@ class SweepExists(Exception):
         self.sweep = sweep
 
 
-def _no_sweep(sweep_id: str) -> NotFoundError:
-    return NotFoundError(f"no sweep {sweep_id!r}; `upscale sweeps` lists them")
+def no_sweep(sweep_id: str) -> NotFoundError:
+    """The one answer for an unknown sweep, whichever face asked: it names the way to list them of both."""
+    return NotFoundError(f"no sweep {sweep_id!r}; `upscale status` (GET /sweeps) lists them")

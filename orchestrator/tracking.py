@@ -40,7 +40,7 @@ from mlflow.exceptions import MlflowException
 from upscale.orchestrator.training_path import PathStep
 from upscale.sweeps import run_tags
 from upscale.sweeps.segments import SegmentSpec
-from upscale.workers.tracking import EXPERIMENT, MAX_BATCH, client_for, ensure_experiment, run_link
+from upscale.workers.tracking import EXPERIMENT, MAX_BATCH, client_for, ensure_experiment, experiment_link, run_link
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -212,6 +212,11 @@ class RunTree:
             token = page.token
             if not token:
                 return
+
+
+def ui_address(settings: Settings, port: int = 5000) -> str:
+    """Where `upscale ui --launch` (on ``port``) shows the sweeps' runs: the experiment's runs table."""
+    return f"http://127.0.0.1:{port}/{experiment_link(RunTree.for_settings(settings).experiment_id)}"
 
 
 class BestEffortTracker:

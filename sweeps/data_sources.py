@@ -103,6 +103,18 @@ def confine_entry(field: str, path: str | Path, roots: Sequence[Path], instead: 
         raise _problem(field, str(e)) from None
 
 
+def check_present(field: str, path: str, roots: Sequence[Path]) -> None:
+    """SpecError at ``field`` when ``path`` lies under one of ``roots`` and is not there. The roots are folders of
+    this machine, so what is missing under them is missing (elsewhere an absent absolute path may be on the machines
+    that train: `_absent`); of a path outside them nothing is said, as `confine` says nothing of a path's state."""
+    try:
+        confine(path, roots, instead=None)
+    except OutsideRoots:
+        return
+    if _absent(path):
+        raise _problem(field, f"{path!r} does not exist under the data roots; give a folder, file or glob that does")
+
+
 def corpus_glob(corpus: str, roots: Sequence[Path] | None = None) -> list[Path]:
     """The files a corpus glob matches, within `bounded_files`' limits (and ``roots``)."""
     return bounded_files(glob.iglob(os.path.expanduser(corpus), recursive=True), corpus, roots)
@@ -121,8 +133,8 @@ def is_saved_dataset(path: Path) -> bool:
         or (path / "dataset_dict.json").is_file()
 
 
-def _not_local(field: str, name: str, what: str) -> SpecError:
-    return _problem(field, f"{what} {name!r} is not a local path; nothing is downloaded from a hub: download it "
+def _not_local(field: str, name: str, what: str, why: str = "is not a local path") -> SpecError:
+    return _problem(field, f"{what} {name!r} {why}; nothing is downloaded from a hub: download it "
                            f"first (for a dataset, `datasets.load_dataset(...).save_to_disk(DIR)`; for a tokenizer, "
                            f"`save_pretrained(DIR)`) and give the folder's absolute path")
 
@@ -182,7 +194,7 @@ def corpus_source(corpus: str, roots: Sequence[Path] | None = None) -> CorpusSou
         source = CorpusSource("data_files", _glob_base(path), tuple(files), _builder_of(files, corpus))
     elif not path.exists():
         if not path.is_absolute():
-            raise _not_local("data.corpus", corpus, "corpus")
+            raise _not_local("data.corpus", corpus, "corpus", f"does not exist (a relative path, from {Path.cwd()})")
         raise _problem("data.corpus", f"corpus path {corpus!r} does not exist; give a folder of text files, a "
                                       f".parquet/.jsonl/.json/.txt file or glob, a save_to_disk dataset folder, or "
                                       f"{BUILTIN_STDLIB}")

@@ -31,3 +31,9 @@ class SpecError(ValueError):
         if n == 1:  # one line, as the CLI's other errors are
             return f"invalid sweep spec: {lines[0]}"
         return f"invalid sweep spec ({n} problems):\n  " + "\n  ".join(lines)
+
+
+def raise_if(problems: Sequence[SpecProblem]) -> None:
+    """SpecError with ``problems``, if there are any."""
+    if problems:
+        raise SpecError(problems)

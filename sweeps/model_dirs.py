@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -45,6 +46,18 @@ class DenseModelDir:
     context: int
 
 
+def read_json_object(path: Path, error: type[ValueError] = ModelDirError) -> dict[str, Any]:
+    """The JSON object a model's config file holds (upscale's `config.json`, or a Hugging Face one); ``error``
+    naming the file when it is not valid JSON or not an object. Every reader of a model config reads it here."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold a JSON object of model config fields")
+    return data
+
+
 def read_dense_model(path: str | Path) -> DenseModelDir:
     """The dense model at ``path``; ModelDirError if it is missing, not a model directory, or an MoE."""
     src = Path(path).expanduser()
@@ -55,12 +68,7 @@ def read_dense_model(path: str | Path) -> DenseModelDir:
     if missing:
         raise ModelDirError(f"{path} is not an upscale model directory ({', '.join(missing)} missing); write one with "
                             "`upscale model import --hf DIR --out MODEL` or `upscale model init`")
-    try:
-        fields = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelDirError(f"{cfg_file} is not valid JSON: {e}") from None
-    if not isinstance(fields, dict):
-        raise ModelDirError(f"{cfg_file} must hold a JSON object of model config fields")
+    fields = read_json_object(cfg_file)
     absent = [k for k in ("n_layer", "d_model", "n_head", "vocab_size", "context") if k not in fields]
     if absent:
         raise ModelDirError(f"{cfg_file} lacks {', '.join(absent)}")

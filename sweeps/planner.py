@@ -43,7 +43,8 @@ from upscale.sweeps.segments import (
     fingerprint,
 )
 from upscale.sweeps.sizes import dense_params, expert_widths, moe_active_params, moe_total_params, train_flops_per_token
-from upscale.sweeps.spec import R_METHODS, Budgets, SizeRecipe, SweepSpec, resolve, round_steps
+from upscale.sweeps.spec import R_METHODS, SweepSpec
+from upscale.sweeps.steps import Budgets, SizeRecipe, resolve, round_steps
 
 AxisValue = str | int | float | None
 LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_search parents that will fix it)
@@ -170,9 +171,10 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
     options = dict(rc.imported.options) if rc.imported else {}  # what an imported model was built with
 
     def model(n_expert: int = 0, topk: int = 0) -> ModelSpec:
+        balancing = {"balancing": spec.moe.balancing, "balancing_rate": spec.moe.balancing_rate} if n_expert else {}
         return ModelSpec(**shape.model_dump(), **options, vocab_size=vocab, context=t.context, n_expert=n_expert,
                          topk=topk, aux_loss_coef=spec.moe.aux_loss_coef, init_std=rc.init_std,
-                         routing=spec.moe.routing, dispatch=spec.moe.dispatch)
+                         routing=spec.moe.routing, dispatch=spec.moe.dispatch, **balancing)
 
     common = {"data": spec.data, "seed": t.seed}
     n1 = dense_params(shape)
@@ -323,14 +325,26 @@ def critical_path_s(p: Plan, seconds: dict[str, float]) -> float:
     return max(finish.values(), default=0.0)
 
 
-def eta_s(planned_s: float, planned_done_s: float, elapsed_s: float, planned_waiting_s: float = 0.0) -> float | None:
+def eta_s(planned_s: float, planned_done_s: float, elapsed_s: float, planned_waiting_s: float = 0.0,
+          first: tuple[float, float] | None = None) -> float | None:
     """Seconds left of a run whose segments the plan estimates at ``planned_s`` in all, of which segments estimated at
     ``planned_done_s`` have finished ``elapsed_s`` seconds after the start: the plan's remainder at the pace measured
     so far (elapsed seconds per planned second) once a segment has finished. Before that, the plan's figure counted
     down, but never below ``planned_waiting_s``, the plan's figure for the segments not yet started (what has not
     begun has not got faster); None when only segments already running remain and they have outrun the plan's
-    figure: there is no pace to go by yet, and 0 would be a false promise."""
+    figure: there is no pace to go by yet, and 0 would be a false promise.
+
+    ``first``: (elapsed seconds, planned seconds finished) when the first segments finished. The wait for them holds
+    the run's one-off start-up (Ray's workers, their imports, DeepSpeed's op build), which a pace measured from the
+    start would charge to every segment left: a demo whose first, small segment took minutes to start was told hours
+    instead of minutes. Given it, the pace is measured from then on, and until another segment finishes the plan's
+    remainder counts down from then."""
     if planned_done_s <= 0:
         left = max(planned_s - elapsed_s, planned_waiting_s)
         return left if left > 0 or planned_s <= 0 else None
+    if first is not None:
+        at, planned_first = first
+        if planned_done_s <= planned_first:
+            return eta_s(planned_s - planned_first, 0.0, elapsed_s - at, planned_waiting_s)
+        planned_s, planned_done_s, elapsed_s = planned_s - planned_first, planned_done_s - planned_first, elapsed_s - at
     return max(planned_s - planned_done_s, 0.0) * elapsed_s / planned_done_s

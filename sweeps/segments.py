@@ -78,6 +78,13 @@ Dispatch = Annotated[Literal["grouped", "deepspeed"], Field(
     "capacity buffer (slower). Equal results (fp32 <= 1e-5): not part of the identity "
     "(docs/methods.md, \"Dispatch\").")]
 AuxLossCoef = Annotated[float, Field(ge=0, description="Load-balancing loss coefficient (the paper: 1e-3).")]
+Balancing = Annotated[Literal["aux_loss", "loss_free"], Field(
+    description="How expert load is balanced: aux_loss adds aux_loss_coef times DeepSpeed's load-balancing loss; "
+    "loss_free (DeepSeek-V3) adds a per-expert bias to the routing scores for the top-k choice only and nudges it "
+    "by balancing_rate toward equal load after every step, with no loss term (docs/methods.md, \"Loss-free "
+    "balancing\").")]
+BalancingRate = Annotated[float, Field(gt=0, le=1, description="loss_free: the bias update per step, u in "
+                                       "b_i += u·sign(mean load - load_i) (DeepSeek-V3: 1e-3).")]
 RouterInit = Annotated[Literal["normal_2_5d", "normal_0.02", "uniform_0.02", "kaiming_uniform"], Field(
     description="Router init: N(0, 2/(5·d_model)) (the paper's A.6), N(0, 0.02^2), zero-mean uniform with std 0.02 "
     "(Drop-Upcycling's torch_rand_002), or torch's kaiming-uniform (DeepSpeed's untouched default).")]
@@ -175,6 +182,8 @@ class ModelSpec(Shape):
     init_std: float = Field(0.02, gt=0, description="Std of the normal init of the other weights.")
     routing: Routing = "softmax_topk"
     dispatch: Dispatch = "grouped"
+    balancing: Balancing = "aux_loss"
+    balancing_rate: BalancingRate = 1e-3
     tie_embeddings: bool = Field(False, description="The LM head shares the input embedding's weights.")
     norm_eps: float = Field(1e-5, gt=0, le=1, description="RMSNorm epsilon.")
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
@@ -188,20 +197,35 @@ class ModelSpec(Shape):
             raise ValueError(f"topk={self.topk} given for a dense model (n_expert=0); use topk=0")
         if self.n_expert > 0 and not 1 <= self.topk <= self.n_expert:
             raise ValueError(f"topk={self.topk} is not valid for n_expert={self.n_expert}; valid: 1..{self.n_expert}")
+        if self.balancing == "loss_free" and not self.is_moe:
+            raise ValueError("balancing='loss_free' given for a dense model (n_expert=0): it balances experts")
+        if self.balancing == "loss_free" and self.topk == 1 and self.routing == "softmax_topk":
+            raise ValueError("balancing='loss_free' with topk=1 and routing='softmax_topk' leaves the router without "
+                             "gradient (its one weight is the constant 1 and no aux loss is added); use "
+                             "routing='deepspeed' or topk >= 2")
         return self
 
     @property
     def is_moe(self) -> bool:
         return self.n_expert >= MIN_EXPERTS
 
-    optional_fields: ClassVar[frozenset[str]] = Shape.optional_fields | {"tie_embeddings", "norm_eps", "rope_theta"}
+    @property
+    def aux_loss_weight(self) -> float:
+        """The coefficient the trainer puts on the load-balancing loss: none under loss-free balancing."""
+        return 0.0 if self.balancing == "loss_free" else self.aux_loss_coef
+
+    optional_fields: ClassVar[frozenset[str]] = Shape.optional_fields | {
+        "tie_embeddings", "norm_eps", "rope_theta", "balancing", "balancing_rate"}
 
     def identity_omits(self) -> frozenset[str]:
         """`dispatch` never changes the result. `routing` is hashed only where it departs from DeepSpeed's gate:
-        softmax_topk at top-1 (at k >= 2 both are the same renormalised top-k; a dense model has no router)."""
-        if self.topk == 1 and self.routing == "softmax_topk":
-            return frozenset({"dispatch"})
-        return frozenset({"dispatch", "routing"})
+        softmax_topk at top-1 (at k >= 2 both are the same renormalised top-k; a dense model has no router).
+        `balancing_rate` only under loss-free balancing, `aux_loss_coef` only without it."""
+        omit = {"dispatch"}
+        if not (self.topk == 1 and self.routing == "softmax_topk"):
+            omit.add("routing")
+        omit.add("aux_loss_coef" if self.balancing == "loss_free" else "balancing_rate")
+        return frozenset(omit)
 
 
 BUILTIN_STDLIB = "builtin:python-stdlib"  # the running Python's standard library, read by workers/data.py
@@ -316,6 +340,25 @@ class UpcycleSpec(Frozen):
     def identity_omits(self) -> frozenset[str]:
         """`llama_gate_init` is read by llama-moe only."""
         return frozenset() if self.method == "llama-moe" else frozenset({"llama_gate_init"})
+
+
+class ExpandSpec(Frozen):
+    """How a trained E-expert MoE becomes an m·E-expert one with the same top-k (expert upcycling; docs/methods.md,
+    "Expansion"): every expert duplicated, the router's rows copied."""
+
+    factor: int = Field(ge=2, le=MAX_EXPERTS, description="m: the expanded model has m·E experts (E the parent's).")
+    strategy: Literal["uniform", "utility"] = Field(
+        default="uniform", description="uniform: m copies of every expert; utility: one copy each, the other "
+        "(m-1)·E shared in proportion to the expert's mean routing score on calibration tokens")
+    bias_noise: float = Field(
+        default=0.01, ge=0.0, description="std of the noise on a replica's loss-free routing bias, as a fraction of "
+        "the std of the parent layer's bias (the expert-upcycling code's bias_only router, scale 0.01); 0 = exact "
+        "copies. Without loss-free balancing there is no bias and nothing is perturbed")
+    r: float = Field(default=0.0, ge=0.0, le=1.0, description="Drop-Upcycling on the replicas: fraction of their "
+                     "neurons re-initialised (the first copy of each expert is kept whole); 0 = plain copies")
+    index_mode: Literal["shared", "per_matrix"] = Field(
+        default="shared", description="with r > 0: Drop-Upcycling's index sets (UpcycleSpec.index_mode)")
+    seed: int = Field(default=0, description="seed of the bias noise and the re-initialised neurons")
 
 
 class LrSearchSpec(Frozen):

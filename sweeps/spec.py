@@ -1,37 +1,28 @@
-"""The sweep spec: what a user writes (YAML or JSON), parsed once into frozen pydantic models and checked whole.
+"""The sweep spec's schema: what a user writes (YAML or JSON), parsed once into frozen pydantic models and checked
+whole.
 
 A spec is a grid over (N1, D1, D2, n_expert, topK, method, r) plus the training recipe. Validation happens here, at
 the edge (docs/conventions.md), and reports *every* problem at once as `(field path, message)` pairs in one `SpecError`:
 field-level problems come from pydantic, section-level ones from each section's validator, and cross-section ones
-(budgets vs warmup and batch) from `SweepSpec`'s validator, which runs once the sections themselves are valid.
+(budgets vs warmup and batch, checked by sweeps/steps.py's `resolve`) from `SweepSpec`'s validator, which runs once the
+sections themselves are valid. Beside it: the memory a worker needs (sweeps/memory.py), what a cluster offers
+(sweeps/resources.py) and the bounded reading of a document (sweeps/loader.py).
 
-Token counts are trained in whole optimiser steps of `batch_size * context` tokens, so `resolve` turns every budget
-into steps: to the nearest step (half up) by default, recorded in `notes`, or refused with `train.round_tokens: exact`.
-The LR decay of a budget of S steps starts at step S - max(1, round(decay.fraction * S)).
-
-A spec may come from anyone who can reach the API, so reading one is bounded: `parse_document` refuses YAML aliases
-(an 887-byte "billion laughs" expands to gigabytes), nesting deeper than MAX_DEPTH and integers beyond the store's
-64-bit columns, each with its field path; every axis list holds at most MAX_AXIS entries; a message quotes at most an
-`excerpt` of a bad value and a SpecError keeps at most MAX_PROBLEMS problems, so an error is always small. A server
-passes its segment limit as `parse_spec(data, max_segments=...)`: a grid whose `segment_bound` is larger is refused
-before the heavier cross-section checks and before any planning.
+A spec may come from anyone who can reach the API, so checking one is bounded: every axis list holds at most MAX_AXIS
+entries; a message quotes at most an `excerpt` of a bad value and a SpecError keeps at most MAX_PROBLEMS problems, so
+an error is always small. A server passes its segment limit as `parse_spec(data, max_segments=...)`: a grid whose
+`segment_bound` is larger is refused before the heavier cross-section checks and before any planning.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-import yaml
 from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from upscale.sweeps.data_sources import BUILTIN_TOKENIZERS, vocab_size_of
-from upscale.sweeps.errors import SpecError, SpecProblem
+from upscale.sweeps.errors import SpecError, SpecProblem, raise_if
 from upscale.sweeps.model_dirs import DenseModelDir, confine_model_files, read_dense_model
 from upscale.sweeps.segments import (
     MAX_CONTEXT,
@@ -40,6 +31,8 @@ from upscale.sweeps.segments import (
     MAX_VOCAB,
     MIN_EXPERTS,
     AuxLossCoef,
+    Balancing,
+    BalancingRate,
     DataSpec,
     DecayShape,
     Dispatch,
@@ -50,14 +43,8 @@ from upscale.sweeps.segments import (
     Shape,
     UpcycleSpec,
 )
-from upscale.sweeps.sizes import (
-    MEMORY_HEADROOM,
-    NAMED_SIZES,
-    TrainingMemory,
-    expert_widths,
-    largest_micro_batch,
-    training_memory,
-)
+from upscale.sweeps.sizes import NAMED_SIZES, expert_widths
+from upscale.sweeps.steps import resolve
 
 # Methods whose identity varies with the `r` axis (Drop-Upcycling's re-initialised fraction, docs/methods.md). Others
 # ignore `upcycling.r` and are planned once, so an r sweep never duplicates a naive upcycle.
@@ -68,8 +55,6 @@ Budget = Annotated[float, Field(gt=0, le=MAX_TOKENS, description="Tokens (rounde
 ExpertCount = Annotated[int, Field(le=MAX_EXPERTS)]
 
 MAX_AXIS = 1000  # entries of one grid axis (sizes, experts, topk, r, budgets): the product is what gets planned
-MAX_DEPTH = 64  # nesting of a spec document; a real spec nests 5 deep
-MAX_INT = 2**63 - 1  # the store's integer columns are 64-bit
 EXCERPT_CHARS = 80  # of a bad value quoted in a message
 MAX_LR = 10.0  # a peak learning rate above this diverges at once: AdamW's useful range is ~1e-5..1e-1
 MAX_BATCH = 1 << 20  # sequences per optimiser step
@@ -77,9 +62,7 @@ MIN_CPUS = 0.01  # per worker: Ray schedules fractions, but below this a segment
 MAX_CPUS = 4096.0  # per worker process, as MAX_GPUS: beyond any node
 MAX_GPUS = 64.0
 MAX_GPU_MEMORY = 1 << 16  # GiB of one GPU: far above any made
-GPU_MEMORY_GIB = 80.0  # what the plan assumes one GPU holds when resources.gpu_memory is not given: an H100's
 MAX_WORKERS = 4096  # processes per segment
-GIB = 1 << 30
 
 
 def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
@@ -89,11 +72,6 @@ def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
         return f"<{type(value).__name__} of {len(value)} entries>"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _raise_if(problems: list[SpecProblem]) -> None:
-    if problems:
-        raise SpecError(problems)
 
 
 def _budget_list_problems(name: str, values: Sequence[float]) -> list[SpecProblem]:
@@ -161,13 +139,13 @@ class ModelSection(Frozen):
                 try:
                     s = ShapeEntry.model_validate(s)
                 except ValidationError as e:
-                    problems += [(_join(f"[{i}]", _dotted(err["loc"])), _message(err)) for err in e.errors()]
+                    problems += [(join_path(f"[{i}]", _dotted(err["loc"])), _message(err)) for err in e.errors()]
                     continue
             label = s if isinstance(s, str) else s.label
             if label in {x if isinstance(x, str) else x.label for x in out}:
                 problems.append((f"[{i}]", f"size {label!r} listed twice"))
             out.append(s)
-        _raise_if(problems)
+        raise_if(problems)
         return out
 
     @model_validator(mode="after")
@@ -213,10 +191,17 @@ class MoeSection(Frozen):
     aux_loss_coef: AuxLossCoef = 1e-3
     routing: Routing = "softmax_topk"
     dispatch: Dispatch = "grouped"
+    balancing: Balancing = "aux_loss"
+    balancing_rate: BalancingRate = 1e-3
+
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"balancing", "balancing_rate"})
 
     def identity_omits(self) -> frozenset[str]:
-        """The dispatch never changes a result, and the routing only at top-1 (`ModelSpec.identity_omits`)."""
-        return frozenset({"dispatch"}) if 1 in self.topk else frozenset({"dispatch", "routing"})
+        """The dispatch never changes a result, the routing only at top-1, the aux coefficient and the bias update
+        rate only under their own balancing (`ModelSpec.identity_omits`)."""
+        omit = {"dispatch"} if 1 in self.topk else {"dispatch", "routing"}
+        omit.add("aux_loss_coef" if self.balancing == "loss_free" else "balancing_rate")
+        return frozenset(omit)
 
     @model_validator(mode="after")
     def _check(self) -> MoeSection:
@@ -232,7 +217,11 @@ class MoeSection(Frozen):
                 if k > e:
                     problems.append((f"topk[{j}]", f"topk={k} exceeds experts={e} (experts[{i}]); every topk is "
                                      "paired with every expert count"))
-        _raise_if(problems)
+        if self.balancing == "loss_free" and 1 in self.topk and self.routing == "softmax_topk":
+            problems.append(("balancing", "loss_free with topk 1 and routing softmax_topk leaves the router without "
+                             "gradient (its one weight is the constant 1, no aux loss is added); use routing "
+                             "deepspeed or topk >= 2"))
+        raise_if(problems)
         return self
 
     def configs(self) -> list[tuple[int, int]]:
@@ -269,7 +258,7 @@ class UpcyclingSection(Frozen):
                 UpcycleSpec(method=method, **{k: v for k, v in opts.items() if k not in axes})
             except ValidationError as e:
                 problems += [(f"options.{method}.{_dotted(err['loc'])}", err["msg"]) for err in e.errors()]
-        _raise_if(problems)
+        raise_if(problems)
         return self
 
     def variants(self) -> list[UpcycleSpec]:
@@ -294,7 +283,7 @@ class TokensSection(Frozen):
     def _check(self) -> TokensSection:
         problems = [p for name in ("d1", "d2", "scratch") if getattr(self, name) is not None
                     for p in _budget_list_problems(name, getattr(self, name))]
-        _raise_if(problems)
+        raise_if(problems)
         return self
 
 
@@ -305,7 +294,7 @@ class TokensOverride(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> TokensOverride:
-        _raise_if([p for name in ("d1", "d2", "scratch") if getattr(self, name) is not None
+        raise_if([p for name in ("d1", "d2", "scratch") if getattr(self, name) is not None
                    for p in _budget_list_problems(name, getattr(self, name))])
         return self
 
@@ -371,7 +360,7 @@ class TrainSection(Frozen):
             problems.append(("lr_search.low", f"low={self.lr_search.low} must be below high={self.lr_search.high}"))
         if self.lr_search and self.lr_search.high > MAX_LR:
             problems.append(("lr_search.high", f"{self.lr_search.high:g} is above the largest peak LR, {MAX_LR:g}"))
-        _raise_if(problems)
+        raise_if(problems)
         return self
 
 
@@ -396,15 +385,6 @@ class ResourcesSection(Frozen):
                                      "plan's memory check and micro-batch; None = GPU_MEMORY_GIB (80, an H100's).")
 
     optional_fields: ClassVar[frozenset[str]] = frozenset({"gpu_memory"})
-
-
-class ClusterResources(Frozen):
-    """What a cluster offers (the orchestrator reads it from Ray); sweeps/ stays pure by taking it as an argument."""
-
-    cpus: float = Field(ge=0)
-    gpus: float = Field(0, ge=0)
-    node_memory: float | None = Field(None, ge=0, description="Bytes of Ray's `memory` resource on its largest "
-                                      "node: the most one worker process can hold; None when not known.")
 
 
 class SweepSpec(Frozen):
@@ -457,8 +437,12 @@ class SweepSpec(Frozen):
                     except ValueError as err:
                         problems.append((f"upcycling.methods[{self.upcycling.methods.index(up.method)}]",
                                          f"{up.method} cannot build {label} as {e}x{k}: {err}"))
-        _raise_if(list(dict.fromkeys(problems)))
+        raise_if(list(dict.fromkeys(problems)))
         return self
+
+    def size_override(self, label: str) -> SizeOverride:
+        """Size ``label``'s `per_size` entry, or an empty one: what its recipe overrides."""
+        return self.per_size.get(label, SizeOverride())
 
     def micro_batch_size(self, label: str) -> int | None:
         """The micro-batch the spec gives size ``label`` (its per_size override, else train's); None = fit memory."""
@@ -474,7 +458,7 @@ class SweepSpec(Frozen):
         """A micro-batch divides each worker's share of its size's batch (a step is whole micro-batches)."""
         w, problems = self.resources.workers, []
         for label in self.model.shapes():
-            o = self.per_size.get(label, SizeOverride())
+            o = self.size_override(label)
             rows = (o.batch_size or self.train.batch_size) // w
             micro = self.micro_batch_size(label)
             if micro and rows % micro:
@@ -524,207 +508,6 @@ class SweepSpec(Frozen):
         return problems
 
 
-@dataclass(frozen=True)
-class Budgets:
-    """Budgets of one kind for one size, in steps, with where the decay of each starts."""
-
-    steps: tuple[int, ...]
-    decay_start_steps: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class SizeRecipe:
-    """Everything the planner needs for one dense size, in whole steps."""
-
-    label: str
-    shape: Shape
-    tokens_per_step: int
-    warmup_steps: int
-    lr: LrSection | None
-    init_std: float
-    d1: Budgets | None  # None for an imported model, whose D1 is its trained_tokens
-    d2: Budgets
-    scratch: Budgets | None
-    imported: DenseModelDir | None = None
-
-
-@dataclass(frozen=True)
-class Resolution:
-    recipes: tuple[SizeRecipe, ...]
-    problems: tuple[SpecProblem, ...]
-    notes: tuple[str, ...]
-
-
-def round_steps(tokens: float, tokens_per_step: int) -> int:
-    """Whole steps nearest to `tokens` (half up)."""
-    return math.floor(tokens / tokens_per_step + 0.5)
-
-
-def decay_start_step(steps: int, fraction: float) -> int:
-    """Step where the decay of a budget of `steps` starts: the last round(fraction*steps) steps, at least one."""
-    return steps - max(1, math.floor(fraction * steps + 0.5))
-
-
-def resolve(spec: SweepSpec) -> Resolution:
-    """Per-size recipes in whole steps, with the rounding notes and the problems (budgets the steps cannot reach)."""
-    problems: list[SpecProblem] = []
-    notes: list[str] = []
-    recipes = []
-    t = spec.train
-    for label, shape in spec.model.shapes().items():
-        o = spec.per_size.get(label, SizeOverride())
-        where = f"per_size.{label}." if label in spec.per_size else ""
-        tps = (o.batch_size or t.batch_size) * t.context
-        warmup_tokens = t.warmup_tokens if o.warmup_tokens is None else o.warmup_tokens
-        warmup_path = f"{where}warmup_tokens" if o.warmup_tokens is not None else "train.warmup_tokens"
-        warmup = _steps(warmup_tokens, tps, warmup_path, label, t.round_tokens, problems, notes, allow_zero=True)
-        if t.eval_every_tokens is not None:
-            _steps(t.eval_every_tokens, tps, "train.eval_every_tokens", label, t.round_tokens, problems, notes)
-        budgets: dict[str, Budgets | None] = {}
-        for kind in ("d1", "d2", "scratch"):
-            given = getattr(o.tokens, kind, None) if o.tokens else None
-            path = f"per_size.{label}.tokens.{kind}" if given is not None else f"tokens.{kind}"
-            values = given if given is not None else getattr(spec.tokens, kind)
-            if values is None:
-                budgets[kind] = None
-                continue
-            steps = [_steps(v, tps, f"{path}[{i}]", label, t.round_tokens, problems, notes)
-                     for i, v in enumerate(values)]
-            starts = [decay_start_step(s, t.decay.fraction) for s in steps]
-            for i, (s, start) in enumerate(zip(steps, starts, strict=True)):
-                if i and s == steps[i - 1]:
-                    problems.append((f"{path}[{i}]", f"{label}: rounds to {s} steps of {tps} tokens, as {path}[{i - 1}]"
-                                     " does; space the budgets further apart"))
-                if s and start < max(warmup, 1):
-                    problems.append((f"{path}[{i}]", f"{label}: budget {values[i]:g} ({s} steps) decays from step "
-                                     f"{start}, before warmup ends at step {warmup}; raise it to at least "
-                                     f"{_min_budget(warmup, t.decay.fraction) * tps} tokens or shorten the warmup"))
-            budgets[kind] = Budgets(tuple(steps), tuple(starts))
-        if t.lr_search and round_steps(t.lr_search.tokens, tps) <= warmup:
-            problems.append(("train.lr_search.tokens", f"{label}: {t.lr_search.tokens} tokens per trial do not reach "
-                             f"past the warmup ({warmup} steps of {tps})"))
-        recipes.append(SizeRecipe(label, shape, tps, warmup, o.lr or t.lr, o.init_std or spec.model.init_std,
-                                  budgets["d1"], budgets["d2"], budgets["scratch"], spec.model.dense_model))
-    return Resolution(tuple(recipes), tuple(problems), tuple(notes))
-
-
-def _min_budget(warmup: int, fraction: float) -> int:
-    s = max(warmup, 1) + 1
-    while decay_start_step(s, fraction) < max(warmup, 1):
-        s += 1
-    return s
-
-
-def _steps(tokens: float, tps: int, path: str, label: str, mode: str, problems: list[SpecProblem], notes: list[str],
-           allow_zero: bool = False) -> int:
-    steps = round_steps(tokens, tps)
-    if steps * tps != tokens:
-        if mode == "exact":
-            lo, hi = math.floor(tokens / tps) * tps, math.ceil(tokens / tps) * tps
-            problems.append((path, f"{label}: {tokens:g} tokens is not a whole number of steps of {tps} "
-                             f"(batch_size*context); use {lo} or {hi}, or set train.round_tokens: nearest"))
-        elif steps or allow_zero:
-            notes.append(f"{path} ({label}): {tokens:g} -> {steps * tps} tokens ({steps} steps of {tps})")
-    if steps == 0 and not allow_zero:
-        problems.append((path, f"{label}: {tokens:g} tokens is less than one step of {tps} tokens"))
-    return steps
-
-
-def check_resources(spec: SweepSpec, available: ClusterResources) -> None:
-    """Refuse a sweep whose segments need more than the cluster has (raises SpecError)."""
-    r = spec.resources
-    problems = [(f"resources.{name}", f"a segment needs {need:g} {name} ({per:g} x {r.workers} workers); the "
-                 f"cluster has {have:g}")
-                for name, per, have in (("cpus", r.cpus, available.cpus), ("gpus", r.gpus, available.gpus))
-                if (need := per * r.workers) > have]
-    _raise_if(problems)
-
-
-@dataclass(frozen=True)
-class SizeMemory:
-    """One size's largest model as one worker trains it (`memory_plan`)."""
-
-    label: str
-    model: str  # "dense 0.1B" or "0.1B as 8x2"
-    rows: int  # sequences the worker takes per step
-    micro_batch_size: int | None  # per forward pass: the spec's, else the largest that fits; None: none fits
-    need: TrainingMemory  # at micro_batch_size (at one sequence when none fits)
-    fits: bool
-
-
-def worker_memory(spec: SweepSpec, node_memory: float | None = None) -> float | None:
-    """Bytes one worker may fill: one GPU's (resources.gpu_memory, else GPU_MEMORY_GIB) for a GPU sweep, else the
-    node's RAM when known."""
-    if spec.resources.gpus:
-        return (spec.resources.gpu_memory or GPU_MEMORY_GIB) * GIB
-    return node_memory
-
-
-def memory_plan(spec: SweepSpec, memory: float | None) -> list[SizeMemory]:
-    """Per size, its largest model (its MoEs' and its dense model's `sizes.training_memory`) on one worker of
-    ``memory`` bytes (None: not known, the whole share of a step is one micro-batch): the spec's micro-batch, or the
-    largest dividing a worker's share of the batch that fits MEMORY_HEADROOM of ``memory``, and what it needs."""
-    r, t = spec.resources, spec.train
-    vocab = spec.model.vocab_size or vocab_size_of(spec.data)
-    variants = spec.upcycling.variants()
-    out = []
-    for label, shape in spec.model.shapes().items():
-        o = spec.per_size.get(label, SizeOverride())
-        rows = (o.batch_size or t.batch_size) // r.workers
-        models = [(0, 0, (shape.d_ff, 0))] + [(e, k, widths) for e, k in spec.moe.configs()
-                                              for widths in {(shape.d_ff, 0)} | {_widths(up, shape, e, k)
-                                                                                for up in variants}]
-        memory_of = [functools.partial(training_memory, shape, e, k, *widths, vocab=vocab, context=t.context,
-                                       workers=r.workers, checkpointing=t.activation_checkpointing)
-                     for e, k, widths in models]
-        worst = max(range(len(models)), key=lambda i: memory_of[i](sequences=rows).total)
-        (e, k, _), need = models[worst], memory_of[worst]
-        budget = MEMORY_HEADROOM * memory if memory else None
-        micro = spec.micro_batch_size(label) or (
-            largest_micro_batch(rows, budget, lambda m, need=need: need(sequences=m)) if budget else rows)
-        held = need(sequences=micro or 1)
-        out.append(SizeMemory(label, f"{label} as {e}x{k}" if e else f"dense {label}", rows, micro, held,
-                              micro is not None and (budget is None or held.total <= budget)))
-    return out
-
-
-def check_memory(spec: SweepSpec, node_memory: float | None = None) -> None:
-    """Refuse a sweep a worker cannot train (raises SpecError): per size, its largest model at its micro-batch
-    (`memory_plan`) on one GPU (a GPU sweep) or one node of ``node_memory`` bytes; each problem names the knobs."""
-    memory = worker_memory(spec, node_memory)
-    if memory is None:
-        return
-    where = "a GPU" if spec.resources.gpus else "the largest node"
-    problems: list[SpecProblem] = []
-    for size in memory_plan(spec, memory):
-        if size.fits:
-            continue
-        n = size.need
-        what = (f"{size.model} needs about {n.total / GIB:.3g} GiB per worker at {n.sequences} sequence(s) per "
-                f"micro-batch ({n.state / GIB:.3g} GiB of weights, gradients and AdamW state for {n.params:,} "
-                f"parameters, {n.activations / GIB:.3g} GiB of activations); {where} has {memory / GIB:.3g} GiB, "
-                f"{MEMORY_HEADROOM:.0%} of it usable")
-        if size.micro_batch_size is not None:  # the spec's micro-batch is too large
-            problems.append((spec.micro_batch_path(size.label),
-                             f"{what}: lower it, or leave it unset to take the largest that fits"))
-            continue
-        knobs = ["more resources.workers (experts split over them)", "a smaller size or context"]
-        if not spec.train.activation_checkpointing:
-            knobs.insert(0, "train.activation_checkpointing: true")
-        if spec.resources.gpus:
-            knobs.append("resources.gpu_memory if your GPUs hold more")
-        problems.append(("resources", f"{what}: no sequence fits; use {', '.join(knobs)}"))
-    _raise_if(problems)
-
-
-def _widths(up: UpcycleSpec, shape: Shape, n_expert: int, topk: int) -> tuple[int, int]:
-    """`expert_widths`, or the copied FFN's where the method cannot build this MoE (reported by the spec's check)."""
-    try:
-        return expert_widths(up, shape.d_ff, n_expert, topk)
-    except ValueError:
-        return shape.d_ff, 0
-
-
 def segment_bound(spec: SweepSpec) -> int:
     """At most how many segments `planner.plan` makes of ``spec``, counted from its axes without enumerating them (the
     planner's DAG per size: a dense trunk piece and a decay per D1, or one dense_import; per (experts, topk) and
@@ -761,7 +544,7 @@ def parse_spec(data: Any, max_segments: int | None = None,
             base = _dotted(err["loc"])
             cause = err.get("ctx", {}).get("error")
             if isinstance(cause, SpecError):  # a section's validator: paths relative to the section
-                problems += [(_join(base, path), msg) for path, msg in cause.problems]
+                problems += [(join_path(base, path), msg) for path, msg in cause.problems]
             else:
                 problems.append((base, _message(err)))
         raise SpecError(problems) from None
@@ -778,75 +561,6 @@ def _message(err: Any) -> str:
 
 
 # The example spec shipped with the package that `upscale demo` runs and the API shows as POST /sweeps' example.
-DEMO_SPEC = Path(__file__).resolve().parent / "examples" / "demo.yaml"
-
-
-def load_spec(source: str | Path) -> SweepSpec:
-    """Read a spec from a .yaml/.yml/.json path or from YAML/JSON text (JSON is YAML)."""
-    text = source
-    looks_like_path = isinstance(source, Path) or ("\n" not in source and (
-        source.endswith((".yaml", ".yml", ".json")) or Path(source).is_file()))
-    if looks_like_path:
-        path = Path(source)
-        if not path.is_file():
-            raise SpecError([("", f"{path} is a folder, not a spec file" if path.is_dir()
-                                  else f"no such spec file: {path}")])
-        text = path.read_text()
-    return parse_spec(parse_document(text, "json" if text.lstrip().startswith("{") else "yaml"))
-
-
-class SpecLoader(yaml.SafeLoader):
-    """YAML's safe loader without aliases: `*name` repeats a node, so a few hundred bytes of nested aliases expand
-    to gigabytes once loaded ("billion laughs"). A spec never needs one."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise SpecError([("", f"YAML aliases are not allowed in a spec (line {mark.line + 1}); write the "
-                                  "value out")])
-        return super().compose_node(parent, index)
-
-
-def parse_document(text: str | bytes, fmt: Literal["json", "yaml"]) -> dict[str, Any]:
-    """A spec document as plain data, read with bounds: YAML without aliases, at most MAX_DEPTH deep, no integer
-    beyond MAX_INT; SpecError otherwise. JSON's `Infinity` and `NaN` parse here and are refused by the models."""
-    try:
-        data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=SpecLoader)  # a SafeLoader subclass
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecError([("", f"not valid {fmt.upper()}: {e}")]) from None
-    except RecursionError:
-        raise SpecError([("", f"the document nests deeper than {MAX_DEPTH} levels")]) from None
-    if not isinstance(data, dict):
-        raise SpecError([("", "a sweep spec is a mapping with keys name, model, moe, upcycling, tokens, train")])
-    check_document(data)
-    return data
-
-
-def check_document(data: Any, path: str = "") -> None:
-    """SpecError for nesting beyond MAX_DEPTH, integers beyond MAX_INT or a NUL character in a string or key (no
-    field holds one, and PostgreSQL cannot store one) in plain data (at ``path`` of a larger body), found
-    iteratively: a recursive walk is what a deep document breaks. At most one problem of each kind."""
-    problems: dict[str, SpecProblem] = {}
-    stack: list[tuple[Any, str, int]] = [(data, path, 0)]
-    while stack:
-        node, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            problems.setdefault("depth", (path, f"nested deeper than {MAX_DEPTH} levels"))
-            continue
-        if isinstance(node, bool):
-            continue
-        if isinstance(node, int) and abs(node) > MAX_INT:
-            problems.setdefault("int", (path, f"integer {excerpt(node)} is beyond what the store holds "
-                                              f"(at most {MAX_INT})"))
-        elif isinstance(node, str) and "\x00" in node:
-            problems.setdefault("nul", (path, "a NUL character (\\u0000) is not allowed in a spec"))
-        elif isinstance(node, dict):
-            if any("\x00" in str(k) for k in node):
-                problems.setdefault("nul", (path, "a NUL character (\\u0000) is not allowed in a key"))
-            stack += [(v, _join(path, str(k)), depth + 1) for k, v in node.items()]
-        elif isinstance(node, list):
-            stack += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node)]
-    _raise_if(list(problems.values()))
 
 
 def _dotted(loc: Sequence[str | int]) -> str:
@@ -856,7 +570,7 @@ def _dotted(loc: Sequence[str | int]) -> str:
     return out
 
 
-def _join(base: str, path: str) -> str:
+def join_path(base: str, path: str) -> str:
     if not path:
         return base
     return f"{base}{path}" if path.startswith("[") or not base else f"{base}.{path}"

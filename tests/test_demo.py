@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from upscale.fitting.analysis_plots import GROUP_PLOTS
+
 UPSCALE = Path(sys.executable).parent / "upscale"
 # fitting/analysis_plots.py's names for the synthetic tables (one ungrouped upcycled table: its folder is `all`)
 PLOTS = {f"{name}.{ext}" for ext in ("png", "pdf") for name in
          ("dstar", "scratch_loss_vs_d", "scratch_parity", "scratch_residuals", "dense_loss_vs_d",
-          *(f"all/{n}" for n in ("loss_vs_d2", "parity", "residuals", "alpha_d1", "catch_up")))}
+          *(f"all/{n}" for n in GROUP_PLOTS))}
 
 
 def _upscale(home: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
@@ -36,7 +38,8 @@ def _demo(home: Path, *args: str, timeout: int) -> str:
 
 @pytest.mark.slow  # four console-script runs: ~22 s on 2 cores (test_cli_output runs the synthetic demo too)
 def test_synthetic_demo_recovers_the_papers_dstar_and_writes_the_plots(tmp_path: Path) -> None:
-    out = _demo(tmp_path, "--synthetic", "--bootstrap", "20", "--out", str(tmp_path / "plots"), timeout=300)
+    out = _demo(tmp_path, "--synthetic", "--details", "--bootstrap", "20", "--out", str(tmp_path / "plots"),
+                timeout=300)
     assert "SYNTHETIC" in out
     # The tables are generated from Table 2's parameters, whose D* at N1 = 1e9 is 3.0e9 tokens (docs/laws.md, "D*").
     row = re.search(r"│ 1e\+09\s+│ ([0-9.e+]+)", out)
@@ -87,7 +90,8 @@ resources: {cpus: 1}
 def test_demo_trains_a_grid_for_real_and_fits_it(tmp_path: Path) -> None:
     spec = tmp_path / "grid.yaml"
     spec.write_text(TINY_GRID)
-    run = _upscale(tmp_path / "home", "demo", "--spec", str(spec), "--bootstrap", "20", timeout=1200)
+    run = _upscale(tmp_path / "home", "demo", "--spec", str(spec), "--details", "--bootstrap", "20",
+                   timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     assert "upcycling method: naive" in out and out.count("verdict:") == 2
@@ -97,7 +101,7 @@ def test_demo_trains_a_grid_for_real_and_fits_it(tmp_path: Path) -> None:
     if "warning: plot dstar skipped: D* is not finite" in run.stderr:  # a tiny real grid may have one side win:
         expected -= {"dstar.png", "dstar.pdf"}  # everywhere; the demo then says so instead of an empty band
     assert drawn == expected
-    assert "upscale ui --launch" in out
+    assert "upscale ui --launch, then http://127.0.0.1:5000/#/experiments/" in out  # the runs, not the landing
     # A second run reuses every segment: nothing is trained again.
     assert "0 segment(s) trained this run" in _demo(tmp_path / "home", "--spec", str(spec), "--bootstrap", "0",
                                                     timeout=600)

@@ -94,8 +94,8 @@ def test_load_observations_names_its_sweep_and_asks_for_one_among_several(tmp_pa
         upscale.load_observations(home=tmp_path)
     from upscale.orchestrator.settings import Settings
     from upscale.orchestrator.store import Store
+    from upscale.sweeps.loader import load_spec
     from upscale.sweeps.planner import plan
-    from upscale.sweeps.spec import load_spec
 
     spec = load_spec(Path(str(files("upscale.sweeps") / "examples" / "demo.yaml")))
     store = Store(Settings(home=tmp_path).db_url)

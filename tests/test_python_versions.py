@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_packaging import copy_tracked
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "sweeps" / "examples" / "liew-joint.yaml"

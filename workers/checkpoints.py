@@ -102,8 +102,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 def check_same_model(meta: dict[str, Any], cfg: ModelConfig, where: str | Path) -> None:
-    """Refuse a checkpoint of another model: names every field that differs."""
-    saved = meta["model_config"]
+    """Refuse a checkpoint of another model: names every field that differs. A field the sidecar lacks predates the
+    option (`balancing`, say) and so was trained at its default."""
+    saved = {k: f.default for k, f in type(cfg).model_fields.items()} | meta["model_config"]
     want = cfg.model_dump()
     diff = {k: (saved.get(k), v) for k, v in want.items() if saved.get(k) != v}
     if diff:

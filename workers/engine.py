@@ -1,17 +1,19 @@
 """The DeepSpeed engine every training segment runs on, and one optimiser step through it.
 
 AdamW per `OptimSpec` with two parameter groups (matrices decayed, norm weights not), split by DeepSpeed's
-`split_params_into_different_moe_groups_for_optimizer` so expert parameters sit in their own groups (required by
-ZeRO 1/2 with MoE; docs/methods.md, "DeepSpeed-MoE facts the code relies on"). The engine holds fp32 weights everywhere;
-on CUDA the forward runs under bf16 autocast (the `SegmentRuntime.device` contract), on CPU in plain fp32 over gloo. The
-LR is set on the optimiser's groups before every step from the pure schedule function, so no DeepSpeed LR scheduler
-state exists to save or to drift. The loss is cross-entropy plus `aux_loss_coef` times the summed DeepSpeed
-load-balancing loss. On several processes (workers/parallel.py) each rank steps on its rows of the global batch and
-DeepSpeed averages the gradients (expert gradients over the expert-data-parallel group, scaled by the whole
-data-parallel size). A rank's rows may pass in micro-batches (docs/training.md): DeepSpeed accumulates their
-gradients (each micro-batch's loss scaled by 1/N) and steps once at the accumulation boundary, so an optimiser step,
-the LR and the schedule's step count stay per batch; the cross-entropy's gradient is the whole batch's, the
-load-balancing loss is each micro-batch's own, averaged (as it is each rank's own).
+`split_params_into_different_moe_groups_for_optimizer` so expert parameters sit in their own groups (required by ZeRO
+1/2 with MoE; docs/methods.md, "DeepSpeed-MoE facts the code relies on"). The engine holds fp32 weights everywhere; on
+CUDA the forward runs under bf16 autocast (the `SegmentRuntime.device` contract), on CPU in plain fp32 over gloo. The LR
+is set on the optimiser's groups before every step from the pure schedule function, so no DeepSpeed LR scheduler state
+exists to save or to drift. The loss is cross-entropy plus `aux_loss_coef` times the summed DeepSpeed load-balancing
+loss; under loss-free balancing it is cross-entropy alone, and after the optimiser step each MoE layer's routing bias
+moves toward equal load, from the step's expert counts summed over micro-batches and all ranks (under expert parallelism
+every rank's gate routes its own tokens over all experts). On several processes (workers/parallel.py) each rank steps on
+its rows of the global batch and DeepSpeed averages the gradients (expert gradients over the expert-data-parallel group,
+scaled by the whole data-parallel size). A rank's rows may pass in micro-batches (docs/training.md): DeepSpeed
+accumulates their gradients (each micro-batch's loss scaled by 1/N) and steps once at the accumulation boundary, so an
+optimiser step, the LR and the schedule's step count stay per batch; the cross-entropy's gradient is the whole batch's,
+the load-balancing loss is each micro-batch's own, averaged (as it is each rank's own).
 """
 
 from __future__ import annotations
@@ -133,14 +135,19 @@ def train_step(engine, tokens: torch.Tensor, lr: float, aux_coef: float, device:
     set_lr(engine, lr)
     micros = ranks.rows(tokens).split(engine.train_micro_batch_size_per_gpu())
     total = torch.zeros(2, device=device)
+    loads = 0
     for i, micro in enumerate(micros):
         ce, aux = lm_loss(engine, micro, device)
         total += torch.stack([ce.detach(), aux.detach()])
+        if engine.module.cfg.balancing == "loss_free":
+            loads = loads + torch.stack(engine.module.expert_counts)
         if i == len(micros) - 1:  # one device sync per step, before the backward pass that steps
             loss, aux_loss = (ranks.mean(total) / len(micros)).tolist()
             if not math.isfinite(loss + aux_coef * aux_loss):
                 raise NonFiniteLoss(f"loss is {loss} (aux {aux_loss})")
         engine.backward(ce + aux_coef * aux)  # DeepSpeed scales by 1 / len(micros) and counts the boundary
         engine.step()  # steps the optimiser at the boundary only
+    if engine.module.cfg.balancing == "loss_free":
+        engine.module.balance_experts(ranks.sum(loads))  # every rank the same loads, so the same biases
     norm = engine.get_global_grad_norm()
     return StepStats(loss=loss, aux_loss=aux_loss, grad_norm=float(norm) if norm is not None else None)

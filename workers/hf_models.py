@@ -30,10 +30,13 @@ from typing import Any
 import torch
 
 from upscale.sweeps.data_sources import TOKENIZER_FILES, tokenizer_files
-from upscale.sweeps.model_dirs import SOURCE_FILE  # provenance of an imported model: HF folder, config, sha256
+from upscale.sweeps.model_dirs import (  # provenance of an imported model: HF folder, config, sha256
+    SOURCE_FILE,
+    read_json_object,
+)
 from upscale.workers.errors import WorkerError, validated
 from upscale.workers.model import MixtureRouter, ModelConfig
-from upscale.workers.upcycling.adapter import experts_of, router_of, shared_of
+from upscale.workers.upcycling.adapter import bias_of, experts_of, router_of, shared_of
 from upscale.workers.weights import WEIGHTS_FILE, expected_shapes, instantiate, load_model, save_model
 
 TOKENIZER_DIR = "tokenizer"  # an imported model keeps its tokenizer files here
@@ -108,13 +111,7 @@ def _check_out(out: Path) -> None:
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise WorkerError(f"{path}: missing (a Hugging Face model folder holds config.json beside its weights)")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WorkerError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise WorkerError(f"{path}: must hold a JSON object")
-    return data
+    return read_json_object(path, WorkerError)
 
 
 def _llama_to_config(raw: dict[str, Any], cfg_file: Path) -> ModelConfig:
@@ -244,6 +241,7 @@ def export_hf(model_dir: Path, out: Path, *, allow_routing_change: bool = False,
         raise WorkerError(f"--out {out} is the model directory; write the export somewhere else")
     _check_out(out)
     architecture, routing_change = _target(cfg)
+    routing_change = "; ".join(c for c in (routing_change, _bias_change(cfg, state_dict)) if c) or None
     if routing_change and not allow_routing_change:
         raise WorkerError(f"{model_dir}: {routing_change}; pass --allow-routing-change to export it anyway")
     hf_config = _hf_config(cfg, architecture)
@@ -291,6 +289,19 @@ def _target(cfg: ModelConfig) -> tuple[str, str | None]:
                                       "times its softmax probability); Mixtral renormalises the top-k, so its top-1 "
                                       "weight is 1")
     return "MixtralForCausalLM", None
+
+
+def _bias_change(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> str | None:
+    """How dropping loss-free balancing's routing bias changes the routing, or None where it is zero everywhere.
+    The bias moves only the choice of experts, so it cannot be folded into a linear router's weights, and Mixtral and
+    Qwen2-MoE have no selection bias: a nonzero one is left out, and the report measures what that changes."""
+    if cfg.balancing != "loss_free":
+        return None
+    layers = [l for l in range(cfg.n_layer) if bool((bias_of(state_dict, l) != 0).any())]
+    if not layers:
+        return None
+    return (f"upscale picks experts on the routing scores plus loss-free balancing's bias (nonzero in layers "
+            f"{layers}); Mixtral and Qwen2-MoE have no such bias, so the export routes without it")
 
 
 def _hf_config(cfg: ModelConfig, architecture: str) -> Any:

@@ -27,11 +27,14 @@ Public interface (kept small and stable for the trainer; everything else here is
   experts only, holding exactly their slice of the single-process init. `empty_model(cfg, device)` allocates
   without drawing, for weights loaded next.
 * `UpscaleLM.forward(tokens[B, T]) -> (logits[B, T, V], aux_loss)`: aux_loss is the sum over MoE layers of
-  DeepSpeed's l_aux (a zero tensor for a dense model); the trainer adds `cfg.aux_loss_coef * aux_loss`.
+  DeepSpeed's l_aux (a zero tensor for a dense model); the trainer adds `cfg.aux_loss_weight * aux_loss` (the
+  coefficient, or nothing under loss-free balancing, where l_aux is reported only).
   `model.activation_checkpointing = True` recomputes each block in the backward pass (torch.utils.checkpoint,
   non-reentrant) instead of keeping its activations: the same gradients for less memory.
   After a forward, `model.expert_counts` holds one `[n_expert]` tensor per MoE layer (token->expert assignments
-  before any dropping, every one of the k choices counted), for load metrics.
+  before any dropping, every one of the k choices counted), for load metrics and loss-free balancing:
+  `balance_experts(loads)` after each optimiser step nudges every layer's `gate.route_bias` (cfg.balancing =
+  "loss_free" only) toward equal load.
 * `UpscaleLM.n1() / n2() / n_total()`: non-embedding parameter counts (dense counterpart, active per token,
   all), equal to `sweeps.sizes` for the paper's architecture (the router counted in n2, as Eq. 5);
   `flops_per_token()` the training FLOPs per token with attention.
@@ -51,7 +54,10 @@ score_i(x) = sum_j (W^j x)·K_i / sqrt(d'), summed with no non-linearity as the 
 it is the linear router with W_eff[i] = K_i · sum_j W^j / sqrt(d'); the parameterisation, not the function class,
 differs); "mlp" (LLaMA-MoE's gate network Linear(d, n) -> tanh -> Linear(n, n)). DeepSpeed's `TopKGate` computes
 `linear(x, wg.weight)` inline, so the gate is replaced by `_RouterGate`, a subclass whose logits come from the
-router module; the gating functions (top-1/top-2/top-k, capacity, aux loss) are DeepSpeed's own.
+router module; the gating functions (top-1/top-2/top-k, capacity, aux loss) are DeepSpeed's own. Loss-free
+balancing (`balancing="loss_free"`, docs/methods.md "Loss-free balancing") adds the persistent buffer
+`blocks.{l}.ffn.moe.deepspeed_moe.gate.route_bias` [n_expert] to the softmax scores for the top-k choice only; the
+chosen experts are weighted by the unbiased scores. Both dispatches call the same gate, so both support it.
 """
 
 from __future__ import annotations
@@ -153,7 +159,7 @@ class ModelConfig(ModelSpec):
     def dense(self) -> ModelConfig:
         """The dense model with this trunk (what an upcycling method starts from)."""
         return self.model_copy(update={"n_expert": 0, "topk": 0, "expert_d_ff": None, "shared_d_ff": 0,
-                                       "router_type": "linear", "n_routers": 0})
+                                       "router_type": "linear", "n_routers": 0, "balancing": "aux_loss"})
 
 
 def seeded_generator(seed: int, *keys: int) -> torch.Generator:
@@ -277,6 +283,9 @@ def _router_gate_class() -> type:
 
     class _RouterGate(TopKGate):
         routing: Routing = "softmax_topk"
+        # loss-free balancing's per-expert bias on the routing scores (a persistent buffer `route_bias`, registered
+        # by MoEFFN only when cfg.balancing == "loss_free"), and its update rate
+        balancing_rate: float = 0.0
 
         # Same dispatch as TopKGate.forward in deepspeed 0.19.8, minus timers and Jitter (never enabled here);
         # only the logits come from `self.wg`, which may be any router module. Autocast is off for all of it:
@@ -288,19 +297,55 @@ def _router_gate_class() -> type:
 
         def _gate(self, x, used_token, sparse_routes, use_tutel):
             logits = self.wg(x)
+            bias = getattr(self, "route_bias", None)
+            if bias is None:
+                return self._gating(logits, used_token, sparse_routes, use_tutel)
+            # Loss-free: DeepSpeed chooses on softmax scores + bias (a softmax of them keeps each token's order),
+            # then the chosen experts' weights are recomputed from the unbiased scores.
+            scores = torch.softmax(logits, dim=-1)
+            out = self._gating(scores + bias, used_token, sparse_routes, use_tutel, renormalise_top1=False)
+            return _reweighted(out, scores, self.k > 1 or self.routing == "softmax_topk", sparse_routes)
+
+        def _gating(self, logits, used_token, sparse_routes, use_tutel, renormalise_top1=True):
             cf = self.capacity_factor if self.training else self.eval_capacity_factor
             if self.k == 1:
                 out = top1gating(logits, cf, self.min_capacity, used_token,
                                  self.noisy_gate_policy if self.training else None, self.drop_tokens,
                                  self.use_rts, self.ep_group, sparse_routes, use_tutel)
-                return out if self.routing == "deepspeed" else _renormalised_top1(out, sparse_routes)
+                if self.routing == "deepspeed" or not renormalise_top1:
+                    return out
+                return _renormalised_top1(out, sparse_routes)
             if self.k == 2:
                 return top2gating(logits, cf, self.min_capacity, self.drop_tokens, self.ep_group,
                                   self.top2_2nd_expert_sampling, sparse_routes)
             return topkgating(logits, self.k, cf, self.min_capacity, self.drop_tokens, self.ep_group,
                               sparse_routes=sparse_routes)
 
+        @torch.no_grad()
+        def balance(self, load: torch.Tensor) -> None:
+            """One loss-free update from the step's token counts per expert (summed over micro-batches and ranks):
+            b_i += u·sign(mean load - load_i), so under-loaded experts become likelier picks."""
+            self.route_bias += self.balancing_rate * torch.sign(load.float().mean() - load.float())
+
     return _RouterGate
+
+
+def _reweighted(gate_output: tuple, scores: torch.Tensor, renormalise: bool, sparse_routes: bool) -> tuple:
+    """DeepSpeed's gate output for a choice made on biased scores, with the chosen experts' weights replaced by their
+    unbiased softmax scores [S, E] (over the chosen k when `renormalise`): the bias picks experts, never weighs them."""
+    if sparse_routes:
+        l_aux, capacity, n_expert, indices, locations, gates, counts = gate_output
+        chosen = indices >= 0
+        w = scores.gather(1, indices.clamp(min=0).t().long()).t() * chosen  # [k, S]
+        if renormalise:
+            w = w / w.sum(0, keepdim=True).clamp(min=torch.finfo(w.dtype).eps)  # DeepSpeed's clamp
+        return l_aux, capacity, n_expert, indices, locations, w.to(gates.dtype), counts
+    l_aux, combine, dispatch_mask, counts = gate_output
+    chosen = dispatch_mask.any(-1)  # [S, E]
+    w = scores * chosen
+    if renormalise:
+        w = w / w.sum(-1, keepdim=True).clamp(min=torch.finfo(w.dtype).eps)
+    return l_aux, w.unsqueeze(-1).to(combine.dtype) * dispatch_mask.to(combine.dtype), dispatch_mask, counts
 
 
 def _renormalised_top1(gate_output: tuple, sparse_routes: bool) -> tuple:
@@ -341,6 +386,11 @@ class MoEFFN(nn.Module):
         )
         gate.wg = _make_router(cfg)
         gate.routing = cfg.routing
+        if cfg.balancing == "loss_free":
+            # on the CPU even inside empty_model's meta-device build: zeros are its initial value, not a draw
+            # (not "expert_…": DeepSpeed saves every MoE tensor whose name holds "expert" as an expert's)
+            gate.register_buffer("route_bias", torch.zeros(cfg.n_expert, device="cpu"))
+            gate.balancing_rate = cfg.balancing_rate
         assert old.ep_group is None  # the engine sets process groups later, on the gate now in place
         self.moe.deepspeed_moe.gate = gate
         if cfg.dispatch == "grouped":
@@ -418,6 +468,15 @@ class UpscaleLM(nn.Module):
                 counts.append(c)
         self.expert_counts = counts
         return self.lm_head(self.norm(x)), aux
+
+    def balance_experts(self, loads: torch.Tensor) -> None:
+        """Loss-free balancing's update after an optimiser step, from that step's expert loads [n_moe_layers,
+        n_expert] (token counts summed over micro-batches and ranks); nothing under aux-loss balancing."""
+        if self.cfg.balancing != "loss_free":
+            return
+        gates = [b.ffn.moe.deepspeed_moe.gate for b in self.blocks if isinstance(b.ffn, MoEFFN)]
+        for gate, load in zip(gates, loads, strict=True):
+            gate.balance(load.to(gate.route_bias.device))
 
     # -- parameter counts (non-embedding: tok_emb and lm_head excluded, as the paper's N) --------------------
 

@@ -331,7 +331,7 @@ def _train(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | None,
             batch = data.batch(spec.data.data_seed, step, bs, ctx, stream=stream)
             lr = optim.lr * lr_multiplier(tokens + tps, sched, spec.decay_start_tokens, spec.end_tokens)
             try:
-                stats = train_step(engine, batch, lr, cfg.aux_loss_coef, runtime.device, ranks)
+                stats = train_step(engine, batch, lr, cfg.aux_loss_weight, runtime.device, ranks)
             except NonFiniteLoss as e:
                 logger.log(tokens, {"nan_step": step})
                 raise NaNLossError(step, tokens, str(e), last_good) from None

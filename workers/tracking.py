@@ -50,6 +50,12 @@ def run_link(experiment_id: str, run_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType={MODEL_TRAINING_VIEW}"
 
 
+def experiment_link(experiment_id: str) -> str:
+    """A link to the experiment's runs table inside the MLflow UI (relative, as `run_link`): the sweeps' runs, newest
+    first, not MLflow's landing page."""
+    return f"#/experiments/{experiment_id}"
+
+
 def chart_name(key: str) -> str:
     """The MLflow name of a worker's metric: `loss/...` first, the per-expert `load/...` under `moe/`."""
     return "moe/" + key if key.startswith("load/") else CHART_NAMES.get(key, key)

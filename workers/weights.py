@@ -8,12 +8,12 @@ Tensors are loaded with `weights_only=True` (no pickled code runs).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
+from upscale.sweeps.model_dirs import read_json_object
 from upscale.workers.errors import WorkerError, validated
 from upscale.workers.model import ModelConfig, UpscaleLM, empty_model
 
@@ -65,13 +65,7 @@ def load_model(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         if not f.is_file():
             raise WorkerError(f"{src} is not a model directory: {f.name} is missing (expected {CONFIG_FILE} + "
                               f"{WEIGHTS_FILE}, as written by `upscale model init`)")
-    try:
-        fields = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise WorkerError(f"{cfg_file} is not valid JSON: {e}") from None
-    if not isinstance(fields, dict):
-        raise WorkerError(f"{cfg_file} must hold a JSON object of ModelConfig fields")
-    cfg = validated(ModelConfig, **fields)
+    cfg = validated(ModelConfig, **read_json_object(cfg_file, WorkerError))
     try:
         state_dict = torch.load(w_file, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a corrupt or foreign file

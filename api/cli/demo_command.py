@@ -25,7 +25,7 @@ from upscale.api.cli.app import console
 from upscale.api.cli.fit_commands import print_plots
 from upscale.api.cli.progress import stage_bars, workers_for
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
-from upscale.sweeps.spec import DEMO_SPEC
+from upscale.sweeps.loader import DEMO_SPEC
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,7 +73,8 @@ def _synthetic(out_dir: Path, n_boot: int, details: bool) -> None:
 
 def _sweep(spec_path: Path, out_dir: Path, n_boot: int, details: bool) -> None:
     from upscale.api.cli.run_commands import run_sweep, trained_line
-    from upscale.sweeps.spec import load_spec
+    from upscale.orchestrator.tracking import ui_address
+    from upscale.sweeps.loader import load_spec
 
     spec = load_spec(spec_path)
     services, outcome = run_sweep(spec, str(spec_path))
@@ -81,7 +82,8 @@ def _sweep(spec_path: Path, out_dir: Path, n_boot: int, details: bool) -> None:
     print_analysis(analyse(services, [outcome.sweep_id], n_boot, out_dir), details)
     console.print(f"the observations: upscale observations {outcome.sweep_id} --csv", soft_wrap=True)
     # `upscale ui` runs MLflow through this interpreter: a bare `mlflow` is on PATH only with the venv activated
-    console.print("the runs in the MLflow UI: upscale ui --launch, then http://127.0.0.1:5000", soft_wrap=True)
+    console.print(f"the runs in the MLflow UI: upscale ui --launch, then {ui_address(services.settings)}",
+                  soft_wrap=True)
 
 
 def demo_command(

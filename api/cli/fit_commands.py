@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
-from upscale.api.cli.app import console, err_console, register_user_error
+from upscale.api.cli.app import console, err_console
 from upscale.api.cli.local import ApiOpt, TokenOpt, connect
 from upscale.api.cli.progress import workers_for
 from upscale.fitting import display
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from upscale.fitting.plots import DrawnPlots
     from upscale.fitting.summary import FittedLaw
 
-register_user_error(FitError)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (the scripted contract) instead of tables.")]
 
@@ -262,10 +261,6 @@ def group_fits(analysis: Analysis, group: str | None) -> tuple[FittedLaw, Fitted
     return analysis.scratch.fitted, fitted[0].fit.fitted, fitted[0].label
 
 
-DSTAR_HELP = ("D*: the token count where MoE from scratch catches up with upcycling at the same sunk cost (Eq. 13). "
-              f"{StoredHelp}")
-
-
 def dstar_command(
     n1: Annotated[list[float], typer.Option("--n1", help="Dense model size N1 (repeatable).")],
     moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N); "
@@ -289,12 +284,18 @@ def dstar_command(
         analysis, ref = newest_analysis(api, token)
         moe_fit, up_fit, label = group_fits(analysis, group)
         out = {**dstar_results(moe_fit, up_fit, n1), "group": label, "analysis": ref}
+        analysis.answer_dstars(out["results"], label)  # the answer the analysis and a decision give, not the law's
     if as_json:
         print_json(out)
     else:
         print_dstar(out)
     if plot is not None:
         print_plots(dstar_plots(moe_fit, up_fit, n1, out["closed_form"], plot), plot, to_stdout=not as_json)
+
+
+# The help of `upscale dstar` (an f-string cannot be a docstring).
+dstar_command.__doc__ = ("D*: the token count where MoE from scratch catches up with upcycling at the same sunk cost "
+                         f"(Eq. 13). {StoredHelp}")
 
 
 def dstar_plots(moe: FittedLaw, up: FittedLaw, n1s: list[float], closed_form: dict[str, float] | None,
@@ -384,10 +385,6 @@ def row_notes(r: dict[str, Any], prefix: str = "") -> list[str]:
     return notes
 
 
-DECIDE_HELP = ("Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap probability. "
-               f"{StoredHelp} (GET /decisions/upcycle)")
-
-
 def decide_command(
     n1: Annotated[float, typer.Option("--n1", help="Dense model size (parameters).")],
     d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on (sunk cost).")],
@@ -417,6 +414,11 @@ def decide_command(
         print_json(d)
         return
     console.print(decision_text(d))
+
+
+# The help of `upscale decide` (an f-string cannot be a docstring).
+decide_command.__doc__ = ("Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap "
+                          f"probability. {StoredHelp} (GET /decisions/upcycle)")
 
 
 def decision_text(d: dict[str, Any]) -> str:

@@ -2,10 +2,11 @@
 else `Local`, the same methods called in-process on this machine's store. A command that has `--api` is one code
 path either way: ``with connect(api, token) as c: c.cancel(sweep)``.
 
-`Local` calls what the REST routes call (control/: sweeps, analyses, refits, suggest) on `Services.open(settings,
-auth=False)` (the store opened with the prediction ledger's hooks), as LOCAL_OWNER (whoever holds the database needs
-no token), and returns what `Client` returns: the routes' JSON as dicts and lists, observations as a DataFrame read
-from the same CSV. A failure the API answers with 404, 409 or 422 is a user error here too (one `error:` line).
+`Local` calls what the REST routes call (control/: sweeps, analyses, refits, suggest) on control/wiring.py
+`open_services(settings, auth=False)` (the store opened with the prediction ledger's hooks), as LOCAL_OWNER (whoever
+holds the database needs no token), and returns what `Client` returns: the routes' JSON as dicts and lists,
+observations as a DataFrame read from the same CSV. A failure the API answers with 404, 409 or 422 is a user error
+here too (one `error:` line).
 
 The shared options (`ApiOpt`, `TokenOpt`) live here, so command modules import this one and never each other for
 them. This module imports no command module.
@@ -23,9 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from upscale.api.cli.app import CommandError, register_user_error
+from upscale.api.cli.app import CommandError
 from upscale.client import Client
-from upscale.orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from upscale.control.services import Services
     from upscale.sweeps.spec import SweepSpec
 
-register_user_error(OrchestratorError)  # NotFoundError (an unknown sweep) among them: the API's 404
 
 ApiOpt = Annotated[str | None, typer.Option("--api", help="A remote server's URL, e.g. http://host:8000; default: "
                                             "in-process on this machine's store. UPSCALE_TIMEOUT: seconds to wait.")]
@@ -43,10 +42,10 @@ TokenOpt = Annotated[str | None, typer.Option("--token", envvar="UPSCALE_TOKEN",
 
 def local_services(auth: bool = False) -> Services:
     """This machine's store (UPSCALE_HOME), opened as the service opens it: migrated, with the ledger's hooks."""
-    from upscale.control.services import Services
+    from upscale.control.wiring import open_services
     from upscale.orchestrator.settings import get_settings
 
-    return Services.open(get_settings(), auth=auth)
+    return open_services(get_settings(), auth=auth)
 
 
 @contextmanager
@@ -109,7 +108,7 @@ class Local:
                reuse_stale: bool = False) -> dict[str, Any]:
         from upscale.control import sweeps
         from upscale.control.services import LOCAL_OWNER
-        from upscale.sweeps.spec import parse_document
+        from upscale.sweeps.loader import parse_document
 
         if isinstance(spec, str | os.PathLike):
             path = Path(spec)

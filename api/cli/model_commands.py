@@ -1,12 +1,13 @@
-"""`upscale model init | import | export` and `upscale upcycle`: dense checkpoints, Hugging Face models in and out, and
-every upcycling method from the command line.
+"""`upscale model init | import | export | expand` and `upscale upcycle`: dense checkpoints, Hugging Face models in and
+out, every upcycling method from the command line, and an MoE grown to more experts.
 
 `init`, `import` and `upcycle` write a model directory (workers/weights.py: config.json + weights.pt; `import` adds
 source.json and the tokenizer, workers/hf_models.py); `export --format hf` writes a transformers folder and reports
 format, architecture, routing_change, max_abs_logit_diff and files. `upcycle` prints the report of
 workers/upcycling/report.py; with `--json` its keys are the scripted contract: method,
 max_abs_logit_diff, reinit_fraction {gate, up, down}, intact_neuron_fraction, experts_distinct,
-params {n1, n2, n_total}. torch and DeepSpeed are imported inside the commands so `upscale --help` stays fast.
+params {n1, n2, n_total}; `model expand --json` prints n_expert, topk, max_abs_logit_diff and params {n2, n_total}
+([parent, expanded] each). torch and DeepSpeed are imported inside the commands so `upscale --help` stays fast.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import console, register_user_error
+from upscale.api.cli.app import console
 from upscale.workers.errors import WorkerError
-
-register_user_error(WorkerError)
 
 model_app = typer.Typer(help="Dense model checkpoints.", no_args_is_help=True)
 
@@ -150,6 +149,49 @@ def _print_report(report: dict[str, Any], cfg: Any, out: Path, seconds: float) -
         t.add_row(k, f"{v:,}")
     console.print(t)
     console.print(f"upcycled in {seconds:.2f} s -> {out}")
+
+
+@model_app.command("expand")
+def model_expand(
+    parent: Annotated[Path, typer.Option(help="Trained MoE model directory (upcycled, or a checkpoint's model/).")],
+    factor: Annotated[int, typer.Option(help="m: the expanded model has m x the parent's experts, top-k kept.")],
+    out: Annotated[Path, typer.Option(help="Expanded model directory to write.")],
+    strategy: Annotated[str, typer.Option(help="uniform (m copies each) | utility (by mean routing score on "
+                                          "--calibration).")] = "uniform",
+    bias_noise: Annotated[float, typer.Option(help="Noise on the replicas' loss-free routing bias, as a fraction of "
+                                              "its std; 0 = exact copies.")] = 0.01,
+    r: Annotated[float, typer.Option(help="Drop-Upcycling on the replicas: fraction of neurons re-initialised.")] = 0.0,
+    index_mode: Annotated[str, typer.Option(help="with --r: shared (paper) | per_matrix (official code).")] = "shared",
+    seed: Annotated[int, typer.Option(help="Seed of the bias noise and re-initialised neurons.")] = 0,
+    calibration: Annotated[Path | None, typer.Option(help="Calibration data for --strategy utility: a .pt [batch, "
+                                                     "seq] token tensor, or a text file read as bytes.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Grow a trained MoE to factor x its experts with the same top-k (docs/methods.md, "Expansion"); write it and
+    report how far its logits moved from the parent's."""
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's import logs to stdout; `--json` is parsed
+        from upscale.sweeps.segments import ExpandSpec
+        from upscale.workers.errors import validated
+        from upscale.workers.upcycling import expand
+        from upscale.workers.upcycling.calibration import load_calibration
+        from upscale.workers.upcycling.report import expansion_report
+        from upscale.workers.weights import load_model, save_model
+
+        if out.resolve() == parent.resolve():
+            raise WorkerError(f"--out {out} is the parent model directory; write the expanded model somewhere else")
+        parent_cfg, parent_sd = load_model(parent)
+        spec = validated(ExpandSpec, factor=factor, strategy=strategy, bias_noise=bias_noise, r=r,
+                         index_mode=index_mode, seed=seed)
+        tokens = load_calibration(calibration, parent_cfg) if calibration is not None else None
+        cfg, sd = expand(parent_sd, parent_cfg, spec, tokens)
+        save_model(out, cfg, sd)
+        report = expansion_report(parent_cfg, parent_sd, cfg, sd)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(f"{cfg.n_expert // factor} -> {cfg.n_expert} experts, top-{cfg.topk}: max |parent - expanded| "
+                  f"logit {report['max_abs_logit_diff']:.3g}, n2 {report['params']['n2'][1]:,}, n_total "
+                  f"{report['params']['n_total'][1]:,} -> {out}")
 
 
 @model_app.command("import")

@@ -23,15 +23,17 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from upscale.api.cli.app import console, register_user_error
+from upscale.api.cli.app import console
+from upscale.control.plans import stale_lines
 from upscale.orchestrator.errors import OrchestratorError
+from upscale.sweeps.data_sources import check_present
+from upscale.sweeps.loader import load_spec
+from upscale.sweeps.memory import check_memory
 from upscale.sweeps.planner import Plan, plan
-from upscale.sweeps.spec import SpecError, check_memory, load_spec
+from upscale.sweeps.segments import BUILTIN_CORPORA
 
 if TYPE_CHECKING:
     from upscale.orchestrator.plan_in_store import PlanInStore
-
-register_user_error(SpecError)
 
 
 def segment_list(p: Plan) -> list[dict]:
@@ -63,17 +65,6 @@ def in_store(p: Plan, reuse_stale: bool) -> PlanInStore:
         store.engine.dispose()
 
 
-def stale_lines(stale: dict[str, str], reuse_stale: bool) -> list[str]:
-    """What to tell the user about stale segments, or nothing when there are none and none were to be reused."""
-    n = len(stale)
-    if not n:
-        return ["--reuse-stale: no segment of this plan is stale"] if reuse_stale else []
-    keys = ", ".join(list(stale)[:5]) + (f" and {n - 5} more" if n > 5 else "")
-    what = ("reused (--reuse-stale)" if reuse_stale
-            else "retrained under the current version (--reuse-stale reuses them)")
-    return [f"{n} segment(s) trained under an older training-semantics version are stale: {what}: {keys}"]
-
-
 def duration(s: float) -> str:
     """Seconds in the largest unit that fits: `upscale plan`'s estimates, `upscale status`'s timing."""
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
@@ -95,8 +86,12 @@ def plan_command(
     not yet done in the state store (and what is stale there), an estimated wall time, and a warning for each law of
     the analysis the grid cannot identify (why, what to add); `upscale submit` and POST /sweeps show the same."""
     from upscale.control.plans import plan_summary  # numpy and pandas: not for --help
+    from upscale.orchestrator.settings import get_settings
 
-    sweep = load_spec(spec)
+    settings = get_settings()
+    sweep = load_spec(spec, max_segments=settings.max_segments)  # the bound POST /sweeps applies
+    if sweep.data.corpus not in BUILTIN_CORPORA:  # as POST /sweeps refuses it; outside the roots it may be a cluster's
+        check_present("data.corpus", sweep.data.corpus, settings.data_root_paths)
     p = plan(sweep)
     summary = plan_summary(in_store(p, reuse_stale), sweep, tokens_per_s, flops_per_s)
     if as_json:

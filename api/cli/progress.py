@@ -1,8 +1,9 @@
 """Live progress on stderr for the CLI's long work: sweeps (segments, tokens, time left), the analysis's stages, Ray's
 start, the token cache, and the one-time DeepSpeed op build, announced before it happens.
 
-The library reports through plain callbacks (the scheduler's `on_progress`, `load_tokens(progress=)`); only this
-module (and `fit_commands.progress_bar`) turns them into rich output. stderr keeps `--json` stdout clean.
+The library reports through plain callbacks and control/runs.py's `RunWatch` (the road that runs a sweep here), which
+`BarWatch` implements; only this module (and `fit_commands.progress_bar`) turns them into rich output. stderr keeps
+`--json` stdout clean.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -21,20 +22,12 @@ from rich.text import Text
 
 from upscale.api.cli.app import err_console
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
+if TYPE_CHECKING:  # the CLI loads the road (and Ray) only in the commands that run a sweep
     from rich.progress import Task
 
+    from upscale.control.runs import Estimates
+    from upscale.control.runs import Progress as SchedulerProgress
     from upscale.fitting.analysis import Progress as AnalysisProgress
-    from upscale.orchestrator.scheduler import Progress as SchedulerProgress
-    from upscale.orchestrator.settings import Settings
-    from upscale.sweeps.segments import DataSpec
-    from upscale.sweeps.spec import SweepSpec
-
-# Rough wall time of DeepSpeed's one-time op build on a 2-core machine (compiler-bound).
-OP_BUILD_NOTE = "1-3 min"
-
 
 # Off a terminal (a pipe, a log file) the bar cannot redraw: a line per finished segment, and one at least this often.
 LINE_EVERY_S = 30.0
@@ -61,23 +54,19 @@ class SweepBar:
     (``bar``); elsewhere (``bar`` None) a line on stderr per finished segment, and every LINE_EVERY_S at least.
 
     The time left is the server's (GET /sweeps/{id} `timing`, control/timing.py) when ``update`` is given it, counted
-    down between polls; otherwise, under an in-process scheduler, the plan's estimate (`upscale plan`'s) of what trains
-    until a segment finishes, then at the pace measured so far. Segments already done when it starts (reused from
-    earlier sweeps or runs) count as done but neither in the time planned nor in the pace."""
+    down between polls; otherwise, under an in-process scheduler, the plan's estimate (`upscale plan`'s) of what
+    trains until a segment finishes, then at the pace measured since (`eta_s`). Segments already done when it starts
+    (reused from earlier sweeps or runs) count as done but neither in the time planned nor in the pace. ``tokens``
+    and ``seconds`` are each segment's, as planned (the road's estimates, control/runs.py): nothing is planned here."""
 
-    def __init__(self, bar: Progress | None, spec: SweepSpec | None, label: str) -> None:
-        self.seconds: dict[str, float] = {}
-        self.tokens: dict[str, int] = {}
-        if spec is not None:
-            from upscale.sweeps.planner import gpu_flops_per_s, plan, segment_seconds
-
-            p = plan(spec)
-            self.seconds = segment_seconds(p, flops_per_s=gpu_flops_per_s(spec))
-            self.tokens = {s.id: s.tokens for s in p.segments}
+    def __init__(self, bar: Progress | None, label: str, tokens: dict[str, int] | None = None,
+                 seconds: dict[str, float] | None = None) -> None:
+        self.tokens, self.seconds = tokens or {}, seconds or {}
         self.bar, self.label = bar, label
         self.reused: frozenset[str] | None = None
         self.started = 0.0  # monotonic time of the first update
         self.planned_s = self.planned_done_s = 0.0
+        self.first: tuple[float, float] | None = None  # (seconds since the start, planned seconds) at the first finish
         self.told: tuple[float, float | None] | None = None  # (monotonic time, seconds left) the server said
         self.line: tuple[int, float] = (-1, 0.0)  # (segments done, monotonic time) of the last line printed
         self.task = bar.add_task(label, total=None, note="", tokens="", sweep=self) if bar is not None else None
@@ -98,6 +87,8 @@ class SweepBar:
             self.reused, self.started = frozenset(done), now
             self.planned_s = sum(s for k, s in self.seconds.items() if k not in self.reused)
         self.planned_done_s = sum(self.seconds.get(k, 0.0) for k in done - self.reused)
+        if self.first is None and self.planned_done_s > 0:
+            self.first = (now - self.started, self.planned_done_s)
         if told:
             self.told = (now, time_left_s)
         tokens = (f"{_count(sum(self.tokens.get(k, 0) for k in done))}/{_count(sum(self.tokens.values()))} tokens"
@@ -115,7 +106,7 @@ class SweepBar:
 
     def time_left(self) -> float | None:
         """Seconds left now: the server's last figure counted down (None once it runs out: past its estimate), or
-        the plan's estimate at the pace measured so far (sweeps/planner.py `eta_s`)."""
+        the plan's estimate at the pace measured since the first segment finished (sweeps/planner.py `eta_s`)."""
         from upscale.sweeps.planner import eta_s
 
         now = time.monotonic()
@@ -125,7 +116,7 @@ class SweepBar:
                 return left
             remaining = left - (now - at)
             return remaining if remaining > 0 else None
-        return eta_s(self.planned_s, self.planned_done_s, now - self.started)
+        return eta_s(self.planned_s, self.planned_done_s, now - self.started, first=self.first)
 
 
 def _count(n: float) -> str:
@@ -136,11 +127,12 @@ def _count(n: float) -> str:
 
 
 @contextmanager
-def sweep_bar(spec: SweepSpec | None, label: str, transient: bool = False) -> Iterator[SweepBar]:
-    """A `SweepBar` on stderr: live on a terminal, lines elsewhere; ``spec`` (None: unknown) gives the plan for the
-    tokens and the time left."""
+def sweep_bar(label: str, tokens: dict[str, int] | None = None, seconds: dict[str, float] | None = None,
+              transient: bool = False) -> Iterator[SweepBar]:
+    """A `SweepBar` on stderr: live on a terminal, lines elsewhere; ``tokens`` and ``seconds`` (each segment's, as
+    planned; none: unknown) give the tokens and the time left."""
     if not err_console.is_terminal:
-        yield SweepBar(None, spec, label)
+        yield SweepBar(None, label, tokens, seconds)
         return
     fixed = Column(no_wrap=True)
     columns = (TextColumn("{task.description}", table_column=fixed), BarColumn(bar_width=20), MofNCompleteColumn(),
@@ -148,72 +140,48 @@ def sweep_bar(spec: SweepSpec | None, label: str, transient: bool = False) -> It
                _TimeLeft(table_column=fixed),  # the scheduler's last event, cut to what the terminal leaves
                TextColumn("{task.fields[note]}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=48)))
     with Progress(*columns, console=err_console, transient=transient) as bar:
-        yield SweepBar(bar, spec, label)
+        yield SweepBar(bar, label, tokens, seconds)
 
 
-def start_ray(settings: Settings) -> None:
-    """`ensure_ray` under a status line (off a terminal, a line), then how long it took: an embedded Ray takes tens
-    of seconds to start and says nothing meanwhile."""
-    import ray
+class BarWatch:
+    """control/runs.py's `RunWatch` on stderr: notes as lines, a status line while Ray starts, a bar while the token
+    cache is built (only if it is), and the sweep's `SweepBar` (``transient``: gone when it ends, for `--json`)."""
 
-    from upscale.orchestrator.scheduler import ensure_ray
+    def __init__(self, transient: bool = False) -> None:
+        self.transient = transient
 
-    if ray.is_initialized():
-        return
-    what = f"Ray at {settings.ray_address}" if settings.ray_address else "embedded Ray (tens of seconds)"
-    t0 = time.monotonic()
-    if err_console.is_terminal:
-        with err_console.status(f"starting {what}…"):
-            ensure_ray(settings)
-    else:
-        err_console.print(f"starting {what}…", highlight=False, soft_wrap=True)
-        ensure_ray(settings)
-    err_console.print(f"Ray started in {time.monotonic() - t0:.0f} s", highlight=False)
+    def note(self, text: str) -> None:
+        err_console.print(text, highlight=False, soft_wrap=True)
 
+    @contextmanager
+    def starting_ray(self, what: str) -> Iterator[None]:
+        if err_console.is_terminal:
+            with err_console.status(f"starting {what}…"):
+                yield
+        else:
+            err_console.print(f"starting {what}…", highlight=False, soft_wrap=True)
+            yield
 
-def prepare_training(spec: SweepSpec, settings: Settings) -> None:
-    """Before a CPU sweep trains on this machine: announce DeepSpeed's one-time op build, and build the token cache
-    here with a bar (the workers then find it) rather than silently inside the first segments."""
-    if spec.resources.gpus or settings.ray_address:  # a GPU sweep builds no CPU op; a cluster has its own caches
-        return
-    from upscale.sweeps.planner import plan
+    @contextmanager
+    def tokenising(self, what: str) -> Iterator[Callable[[int, int], None]]:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console, transient=True) as bar:
+            task = None
 
-    announce_op_build()
-    first = plan(spec).segments[0].spec
-    load_tokens_with_bar(first.data, first.model.context, settings.data_cache_dir)
+            def show(done: int, total: int) -> None:
+                nonlocal task
+                if task is None:
+                    task = bar.add_task(what, total=None)
+                    if not err_console.is_terminal:  # the bar cannot show there: say what the wait is
+                        err_console.print(f"{what}…", highlight=False, soft_wrap=True)
+                bar.update(task, completed=done, total=total or None)
 
+            yield show
 
-def announce_op_build() -> None:
-    """Say so before DeepSpeed compiles its CPU op (minutes, once): otherwise the first segment just seems stuck."""
-    from upscale.workers.distributed import pending_op_build
-
-    folder = pending_op_build()
-    if folder is not None:
-        err_console.print(f"[yellow]note[/]: the first segment builds DeepSpeed's CPU communication op once (about "
-                          f"{OP_BUILD_NOTE}, compiling C++); it is cached in {folder}", highlight=False)
-
-
-def load_tokens_with_bar(data: DataSpec, context: int, cache_dir: Path | None) -> None:
-    """`load_tokens` with a bar that appears only if the token cache has to be built (a BPE trained, the corpus
-    encoded): seconds to minutes, once per corpus and tokeniser."""
-    from upscale.workers.data import default_cache_dir, load_tokens
-
-    cache_dir = cache_dir or default_cache_dir()
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
-        task = None
-
-        def show(done: int, total: int) -> None:
-            nonlocal task
-            if task is None:
-                what = f"tokenising {data.corpus} ({data.tokenizer}; once, cached in {cache_dir})"
-                task = bar.add_task(what, total=None)
-                if not err_console.is_terminal:  # the bar cannot show there: say what the wait is
-                    err_console.print(f"{what}…", highlight=False, soft_wrap=True)
-            bar.update(task, completed=done, total=total or None)
-
-        load_tokens(data, context, cache_dir, progress=show)
+    @contextmanager
+    def sweep(self, label: str, estimates: Estimates) -> Iterator[Callable[[SchedulerProgress], None]]:
+        with sweep_bar(label, estimates.tokens, estimates.seconds, self.transient) as bar:
+            yield bar.show
 
 
 @contextmanager

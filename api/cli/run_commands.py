@@ -1,9 +1,10 @@
 """`upscale run|gc`: run a sweep to completion in-process on Ray, and delete checkpoints the store no longer needs.
 
-`run` plans the spec, records it (segments already trained by any earlier sweep are reused, not retrained) and
-drives the scheduler with a live progress bar; re-running the same spec after an interruption resumes it. It opens
-the store as the service does (`Services`, api/cli/local.py `local_services`), so the prediction ledger's hooks record
-the analysis's predictions for the segments it trains. The observation table it fills is what `upscale fit --data`
+`run` takes the road every in-process run takes (control/runs.py `run_spec`): it plans the spec once, records it
+(segments already trained by any earlier sweep are reused, not retrained) and drives the scheduler with a live
+progress bar; re-running the same spec after an interruption resumes it. It opens the store as the service does
+(`Services`, api/cli/local.py `local_services`), so the prediction ledger's hooks record the analysis's predictions
+for the segments it trains. The observation table it fills is what `upscale fit --data`
 reads (`upscale observations`, api/cli/sweep_commands.py).
 """
 
@@ -16,52 +17,30 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from upscale.api.cli.app import console, err_console
+from upscale.api.cli.app import console
 from upscale.api.cli.local import local_services
-from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
+from upscale.api.cli.progress import BarWatch
 from upscale.orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
+    from upscale.control.runs import SweepOutcome
     from upscale.control.services import Services
-    from upscale.orchestrator.scheduler import SweepOutcome
     from upscale.orchestrator.service import Orchestrator
     from upscale.sweeps.spec import SweepSpec
 
 
 def run_sweep(sweep_spec: SweepSpec, source: str, transient: bool = False, max_concurrent: int | None = None,
               max_attempts: int = 3, new: bool = False, reuse_stale: bool = False) -> tuple[Services, SweepOutcome]:
-    """Train ``sweep_spec`` to completion with a live progress bar on stderr; an unfinished sweep is an error that
-    says how to resume it (``source`` is the spec file named in that message). Unless ``new``, the local sweep of an
-    identical spec is resumed (or, when done, returned as it is) instead of recording another. Segments the store
-    holds only under an older training-semantics version are retrained, or with ``reuse_stale`` reused (said on
-    stderr either way). Shared by `run` and `demo`."""
-    from upscale.api.cli.plan_commands import stale_lines
-    from upscale.control.services import LOCAL_OWNER
-    from upscale.control.sweeps import identical
-    from upscale.orchestrator.scheduler import Scheduler, SweepOutcome
-    from upscale.sweeps.planner import plan
+    """Train ``sweep_spec`` to completion on the road (control/runs.py `run_spec`) with a live progress bar on
+    stderr; an unfinished sweep is an error that says how to resume it (``source`` is the spec file named in that
+    message). Shared by `run` and `demo`."""
+    from upscale.control.runs import run_spec
 
     services = local_services()
-    orch = services.orch
-    planned = plan(sweep_spec)
-    existing = None if new else identical(services, sweep_spec, planned, LOCAL_OWNER)
-    if existing is not None:
-        err_console.print(f"sweep {existing.id} already has this identical spec ({existing.status}): "
-                          f"{'returning' if existing.status == 'done' else 'resuming'} it; --new records another")
-        if existing.status == "done":  # nothing to train: no Ray, no scheduler
-            return services, SweepOutcome(existing.id, "done")
-    check = orch.compare(planned, reuse_stale)
-    for line in stale_lines(check.stale, check.reuse_stale):
-        err_console.print(line)
-    start_ray(orch.settings)
-    prepare_training(sweep_spec, orch.settings)
-    with sweep_bar(sweep_spec, f"sweep {sweep_spec.name}", transient=transient) as bar:
-        scheduler = Scheduler(orch.store, orch.settings, max_concurrent=max_concurrent, max_attempts=max_attempts,
-                              on_progress=bar.show)
-        out = orch.run(sweep_spec, scheduler, sweep_id=existing.id if existing else None, reuse_stale=reuse_stale,
-                       check=check)
+    out = run_spec(services, sweep_spec, BarWatch(transient), new=new, reuse_stale=reuse_stale,
+                   max_concurrent=max_concurrent, max_attempts=max_attempts).outcome
     if out.status != "done":
-        sweep = orch.store.sweep(out.sweep_id)
+        sweep = services.store.sweep(out.sweep_id)
         raise OrchestratorError(f"sweep {out.sweep_id} {out.status}: {sweep.error or 'stopped'}; "
                                 f"`upscale run {source}` again resumes it")
     return services, out
@@ -84,9 +63,11 @@ def run_command(
     """Run a sweep to completion on Ray (embedded unless RAY_ADDRESS is set) and print its observations and what
     this run trained. Running an identical spec again resumes its sweep, or returns it if done."""
     from upscale.orchestrator.observations import JSON_FIELDS, as_row
-    from upscale.sweeps.spec import load_spec
+    from upscale.orchestrator.settings import get_settings
+    from upscale.sweeps.loader import load_spec
 
-    services, out = run_sweep(load_spec(spec), str(spec), transient=as_json, max_concurrent=max_concurrent,
+    sweep_spec = load_spec(spec, max_segments=get_settings().max_segments)  # the bound `upscale plan` applies
+    services, out = run_sweep(sweep_spec, str(spec), transient=as_json, max_concurrent=max_concurrent,
                               max_attempts=max_attempts, new=new, reuse_stale=reuse_stale)
     rows = [as_row(o) for o in services.store.observations(out.sweep_id)]
     report = trained_report(services.orch, out)

@@ -48,8 +48,9 @@ def serve_command(
     import uvicorn
 
     from upscale.api.app import create_app
-    from upscale.api.cli.progress import start_ray
+    from upscale.api.cli.progress import BarWatch
     from upscale.api.connections import server_options
+    from upscale.control.runs import start_ray
     from upscale.orchestrator.settings import get_settings
 
     given = {"connection_limit": connection_limit, "header_timeout_s": header_timeout, "keep_alive_s": keep_alive,
@@ -58,7 +59,7 @@ def serve_command(
     # What it starts, on stderr, before each slow step: Ray alone can take tens of seconds to say anything.
     say(f"store {without_password(settings.db_url)}; MLflow {without_password(settings.mlflow_tracking_uri)}")
     if not no_scheduler:
-        start_ray(settings)  # from the main thread: Ray installs signal handlers
+        start_ray(settings, BarWatch())  # from the main thread: Ray installs signal handlers
     say("opening the store (migrating it if need be)" + ("" if no_scheduler else
                                                         " and starting the sweep, analysis and refit loops"))
     app = create_app(settings, scheduler=not no_scheduler, refit_tick_s=refit_tick_s)
@@ -87,15 +88,16 @@ def scheduler_command(
     from upscale.orchestrator.raylet_fate import outlive_raylet
 
     outlive_raylet()  # before Ray is imported, as for `upscale serve`
-    from upscale.api.cli.progress import start_ray
+    from upscale.api.cli.progress import BarWatch
     from upscale.control.analyses import AnalysisLoop
     from upscale.control.refits import RefitLoop
-    from upscale.control.services import Services
+    from upscale.control.runs import start_ray
     from upscale.control.sweep_loop import SweepLoop
+    from upscale.control.wiring import open_services
     from upscale.orchestrator.settings import get_settings
 
-    services = Services.open(get_settings())
-    start_ray(services.settings)
+    services = open_services(get_settings())
+    start_ray(services.settings, BarWatch())
     loops = (SweepLoop(services), RefitLoop(services, tick_s=refit_tick_s), AnalysisLoop(services))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -74,7 +74,7 @@ def check_fits(spec: SweepSpec, nodes: int, cpus_per_node: int, gpus_per_node: i
     """Refuse, in one line, a spec whose segments need more than the allocation gives: one worker process lives on
     one node; a segment's workers may span the nodes."""
     from upscale.sweeps.errors import SpecError
-    from upscale.sweeps.spec import ClusterResources, check_resources
+    from upscale.sweeps.resources import ClusterResources, check_resources
 
     r = spec.resources
     problems = [f"resources.{name}: one worker needs {per:g} {name}; {option} gives {have}"
@@ -127,7 +127,7 @@ def submit_command(
     """Fill in the batch script for SPEC and submit it with sbatch; print the job id. `upscale status` (with the
     same UPSCALE_HOME) shows the sweep; a requeued or resubmitted job resumes it."""
     from upscale.orchestrator.settings import get_settings
-    from upscale.sweeps.spec import load_spec
+    from upscale.sweeps.loader import load_spec
 
     spec_path = spec.resolve()
     sweep = load_spec(spec_path)

@@ -51,33 +51,31 @@ def submit_command(
         console.print(f"sweep {out['id']} ({out['name']}), {out['status']}")
         print_plan(p)  # the summary `upscale plan` prints: costs, the time estimate, what the grid cannot identify
         if wait:
-            _wait(c, out["id"], spec=spec)
+            _wait(c, out["id"])
 
 
-def _wait(c: Client | Local, sweep_id: str, spec: Path) -> None:
-    """A progress bar (lines when stderr is no terminal) until the sweep ends, with the time left the server computes
-    from what the sweep trains (control/timing.py); in-process nobody else trains it, so the orchestrator's
-    scheduler runs it here, on the same store (and its hooks)."""
-    from upscale.api.cli.progress import prepare_training, start_ray, sweep_bar
-    from upscale.sweeps.spec import load_spec
+def _wait(c: Client | Local, sweep_id: str) -> None:
+    """A progress bar (lines when stderr is no terminal) until the sweep ends. In-process nobody else trains it, so
+    it runs here on the road (control/runs.py `run_recorded`), on the same store (and its hooks); over HTTP the bar
+    shows the time left the server computes from what the sweep trains (control/timing.py)."""
+    from upscale.api.cli.progress import BarWatch, sweep_bar
 
-    sweep_spec = load_spec(spec)  # the plan the server made of it: tokens and the time left on the bar
-    local = isinstance(c, Local)
-    if local:
-        start_ray(c.services.settings)
-        prepare_training(sweep_spec, c.services.settings)
-    with sweep_bar(sweep_spec, f"sweep {sweep_id}") as bar:
-        if local:
-            from upscale.orchestrator.scheduler import Scheduler
+    if isinstance(c, Local):
+        from upscale.control.runs import run_recorded
 
-            Scheduler(c.services.store, c.services.settings, on_progress=bar.show).run(sweep_id)
-        while True:
-            d = c.sweep(sweep_id)
-            bar.update({s["key"] for s in d["segments"] if s["status"] == "done"}, d["segments_total"], d["status"],
-                       time_left_s=d["timing"]["time_left_s"], told=True)
-            if d["status"] in FINAL:
-                break
-            time.sleep(2.0)
+        run_recorded(c.services, sweep_id, BarWatch())
+        d = c.sweep(sweep_id)
+    else:
+        d = c.sweep(sweep_id)
+        tokens = {s["key"]: s["tokens"] for s in d["segments"]}  # what each trains, as the server planned it
+        with sweep_bar(f"sweep {sweep_id}", tokens) as bar:
+            while True:
+                bar.update({s["key"] for s in d["segments"] if s["status"] == "done"}, d["segments_total"],
+                           d["status"], time_left_s=d["timing"]["time_left_s"], told=True)
+                if d["status"] in FINAL:
+                    break
+                time.sleep(2.0)
+                d = c.sweep(sweep_id)
     if d["status"] != "done":
         raise CommandError(f"sweep {sweep_id} {d['status']}: {d['error'] or 'stopped'}")
 
@@ -108,6 +106,8 @@ def status_command(
         t.add_row(s["kind"], axes_text(s["axes"]), s["status"], str(s["attempts"]), str(s["tokens"]),
                   "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", (s["error"] or "")[:60])
     console.print(t)
+    if d["error"]:  # whole: its cause comes first, and a cell would cut it
+        console.print(f"{d['status']}: {d['error']}", highlight=False, markup=False, soft_wrap=True)
     console.print(timing_line(d["timing"], d["status"]), highlight=False, soft_wrap=True)
     if d["stale_segments"]:
         console.print(f"{len(d['stale_segments'])} segment(s) were stale (trained under an older training-semantics "

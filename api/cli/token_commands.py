@@ -30,7 +30,7 @@ def token_create_command(
                                                   "never expires (`upscale token revoke` ends it).")] = None,
 ) -> None:
     """Print a new bearer token (shown once; only its sha256 is stored)."""
-    from upscale.api.auth import SCOPES, create_token, expiry
+    from upscale.control.tokens import SCOPES, create_token, expiry
 
     if scope not in SCOPES:
         raise CommandError(f"--scope {scope!r}: use {', '.join(SCOPES)}")
@@ -42,7 +42,7 @@ def token_create_command(
 @token_app.command("list")
 def token_list_command() -> None:
     """Every token: name, id, scope, created, expires and state (active, expired or revoked); never the token."""
-    from upscale.api.auth import state, tokens
+    from upscale.control.tokens import state, tokens
     from upscale.orchestrator.clock import as_utc
 
     def when(t) -> str:
@@ -62,7 +62,7 @@ def token_revoke_command(
 ) -> None:
     """Revoke one token by id, or every token of a name: refused from the next request on, by every server on this
     store."""
-    from upscale.api.auth import revoke
+    from upscale.control.tokens import revoke
 
     ids = revoke(_store(), name_or_id)
     if not ids:

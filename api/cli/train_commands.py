@@ -15,14 +15,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from upscale.api.cli.app import console, err_console, register_user_error
-from upscale.storage import StorageError
+from upscale.api.cli.app import console, err_console
 from upscale.workers.errors import WorkerError
 
 if TYPE_CHECKING:
     from upscale.sweeps.segments import SegmentResult
-
-register_user_error(WorkerError, StorageError)
 
 
 def _parents(values: list[str], parent_ids: tuple[str, ...]) -> dict[str, str]:
@@ -79,7 +76,8 @@ def _run(segment: Path, checkpoint_dir: str | None, parent: list[str], mlflow_ur
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from upscale import storage
-    from upscale.api.cli.progress import announce_op_build, load_tokens_with_bar
+    from upscale.api.cli.progress import BarWatch
+    from upscale.control.runs import announce_op_build, build_token_cache
     from upscale.orchestrator.settings import get_settings
     from upscale.sweeps.segments import SegmentRuntime, SegmentSpec
     from upscale.workers.segment import StepInfo, run_segment
@@ -99,9 +97,10 @@ def _run(segment: Path, checkpoint_dir: str | None, parent: list[str], mlflow_ur
         mlflow_tracking_uri=mlflow_uri, num_threads=threads, device=device, eval_every_tokens=eval_every_tokens,
         checkpoint_every_tokens=checkpoint_every_tokens, zero_stage=zero_stage,
     )
+    watch = BarWatch()
     if device == "cpu":
-        announce_op_build()
-    load_tokens_with_bar(spec.data, spec.model.context, None)  # where run_segment looks: no data_cache_dir given
+        announce_op_build(watch)
+    build_token_cache(watch, spec.data, spec.model.context, None)  # where run_segment looks: no data_cache_dir given
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
                TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=quiet) as bar:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse
 
+from upscale.api.auth import check_modify
 from upscale.api.routes.deps import AUTH_ERRORS, Reader, ServicesDep, Writer, plot_url
 from upscale.control import analyses, sweeps
 from upscale.control.analysis_jobs import TooManyAnalyses
@@ -46,7 +47,7 @@ def create_analysis(sweep_id: str, body: AnalysisCreate, request: Request, respo
     while it runs; a failed one runs again. Each token name may have a few requested analyses running at once (429
     past that). Only the sweep's owner or an admin token may run it (403 otherwise): the analysis it records
     becomes the one the sweep's decisions answer from."""
-    caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
+    check_modify(caller, sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
     request.app.state.analysis_quota.take(caller.name)  # 429 past UPSCALE_MAX_ANALYSES_PER_MINUTE
     try:
         record = analyses.request_analysis(services, sweep_id, n1s=body.n1s, bootstrap=body.bootstrap,

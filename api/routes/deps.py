@@ -1,7 +1,8 @@
 """Annotated dependency aliases the routes share (the FastAPI template's `StoreDep` pattern).
 
-Reader, Writer and Admin give a route the caller's `Principal` (api/auth.py) once its scope is enough; a route that
-changes something someone owns calls `principal.check_modify(owner, what)`, so the ownership rule lives in one place.
+Reader, Writer and Admin give a route the caller's `Principal` (control/tokens.py, checked by api/auth.py) once its
+scope is enough; a route that changes something someone owns calls api/auth.py `check_modify(principal, owner,
+what)`, so the ownership rule lives in one place.
 `known_ids` guards every router that names ids (api/app.py adds it): an id no row can have is a 404 before the
 database sees it. `plot_url` is how a response links a plot: a path on this server, never built from the request's
 Host header (which a client chooses).
@@ -14,8 +15,9 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
 
-from upscale.api.auth import Principal, require
+from upscale.api.auth import require
 from upscale.control.services import Services
+from upscale.control.tokens import Principal
 from upscale.sweeps.spec import excerpt
 
 

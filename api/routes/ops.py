@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from upscale.api.metrics import render
 from upscale.api.routes.deps import ServicesDep
 from upscale.api.schemas import Health
-from upscale.orchestrator.scheduler import ray_problem
+from upscale.control.sweep_loop import ray_health
 
 router = APIRouter(tags=["operations"])
 
@@ -25,7 +25,7 @@ async def healthz(request: Request) -> Health | JSONResponse:
     loops = request.app.state.loops
     if loops is None:
         return Health(status="ok", scheduler=False)
-    ray = await to_thread.run_sync(ray_problem, request.app.state.services.settings, False,
+    ray = await to_thread.run_sync(ray_health, request.app.state.services.settings,
                                    limiter=request.app.state.health_threads)
     health = Health(status="ok", scheduler=True, loops={loop.name: loop.health() for loop in loops}, ray=ray)
     if health.ray is None and all(loop.ok for loop in health.loops.values()):

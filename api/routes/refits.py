@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from upscale.api.auth import Principal
+from upscale.api.auth import check_modify
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, json_example
 from upscale.control import refits
 from upscale.control.analysis_jobs import TooManyAnalyses
@@ -21,6 +21,7 @@ from upscale.control.schemas import (
     RefitScheduleCreate,
     RefitSchedulePublic,
 )
+from upscale.control.tokens import Principal
 
 router = APIRouter(tags=["refits"], responses=AUTH_ERRORS)
 
@@ -65,7 +66,7 @@ def _schedule_or_404(services: ServicesDep, schedule_id: str) -> RefitScheduleRe
 def _owned_schedule(services: ServicesDep, schedule_id: str, caller: Principal) -> RefitScheduleRecord:
     """The schedule, if ``caller`` may change it: 404 if there is none, 403 if it is another name's."""
     record = _schedule_or_404(services, schedule_id)
-    caller.check_modify(record.owner, f"refit schedule {schedule_id}")
+    check_modify(caller, record.owner, f"refit schedule {schedule_id}")
     return record
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
+from upscale.api.auth import check_modify
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, json_example
 from upscale.control import sweeps
 from upscale.control.plans import estimate_basis, plan_summary
@@ -26,8 +27,9 @@ from upscale.control.schemas import (
 from upscale.orchestrator.observations import as_row, table
 from upscale.orchestrator.plan_in_store import PlanInStore
 from upscale.orchestrator.records import ObservationRecord
+from upscale.sweeps.loader import DEMO_SPEC, load_spec, parse_document
 from upscale.sweeps.planner import eta_s, plan, segment_seconds
-from upscale.sweeps.spec import DEMO_SPEC, SweepSpec, load_spec, parse_document
+from upscale.sweeps.spec import SweepSpec
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=AUTH_ERRORS)
 
@@ -205,7 +207,7 @@ def get_sweep(sweep_id: str, request: Request, services: ServicesDep, _: Reader)
 def cancel_sweep(sweep_id: str, services: ServicesDep, caller: Writer) -> SweepSummary:
     """A running sweep stops after releasing its running segments (they resume if it is submitted again); a pending
     one is cancelled at once. Only the sweep's owner or an admin token may cancel it (403 otherwise)."""
-    caller.check_modify(sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
+    check_modify(caller, sweeps.owner_of(services, sweep_id), f"sweep {sweep_id}")
     return sweeps.cancel(services, sweep_id)
 
 

@@ -19,8 +19,8 @@ from fastapi import FastAPI
 
 from tests.deploy.conftest import postgres_url  # noqa: F401  (a fixture: a fresh database on the test server)
 from upscale.api.app import create_app
-from upscale.api.auth import create_token
 from upscale.api.connections import server_options
+from upscale.control.tokens import create_token
 from upscale.orchestrator.settings import Settings
 
 

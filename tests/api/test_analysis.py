@@ -30,6 +30,7 @@ from upscale.control.analyses import AnalysisLoop, NotReady, run_analysis
 from upscale.control.records import AnalysisRecord
 from upscale.control.services import Services
 from upscale.control.sweeps import submit
+from upscale.control.wiring import open_services
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2
 from upscale.orchestrator.records import ObservationRecord, SegmentRecord
@@ -96,7 +97,7 @@ def add_last_observation(services: Services, sweep_id: str) -> None:
 
 @pytest.fixture()
 def services(tmp_path, mlflow_uri) -> Services:
-    return Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri), auth=False)
+    return open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri), auth=False)
 
 
 def _rows(services: Services) -> list[AnalysisRecord]:
@@ -226,7 +227,7 @@ def test_a_failing_analysis_is_recorded_and_not_retried_by_the_loop(services) ->
 
 def test_routes_decisions_and_plots(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
-    services = Services.open(settings)
+    services = open_services(settings)
     sid = fill(services)
     tree = RunTree.for_settings(settings)  # the sweep's MLflow parent run, as the scheduler makes it
     services.store.set_sweep(sid, mlflow_run_id=(parent := tree.start_sweep(sid, GRID["name"], GRID)))
@@ -348,7 +349,7 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow  # six console-script runs: ~22 s on 2 cores
 def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) -> None:
-    services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
+    services = open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     sid = fill(services)
     empty = submit(services, parse_spec(OTHER_GRID), "alice", new=True).id
     out = _cli(tmp_path, "analyze", sid, "--bootstrap", "0", "--n1", "2e4")
@@ -373,7 +374,7 @@ def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) ->
 def test_a_deleted_refit_schedule_runs_no_more(tmp_path, mlflow_uri) -> None:
     """DELETE stops a schedule for good: running it on demand afterwards is 404 and records no version."""
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
-    sid = fill(Services.open(settings))
+    sid = fill(open_services(settings))
     with serve(settings, scheduler=False) as live:
         c = live.client()
         schedule = c.post("/refit-schedules", json={"name": "gone", "trigger": "on_new_observations",

@@ -29,7 +29,6 @@ from sqlalchemy import select
 from tests.api.conftest import serve
 from tests.api.test_analysis import GRID, add_last_observation, fill, wait_logged
 from tests.api.test_recovery import upscale_serve, wait_for
-from upscale.api.auth import create_token
 from upscale.client import Client
 from upscale.control import analyses
 from upscale.control.analyses import AnalysisLoop, run_analysis
@@ -37,6 +36,8 @@ from upscale.control.analysis_jobs import PER_OWNER
 from upscale.control.records import AnalysisRecord
 from upscale.control.services import Services
 from upscale.control.sweeps import owner_of
+from upscale.control.tokens import create_token
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.tracking import RunTree
 
@@ -51,7 +52,7 @@ def _rows(services: Services) -> list[AnalysisRecord]:
 def test_identical_requests_get_409_at_once_and_the_server_stays_responsive(tmp_path, mlflow_uri) -> None:
     # the per-minute request quota (tests/api/test_quotas.py) would answer some of the forty 429 first
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri, max_analyses_per_minute=100)
-    services = Services.open(settings)
+    services = open_services(settings)
     sid = fill(services)
     with serve(settings, scheduler=False) as live:
         c = live.client()
@@ -98,7 +99,7 @@ def _settled(services: Services, timeout_s: float = 60) -> list[AnalysisRecord]:
 @pytest.mark.slow  # a real server stopped mid-analysis, restarted with Ray, then a full analysis: ~100 s on 2 cores
 def test_sigterm_during_an_analysis_then_restart_runs_it_again_as_requested(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
-    services = Services.open(settings)
+    services = open_services(settings)
     sid = fill(services, leave_out=1)
     older = run_analysis(services, [sid], bootstrap=0, owner="alice", trigger="completed")  # at all but one point
     add_last_observation(services, sid)  # the sweep has more now
@@ -133,7 +134,7 @@ def test_sigterm_during_an_analysis_then_restart_runs_it_again_as_requested(tmp_
 @pytest.mark.slow  # three analyses with bootstrap on a real server: ~55 s on 2 cores
 def test_bobs_refit_of_alices_sweep_leaves_her_decision_alone(tmp_path, mlflow_uri) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
-    services = Services.open(settings)
+    services = open_services(settings)
     sid = fill(services, leave_out=1)
     tree = RunTree.for_settings(settings)
     services.store.set_sweep(sid, mlflow_run_id=(parent := tree.start_sweep(sid, GRID["name"], GRID)))

@@ -20,7 +20,7 @@ from upscale.api.cli import app
 from upscale.api.cli.analyze_command import fitted_tables
 from upscale.api.cli.app import CommandError
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.fitting.analysis import analyze
 from upscale.fitting.errors import FitError
 from upscale.fitting.evidence import with_predicted
@@ -36,7 +36,7 @@ def sweep(tmp_path, mlflow_uri, monkeypatch):
     monkeypatch.setenv("UPSCALE_HOME", str(home))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     get_settings.cache_clear()
-    sid = fill(Services.open(Settings(home=home, mlflow_tracking_uri=mlflow_uri), auth=False))
+    sid = fill(open_services(Settings(home=home, mlflow_tracking_uri=mlflow_uri), auth=False))
     runner = CliRunner()
 
     def invoke(*args: str):

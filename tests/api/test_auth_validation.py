@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from upscale.api.auth import digest
 from upscale.control.records import TokenRecord
-from upscale.control.services import Services
+from upscale.control.tokens import digest
+from upscale.control.wiring import open_services
 
 SPEC = {"name": "auth-check", "model": {"sizes": ["nano"]}, "moe": {"experts": [2], "topk": [1]},
         "upcycling": {"methods": ["naive"]}, "tokens": {"d1": [256], "d2": [128, 256]},
@@ -27,7 +27,7 @@ def test_no_token_is_401_and_read_token_cannot_write(live) -> None:
         r = c.post("/sweeps", json=SPEC)
         assert r.status_code == 403 and "bob" in r.json()["detail"] and "write" in r.json()["detail"]
         assert c.post("/fits", json={"law": "power-d2", "kind": "upcycled", "rows": []}).status_code == 403
-    with Services.open(live.settings).store.transaction() as s:  # only hashes are stored
+    with open_services(live.settings).store.transaction() as s:  # only hashes are stored
         hashes = {t.token_hash for t in s.query(TokenRecord)}
     assert digest(live.write["Authorization"].split()[1]) in hashes
     assert not any(t.startswith("ups_") for t in hashes)
@@ -56,7 +56,7 @@ def test_bad_spec_is_422_naming_each_field(live) -> None:
 def test_an_unknown_sweep_is_404_on_every_route_and_422_in_a_fit_body(live) -> None:
     """One exception handler maps the store's NotFoundError to 404 with the message as `detail`; a sweep id inside a
     request body is a bad value (422), not a missing URL."""
-    gone = {"detail": "no sweep 'f00000000000'; `upscale sweeps` lists them"}
+    gone = {"detail": "no sweep 'f00000000000'; `upscale status` (GET /sweeps) lists them"}
     schedule = {"name": "x", "trigger": "on_new_observations",
                 "request": {"sweep_ids": ["f00000000000"]}}
     with live.client() as c:

@@ -11,13 +11,13 @@ from typer.testing import CliRunner
 
 from tests.orchestrator.conftest import TINY_SPEC
 from upscale.api.cli import app
-from upscale.api.cli.app import USER_ERRORS
+from upscale.api.cli.app import user_errors
 from upscale.control.records import PredictionRecord
 from upscale.orchestrator.errors import NotFoundError
 from upscale.orchestrator.settings import get_settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentResult
-from upscale.sweeps.spec import load_spec
 
 
 def test_the_ledger_is_scored_and_served_by_the_route_and_the_cli(live, mlflow_uri, monkeypatch) -> None:
@@ -60,7 +60,7 @@ def test_the_ledger_is_scored_and_served_by_the_route_and_the_cli(live, mlflow_u
         shown = runner.invoke(app, ["calibration", sweep.id], catch_exceptions=False)
         assert shown.exit_code == 0 and "75%" in shown.stdout and "100%" in shown.stdout
         unknown = runner.invoke(app, ["calibration", "nosuchsweep"])  # main() prints it as one `error:` line
-        assert isinstance(unknown.exception, NotFoundError) and isinstance(unknown.exception, tuple(USER_ERRORS))
+        assert isinstance(unknown.exception, NotFoundError) and isinstance(unknown.exception, user_errors())
         assert "no sweep 'nosuchsweep'" in str(unknown.exception)
     finally:
         get_settings.cache_clear()

@@ -16,7 +16,7 @@ import pytest
 
 from tests.api.conftest import free_port
 from tests.api.test_flow import FLOW_SPEC
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
 
 UPSCALE = str(Path(sys.executable).parent / "upscale")
@@ -104,7 +104,7 @@ def test_sigterm_while_training_releases_segments(tmp_path, mlflow_uri) -> None:
             time.sleep(0.2)
     finally:
         _stop(proc, 90)
-    store = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)).store
+    store = open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)).store
     assert store.sweep(sid).status == "pending"
     statuses = [seg.status for seg, _ in store.members(sid)]
     assert "running" not in statuses and statuses.count("pending") >= 1

@@ -7,6 +7,7 @@ Every case runs the installed console script in a subprocess; the server is the 
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import upscale
 from tests.api.conftest import free_port
 from tests.api.test_cli import UPSCALE, _cli, _env
 from tests.api.test_flow import FLOW_SPEC
+from tests.sweeps.conftest import SMALL_SPEC
 from upscale.fitting.synthetic import bundled_path
 
 
@@ -106,3 +108,26 @@ def test_ui_runs_mlflow_through_this_interpreter(env, mlflow_uri) -> None:
                        text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == f"error: mlflow is not installed for {sys.executable}: pip install 'upscale[worker]'"
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_grid_over_the_segment_limit(env, tmp_path: Path, command: str) -> None:
+    """`upscale plan` and `upscale run` refuse, in one line and before planning, the grid POST /sweeps refuses:
+    UPSCALE_MAX_SEGMENTS."""
+    spec = tmp_path / "huge.json"
+    spec.write_text(json.dumps({**SMALL_SPEC, "moe": {"experts": list(range(2, 1002)), "topk": [1, 2]},
+                                "upcycling": {"methods": ["naive", "drop"], "r": [i / 1000 for i in range(1000)]}}))
+    line = _fails({**env, "UPSCALE_MAX_SEGMENTS": "5000"}, command, str(spec))
+    assert "UPSCALE_MAX_SEGMENTS" in line and "over the limit of 5,000" in line
+
+
+def test_plan_of_a_corpus_missing_under_the_data_roots(env, tmp_path: Path) -> None:
+    """A corpus under the data roots (UPSCALE_HOME/data) that is not there: one line at data.corpus, as POST /sweeps
+    answers 422; a relative path that does not exist says so."""
+    spec = tmp_path / "missing.json"
+    spec.write_text(json.dumps({**SMALL_SPEC, "data": {"corpus": str(tmp_path / "data" / "texts")}}))
+    line = _fails(env, "plan", str(spec))
+    assert "data.corpus" in line and "does not exist under the data roots" in line
+    spec.write_text(json.dumps({**SMALL_SPEC, "data": {"corpus": "texts/corpus.jsonl"}}))
+    line = _fails(env, "plan", str(spec))
+    assert "data.corpus" in line and "'texts/corpus.jsonl' does not exist (a relative path, from " in line

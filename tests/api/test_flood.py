@@ -24,8 +24,8 @@ from tests.api.test_recovery import UPSCALE, _answers, kill, wait_for
 from tests.orchestrator.conftest import TINY_SPEC
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 CONNECTION_LIMIT = 64
 FLOOD = 3000

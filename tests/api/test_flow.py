@@ -18,12 +18,12 @@ from mlflow.tracking import MlflowClient
 from tests.api.conftest import serve
 from upscale.control.analysis_run import ANALYSIS_ID
 from upscale.control.refits import RefitLoop
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.fitting.data import read_table
 from upscale.fitting.synthetic import bundled_path
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 FLOW_SPEC = """
 name: api-flow
@@ -159,7 +159,7 @@ def test_cron_schedule_fires_once_per_matching_minute(flow) -> None:
     versions = c.get("/refits", params={"schedule_id": schedule["id"]}).json()
     if time.gmtime().tm_min == int(first[0]["created_at"][14:16]):  # still the minute it fired in
         assert [v["version"] for v in versions] == [1]
-    RefitLoop(Services.open(flow.settings)).tick()  # a second loop (e.g. `upscale scheduler`) does not fire it again
+    RefitLoop(open_services(flow.settings)).tick()  # a second loop (e.g. `upscale scheduler`) does not fire it again
     assert len(c.get("/refits", params={"schedule_id": schedule["id"]}).json()) <= len(versions) + (
         time.gmtime().tm_min != int(first[0]["created_at"][14:16]))
     assert c.delete(f"/refit-schedules/{schedule['id']}").status_code == 204

@@ -20,7 +20,7 @@ import pytest
 
 from tests.api.conftest import serve
 from tests.api.test_recovery import SPEC, attempts, ended, statuses, submit, upscale_serve, wait_for
-from upscale.api.auth import create_token
+from upscale.control.tokens import create_token
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
 

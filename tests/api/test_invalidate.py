@@ -17,14 +17,14 @@ from tests.api.conftest import serve
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from tests.orchestrator.test_scheduler import ends, events
-from upscale.api.auth import create_token
 from upscale.api.cli import app
+from upscale.control.tokens import create_token
 from upscale.orchestrator.records import CheckpointRecord, ObservationRecord
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings, get_settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -248,13 +248,20 @@ def test_extend_confines_a_corpus_folder_with_a_file_linked_out_of_the_roots(ser
     assert "builtin:" in problem["msg"] and "UPSCALE_DATA_ROOTS" in problem["msg"]
 
 
-def test_corpus_under_a_data_root_is_accepted(server) -> None:
+def test_corpus_under_a_data_root_is_accepted_if_it_is_there(server) -> None:
+    """A corpus under the roots is read there; one missing there is a 422 at data.corpus saying so, not a sweep that
+    fails once its first segment looks for it (the roots are the server's own folders)."""
     root = server.settings.data_root_paths[0]
     (root / "texts").mkdir(exist_ok=True)
     (root / "texts" / "a.txt").write_text("some text\n")  # planning reads it: an empty corpus is refused
-    for corpus in (str(root / "texts"), str(root / "not-yet-there")):
-        r = _post_raw(server, json.dumps({**SPEC, "name": f"rooted-{len(corpus)}", "data": {"corpus": corpus}}))
-        assert r.status_code == 201, r.text
+    r = _post_raw(server, json.dumps({**SPEC, "name": "rooted", "data": {"corpus": str(root / "texts")}}))
+    assert r.status_code == 201, r.text
+    before = _sweep_count(server)
+    for corpus in (str(root / "not-yet-there"), str(root / "not-yet-there" / "*.txt")):
+        r = _post_raw(server, json.dumps({**SPEC, "name": "missing", "data": {"corpus": corpus}}))
+        assert r.status_code == 422 and _locs(r) == [["body", "data", "corpus"]], r.text
+        assert "does not exist under the data roots" in r.json()["detail"][0]["msg"]
+    assert _sweep_count(server) == before
 
 
 def test_tokenizer_and_glob_matches_are_confined_to_the_data_roots(server, outside) -> None:

@@ -20,9 +20,9 @@ import pytest
 
 from tests.api.conftest import Live, serve
 from tests.api.test_analysis import GRID, fill, wait_done
-from upscale.api.auth import create_token, tokens
 from upscale.control.services import Services
 from upscale.control.sweeps import submit
+from upscale.control.tokens import create_token, tokens
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import parse_spec
 

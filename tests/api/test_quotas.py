@@ -14,9 +14,9 @@ import pytest
 
 from tests.api.conftest import Live, serve
 from tests.api.test_limits import SPEC
-from upscale.api.auth import create_token
 from upscale.control import sweeps
-from upscale.control.services import Services
+from upscale.control.tokens import create_token
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import parse_spec
 
@@ -89,7 +89,7 @@ def test_racing_submissions_and_a_requeue_cannot_pass_the_in_flight_quota(server
 @pytest.mark.postgres
 def test_two_servers_on_one_postgresql_store_share_the_in_flight_quota(tmp_path, mlflow_uri, postgres_url) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri, db_url=postgres_url, max_sweeps_in_flight=3)
-    servers = [Services.open(settings), Services.open(settings)]  # two processes' worth: engines, pools, caches
+    servers = [open_services(settings), open_services(settings)]  # two processes' worth: engines, pools, caches
 
     def submit(i: int) -> str:
         try:

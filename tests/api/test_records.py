@@ -54,10 +54,10 @@ def test_racing_refit_loops_claim_a_cron_minute_once(tmp_path, mlflow_uri) -> No
 
     from upscale.control.records import RefitScheduleRecord
     from upscale.control.refits import claim_minute
-    from upscale.control.services import Services
+    from upscale.control.wiring import open_services
     from upscale.orchestrator.settings import Settings
 
-    services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
+    services = open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     with services.store.transaction() as s:
         s.add(RefitScheduleRecord(id="s1", name="each minute", trigger="cron", cron="* * * * *", request={},
                                   owner="t", active=True))
@@ -79,11 +79,11 @@ def test_a_refit_tick_reads_each_sweeps_observations_once(tmp_path, mlflow_uri, 
     from upscale.control import sweeps
     from upscale.control.refits import RefitLoop, create_schedule, schedules
     from upscale.control.schemas import RefitScheduleCreate
-    from upscale.control.services import Services
+    from upscale.control.wiring import open_services
     from upscale.orchestrator.settings import Settings
     from upscale.sweeps.spec import parse_spec
 
-    services = Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
+    services = open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     ids = [sweeps.submit(services, parse_spec({**SPEC, "name": n}), "t").id for n in ("a", "b")]
     request = {"sweep_ids": ids}
     for name in ("one", "two"):

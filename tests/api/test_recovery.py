@@ -24,7 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.api.conftest import free_port
-from upscale.api.auth import create_token
+from upscale.control.tokens import create_token
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store

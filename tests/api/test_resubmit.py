@@ -7,8 +7,8 @@ from __future__ import annotations
 import yaml
 
 from tests.api.test_auth_validation import SPEC
-from upscale.api.auth import create_token
-from upscale.control.services import Services
+from upscale.control.tokens import create_token
+from upscale.control.wiring import open_services
 from upscale.orchestrator.service import spec_hash
 from upscale.sweeps.planner import plan
 from upscale.sweeps.spec import parse_spec
@@ -17,7 +17,7 @@ RESUBMIT = {**SPEC, "name": "resubmit"}
 
 
 def test_identical_spec_returns_the_owners_sweep_unless_new(live) -> None:
-    store = Services.open(live.settings).store
+    store = open_services(live.settings).store
     dave = {"Authorization": f"Bearer {create_token(store, 'write', 'dave')}"}
     with live.client() as c:
         first = c.post("/sweeps", json=RESUBMIT)
@@ -47,7 +47,7 @@ def test_identical_spec_returns_the_owners_sweep_unless_new(live) -> None:
 
 
 def test_the_hash_is_stored_indexed_and_old_rows_never_match(live) -> None:
-    store = Services.open(live.settings).store
+    store = open_services(live.settings).store
     spec = parse_spec({**SPEC, "name": "pre-hash"})
     p = plan(spec)
     old = store.create_sweep(spec.name, spec.model_dump(mode="json"), {}, p.segments)  # as before 0004

@@ -15,9 +15,9 @@ from upscale.api.cli import app
 from upscale.api.cli.segment_commands import axes_text
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings, get_settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentSpec
-from upscale.sweeps.spec import load_spec
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from upscale.control.schemas import SuggestRequest
 from upscale.control.services import Services
 from upscale.control.suggest import MAX_ACTIONS, SuggestError, suggest
 from upscale.control.sweeps import merge, submit
+from upscale.control.wiring import open_services
 from upscale.fitting.laws import get_law
 from upscale.fitting.synthetic import TABLE2
 from upscale.orchestrator.plan_in_store import compare
@@ -81,7 +82,7 @@ pytestmark = pytest.mark.slow  # each test runs suggest's profile refits: ~50-80
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory, mlflow_uri) -> tuple[Settings, str]:
     settings = Settings(home=tmp_path_factory.mktemp("home"), mlflow_tracking_uri=mlflow_uri)
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     sid = fill(services)
     run_analysis(services, [sid], bootstrap=30, owner="alice", trigger="request")
     return settings, sid
@@ -89,7 +90,7 @@ def analysed(tmp_path_factory, mlflow_uri) -> tuple[Settings, str]:
 
 def test_marginal_flops_are_what_the_applied_extension_trains(analysed) -> None:
     settings, sid = analysed
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     ranked = suggest(services, sid, SuggestRequest(budget_flops=1e15), "alice")
     assert ranked.actions and ranked.stopped in ("budget", "no_gain", "limit")
     assert len(ranked.actions) <= MAX_ACTIONS  # each action costs a plan per candidate: a call's work is bounded
@@ -144,7 +145,7 @@ def test_route_errors_and_the_cli(analysed, mlflow_uri) -> None:
         cancelled = c.post(f"/sweeps/{bare}/suggest", json={"budget_flops": 1e15})
         assert cancelled.status_code == 409 and "cancelled" in cancelled.json()["detail"]
     with pytest.raises(NotReady, match="cancelled"):
-        suggest(Services.open(settings, auth=False), bare, SuggestRequest(budget_flops=1e15), "alice")
+        suggest(open_services(settings, auth=False), bare, SuggestRequest(budget_flops=1e15), "alice")
 
     env = {**os.environ, "UPSCALE_HOME": str(settings.home), "MLFLOW_TRACKING_URI": mlflow_uri,
            "COLUMNS": "200"}
@@ -170,7 +171,7 @@ def test_trunks_still_training_that_cannot_move_dstar_are_advised_to_stop(tmp_pa
     from upscale.control import suggest as module
 
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     sid = fill(services, status="running")
     members = [seg for seg, _ in services.store.members(sid)]
     scratch = [seg for seg in members if seg.config["kind"].startswith("scratch") and
@@ -210,7 +211,7 @@ def test_trunks_still_training_that_cannot_move_dstar_are_advised_to_stop(tmp_pa
 
 def test_applying_a_suggestion_counts_against_the_in_flight_quota(analysed) -> None:
     settings, sid = analysed
-    cli = Services.open(settings, auth=False)  # the in-process CLI: no quota
+    cli = open_services(settings, auth=False)  # the in-process CLI: no quota
     submit(cli, parse_spec({**GRID, "name": "waiting", "train": {**GRID["train"], "seed": 2}}), "alice", new=True)
     with serve(settings.model_copy(update={"max_sweeps_in_flight": 1}), scheduler=False) as live, live.client() as c:
         before = len(c.get("/sweeps").json())

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.api.conftest import serve
-from upscale.api.auth import create_token, digest, tokens
 from upscale.client import ApiError, Client
+from upscale.control.tokens import create_token, digest, tokens
 from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.settings import Settings
 

@@ -37,7 +37,7 @@ from upscale.control.analysis_run import (
 )
 from upscale.control.refits import create_schedule, run_refit
 from upscale.control.schemas import RefitScheduleCreate
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.clock import as_utc
 from upscale.orchestrator.tracking import NOTE, RunTree
 
@@ -48,7 +48,7 @@ def files(client, run_id: str, path: str) -> set[str]:
 
 @pytest.mark.slow  # four analyses, each ~12 s on 2 cores (mostly their plots); the routing alone is tested below
 def test_a_sweeps_run_shows_its_own_newest_analysis_and_every_analysis_keeps_its_files(settings, tmp_path) -> None:
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     tree = RunTree.for_settings(settings)
     client = tree.client
     a, b = fill(services), fill(services, grid=OTHER_GRID)

@@ -22,18 +22,19 @@ from tests.orchestrator.test_store import store  # noqa: F401  (the fixture: SQL
 from upscale.control import sweeps
 from upscale.control.records import SweepOwnerRecord
 from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 THREADS = 16
 
 
 @pytest.fixture
 def services(store: Store, tmp_path, mlflow_uri) -> Services:  # noqa: F811
-    return Services.open(Settings(home=tmp_path, db_url=store.url, mlflow_tracking_uri=mlflow_uri))
+    return open_services(Settings(home=tmp_path, db_url=store.url, mlflow_tracking_uri=mlflow_uri))
 
 
 def recorded(into: Store) -> str:
@@ -111,7 +112,7 @@ def test_a_sweep_completing_while_cancels_race_it_ends_done(store: Store) -> Non
 
 @pytest.mark.usefixtures("ray_session")
 def test_the_scheduler_of_a_claimed_sweep_cancelled_before_it_started_trains_nothing(settings) -> None:
-    services = Services.open(settings)
+    services = open_services(settings)
     sweep_id = recorded(services.store)
     scheduler = Scheduler(services.store, settings, segment_fn=counting_segment, poll_s=0.05)
     assert services.store.claim_sweep(services.store.sweep(sweep_id), scheduler.owner)

@@ -10,10 +10,11 @@ import pytest
 from tests.orchestrator.conftest import TINY_SPEC
 from upscale.control.curves import fitting_trunks, sweep_curves
 from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import DECAY_KINDS, SegmentResult
-from upscale.sweeps.spec import load_spec
 
 TPS = 64  # 4 sequences of 16 tokens
 EVERY = 2 * TPS
@@ -39,7 +40,7 @@ def record(tmp_path, curves: bool = True):
     ``curves``, results as segments reported them before they kept their curve: start and end losses only."""
     spec = load_spec(TINY_SPEC.replace("warmup_tokens: 64", f"warmup_tokens: 128, eval_every_tokens: {EVERY}"))
     planned = plan(spec)
-    services = Services.open(Settings(home=tmp_path), auth=False)
+    services = open_services(Settings(home=tmp_path), auth=False)
     sweep = services.store.create_sweep("tiny", spec.model_dump(mode="json"), {}, planned.segments)
     moe_decays = [s for s in planned.segments if s.spec.kind == "moe_decay"]
     left_out = {moe_decays[0].id} | {s.id for s in planned.segments if s.spec.kind.startswith("scratch")}
@@ -142,7 +143,7 @@ def test_a_trained_sweeps_trunks_carry_the_workers_curves(ray_session, settings)
 
     spec = load_spec(TINY_SPEC.replace("warmup_tokens: 64", f"warmup_tokens: 64, eval_every_tokens: {EVERY}")
                      .replace("methods: [naive, drop]", "methods: [naive]").replace(", scratch: [512]", ""))
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     out = services.orch.run(spec, Scheduler(services.store, settings, poll_s=0.05))
     assert out.status == "done"
     trunks = sweep_curves(services, [out.sweep_id])

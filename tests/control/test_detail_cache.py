@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from upscale.control import sweeps
 from upscale.control.detail_cache import Detail, DetailCache
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.spec import parse_spec
 
@@ -28,7 +28,7 @@ def test_the_least_recently_read_go_first_within_the_bytes() -> None:
 
 
 def test_reading_many_sweeps_keeps_the_cache_within_its_bound(tmp_path) -> None:
-    services = Services.open(Settings(home=tmp_path, detail_cache_bytes=8_000), auth=False)
+    services = open_services(Settings(home=tmp_path, detail_cache_bytes=8_000), auth=False)
     ids = [sweeps.submit(services, parse_spec({**SPEC, "name": f"s{i}"}), "alice").id for i in range(6)]
     built = sum(len(sweeps.detail_json(services, sweep_id)[1]) for sweep_id in ids)
     assert built > 8_000 >= services.detail_cache.nbytes > 0

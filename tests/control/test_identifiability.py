@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from upscale.api.cli import app
 from upscale.control.identifiability import planned_grid
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec, parse_spec
+from upscale.sweeps.spec import parse_spec
 
 EXAMPLES = Path(__file__).parents[2] / "sweeps" / "examples"
 # One dense size, one D1, two D2, no from-scratch budgets: what the issue tried.

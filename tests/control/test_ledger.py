@@ -28,8 +28,8 @@ from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import ObservationRecord
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import Observation, plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -147,12 +147,12 @@ def test_predicted_decays_never_enter_the_ledger_as_observations(settings) -> No
     was observed; the ledger's predictions for those segments stay unscored until the segments themselves finish,
     and are then scored by their observed losses, never by the predicted ones."""
     from upscale.control import analyses
-    from upscale.control.services import Services
     from upscale.control.sweeps import submit
+    from upscale.control.wiring import open_services
     from upscale.fitting.curve_observations import PREDICTED, SD_PRED, SOURCE, PredictedDecays
     from upscale.sweeps.segments import SegmentResult
 
-    services = Services.open(settings, auth=False)
+    services = open_services(settings, auth=False)
     store = services.store
     sweep = submit(services, load_spec(GRID_SPEC), "test", new=True)
     members = [seg for seg, _ in store.members(sweep.id) if seg.observation is not None]

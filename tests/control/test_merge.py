@@ -54,9 +54,9 @@ def test_every_candidate_suggest_weighs_merges_into_a_valid_spec() -> None:
 
 @pytest.fixture()
 def services(tmp_path, settings):
-    from upscale.control.services import Services
+    from upscale.control.wiring import open_services
 
-    return Services.open(settings, auth=False)
+    return open_services(settings, auth=False)
 
 
 def test_extend_records_the_sorted_spec(services) -> None:

@@ -14,12 +14,13 @@ from upscale.control.records import AnalysisRecord, RefitScheduleRecord
 from upscale.control.refits import RefitLoop, create_schedule, lag_s, refits
 from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, RefitRequest, RefitScheduleCreate
 from upscale.control.services import Services
+from upscale.control.wiring import open_services
 from upscale.orchestrator.settings import Settings
 
 
 @pytest.fixture()
 def services(tmp_path, mlflow_uri) -> Services:
-    return Services.open(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri), auth=False)
+    return open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri), auth=False)
 
 
 def _next_minute(services: Services, schedule_id: str) -> None:

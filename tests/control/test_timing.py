@@ -9,20 +9,23 @@ import json
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from tests.orchestrator.conftest import TINY_NAIVE_SPEC, TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from upscale.control import sweeps
-from upscale.control.services import Services
+from upscale.control.wiring import open_services
+from upscale.orchestrator.clock import as_utc
+from upscale.orchestrator.records import AttemptRecord
 from upscale.orchestrator.scheduler import Scheduler
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import eta_s, plan, segment_seconds
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def test_a_sweep_half_done_by_an_earlier_one_times_only_its_new_half(settings) -> None:
-    services = Services.open(settings)
+    services = open_services(settings)
     Scheduler(services.store, settings, segment_fn=counting_segment, poll_s=0.05).run(
         sweeps.submit(services, load_spec(TINY_NAIVE_SPEC), "alice").id)
     spec = load_spec(TINY_SPEC)
@@ -55,12 +58,20 @@ def test_a_sweep_half_done_by_an_earlier_one_times_only_its_new_half(settings) -
     (mid,) = seen
     t = mid.timing
     assert 0 < t.segments_trained < t.segments_to_train and t.segments_reused == len(done_before)
-    # The reused half is no progress: the pace is the new segments' planned seconds over the time they took.
+    # The reused half is no progress: the pace is the new segments' planned seconds over the time they took, from
+    # the first of them to finish on (the wait for it holds the start-up).
     new = [s for s in mid.segments if s.key not in done_before]
     planned_done = sum(seconds[s.key] for s in new if s.status == "done")
     waiting = sum(seconds[s.key] for s in new if s.status == "pending")
     assert t.elapsed_s is not None and t.elapsed_s > 0
-    assert t.time_left_s == pytest.approx(eta_s(new_half, planned_done, t.elapsed_s, waiting))
+    with services.store.transaction() as s:
+        ended = {key: as_utc(when) for key, when in s.execute(
+            select(AttemptRecord.segment_key, AttemptRecord.ended_at)
+            .where(AttemptRecord.segment_key.in_([g.key for g in new if g.status == "done"]),
+                   AttemptRecord.status == "done"))}
+    at = min(ended.values())
+    first = ((at - as_utc(t.as_of)).total_seconds() + t.elapsed_s, sum(seconds[k] for k, w in ended.items() if w == at))
+    assert t.time_left_s == pytest.approx(eta_s(new_half, planned_done, t.elapsed_s, waiting, first))
     assert t.time_left_s > 0
 
     end = sweeps.detail(services, created.id).timing

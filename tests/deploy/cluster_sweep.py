@@ -29,8 +29,8 @@ from tests.orchestrator import segment_fns
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.sweeps.spec import load_spec
 
 
 def free_port() -> int:

@@ -35,7 +35,7 @@ from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.tracking import RunTree
-from upscale.sweeps.spec import load_spec
+from upscale.sweeps.loader import load_spec
 
 
 def free_port() -> int:

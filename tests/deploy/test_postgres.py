@@ -30,9 +30,9 @@ from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store, alembic_config
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentResult
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.postgres
 TABLES = {"sweeps", "segments", "sweep_segments", "attempts", "observations", "checkpoints", "api_tokens"}

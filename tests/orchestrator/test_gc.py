@@ -15,7 +15,7 @@ from tests.orchestrator.segment_fns import counting_segment
 from upscale.orchestrator.gc import collect_garbage
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
-from upscale.sweeps.spec import load_spec
+from upscale.sweeps.loader import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -23,11 +23,12 @@ from tests.orchestrator.test_scheduler import ends, knobs
 from upscale.control.services import Services
 from upscale.control.supervised import SupervisedLoop
 from upscale.control.sweep_loop import SweepLoop
+from upscale.control.wiring import open_services
 from upscale.orchestrator.infra import is_deterministic, is_infrastructure
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
-from upscale.sweeps.spec import load_spec
+from upscale.sweeps.loader import load_spec
 from upscale.workers.errors import WorkerError
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -60,7 +61,7 @@ def sweep_under_loop(settings: Settings, spec: str, step_s: float,
                      done: int) -> tuple[Services, SweepRecord, SweepLoop]:
     """Open ``settings``' services, submit ``spec`` with steps of ``step_s`` seconds and start a sweep loop on it;
     returns (services, sweep, loop) once ``done`` segments are done (the loop is stopped if they never are)."""
-    services = Services.open(settings)
+    services = open_services(settings)
     knobs(settings, step_s=step_s)
     sweep = services.orch.submit(load_spec(spec))
     loop = start_loop(services)
@@ -123,7 +124,7 @@ def test_an_iteration_that_raises_is_retried_and_the_loop_lives_on() -> None:
 
 
 def test_the_sweep_loop_survives_the_store_failing_and_still_runs_the_sweep(settings, monkeypatch) -> None:
-    services = Services.open(settings)
+    services = open_services(settings)
     knobs(settings)
     sweep = services.orch.submit(load_spec(TINY_NAIVE_SPEC))
     failures = fail_once(monkeypatch, "sweeps")
@@ -139,7 +140,7 @@ def test_a_store_failing_while_a_worker_finishes_leaves_the_worker_to_finish_and
         settings, monkeypatch) -> None:
     """The store fails while a worker is between its last step and its result file: the scheduler that stops leaves
     the worker running and the next one adopts its result. Killing it there would train the segment again."""
-    services = Services.open(settings)
+    services = open_services(settings)
     knobs(settings, linger_s=1.5)
     sweep = services.orch.submit(load_spec(TINY_NAIVE_SPEC))
     failures = fail_once(monkeypatch, "poll", when=lambda: bool(ends(settings)))  # a worker lingers after its end

@@ -17,8 +17,8 @@ from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

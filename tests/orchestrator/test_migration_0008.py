@@ -11,9 +11,9 @@ from tests.orchestrator.conftest import TINY_SPEC
 from upscale.orchestrator.records import SegmentRecord
 from upscale.orchestrator.store import Store, alembic_config
 from upscale.sweeps import segments
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentSpec
-from upscale.sweeps.spec import load_spec
 
 
 def test_stored_segments_become_version_1_and_the_migration_goes_back_down(tmp_path, monkeypatch) -> None:

@@ -9,8 +9,8 @@ from sqlalchemy import create_engine, inspect, text
 from tests.orchestrator.conftest import TINY_SPEC
 from upscale.control.records import PredictionRecord
 from upscale.orchestrator.store import Store, alembic_config
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 
 def test_the_predictions_table_comes_and_goes_with_the_sweeps_left_alone(tmp_path) -> None:

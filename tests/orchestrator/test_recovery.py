@@ -20,14 +20,14 @@ from mlflow.tracking import MlflowClient
 from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment
 from tests.orchestrator.test_scheduler import ends, knobs, scheduler
-from upscale.control.services import Services
 from upscale.control.sweep_loop import SweepLoop
+from upscale.control.wiring import open_services
 from upscale.orchestrator.clock import utcnow
 from upscale.orchestrator.scheduler import owner_id, runner_gone
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.tracking import RunTree
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -90,7 +90,7 @@ def test_a_sweep_without_a_runner_is_orphaned_only_once_stale(settings) -> None:
 
 
 def test_a_sweep_left_cancelling_by_a_dead_runner_ends_cancelled(settings) -> None:
-    services = Services.open(settings)
+    services = open_services(settings)
     store = services.store
     spec = load_spec(TINY_SPEC)
     sweep = services.orch.submit(spec)
@@ -113,7 +113,7 @@ def test_a_sweep_left_cancelling_by_a_dead_runner_ends_cancelled(settings) -> No
 
 
 def test_a_sweep_waiting_for_resources_does_not_block_the_next(settings) -> None:
-    services = Services.open(settings)
+    services = open_services(settings)
     store = services.store
     knobs(settings)
     # recorded without the submit check, as a sweep submitted before the cluster shrank would be

@@ -20,8 +20,8 @@ import pytest
 
 from tests.orchestrator.conftest import TINY_SPEC
 from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import load_spec
 
 SCRIPT = Path(__file__).parent / "sweep_process.py"
 

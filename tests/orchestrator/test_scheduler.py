@@ -19,9 +19,9 @@ from tests.orchestrator.conftest import TINY_SPEC
 from tests.orchestrator.segment_fns import counting_segment, loss_of
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import SegmentSpec
-from upscale.sweeps.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -136,6 +136,9 @@ def test_a_worker_error_is_not_retried(settings) -> None:
     assert [a.status for a in orch.store.attempts(scratch.id)] == ["failed"]
     assert "WorkerError: segment" in orch.store.segment(scratch.id).error
     assert len(ends(settings)) == 24  # everything but the scratch trunk and its decay
+    error = orch.store.sweep(out.sweep_id).error  # its cause first, then which segments failed
+    assert error.startswith(orch.store.segment(scratch.id).error) and "a bad value" in error
+    assert error.endswith(f"(segment {scratch.id}; 1 segment(s) failed: {scratch.id})")
 
 
 @pytest.mark.slow  # two sweeps, 36 segments: ~22 s on 2 cores

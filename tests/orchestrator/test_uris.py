@@ -24,9 +24,9 @@ from upscale.orchestrator.gc import collect_garbage
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import LrSearchSpec, SegmentResult, SegmentRuntime, SegmentSpec
-from upscale.sweeps.spec import load_spec
 
 URI_SPEC = """
 name: uri-root

@@ -128,7 +128,7 @@ def test_a_sweep_with_two_workers_per_segment_trains_through_ray_train(ray_sessi
     from tests.deploy.conftest import MICRO_SPEC
     from upscale.orchestrator.scheduler import Scheduler
     from upscale.orchestrator.service import Orchestrator
-    from upscale.sweeps.spec import load_spec
+    from upscale.sweeps.loader import load_spec
 
     spec = load_spec(MICRO_SPEC.replace("resources: {cpus: 1}", "resources: {cpus: 1, workers: 2}"))
     orch = Orchestrator.open(settings)

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from upscale.sweeps import sizes
+from upscale.sweeps.loader import load_spec
+from upscale.sweeps.memory import GIB, check_memory, memory_plan, worker_memory
 from upscale.sweeps.planner import plan
 from upscale.sweeps.segments import fingerprint
-from upscale.sweeps.spec import GIB, SpecError, check_memory, load_spec, memory_plan, parse_spec, worker_memory
+from upscale.sweeps.spec import SpecError, parse_spec
 
 LIEW_JOINT = Path(__file__).resolve().parents[2] / "sweeps" / "examples" / "liew-joint.yaml"
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import critical_path_s, plan, segment_seconds
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS
 from upscale.sweeps.sizes import NAMED_SIZES, dense_params, moe_active_params, moe_total_params, train_flops_per_token
-from upscale.sweeps.spec import load_spec, parse_spec
+from upscale.sweeps.spec import parse_spec
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "sweeps" / "examples").glob("*.yaml"))
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from upscale.sweeps.loader import load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import ClusterResources, SpecError, check_resources, load_spec, parse_spec
+from upscale.sweeps.resources import ClusterResources, check_resources
+from upscale.sweeps.spec import SpecError, parse_spec
 
 UPSCALE = Path(__file__).parents[2] / ".venv" / "bin" / "upscale"
 

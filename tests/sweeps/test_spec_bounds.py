@@ -11,8 +11,9 @@ import pytest
 
 from tests.sweeps.conftest import SMALL_SPEC
 from upscale.sweeps.errors import MAX_PROBLEMS
+from upscale.sweeps.loader import load_spec, parse_document
 from upscale.sweeps.planner import plan
-from upscale.sweeps.spec import SpecError, excerpt, load_spec, parse_document, parse_spec, segment_bound
+from upscale.sweeps.spec import SpecError, excerpt, parse_spec, segment_bound
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "sweeps" / "examples").glob("*.yaml"))
 

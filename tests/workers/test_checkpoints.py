@@ -55,3 +55,10 @@ def test_incomplete_checkpoint_is_not_resumed(tmp_path: Path, dist_group: None) 
     assert checkpoints.complete(tmp_path, "s") == {}
     with pytest.raises(WorkerError, match="not a complete segment checkpoint"):
         checkpoints.read_meta(path)
+
+
+def test_a_sidecar_from_before_an_option_is_the_model_at_its_default() -> None:
+    older = {k: v for k, v in CFG.model_dump().items() if k not in ("balancing", "balancing_rate")}
+    checkpoints.check_same_model({"model_config": older}, CFG, "old")
+    with pytest.raises(WorkerError, match=r"balancing: checkpoint 'aux_loss' vs segment 'loss_free'"):
+        checkpoints.check_same_model({"model_config": older}, CFG.updated(balancing="loss_free"), "old")

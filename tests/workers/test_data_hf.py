@@ -71,7 +71,8 @@ def test_bad_corpora_and_tokenizers_are_one_clear_error_each(hf: Path, tmp_path:
     cases = [
         (DataSpec(corpus=str(tmp_path / "empty")), "is empty"),
         (DataSpec(corpus=str(tmp_path / "empty" / "*.parquet")), "matches no file"),
-        (DataSpec(corpus="HuggingFaceFW/fineweb"), "not a local path; nothing is downloaded from a hub: download it"),
+        (DataSpec(corpus="HuggingFaceFW/fineweb"),
+         r"does not exist \(a relative path, from .*\); nothing is downloaded from a hub: download it"),
         (DataSpec(corpus="https://example.org/c.jsonl"), "not a local path"),
         (DataSpec(corpus=corpus, text_field="body", tokenizer=str(tmp_path / "no-tok")), "holds no tokenizer"),
         (DataSpec(corpus=corpus, text_field="body", tokenizer="meta-llama/Llama-3.2-1B"), "neither bytes, bpe nor"),

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from tests.hf_data import VOCAB, hf_llama
+from upscale.sweeps.segments import ExpandSpec
 from upscale.workers.errors import WorkerError
 from upscale.workers.hf_models import SOURCE_FILE, export_hf, import_hf, sha256_of_files
-from upscale.workers.upcycling import method_spec, upcycle
+from upscale.workers.upcycling import expand, method_spec, upcycle
 from upscale.workers.weights import instantiate, load_model, save_model
 
 REL_TOL = 1e-5
@@ -41,6 +42,12 @@ def assert_close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
 
 TOKENS = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
 CALIBRATION = torch.randint(0, VOCAB, (16, 32), generator=torch.Generator().manual_seed(2))
+
+
+def upcycled(dense: Path, method: str, options: dict, **moe: object) -> tuple:
+    """(config, state dict) of the imported dense model at `dense` upcycled by `method` into the MoE of `moe`."""
+    dense_cfg, dense_sd = load_model(dense)
+    return upcycle(dense_sd, dense_cfg.updated(**moe), method_spec(method, **options), calibration_tokens=CALIBRATION)
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +98,7 @@ def test_naive_upcycle_exported_as_mixtral_is_the_original_dense_function(import
 ])
 def test_moe_exports_load_and_match_upscale(imported: tuple[Path, Path], tmp_path: Path, method: str,
                                            options: dict, arch: str) -> None:
-    _, dense = imported
-    dense_cfg, dense_sd = load_model(dense)
-    cfg, moe_sd = upcycle(dense_sd, dense_cfg.updated(n_expert=8, topk=2), method_spec(method, **options),
-                          calibration_tokens=CALIBRATION)
+    cfg, moe_sd = upcycled(imported[1], method, options, n_expert=8, topk=2)
     save_model(tmp_path / "moe", cfg, moe_sd)
     report = export_hf(tmp_path / "moe", tmp_path / "hf_moe")
     assert report["architecture"] == arch
@@ -107,6 +111,38 @@ def test_moe_exports_load_and_match_upscale(imported: tuple[Path, Path], tmp_pat
     if arch == "Qwen2MoeForCausalLM":
         assert config["shared_expert_intermediate_size"] == cfg.shared_d_ff == 8
         assert config["moe_intermediate_size"] == cfg.d_expert == 8 and config["norm_topk_prob"] is True
+
+
+@pytest.mark.parametrize(("method", "options", "arch"), [
+    ("drop", {"r": 0.5}, "MixtralForCausalLM"),
+    ("llama-moe", {"split": "sharing-inter", "llama_gate": "linear", "n_residual": 2}, "Qwen2MoeForCausalLM"),
+])
+def test_expanded_moe_exports_with_equal_logits(imported: tuple[Path, Path], tmp_path: Path, method: str,
+                                               options: dict, arch: str) -> None:
+    parent_cfg, parent_sd = upcycled(imported[1], method, options, n_expert=4, topk=2)
+    cfg, sd = expand(parent_sd, parent_cfg, ExpandSpec(factor=2, r=0.25))
+    save_model(tmp_path / "moe", cfg, sd)
+    report = export_hf(tmp_path / "moe", tmp_path / "hf_moe")
+    assert report["architecture"] == arch and report["routing_change"] is None
+    config = json.loads((tmp_path / "hf_moe" / "config.json").read_text())
+    assert config.get("num_local_experts", config.get("num_experts")) == 8 and config["num_experts_per_tok"] == 2
+    assert_close(upscale_logits(tmp_path / "moe", TOKENS), hf_logits(tmp_path / "hf_moe", TOKENS))
+
+
+def test_loss_free_bias_is_left_out_only_when_allowed(imported: tuple[Path, Path], tmp_path: Path) -> None:
+    parent_cfg, parent_sd = upcycled(imported[1], "drop", {}, n_expert=4, topk=2, balancing="loss_free")
+    cfg, sd = expand(parent_sd, parent_cfg, ExpandSpec(factor=2))
+    save_model(tmp_path / "zero", cfg, sd)  # a zero bias (a fresh upcycle's) chooses nothing: exported exactly
+    assert export_hf(tmp_path / "zero", tmp_path / "hf_zero")["routing_change"] is None
+    assert_close(upscale_logits(tmp_path / "zero", TOKENS), hf_logits(tmp_path / "hf_zero", TOKENS))
+    for l in range(cfg.n_layer):
+        sd[f"blocks.{l}.ffn.moe.deepspeed_moe.gate.route_bias"] = torch.linspace(-0.3, 0.3, cfg.n_expert)
+    save_model(tmp_path / "biased", cfg, sd)
+    with pytest.raises(WorkerError, match=r"loss-free balancing's bias \(nonzero in layers \[0, 1\]\)"):
+        export_hf(tmp_path / "biased", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    report = export_hf(tmp_path / "biased", tmp_path / "out", allow_routing_change=True)
+    assert report["max_abs_logit_diff"] > 1e-3  # the bias really chose other experts, and the report says so
 
 
 def test_dense_export_is_llama_with_tied_embeddings_and_tokenizer(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""`upscale model init` and `upscale upcycle`: the installed console script (subprocess, real exit codes) for the
-happy path and one bad input; the other bad inputs through the same entry point in-process (`api.cli.main`, which
-is what the console script runs), since every subprocess pays ~5 s of torch import on the shared cores.
+"""`upscale model init`, `upscale upcycle` and `upscale model expand`: the installed console script
+(subprocess, real exit codes) for the happy paths and one bad input; the other bad inputs through the same entry
+point in-process (`api.cli.main`, which is what the console script runs), since every subprocess pays ~5 s of torch
+import on the shared cores.
 
 Bad input must print one `error: ...` line naming the value and exit 2, never a traceback.
 """
@@ -114,6 +115,29 @@ def test_out_must_not_overwrite_the_dense_model(dense_dir: Path, monkeypatch: py
                      "--topk", "2", "--out", str(dense_dir))
     assert code == 2 and "is the dense model directory" in " ".join(err.split())
     assert (dense_dir / "weights.pt").read_bytes() == before
+
+
+def test_expand_keeps_a_top1_parent_and_names_bad_input(dense_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    parent = tmp_path / "moe4"
+    assert main(monkeypatch, capsys, "upcycle", "--dense", str(dense_dir), "--method", "drop", "--experts", "4",
+                "--topk", "1", "--out", str(parent))[0] == 0
+    res = run("model", "expand", "--parent", str(parent), "--factor", "2", "--bias-noise", "0", "--out",
+              str(tmp_path / "moe8"), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["n_expert"] == [4, 8] and report["topk"] == [1, 1]
+    assert report["max_abs_logit_diff"] <= 1e-5  # top-1 with weight 1: the parent's function (docs/methods.md)
+    assert report["params"]["n_total"][1] > report["params"]["n_total"][0]
+    for args, message in [
+        (("--parent", str(parent), "--factor", "1"), "factor: Input should be greater than or equal to 2"),
+        (("--parent", str(dense_dir), "--factor", "2"), "parent n_expert=0"),
+        (("--parent", str(parent), "--factor", "2", "--strategy", "utility"), "needs calibration tokens"),
+    ]:
+        code, err = main(monkeypatch, capsys, "model", "expand", *args, "--out", str(tmp_path / "bad"))
+        assert code == 2 and message in " ".join(err.split()), err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_model_init_explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -155,6 +155,23 @@ def test_scratch_moe_trunk_and_decay(home: Path) -> None:
     assert dr.tokens_per_s > 0
 
 
+def test_loss_free_trunk_plus_decay_equals_one_run(home: Path) -> None:
+    # the routing bias is saved at the branch point and restored by the decay: bit-exact with an uninterrupted run
+    moe = MOE.model_copy(update={"balancing": "loss_free", "balancing_rate": 0.01})
+    trunk = seg("scratch_trunk", moe, end_tokens=6 * TPS, save_at_tokens=(4 * TPS, 6 * TPS))
+    tr = run_segment(trunk, rt(home, "loss_free_trunk"))
+    dec = seg("scratch_decay", moe, start_tokens=4 * TPS, end_tokens=6 * TPS, decay_start_tokens=4 * TPS,
+              parent_ids=(trunk.id,))
+    dr = run_segment(dec, rt(home, "loss_free_decay", parent_checkpoints={trunk.id: tr.branch_checkpoints[4 * TPS]}))
+    full = run_segment(seg("scratch_decay", moe, end_tokens=6 * TPS, decay_start_tokens=4 * TPS),
+                       rt(home, "loss_free_full"))
+    a, b = weights(dr.checkpoint), weights(full.checkpoint)
+    assert all(torch.equal(a[k], b[k]) for k in a) and dr.val_loss == full.val_loss
+    branch = weights(tr.branch_checkpoints[4 * TPS])
+    bias = [k for k in a if k.endswith("gate.route_bias")]
+    assert len(bias) == moe.n_layer and all(not torch.equal(a[k], branch[k]) for k in bias)  # moved in the decay
+
+
 def test_mlflow_receives_metrics_and_tags(home: Path, runs: dict) -> None:
     from mlflow.tracking import MlflowClient
 

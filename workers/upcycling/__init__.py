@@ -11,6 +11,9 @@ call. Every method module exposes two pure functions:
 Methods that need data (llama-moe's sharing splits, router-upcycling) take calibration tokens [B, T] and raise a
 WorkerError without them. The registry is checked at import against `sweeps.segments.Method`, the names a sweep
 may use.
+
+`expand(parent_sd, parent_cfg, spec, calibration_tokens=None, topk=None) -> (cfg, moe_sd)` is the one MoE -> MoE
+operator (workers/upcycling/expansion.py, an `ExpandSpec`): it grows a trained MoE's experts m-fold, top-k kept.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from typing import get_args
 
 import torch
 
-from upscale.sweeps.segments import Method, UpcycleSpec
+from upscale.sweeps.segments import ExpandSpec, Method, UpcycleSpec
 from upscale.workers.errors import WorkerError, validated
 from upscale.workers.model import ModelConfig
-from upscale.workers.upcycling import drop, granular, llama_moe, naive, noise, router_upcycling, scratch
+from upscale.workers.upcycling import drop, expansion, granular, llama_moe, naive, noise, router_upcycling, scratch
 from upscale.workers.weights import check_state_dict
 
 METHODS: dict[str, ModuleType] = {
@@ -59,4 +62,19 @@ def upcycle(
     check_state_dict(cfg.dense(), dense_sd, what="dense checkpoint")
     moe_sd = module.build(dense_sd, cfg, spec, calibration_tokens)
     check_state_dict(cfg, moe_sd, what=f"{spec.method} output")
+    return cfg, moe_sd
+
+
+def expand(
+    parent_sd: dict[str, torch.Tensor],
+    parent_cfg: ModelConfig,
+    spec: ExpandSpec,
+    calibration_tokens: torch.Tensor | None = None,
+    topk: int | None = None,
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The m·E-expert MoE grown from a trained MoE's state dict; returns its config and weights."""
+    cfg = expansion.configure(parent_cfg, spec, topk)
+    check_state_dict(parent_cfg, parent_sd, what=f"parent checkpoint (an MoE of n_expert={parent_cfg.n_expert})")
+    moe_sd = expansion.build(parent_sd, parent_cfg, cfg, spec, calibration_tokens)
+    check_state_dict(cfg, moe_sd, what="expansion output")
     return cfg, moe_sd

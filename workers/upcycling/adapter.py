@@ -17,15 +17,18 @@ FFN = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (W_gate [f, d], W_up [f
 
 _MATRICES = ("w_gate", "w_up", "w_down")
 _MOE = "blocks.{l}.ffn.moe.deepspeed_moe"
+_BIAS = "gate.route_bias"  # loss-free balancing's routing bias, under _MOE
 
 
 @dataclass
 class LayerMoE:
-    """One MoE layer as tensors: experts, router parameters (names under `gate.wg`), optional shared expert."""
+    """One MoE layer as tensors: experts, router parameters (names under `gate.wg`), optional shared expert, the
+    loss-free routing bias (None = zeros; used only when cfg.balancing is "loss_free")."""
 
     experts: list[FFN]
     router: dict[str, torch.Tensor]
     shared: FFN | None = None
+    bias: torch.Tensor | None = None
 
 
 def dense_ffn(dense_sd: dict[str, torch.Tensor], layer: int) -> FFN:
@@ -60,6 +63,8 @@ def assemble(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, layers: list[L
         base = _MOE.format(l=l)
         for name, t in lay.router.items():
             out[f"{base}.gate.wg.{name}"] = t.to(dtype)
+        if cfg.balancing == "loss_free":  # the routing bias starts at zero (fp32, as the model holds it)
+            out[f"{base}.{_BIAS}"] = torch.zeros(cfg.n_expert) if lay.bias is None else lay.bias.float()
         for e, ffn in enumerate(lay.experts):
             for m, t in zip(_MATRICES, ffn, strict=True):
                 out[f"{base}.experts.deepspeed_experts.{e}.{m}.weight"] = t.to(dtype).contiguous()
@@ -82,6 +87,12 @@ def router_of(moe_sd: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Te
     """Router parameters of one MoE layer, keyed by their name under `gate.wg`."""
     prefix = _MOE.format(l=layer) + ".gate.wg."
     return {k[len(prefix):]: v for k, v in moe_sd.items() if k.startswith(prefix)}
+
+
+def bias_of(moe_sd: dict[str, torch.Tensor], layer: int) -> torch.Tensor | None:
+    """The loss-free routing bias of one MoE layer (fp32), or None for a model balanced by the aux loss."""
+    bias = moe_sd.get(f"{_MOE.format(l=layer)}.{_BIAS}")
+    return None if bias is None else bias.float()
 
 
 def shared_of(moe_sd: dict[str, torch.Tensor], layer: int) -> FFN | None:

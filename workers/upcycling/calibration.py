@@ -1,4 +1,5 @@
-"""Data passes through the frozen dense model for the methods that need data (llama-moe sharing, router-upcycling).
+"""Data passes through the frozen parent model for the methods that need data (llama-moe sharing, router-upcycling,
+expansion by utility).
 
 * `attention_inputs`: each layer's attention input (after the pre-attention RMSNorm), what its keys are made of.
 * `ffn_importance`: LLaMA-MoE's first-order Taylor importance per neuron and token group,
@@ -7,6 +8,8 @@
   next-token loss of the group.
 * `sequence_groups`: the n data groups LLaMA-MoE gets by clustering text; here k-means on each sequence's mean
   token embedding (no external sentence encoder needed).
+* `routing_scores`: an MoE's mean routing score per layer and expert (softmax over its experts, no loss-free bias),
+  expansion's utility.
 * `load_calibration`: tokens for the CLI from a torch file or from raw text read as bytes.
 """
 
@@ -53,6 +56,21 @@ def attention_inputs(dense_sd: dict[str, torch.Tensor], cfg: ModelConfig, tokens
     seen: list[torch.Tensor] = []
     hooks = [b.attn.register_forward_pre_hook(lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
              for b in model.blocks]
+    try:
+        model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+@torch.no_grad()
+def routing_scores(moe_sd: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Per MoE layer, the mean over calibration tokens of each expert's softmax routing score, [n_expert]."""
+    model = instantiate(cfg, {k: v.float() for k, v in moe_sd.items()}).eval()
+    seen: list[torch.Tensor] = []
+    hooks = [b.ffn.moe.deepspeed_moe.gate.wg.register_forward_hook(
+        lambda _m, _args, logits: seen.append(torch.softmax(logits.float(), -1).mean(0))) for b in model.blocks]
     try:
         model(tokens)
     finally:

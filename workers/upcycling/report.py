@@ -8,6 +8,8 @@
 * `intact_neuron_fraction`: the fraction of expert neurons whose three vectors all match the *same* dense neuron.
 * `experts_distinct`: every pair of experts of every layer differs (naive copies: False).
 * `params`: N1, N2, N_total of the MoE (non-embedding).
+* `expansion_report`: the same function check for an expanded MoE against its MoE parent (max_abs_logit_diff),
+  with both models' expert counts and parameters.
 * `init`: what was used: the routing, the router network and its init, and the method's own init options (drop:
   `index_mode`, shared = the paper's one index set, per_matrix = the official code's; llama-moe: `gate_init`).
 """
@@ -100,3 +102,24 @@ def init_used(spec: UpcycleSpec, cfg: ModelConfig) -> dict[str, str]:
     if spec.method == "llama-moe":
         used["gate_init"] = spec.llama_gate_init
     return used
+
+
+@torch.no_grad()
+def expansion_report(
+    parent_cfg: ModelConfig,
+    parent_sd: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    sd: dict[str, torch.Tensor],
+) -> dict[str, Any]:
+    """The report (`upscale model expand --json`) for one expanded model (keys: n_expert, topk, max_abs_logit_diff,
+    params), each model's figures as [parent, expanded]."""
+    models = [instantiate(c, {k: v.float() for k, v in s.items()}).eval() for c, s in ((parent_cfg, parent_sd),
+                                                                                        (cfg, sd))]
+    tokens = probe_tokens(parent_cfg)
+    parent, expanded = (m(tokens)[0] for m in models)
+    return {
+        "n_expert": [parent_cfg.n_expert, cfg.n_expert],
+        "topk": [parent_cfg.topk, cfg.topk],
+        "max_abs_logit_diff": (parent - expanded).abs().max().item(),
+        "params": {"n2": [m.n2() for m in models], "n_total": [m.n_total() for m in models]},
+    }
