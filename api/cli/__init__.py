@@ -21,6 +21,7 @@ COMMANDS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("demo", "demo_command.demo_command", SWEEPS, {}),
     ("plan", "plan_commands.plan_command", SWEEPS, {}),
     ("run", "run_commands.run_command", SWEEPS, {}),
+    ("slurm", "slurm_commands.slurm_app", SWEEPS, {}),
     ("submit", "sweep_commands.submit_command", SWEEPS, {}),
     ("status", "sweep_commands.status_command", SWEEPS, {}),
     ("sweeps", "sweep_commands.sweeps_command", SWEEPS, {}),
