@@ -77,7 +77,7 @@ def test_help_lists_the_commands_under_four_panels_in_order() -> None:
     assert at == sorted(at), out
     assert [c[2] for c in COMMANDS] == sorted((c[2] for c in COMMANDS), key=panels.index)  # grouped in the table
     names = [c[0] for c in COMMANDS]
-    assert len(names) == len(set(names)) == 27
+    assert len(names) == len(set(names)) == 28
     for name, _, panel, _ in COMMANDS:
         i = panels.index(panel)
         end = at[i + 1] if i + 1 < len(at) else len(out)
