@@ -49,6 +49,7 @@ def _rows(services: Services) -> list[AnalysisRecord]:
         return list(s.scalars(select(AnalysisRecord).order_by(AnalysisRecord.created_at)))
 
 
+@pytest.mark.slow  # ~7 s on CI's 2 cores (make test stays under 10 minutes)
 def test_identical_requests_get_409_at_once_and_the_server_stays_responsive(tmp_path, mlflow_uri) -> None:
     # the per-minute request quota (tests/api/test_quotas.py) would answer some of the forty 429 first
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri, max_analyses_per_minute=100)

@@ -76,6 +76,7 @@ def test_bad_paths(case: str, env, tmp_path: Path) -> None:
     assert expected in _fails(env, *args)
 
 
+@pytest.mark.slow  # ~8 s on CI's 2 cores (make test stays under 10 minutes)
 def test_reads_take_the_token_from_the_environment(live, env) -> None:
     read_token = live.read["Authorization"].removeprefix("Bearer ")
     line = _fails(env, "status", "--api", live.url)  # env has UPSCALE_TOKEN=""

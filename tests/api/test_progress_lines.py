@@ -25,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 LINE = re.compile(r"^sweep tiny: (\d+)/(\d+) segments, .* tokens, \d+:\d\d:\d\d elapsed, (time left (.+)|done)$")
 
 
+@pytest.mark.slow  # ~15 s on CI's 2 cores (make test stays under 10 minutes)
 def test_piped_progress_prints_a_line_per_finished_segment_with_the_time_left(tmp_path, mlflow_uri, capsys) -> None:
     settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
     services = open_services(settings)

@@ -268,6 +268,7 @@ def test_schemathesis_finds_no_server_error(live) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow  # ~20 s on CI's 2 cores (make test stays under 10 minutes)
 def test_schemathesis_finds_no_server_error_on_postgresql(tmp_path, mlflow_uri, postgres_url) -> None:
     """The same run on PostgreSQL, which answers a NUL character in a text parameter with an error where SQLite
     finds nothing: schemathesis sends NULs in ids, names and bodies. 40 examples per operation (~20 s): enough to

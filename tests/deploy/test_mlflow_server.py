@@ -105,6 +105,7 @@ def assert_true_curves(client: MlflowClient, run) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow  # ~23 s on CI's 2 cores (make test stays under 10 minutes)
 def test_a_sweeps_runs_reach_the_tracking_server_over_http(postgres_url: str, mlflow_server: str, tmp_path: Path,
                                                            ray_session) -> None:
     settings = Settings(home=tmp_path / "home", mlflow_tracking_uri=mlflow_server)

@@ -84,6 +84,7 @@ def test_claims_race_across_connections_and_exactly_one_wins(postgres_url: str) 
     store.engine.dispose()
 
 
+@pytest.mark.slow  # ~9 s on CI's 2 cores (make test stays under 10 minutes)
 def test_the_scheduler_runs_a_sweep_on_postgres_and_two_schedulers_share_it(postgres_url: str, tmp_path: Path,
                                                                             mlflow_sqlite: str, ray_session) -> None:
     # postgres_url first: without a server the test skips before Ray and the MLflow store are started

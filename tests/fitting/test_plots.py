@@ -43,6 +43,7 @@ def tables() -> dict[str, pd.DataFrame]:
     return out
 
 
+@pytest.mark.slow  # ~8 s on CI's 2 cores (make test stays under 10 minutes)
 def test_every_primitive_writes_png_and_pdf(tmp_path: Path) -> None:
     joint = get_law("joint")
     up = FittedLaw(joint, TABLE2["upcycled"])
