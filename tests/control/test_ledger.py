@@ -117,6 +117,7 @@ def test_a_sweep_on_a_known_law_is_scored_at_nominal_coverage(settings) -> None:
     assert ledger.calibration(orch.store, parent.id)["predicted"] == 0  # the ledger is the running sweep's
 
 
+@pytest.mark.slow  # ~6 s on CI's 2 cores (make test stays under 10 minutes)
 def test_a_segment_is_predicted_once_and_not_without_an_analysis(settings) -> None:
     """No analysis: nothing is recorded and training is not held up; a prediction is kept across retries (the
     first attempt's), and a planned observation the analysis has no fit for gets none."""
@@ -141,6 +142,7 @@ def test_a_segment_is_predicted_once_and_not_without_an_analysis(settings) -> No
     assert ledger.record_prediction(orch.store, sweep.id, dense) is None
 
 
+@pytest.mark.slow  # ~6 s on CI's 2 cores (make test stays under 10 minutes)
 def test_predicted_decays_never_enter_the_ledger_as_observations(settings) -> None:
     """An analysis fitted with decay ends predicted for the sweep's unfinished upcycled segments (the middle D2 of
     every trunk): the predictions stay in the analysis record, marked predicted; the store's tables hold only what

@@ -101,6 +101,7 @@ def test_fit_dstar_decide_optimal_json_contracts(tmp_path):
     assert opt["closed_form"]["d2_opt"] == pytest.approx(opt["numeric"]["d2_opt"], rel=0.01)
 
 
+@pytest.mark.slow  # ~7 s on CI's 2 cores (make test stays under 10 minutes)
 def test_fit_plot_on_a_small_grid_warns_and_still_fits(tmp_path):
     """Two D2 per D1 are too few for the alpha(D1) diagnostic: one warning line, the fit printed, exit 0."""
     joint = get_law("joint")
@@ -137,6 +138,7 @@ def test_compare_and_grouped_fit(tmp_path):
     assert all({"params", "loo_rms", "ci"} <= set(g) for g in groups)
 
 
+@pytest.mark.slow  # ~6 s on CI's 2 cores (make test stays under 10 minutes)
 def test_failed_loo_refits_cost_neither_the_comparison_nor_the_fit(tmp_path, monkeypatch):
     """The user's report: one failing LOO refit made `compare` exit 2 and lose every law, and `fit` the same. With
     every LOO refit of data-add failing (injected) both commands succeed and say how many failed."""
