@@ -24,11 +24,12 @@ import ray
 from upscale.control.plans import stale_lines
 from upscale.control.services import LOCAL_OWNER, Services
 from upscale.control.sweeps import identical
+from upscale.control.timing import stored_seconds
 from upscale.orchestrator.records import SegmentRecord
 from upscale.orchestrator.scheduler import Progress, Scheduler, SweepOutcome, ensure_ray
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.task import SegmentFn, train_segment
-from upscale.sweeps.planner import Plan, gpu_flops_per_s, plan, seconds_of, segment_seconds
+from upscale.sweeps.planner import Plan, gpu_flops_per_s, plan, segment_seconds
 from upscale.sweeps.segments import DataSpec, SegmentSpec
 from upscale.sweeps.spec import SweepSpec
 from upscale.workers.distributed import pending_op_build
@@ -144,10 +145,8 @@ def run_recorded(services: Services, sweep_id: str, watch: RunWatch = QUIET, *,
 
 
 def stored_estimates(segments: Sequence[SegmentRecord], flops_per_s: float | None) -> Estimates:
-    """What the plan estimated of each recorded segment, from the store (control/timing.py estimates the same way)."""
-    return Estimates({s.key: seconds_of(SegmentSpec.model_validate(s.config), s.flops, s.tokens,
-                                        s.observation is not None, flops_per_s=flops_per_s) for s in segments},
-                     {s.key: s.tokens for s in segments})
+    """What the plan estimated of each recorded segment, from the store (as the server's timing does)."""
+    return Estimates({s.key: stored_seconds(s, flops_per_s) for s in segments}, {s.key: s.tokens for s in segments})
 
 
 def start_ray(settings: Settings, watch: RunWatch) -> None:

@@ -36,6 +36,12 @@ class _Attempt:
     wall_s: float | None
 
 
+def stored_seconds(seg: SegmentRecord, flops_per_s: float | None) -> float:
+    """What the plan estimated of a recorded segment, from the store (its spec, FLOPs and tokens)."""
+    return seconds_of(SegmentSpec.model_validate(seg.config), seg.flops, seg.tokens, seg.observation is not None,
+                      flops_per_s=flops_per_s)
+
+
 def timing(services: Services, sweep: SweepRecord, members: list[tuple[SegmentRecord, SweepSegmentRecord]]
            ) -> SweepTiming:
     """``sweep``'s timing from its ``members`` (`Store.members`) and one query of their attempts since it was
@@ -51,8 +57,7 @@ def timing(services: Services, sweep: SweepRecord, members: list[tuple[SegmentRe
         if seg.status == "done" and seg.key not in finished:
             reused += 1
             continue
-        seconds = seconds_of(SegmentSpec.model_validate(seg.config), seg.flops, seg.tokens,
-                             seg.observation is not None, flops_per_s=flops_per_s)
+        seconds = stored_seconds(seg, flops_per_s)
         to_train += 1
         planned += seconds
         if seg.status == "done":
