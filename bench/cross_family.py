@@ -37,7 +37,11 @@ at the reference N1 through ``reported_interval`` (the one place that knows whic
 Figures per family and placement, per family, per placement and overall: ``coverage_80`` / ``coverage_95`` (an open
 end is unbounded; a case without a D* record is not covered), the median width in decades of the bounded intervals
 and how many were open, and for the truths in the grid (placement <= 1x: D* at most the largest budget trained)
-``bounded_decade_80``, the share of 80% intervals bounded and at most a decade wide. The paper's own family, in the
+``bounded_decade_80``, the share of 80% intervals bounded and at most a decade wide, and the same among the
+truths the runs could bound one budget past the grid (``resolvable``: the true mean gap at 4x the largest budget
+beyond the matched pairs' noise threshold). Each case also keeps the reported interval's parts (the calibrated
+bands, the forms' bootstrap mixture, the runs' bracket) and whether each alone held the truth, so a coverage off
+its nominal level can be traced to the part that causes it. The paper's own family, in the
 grid, is run beside them (bench/calibration.py's truths and tables, ``--paper`` of them). Goals: 80%
 coverage >= 0.75, 95% >= 0.9, and every in-grid 80% interval bounded and at most a decade wide.
 
@@ -74,6 +78,7 @@ from scipy.optimize import brentq
 from upscale.fitting.analysis import analyze
 from upscale.fitting.dstar import SEARCH_FACTOR
 from upscale.fitting.laws import get_law
+from upscale.fitting.observed import observe
 from upscale.fitting.synthetic import design, generate
 
 GRID = GRIDS["tiny"]
@@ -85,6 +90,8 @@ PLACEMENTS = (0.3, 1.0, 3.0, 10.0, 30.0)  # true D* / the grid's largest budget
 FAMILIES = ("effective", "curved", "transfer-exp", "transfer-ratio")
 PAPER = "paper"  # the paper's own family (bench/calibration.py), in the grid
 LEVELS = ("80", "95")
+PARTS = ("band", "mixture", "bracket")  # the reported interval's parts, each scored alone too
+NEXT_BUDGET = 4.0  # the grid's budgets step 4x: the budget a researcher would add next is 4x its largest
 DRAWS = 200  # draws per case before giving up on finding a valid truth
 _SCAN = 2000  # log-grid points of the truth's gap over SPAN (the sign changes brentq refines)
 
@@ -314,7 +321,42 @@ def score(case: Case, result: dict[str, Any] | None) -> dict[str, Any]:
         row[f"covered_{level}"] = iv is not None and iv[0] <= case.dstar <= iv[1]
         row[f"bounded_{level}"] = width_decades(iv) is not None
         row[f"width_{level}"] = width_decades(iv)
+        row[f"parts_{level}"] = _parts(case, result, level)
     return row
+
+
+def _parts(case: Case, result: dict[str, Any] | None, level: str) -> dict[str, Any]:
+    """The reported interval's parts at ``level`` (docs/laws.md, "The answer beyond one law"): where the calibrated
+    bands separate, the weighed forms' bootstrap mixture, and the runs' bracket, each with whether it holds the
+    truth; so an over- or under-coverage can be traced to the part that causes it."""
+    answer = (result or {}).get("answer")
+    if answer is None:
+        return {}
+    bracket = answer.get("observed_bracket")
+    found = {"band": (answer.get("band_intervals") or {}).get(level),
+             "mixture": (answer.get("mixture_intervals") or {}).get(level),
+             "bracket": None if bracket is None else {"low": bracket.get("low"), "high": bracket.get("high")}}
+    out: dict[str, Any] = {}
+    for name, iv in found.items():
+        bounds = interval_bounds(iv)
+        out[name] = None if bounds is None else {"interval": json_interval(bounds),
+                                                 "covered": bounds[0] <= case.dstar <= bounds[1]}
+    return out
+
+
+def resolvable(case: Case) -> bool | None:
+    """Could the runs themselves bound D* from above one budget past the grid? True where the truth's mean log gap
+    (upcycled against from scratch on the diagonal at the reference N1) at NEXT_BUDGET x the largest budget is
+    beyond the noise threshold the analysis reads its matched pairs with (fitting/observed.py, on this case's own
+    tables). Where it is not, a bounded interval within a decade would rest on the law's form alone, finer than
+    the runs' noise. None for the paper's family (its truth is another module's)."""
+    if case.paper is not None:
+        return None
+    d = np.array([NEXT_BUDGET * D_MAX])
+    n = np.full(1, case.n1)
+    true_gap = (np.log(arm_loss(case.params, "s", d, n)) - np.log(upcycled_loss(case.params, case.family, d, d, n)))[0]
+    t = tables(case)
+    return bool(abs(true_gap) > observe(t["scratch"], t["upcycled"]).noise["gap_threshold"])
 
 
 def run_case(args: tuple[Case, int]) -> dict[str, Any]:
@@ -327,7 +369,7 @@ def run_case(args: tuple[Case, int]) -> dict[str, Any]:
         row = score(case, star["results"][0] if star else None)
     except Exception as e:  # the user's path raising is an outcome to count, not a crash
         row = {**score(case, None), "error": f"{type(e).__name__}: {e}"}
-    return {**row, "seconds": round(time.perf_counter() - t0, 2)}
+    return {**row, "resolvable": resolvable(case), "seconds": round(time.perf_counter() - t0, 2)}
 
 
 # ----------------------------------------------------------------------------------------------------------- figures
@@ -345,7 +387,16 @@ def figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     inside = [r for r in rows if r["in_grid"]]
     out["in_grid"] = len(inside)
     out["bounded_decade_80"] = share([r["bounded_80"] and r["width_80"] <= 1 for r in inside])[0]
+    clear = [r for r in inside if r.get("resolvable")]
+    out["resolvable"] = len(clear)
+    out["bounded_decade_80_resolvable"] = share([r["bounded_80"] and r["width_80"] <= 1 for r in clear])[0] \
+        if clear else None
     out["no_result"] = sum(not r["result"] for r in rows)
+    for level in LEVELS:  # each part of the reported interval alone (rows saved before the parts were kept: none)
+        for part in PARTS:
+            held = [r[f"parts_{level}"][part]["covered"] for r in rows if (r.get(f"parts_{level}") or {}).get(part)]
+            out[f"{part}_coverage_{level}"] = share(held)[0] if held else None
+            out[f"{part}_n_{level}"] = len(held)
     return out
 
 
@@ -378,7 +429,7 @@ def _pct(v: float | None) -> str:
 def table(by_group: dict[str, dict[str, Any]]) -> str:
     """The figures as a markdown table."""
     head = ("truths", "n", "cov 80%", "cov 95%", "median width 80% (dec.)", "open 80%", "median width 95% (dec.)",
-            "open 95%", "in grid: 80% bounded, ≤ 1 dec.")
+            "open 95%", "in grid: 80% bounded, ≤ 1 dec.", "… where the runs could bound it")
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
     for name, f in by_group.items():
         cells = [name, str(f["n"])]
@@ -389,8 +440,24 @@ def table(by_group: dict[str, dict[str, Any]]) -> str:
             w = f[f"median_width_{level}"]
             cells += ["—" if w is None else f"{w:.2f}", str(f[f"open_{level}"])]
         cells.append("—" if not f["in_grid"] else f"{_pct(f['bounded_decade_80'])} ({f['in_grid']})")
+        cells.append("—" if not f.get("resolvable") else
+                     f"{_pct(f['bounded_decade_80_resolvable'])} ({f['resolvable']})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def parts_table(by_group: dict[str, dict[str, Any]]) -> str:
+    """Per group, how often each part of the reported interval held the truth on its own (with how many cases had
+    that part): the band and mixture intervals the answer takes the hull of, and the runs' bracket it is cut to."""
+    head = ("truths", *(f"{part} {level}%" for level in LEVELS for part in PARTS))
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
+    for name, f in by_group.items():
+        if f.get(f"{PARTS[0]}_coverage_80") is None:
+            continue
+        cells = [name] + [f"{_pct(f[f'{part}_coverage_{level}'])} ({f[f'{part}_n_{level}']})"
+                          for level in LEVELS for part in PARTS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -415,8 +482,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for path in args.from_json:
             with open(path) as fh:
                 saved.append(json.load(fh))
-        pooled = groups([r for x in saved for r in x["rows"]])
+        pooled = groups([_with_resolvable(r, x["truths"]) for x in saved for r in x["rows"]])
         print(table(pooled))
+        print(parts_table(pooled))
         print(f"\n{sum(x['done'] for x in saved)} cases from {len(saved)} file(s): seeds "
               f"{[x['seed'] for x in saved]}, bootstrap {sorted({x['bootstrap'] for x in saved})}")
         return {"figures": pooled}
@@ -440,9 +508,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 _write(args.json, out())
     result = out()
     print(table(result["figures"]))
+    print(parts_table(result["figures"]))
     print(f"\n{len(rows)} cases ({args.cases} cross-family, {args.paper} paper family), bootstrap {args.bootstrap}, "
           f"seed {args.seed}, {args.workers} worker(s), {result['wall_s']} s")
     return result
+
+
+def _with_resolvable(row: dict[str, Any], truths: list[dict[str, Any]]) -> dict[str, Any]:
+    """A saved row with ``resolvable``, recomputed from its saved truth when the row predates it."""
+    if "resolvable" in row or row["family"] == PAPER:
+        return row
+    truth = next(t for t in truths if t["index"] == row["case"])
+    return {**row, "resolvable": resolvable(Case(**{k: v for k, v in truth.items() if k != "paper"}))}
 
 
 def _write(path: str, data: dict[str, Any]) -> None:

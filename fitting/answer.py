@@ -107,12 +107,13 @@ class Arms:
         return log_loss, total > 0
 
 
-def _band_interval(gap: np.ndarray, margin: np.ndarray, valid: np.ndarray,
-                   tokens: np.ndarray) -> tuple[float | None, float | None]:
+def _band_interval(gap: np.ndarray, margin: np.ndarray, valid: np.ndarray, tokens: np.ndarray,
+                   led: float | None = None) -> tuple[float | None, float | None]:
     """Where the bands cannot tell the arms apart after upcycling's lead: from the end of the first stretch of
     budgets where upcycling leads by more than ``margin`` to the first budget after it where it trails by more, within
     ``valid`` points. A trail before any lead (far below the data, where the upcycled law blows up) is not D*: see
-    ``dstar.Crossings.dstar``. None where an end does not exist (open)."""
+    ``dstar.Crossings.dstar``; nor is one at or below ``led``, the largest budget where the runs show upcycling
+    ahead beyond noise (the runs overrule the bands there). None where an end does not exist (open)."""
     stop = int(np.argmin(valid)) if not valid.all() else len(tokens)
     lead, trail = gap[:stop] > margin[:stop], gap[:stop] < -margin[:stop]
     low = None
@@ -122,6 +123,8 @@ def _band_interval(gap: np.ndarray, margin: np.ndarray, valid: np.ndarray,
         after = np.flatnonzero(~lead[first:])
         end = first + int(after[0]) if after.size else stop
         low, start = float(tokens[end - 1]), end
+    if led is not None:
+        start = max(start, int(np.searchsorted(tokens, led, side="right")))
     later = np.flatnonzero(trail[start:])
     high = float(tokens[start + int(later[0])]) if later.size else None
     return low, high
@@ -174,12 +177,13 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
     values, weights = _mixture_samples(arms, n1, tokens)
     bracket = observed.bracket(n1)
     b_lo, b_hi = (bracket["low"], bracket["high"]) if bracket else (None, None)
-    floor = _gap_floor(arms, observed, n1)
+    sd = observed.noise["sd"]
+    floor = _gap_floor(arms, observed, n1, sd)
     intervals, band_ivs, mixture_ivs = {}, {}, {}
     for level in LEVELS:
-        margin = np.maximum(floor, np.hypot(arms.calibration.half_width("scratch", d_s, level),  # independent arms
-                                            arms.calibration.half_width("upcycled", d_u, level)))
-        band_ivs[_key(level)] = _as_interval(*_band_interval(gap, margin, valid, tokens))
+        margin = np.maximum(floor, np.hypot(arms.calibration.half_width("scratch", d_s, level, sd),  # independent
+                                            arms.calibration.half_width("upcycled", d_u, level, sd)))  # arms
+        band_ivs[_key(level)] = _as_interval(*_band_interval(gap, margin, valid, tokens, b_lo))
         if values.size:
             lo, hi = weighted_interval(values, weights, level)
             mixture_ivs[_key(level)] = _as_interval(lo, hi)
@@ -203,9 +207,10 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
             "next": _next_pair(arms, paths, n1, tokens, valid, intervals["80"])}
 
 
-def _gap_floor(arms: Arms, observed: Observed, n1: float) -> float:
-    """The largest error the stacked projection makes on this size's own matched diagonal pairs, in log gap: the
-    bands are never narrower than that, since the gap itself, not each arm's loss, decides D* (0 without pairs)."""
+def _gap_floor(arms: Arms, observed: Observed, n1: float, noise: float) -> float:
+    """The largest error the stacked projection makes on this size's own matched diagonal pairs, in log gap, less
+    the two runs' point noise ``noise`` in quadrature (a pair's gap carries it, the mean gap does not): the bands
+    are never narrower than that, since the gap itself, not each arm's loss, decides D* (0 without pairs)."""
     pairs = [p for p in observed.pairs if p["diagonal"] and math.isclose(p["n1"], n1, rel_tol=1e-9)]
     if not pairs:
         return 0.0
@@ -214,7 +219,7 @@ def _gap_floor(arms: Arms, observed: Observed, n1: float) -> float:
     ls, hs = arms.stacked("scratch", paths["scratch"])
     lu, hu = arms.stacked("upcycled", paths["upcycled"])
     errors = [abs(g - p["log_gap"]) for g, p, ok in zip(ls - lu, pairs, hs & hu, strict=True) if ok]
-    return max(errors, default=0.0)
+    return math.sqrt(max(max(errors, default=0.0) ** 2 - 2 * noise ** 2, 0.0))
 
 
 def _bounded(iv: dict[str, Any] | None, lo: float | None, hi: float | None) -> dict[str, Any]:

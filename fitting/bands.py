@@ -13,6 +13,8 @@ show; the scores |r| / s(d) of both arms are pooled, and the band half-width in 
 is q_p·s(d), q_p the ⌈(n+1)p⌉-th smallest of the n scores (infinite when n is too small for p). Where the held-out
 runs are exchangeable with the projection, the band covers it with probability at least p; beyond the distances the
 backtests reached, the linear growth of s(d) is an assumption, which the answer states as its extrapolation.
+A residual carries its run's point noise and D* is where mean losses cross, so the band D* reads has that noise
+taken out of s(d) in quadrature (``half_width``'s ``noise``).
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ class Calibration:
     n_scores: int
     calibrated: bool
 
-    def half_width(self, arm: str, d: np.ndarray | float, level: float) -> np.ndarray:
-        """The band's half-width in log loss at distance ``d`` (decades beyond the data) and ``level``."""
+    def half_width(self, arm: str, d: np.ndarray | float, level: float, noise: float = 0.0) -> np.ndarray:
+        """The band's half-width in log loss at distance ``d`` (decades beyond the data) and ``level``, for the mean
+        loss the arm's law stands for: the runs' own point noise ``noise`` (an SD in log loss), which every
+        held-out residual carries and a mean loss does not, is taken out of the scale in quadrature."""
         d = np.asarray(d, dtype=float)
-        scale = np.sqrt(self.sigma0[arm] ** 2 + (self.growth[arm] * d) ** 2)
-        return self.quantiles[_key(level)] * scale
+        scale2 = self.sigma0[arm] ** 2 + (self.growth[arm] * d) ** 2
+        return self.quantiles[_key(level)] * np.sqrt(np.maximum(scale2 - noise ** 2, _FLOOR ** 2))
 
     def to_json(self) -> dict[str, Any]:
         return {"weights": self.weights, "sigma0": self.sigma0, "growth_per_decade": self.growth,

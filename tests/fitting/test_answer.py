@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from upscale.fitting.analysis import Analysis, analyze
-from upscale.fitting.answer import answer_group, merge_answer
-from upscale.fitting.bands import _conformal, form_weights
+from upscale.fitting.answer import _band_interval, answer_group, merge_answer
+from upscale.fitting.bands import Calibration, _conformal, form_weights
 from upscale.fitting.display import summary_lines
 from upscale.fitting.forms import form, turned
 from upscale.fitting.observed import noise, observe
@@ -168,6 +168,17 @@ def test_first_dstar_is_where_a_lead_turns_into_a_deficit() -> None:
     assert math.isinf(out[0]) and math.isnan(out[2])
 
 
+def test_the_bands_never_end_d_star_where_the_runs_show_upcycling_ahead() -> None:
+    """A trail the bands see far below the data (where an upcycled law blows up) bounds nothing when there is no lead
+    before it; at or below a budget where the runs show upcycling ahead beyond noise it bounds nothing either."""
+    tokens = np.geomspace(1e3, 1e7, 9)
+    gap = np.array([-0.3, -0.2, -0.05, 0.01, 0.0, -0.01, -0.02, -0.04, -0.06])  # never a lead beyond the margin
+    margin, valid = np.full(9, 0.03), np.ones(9, dtype=bool)
+    assert _band_interval(gap, margin, valid, tokens) == (None, tokens[0])  # the blow-up read as an upper end
+    assert _band_interval(gap, margin, valid, tokens, led=tokens[4]) == (None, tokens[7])
+    assert _band_interval(gap, margin, valid, tokens, led=tokens[7]) == (None, tokens[8])
+
+
 def test_noise_is_measured_without_a_law_and_brackets_follow_it() -> None:
     rng = np.random.default_rng(3)
     budgets = 2.0 ** np.arange(16, 24)
@@ -194,6 +205,18 @@ def test_weights_go_to_the_form_that_predicted_held_out_runs_and_conformal_needs
     scores = np.linspace(0.1, 1.0, 10)
     assert math.isinf(_conformal(scores, 0.95))  # 10 scores cannot give a 95% quantile
     assert _conformal(scores, 0.8) == pytest.approx(0.9)
+
+
+def test_a_band_for_the_mean_loss_leaves_out_the_runs_point_noise() -> None:
+    """Held-out residuals carry each run's point noise; D* is where the mean losses cross, so the band is for the
+    mean: the noise comes out of the scale in quadrature, down to a floor, never below it."""
+    cal = Calibration(weights={}, sigma0={"scratch": 0.005}, growth={"scratch": 0.02}, quantiles={"80": 1.3},
+                      n_scores=40, calibrated=True)
+    one_run = cal.half_width("scratch", 1.0, 0.8)
+    assert one_run == pytest.approx(1.3 * math.hypot(0.005, 0.02))
+    assert cal.half_width("scratch", 1.0, 0.8, noise=0.004) == pytest.approx(1.3 * math.sqrt(0.005**2 + 0.02**2
+                                                                                             - 0.004**2))
+    assert 0 < cal.half_width("scratch", 0.0, 0.8, noise=0.01) < cal.half_width("scratch", 0.0, 0.8)
 
 
 def test_a_cross_family_table_the_old_interval_missed_is_covered() -> None:

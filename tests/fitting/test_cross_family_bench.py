@@ -99,6 +99,16 @@ def test_reads_the_interval_of_a_real_analysis() -> None:
     assert row["result"] and "error" not in row and row["state"] == "crossing"
     assert row["interval_80"] is not None and row["interval_95"] is not None
     assert row["bounded_80"] == (None not in row["interval_80"])
+    parts = row["parts_80"]  # each part of the interval, scored alone: the reported one lies in their hull
+    assert set(parts) == {"band", "mixture", "bracket"} and parts["band"] is not None
+    assert isinstance(row["resolvable"], bool)
+
+
+def test_a_truth_the_runs_cannot_tell_apart_past_the_grid_is_not_resolvable() -> None:
+    """Seed 0's effective-tokens truth at 1x ties at the top budget and stays within the pairs' noise at 4x it;
+    the curved one at 0.3x is beyond it there (their true log gaps at 4e6: -1.1% and -5.2%)."""
+    assert bench.resolvable(bench.draw_case(4, "effective", 1.0, seed=0)) is False
+    assert bench.resolvable(bench.draw_case(1, "curved", 0.3, seed=0)) is True
 
 
 @pytest.mark.slow  # a bench run: one case through the analysis in a worker process
