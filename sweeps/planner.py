@@ -304,7 +304,7 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
         f_parent = moe_config(e, k)[3]
         for grow in x.variants():
             grown, n2, n_total, f_grown, (lr_grown, lr_parents) = moe_config(grow.factor * e, k)
-            method, r = f"expand-{grow.strategy}", grow.r or None
+            method, r = grow.method, grow.r or None
             for d1 in d1_tokens:
                 parent_id = scratch_decays[e, k][d1]
                 kv = {"n_expert": grow.factor * e, "topk": k, "method": method, "r": r, "D1": d1, "parent_experts": e}

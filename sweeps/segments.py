@@ -364,6 +364,11 @@ class ExpandSpec(Frozen):
         default="shared", description="with r > 0: Drop-Upcycling's index sets (UpcycleSpec.index_mode)")
     seed: int = Field(default=0, description="seed of the bias noise and the re-initialised neurons")
 
+    @property
+    def method(self) -> str:
+        """The method an expanded observation records: expand-uniform or expand-utility."""
+        return f"expand-{self.strategy}"
+
 
 class LrSearchSpec(Frozen):
     """An Optuna study of short runs over the peak LR of one family and size."""
