@@ -152,5 +152,5 @@ def test_segment_bound_counts_the_expansion(expanding: dict) -> None:
         assert len(plan(spec).segments) <= segment_bound(spec)
     grid = parse_spec(expanding | {"expansion": None})
     assert segment_bound(spec) - segment_bound(grid) >= len(plan(spec).segments) - len(plan(grid).segments)
-    with pytest.raises(SpecError, match="expansion.factors"):
+    with pytest.raises(SpecError, match=r"expansion\.factors"):
         parse_spec(expanding, max_segments=len(plan(grid).segments))
