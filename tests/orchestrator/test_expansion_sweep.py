@@ -8,6 +8,9 @@ from collections import Counter
 
 import pytest
 
+from upscale.control.analyses import sweep_tables
+from upscale.control.curves import fitting_trunks, sweep_curves
+from upscale.control.wiring import open_services
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.scheduler import Scheduler
 from upscale.orchestrator.service import Orchestrator
@@ -43,3 +46,9 @@ def test_a_sweep_with_an_expansion_records_expanded_observations(settings) -> No
     assert start == pytest.approx(parent.loss, abs=1e-4)
     rows = table(observations, "expanded")
     assert list(rows["parent_experts"]) == [2] and table(observations, "upcycled")["parent_experts"].isna().all()
+    # what the analysis reads: its tables and trunk curves hold no expanded row or trunk
+    services = open_services(settings, auth=False)
+    tables = sweep_tables(services, [out.sweep_id])
+    assert [len(tables[k]) for k in ("dense", "upcycled", "scratch")] == [1, 1, 3]
+    fitted = fitting_trunks(sweep_curves(services, [out.sweep_id]))
+    assert fitted and trunk.id not in {t.trunk for t in fitted}
