@@ -10,6 +10,7 @@ import copy
 import pytest
 
 from upscale.sweeps.errors import SpecError
+from upscale.sweeps.memory import memory_plan
 from upscale.sweeps.planner import Plan, plan
 from upscale.sweeps.segments import SegmentSpec, canonical_json
 from upscale.sweeps.sizes import NAMED_SIZES, dense_params, moe_active_params, moe_total_params
@@ -154,3 +155,15 @@ def test_segment_bound_counts_the_expansion(expanding: dict) -> None:
     assert segment_bound(spec) - segment_bound(grid) >= len(plan(spec).segments) - len(plan(grid).segments)
     with pytest.raises(SpecError, match=r"expansion\.factors"):
         parse_spec(expanding, max_segments=len(plan(grid).segments))
+
+
+def test_nothing_shared_the_bound_is_exact(expanding: dict) -> None:
+    expanding["tokens"]["d1"] = [20480, 61440]  # totals D1 + D2 all distinct: 40960, 61440, 81920, 102400
+    spec = parse_spec(expanding)
+    assert segment_bound(spec) == len(plan(spec).segments)
+
+
+def test_the_memory_check_sizes_the_expanded_moe(expanding: dict) -> None:
+    expanding["expansion"]["factors"] = [32]  # 64x1: more weights than the grid's 4x2 has activations
+    (size,) = memory_plan(parse_spec(expanding), None)
+    assert size.model == "nano as 64x1"
