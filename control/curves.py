@@ -199,12 +199,20 @@ def fitting_trunks(trunks: Sequence[TrunkCurves]) -> list[FittedTrunk]:
         decays = tuple(Curve(np.asarray(d.lr_multipliers), *_steps_and_losses(t, d.curve)) for d in t.decays)
         family = table if table != "upcycled" or not observations else \
             f"upcycled {group_label({c: observations[0].get(c) for c in GROUP_COLUMNS})}".strip()
-        interior = tuple(Interior(as_row(ObservationRecord(**{f: d.observation.get(f) for f in OBSERVATION_FIELDS},
-                                                            trunk=t.trunk, segment_key=d.segment_key or None)),
+        interior = tuple(Interior(_fitted_row(ObservationRecord(**{f: d.observation.get(f) for f in OBSERVATION_FIELDS},
+                                                                 trunk=t.trunk, segment_key=d.segment_key or None)),
                                   np.asarray(d.lr_multipliers)) for d in (*t.interior, *t.between))
         out.append(FittedTrunk(t.trunk, Curve(np.asarray(t.lr_multipliers), *_steps_and_losses(t, t.curve)), decays,
                                table, family, interior))
     return out
+
+
+def _fitted_row(o: ObservationRecord) -> dict[str, object]:
+    """`as_row` without parent_experts, which only expanded rows set and no fitted trunk holds: the rows, and so the
+    curves' hash an analysis's inputs hash stands on, are what they were before the column."""
+    row = as_row(o)
+    del row["parent_experts"]
+    return row
 
 
 def _steps_and_losses(t: TrunkCurves, points: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
