@@ -12,6 +12,7 @@ import pytest
 from upscale.sweeps.errors import SpecError
 from upscale.sweeps.memory import memory_plan
 from upscale.sweeps.planner import Plan, plan
+from upscale.sweeps.run_tags import run_name, segment_params
 from upscale.sweeps.segments import SegmentSpec, canonical_json
 from upscale.sweeps.sizes import NAMED_SIZES, dense_params, moe_active_params, moe_total_params
 from upscale.sweeps.spec import parse_spec, segment_bound
@@ -167,3 +168,14 @@ def test_the_memory_check_sizes_the_expanded_moe(expanding: dict) -> None:
     expanding["expansion"]["factors"] = [32]  # 64x1: more weights than the grid's 4x2 has activations
     (size,) = memory_plan(parse_spec(expanding), None)
     assert size.model == "nano as 64x1"
+
+
+def test_runs_name_the_expansion(expanding: dict) -> None:
+    p = plan(parse_spec(expanding))
+    grow = of(p, "expand")[0]
+    decay = next(s for s in p.observations() if s.observation.kind == "expanded")
+    assert run_name(grow.spec, grow.axes).startswith("expanded expand-uniform 4x1 · nano")
+    assert run_name(decay.spec, decay.axes).startswith("expanded expand-uniform 4x1 · nano")
+    params = segment_params(grow.spec, grow.axes)
+    assert (params["method"], params["expand_factor"], params["parent_experts"]) == ("expand-uniform", "2", "2")
+    assert segment_params(decay.spec, decay.axes)["method"] == "expand-uniform"
