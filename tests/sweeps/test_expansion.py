@@ -179,3 +179,17 @@ def test_runs_name_the_expansion(expanding: dict) -> None:
     params = segment_params(grow.spec, grow.axes)
     assert (params["method"], params["expand_factor"], params["parent_experts"]) == ("expand-uniform", "2", "2")
     assert segment_params(decay.spec, decay.axes)["method"] == "expand-uniform"
+
+
+def test_an_lr_search_fixes_the_lr_of_the_parent_and_of_the_expanded_moe(expanding: dict) -> None:
+    expanding["train"] = {**expanding["train"], "lr": None,
+                          "lr_search": {"trials": 2, "low": 1e-4, "high": 1e-2, "tokens": 20480}}
+    p = plan(parse_spec(expanding))
+    searches = {(s.axes["n_expert"], s.axes["topk"]): s.id for s in of(p, "lr_search", family="moe")}
+    assert {(2, 1), (4, 1)} <= set(searches)
+    firsts = [s for s in of(p, "moe_trunk", parent_experts=2) if s.spec.start_tokens == 0]
+    assert len(firsts) == len(D1)
+    for trunk in firsts:  # after its expand, the search of its config
+        assert trunk.spec.optim.lr is None and trunk.spec.parent_ids[1:] == (searches[4, 1],)
+    first = [s for s in of(p, "scratch_trunk", n_expert=2) if s.spec.start_tokens == 0]
+    assert [s.spec.parent_ids for s in first] == [(searches[2, 1],)]
