@@ -19,7 +19,7 @@ from pathlib import Path
 from upscale.orchestrator.scheduler import step_options
 from upscale.sweeps.loader import DEMO_SPEC, load_spec
 from upscale.sweeps.planner import plan
-from upscale.sweeps.segments import TRUNK_KINDS, SegmentRuntime
+from upscale.sweeps.segments import BUILD_KINDS, TRUNK_KINDS, SegmentRuntime
 from upscale.workers.segment import run_segment
 
 
@@ -36,7 +36,7 @@ def main() -> None:
         every = step_options(stored, seg.axes["size"])["eval_every_tokens"]
         if every is None:
             raise SystemExit(f"{args.spec} sets no train.eval_every_tokens")
-        if seg.spec.kind in ("upcycle", "dense_import", "lr_search"):
+        if seg.spec.kind in BUILD_KINDS | {"dense_import", "lr_search"}:
             continue
         inside = range(seg.spec.start_tokens + every - seg.spec.start_tokens % every, seg.spec.end_tokens, every)
         added += len(inside)

@@ -100,11 +100,13 @@ def sweep_tables(services: Services, sweep_ids: Sequence[str],
 
 
 def observations_hash(tables: dict[str, pd.DataFrame]) -> str:
-    """sha256 of the tables' rows, without their MLflow run ids (which say where a row is logged, not what it is)."""
+    """sha256 of the tables' rows, without their MLflow run ids (which say where a row is logged, not what it is) and
+    parent_experts (set on expanded rows only, which no table here holds: the hash stays what it was before it)."""
     h = hashlib.sha256()
     for kind in KINDS:
         h.update(kind.encode())
-        h.update(tables[kind].drop(columns=["mlflow_run_id"], errors="ignore").to_csv(index=False).encode())
+        h.update(tables[kind].drop(columns=["mlflow_run_id", "parent_experts"], errors="ignore")
+                 .to_csv(index=False).encode())
     return h.hexdigest()
 
 

@@ -33,7 +33,8 @@ from upscale.orchestrator.records import ObservationRecord, SegmentRecord
 from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentSpec
 from upscale.workers.schedule import lr_multiplier
 
-OBSERVATION_FIELDS = ("kind", "N1", "D1", "D2", "D", "N2", "N_total", "n_expert", "topk", "method", "r", "loss")
+OBSERVATION_FIELDS = ("kind", "N1", "D1", "D2", "D", "N2", "N_total", "n_expert", "topk", "parent_experts", "method",
+                      "r", "loss")
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def _trunk(trunk: str, chain: list[SegmentRecord], branches: list[SegmentRecord]
         decays=tuple(done_decays), interior=tuple(interior), between=_between(ordered, tps, last))
 
 
-BUDGET_COLUMN = {"dense": ("D", "D1"), "scratch": ("D",), "upcycled": ("D2",)}  # what a decay's budget sets
+# what a decay's budget sets
+BUDGET_COLUMN = {"dense": ("D", "D1"), "scratch": ("D",), "upcycled": ("D2",), "expanded": ("D2",)}
 
 
 def _between(branches: list[tuple[SegmentRecord, SegmentSpec]], tps: int, last: int) -> tuple[Decay, ...]:
@@ -190,19 +192,27 @@ def fitting_trunks(trunks: Sequence[TrunkCurves]) -> list[FittedTrunk]:
     between its budgets as rows of that table, as orchestrator/observations.py writes an observation's."""
     out = []
     for t in trunks:
-        if t.kind not in TABLES:
+        observations = [d.observation for d in (*t.decays, *t.interior)]
+        if t.kind not in TABLES or any(o.get("kind") == "expanded" for o in observations):  # no law reads expanded
             continue
         table = TABLES[t.kind]
         decays = tuple(Curve(np.asarray(d.lr_multipliers), *_steps_and_losses(t, d.curve)) for d in t.decays)
-        observations = [d.observation for d in (*t.decays, *t.interior)]
         family = table if table != "upcycled" or not observations else \
             f"upcycled {group_label({c: observations[0].get(c) for c in GROUP_COLUMNS})}".strip()
-        interior = tuple(Interior(as_row(ObservationRecord(**{f: d.observation.get(f) for f in OBSERVATION_FIELDS},
-                                                            trunk=t.trunk, segment_key=d.segment_key or None)),
+        interior = tuple(Interior(_fitted_row(ObservationRecord(**{f: d.observation.get(f) for f in OBSERVATION_FIELDS},
+                                                                 trunk=t.trunk, segment_key=d.segment_key or None)),
                                   np.asarray(d.lr_multipliers)) for d in (*t.interior, *t.between))
         out.append(FittedTrunk(t.trunk, Curve(np.asarray(t.lr_multipliers), *_steps_and_losses(t, t.curve)), decays,
                                table, family, interior))
     return out
+
+
+def _fitted_row(o: ObservationRecord) -> dict[str, object]:
+    """`as_row` without parent_experts, which only expanded rows set and no fitted trunk holds: the rows, and so the
+    curves' hash an analysis's inputs hash stands on, are what they were before the column."""
+    row = as_row(o)
+    del row["parent_experts"]
+    return row
 
 
 def _steps_and_losses(t: TrunkCurves, points: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,8 @@ from upscale.sweeps.planner import Plan
 
 
 def planned_grid(p: Plan) -> Grid:
-    """The distinct observation coordinates of a plan, by kind (upcycled ones per method, r and E x k)."""
+    """The distinct observation coordinates of a plan, by kind (upcycled ones per method, r and E x k; expanded ones
+    in none)."""
     dense: set[Row] = set()
     scratch: set[Row] = set()
     upcycled: dict[str, set[Row]] = {}
@@ -19,7 +20,7 @@ def planned_grid(p: Plan) -> Grid:
             dense.add((o.N1, o.D1))
         elif o.kind == "scratch":
             scratch.add((o.N1, o.D))
-        else:
+        elif o.kind == "upcycled":  # expanded observations enter no law of the analysis
             group = group_label({"method": o.method, "r": o.r, "n_expert": o.n_expert, "topk": o.topk})
             upcycled.setdefault(group, set()).add((o.N1, o.D1, o.D2))
     return Grid(tuple(sorted(dense)), tuple(sorted(scratch)), {g: tuple(sorted(rows)) for g, rows in upcycled.items()})

@@ -14,7 +14,7 @@ from upscale.sweeps.planner import GPU_FLOPS_PER_S, critical_path_s, gpu_flops_p
 from upscale.sweeps.spec import SweepSpec
 
 KIND_ORDER = ("lr_search", "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay",
-              "scratch_trunk", "scratch_decay")
+              "scratch_trunk", "scratch_decay", "expand")
 
 
 def plan_summary(check: PlanInStore, spec: SweepSpec, tokens_per_s: float | None = None,

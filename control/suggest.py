@@ -53,12 +53,14 @@ from upscale.fitting.profile import Observed, ProfileInterval, profile_interval
 from upscale.fitting.summary import finite_or_none
 from upscale.orchestrator.plan_in_store import compare
 from upscale.sweeps.planner import PlannedSegment, plan
-from upscale.sweeps.segments import MAX_TOKENS
+from upscale.sweeps.segments import BUILD_KINDS, MAX_TOKENS
 from upscale.sweeps.sizes import NAMED_SIZES, dense_params
 from upscale.sweeps.spec import SpecError, SweepSpec, parse_spec
 
 NEW_SIZES = 1  # larger named sizes offered as candidates
-LEAF_TRUNKS = ("moe_trunk", "scratch_trunk")  # trunks nothing else grows from: stopping one stops only itself
+# trunks nothing else grows from, but an expansion's parent (a scratch trunk an expand branches off): stopping one
+# stops only itself
+LEAF_TRUNKS = ("moe_trunk", "scratch_trunk")
 # Actions one call chooses: each costs a plan of the extended grid per candidate, so a call plans at most
 # (MAX_ACTIONS + 1) x its ~10 candidates; `stopped: "limit"` says to apply them and ask again for more.
 MAX_ACTIONS = 4
@@ -241,9 +243,12 @@ class _Problem:
     def unfinished(self) -> dict[str, tuple[list[PlannedSegment], float]]:
         """Per from-scratch or MoE trunk (of the target group) that the sweep has not finished: its planned
         observation segments still to train that inform D* at N1, and the FLOPs of all its segments still to train.
-        Dense trunks are left out: MoE trunks grow from their decays, so stopping one stops more than itself."""
+        Dense trunks and expansion parents are left out: MoE trunks grow from their decays, so stopping one stops more
+        than itself."""
         kinds = {s.id: s.spec.kind for s in self.planned.segments}
-        todo = [s for s in compare(self.services.store, self.planned).to_train() if kinds.get(s.trunk) in LEAF_TRUNKS]
+        grown = {s.trunk for s in self.planned.segments if s.spec.kind in BUILD_KINDS}  # what builds branch off
+        todo = [s for s in compare(self.services.store, self.planned).to_train()
+                if kinds.get(s.trunk) in LEAF_TRUNKS and s.trunk not in grown]
         flops: dict[str, float] = {}
         informing: dict[str, list[PlannedSegment]] = {}
         for s in todo:

@@ -21,9 +21,9 @@ from upscale import storage
 from upscale.orchestrator.clock import utcnow
 from upscale.orchestrator.records import CheckpointRecord, SegmentRecord
 from upscale.orchestrator.store import Store
-from upscale.sweeps.segments import TRUNK_KINDS
+from upscale.sweeps.segments import BUILD_KINDS, TRUNK_KINDS
 
-LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay", "dense_import", "upcycle"}
+LIKELY_PARENT_KINDS = TRUNK_KINDS | {"dense_decay", "dense_import"} | BUILD_KINDS
 
 
 @dataclass

@@ -124,7 +124,7 @@ class ObservationRecord(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     segment_key: Mapped[str] = mapped_column(ForeignKey("segments.key"), unique=True)
-    kind: Mapped[str] = mapped_column(String(16), index=True, doc="dense | upcycled | scratch")
+    kind: Mapped[str] = mapped_column(String(16), index=True, doc="dense | upcycled | scratch | expanded")
     N1: Mapped[int | None] = mapped_column(BigInteger)
     D1: Mapped[int | None] = mapped_column(BigInteger)
     D2: Mapped[int | None] = mapped_column(BigInteger)
@@ -133,6 +133,7 @@ class ObservationRecord(Base):
     N_total: Mapped[int | None] = mapped_column(BigInteger)
     n_expert: Mapped[int | None] = mapped_column(Integer)
     topk: Mapped[int | None] = mapped_column(Integer)
+    parent_experts: Mapped[int | None] = mapped_column(Integer, doc="expanded: the parent MoE's experts E.")
     method: Mapped[str | None] = mapped_column(String(32))
     r: Mapped[float | None] = mapped_column(Float)
     loss: Mapped[float] = mapped_column(Float)

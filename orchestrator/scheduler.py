@@ -59,7 +59,7 @@ from upscale.orchestrator.task import SegmentFn, segment_task, train_segment
 from upscale.orchestrator.tracking import BestEffortTracker, RunTree, SegmentRun
 from upscale.orchestrator.training_path import training_path
 from upscale.sweeps.resources import ClusterResources
-from upscale.sweeps.segments import DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.sweeps.segments import BUILD_KINDS, DECAY_KINDS, TRUNK_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.sweeps.spec import ResourcesSection, SizeOverride, TrainSection
 from upscale.sweeps.steps import round_steps
 
@@ -445,8 +445,9 @@ class Scheduler:
                 self.store.set_segment_run(seg.key, run_id)
                 seg.mlflow_run_id = run_id  # _settle may see this record before the next reload
         res = ResourcesSection.model_validate(sweep.resources)
-        # Upcycles and imports do not train and an LR search's trials are short single-process runs: one worker each.
-        workers = 1 if spec.kind in ("upcycle", "dense_import", "lr_search") else res.workers
+        # Upcycles, expands and imports do not train and an LR search's trials are short single-process runs: one
+        # worker each.
+        workers = 1 if spec.kind in BUILD_KINDS | {"dense_import", "lr_search"} else res.workers
         runtime = SegmentRuntime(
             checkpoint_dir=self.segment_dir(seg.key),
             parent_checkpoints={p: parent_checkpoint(segs[p], spec.start_tokens, self.segment_dir(p))

@@ -431,8 +431,8 @@ class Store:
         s.add(ObservationRecord(
             segment_key=seg.key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"), D2=o.get("D2"), D=o.get("D"),
             N2=o.get("N2"), N_total=o.get("N_total"), n_expert=o.get("n_expert"), topk=o.get("topk"),
-            method=o.get("method"), r=o.get("r"), loss=loss, trunk=seg.trunk or seg.key,
-            mlflow_run_id=seg.mlflow_run_id,
+            parent_experts=o.get("parent_experts"), method=o.get("method"), r=o.get("r"), loss=loss,
+            trunk=seg.trunk or seg.key, mlflow_run_id=seg.mlflow_run_id,
         ))
         self.hooks.on_observation(s, seg.key, loss)
 

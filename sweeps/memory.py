@@ -41,7 +41,8 @@ def worker_memory(spec: SweepSpec, node_memory: float | None = None) -> float | 
 
 
 def memory_plan(spec: SweepSpec, memory: float | None) -> list[SizeMemory]:
-    """Per size, its largest model (its MoEs' and its dense model's `sizes.training_memory`) on one worker of
+    """Per size, its largest model (its MoEs', an expansion's included, and its dense model's
+    `sizes.training_memory`) on one worker of
     ``memory`` bytes (None: not known, the whole share of a step is one micro-batch): the spec's micro-batch, or the
     largest dividing a worker's share of the batch that fits MEMORY_HEADROOM of ``memory``, and what it needs."""
     r, t = spec.resources, spec.train
@@ -54,6 +55,7 @@ def memory_plan(spec: SweepSpec, memory: float | None) -> list[SizeMemory]:
         models = [(0, 0, (shape.d_ff, 0))] + [(e, k, widths) for e, k in spec.moe.configs()
                                               for widths in {(shape.d_ff, 0)} | {_widths(up, shape, e, k)
                                                                                 for up in variants}]
+        models += [(e, k, (shape.d_ff, 0)) for e, k in spec.expansion.configs()] if spec.expansion else []
         memory_of = [functools.partial(training_memory, shape, e, k, *widths, vocab=vocab, context=t.context,
                                        workers=r.workers, checkpointing=t.activation_checkpointing)
                      for e, k, widths in models]

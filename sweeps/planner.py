@@ -5,6 +5,8 @@ Per dense size N1 (docs/architecture.md, "Segments and WSD reuse"):
     dense_trunk ──► dense_decay(D1) ──► upcycle(E, k, method, r) ──► moe_trunk ──► moe_decay(D2)
     dense_import(D1) ──► upcycle ...      (model.dense: a model trained elsewhere replaces the dense trunk and decays)
     scratch_trunk(E, k) ──► scratch_decay(D)
+    scratch_trunk(E, k) ──► scratch_decay(D1) ──► expand(m, strategy) ──► moe_trunk ──► moe_decay(D2)
+                                                  (`expansion`; scratch_trunk(m·E, k) beside it)
     lr_search(dense | E×k)  ──► the trunks of that model, when the spec asks for an LR search
 
 A trunk (dense, MoE, from scratch) is a chain of pieces cut at its branch points (the decay starts): piece i trains
@@ -15,10 +17,15 @@ budgets appends pieces and keeps every key it had. Segments are keyed by content
 (a trunk piece, an upcycle that ignores r) is planned once, and two overlapping sweeps produce the same ids. A sweep
 grown by an interior budget holds the same jobs under other keys (sweeps/reuse.py finds them).
 
+An MoE config's scratch arm is one trunk cut at every budget any part of the grid asks of it: `tokens.scratch` for
+the configs of `moe`, the D1 budgets for an expansion parent, and for an expanded m·E x k MoE `tokens.scratch`, or
+without it the totals D1 + D2 of its expansions. So a parent that is also a config of `moe` is the same trunk.
+
 Costs: training FLOPs = `sizes.train_flops_per_token` (active params, attention, LM head) x tokens; an upcycle is a
-weight copy (0 FLOPs). `independent_flops` is the same grid trained the usual way, every point from scratch on its
-own schedule: D1 dense tokens per dense point, D1 dense + D2 MoE tokens per upcycled point, D per scratch point
-(LR searches cost the same either way and are in both; an imported dense model's training is in neither).
+weight copy, as is an expansion (0 FLOPs). `independent_flops` is the same grid trained the usual way, every point
+from scratch on its own schedule: D1 dense tokens per dense point, D1 dense + D2 MoE tokens per upcycled point, D1
+parent MoE + D2 expanded MoE tokens per expanded point, D per scratch point (LR searches cost the same either way and
+are in both; an imported dense model's training is in neither).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 from upscale.sweeps.data_sources import resolve_data, vocab_size_of
 from upscale.sweeps.model_dirs import weights_fingerprint
 from upscale.sweeps.segments import (
+    BUILD_KINDS,
     DenseImportSpec,
     LrSearchSpec,
     ModelSpec,
@@ -44,7 +52,7 @@ from upscale.sweeps.segments import (
 )
 from upscale.sweeps.sizes import dense_params, expert_widths, moe_active_params, moe_total_params, train_flops_per_token
 from upscale.sweeps.spec import R_METHODS, SweepSpec
-from upscale.sweeps.steps import Budgets, SizeRecipe, resolve, round_steps
+from upscale.sweeps.steps import Budgets, SizeRecipe, decay_start_step, resolve, round_steps
 
 AxisValue = str | int | float | None
 LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_search parents that will fix it)
@@ -54,10 +62,10 @@ LrChoice = tuple[float | None, tuple[str, ...]]  # (peak LR or None, the lr_sear
 class Observation:
     """The axes of one observation a decay segment produces (its loss is filled in once it has run)."""
 
-    kind: str  # "dense" | "upcycled" | "scratch"
-    N1: int  # exact non-embedding params of the dense model (of the same shape, for scratch)
-    D1: int | None = None  # dense tokens (dense: = D)
-    D2: int | None = None  # upcycled-MoE tokens
+    kind: str  # "dense" | "upcycled" | "scratch" | "expanded"
+    N1: int  # exact non-embedding params of the dense model (of the same shape, for scratch and expanded)
+    D1: int | None = None  # dense tokens (dense: = D); expanded: the E-expert parent's
+    D2: int | None = None  # upcycled- (expanded-) MoE tokens
     D: int | None = None  # tokens of a from-scratch run (dense or MoE)
     n_expert: int | None = None
     topk: int | None = None
@@ -65,6 +73,7 @@ class Observation:
     r: float | None = None  # set only for methods that take r
     N2: int | None = None  # active non-embedding params of the MoE
     N_total: int | None = None  # all non-embedding params of the MoE
+    parent_experts: int | None = None  # expanded: the parent MoE's experts E (n_expert = m·E)
 
 
 @dataclass(frozen=True)
@@ -242,13 +251,35 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
         dense_cost = 0
     independent = dense_cost
 
+    @functools.cache
+    def moe_config(n_expert: int, topk: int) -> tuple[ModelSpec, int, int, int, LrChoice]:
+        """An MoE config's model, active and total params, FLOPs per token and LR (an lr_search's, when asked)."""
+        moe = model(n_expert, topk)
+        n2 = moe_active_params(shape, n_expert, topk)
+        f_moe = train_flops_per_token(shape, n2, t.context, vocab)
+        lr = lr_parent(moe, "moe", rc.lr.moe if rc.lr else None, f_moe, n_expert=n_expert, topk=topk)
+        return moe, n2, moe_total_params(shape, n_expert), f_moe, lr
+
+    arms = _scratch_steps(spec, rc)
+    scratch_decays: dict[tuple[int, int], dict[int, str]] = {}  # config -> budget -> its scratch_decay
+
+    def scratch_arm(n_expert: int, topk: int) -> float:
+        """The config's scratch trunk and its decays at every budget of `arms`; their independent-runs cost."""
+        steps = sorted(arms.get((n_expert, topk), ()))
+        if not steps:
+            return 0.0
+        moe, n2, n_total, f_moe, (lr_moe, lr_parents) = moe_config(n_expert, topk)
+        budgets = Budgets(tuple(steps), tuple(decay_start_step(s, t.decay.fraction) for s in steps))
+        obs = Observation("scratch", n1, n_expert=n_expert, topk=topk, N2=n2, N_total=n_total)
+        ids = trunk_and_decays("scratch", moe, lr_moe, lr_parents, budgets, f_moe,
+                               {"n_expert": n_expert, "topk": topk}, obs, ("D",))
+        scratch_decays[n_expert, topk] = {s * tps: sid for s, sid in zip(steps, ids, strict=True)}
+        return f_moe * sum(s * tps for s in steps)
+
     variants: list[UpcycleSpec] = spec.upcycling.variants()
     for n_expert, topk in spec.moe.configs():
-        moe = model(n_expert, topk)
-        n2, n_total = moe_active_params(shape, n_expert, topk), moe_total_params(shape, n_expert)
-        f_moe = train_flops_per_token(shape, n2, t.context, vocab)
+        moe, _, _, _, (lr_moe, moe_lr_parents) = moe_config(n_expert, topk)
         cfg = {"n_expert": n_expert, "topk": topk}
-        lr_moe, moe_lr_parents = lr_parent(moe, "moe", rc.lr.moe if rc.lr else None, f_moe, **cfg)
         for up in variants:
             widths = expert_widths(up, shape.d_ff, n_expert, topk)  # methods that split the FFN train narrower experts
             up_n2 = moe_active_params(shape, n_expert, topk, *widths)
@@ -262,11 +293,48 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
                                   N2=up_n2, N_total=moe_total_params(shape, n_expert, *widths))
                 trunk_and_decays("moe", moe, lr_moe, (up_id, *moe_lr_parents), rc.d2, f_up, kv, obs, ("D2",))
             independent += len(d2_tokens) * dense_cost + len(d1_tokens) * f_up * sum(d2_tokens)
-        if rc.scratch is not None:
-            obs = Observation("scratch", n1, n_expert=n_expert, topk=topk, N2=n2, N_total=n_total)
-            trunk_and_decays("scratch", moe, lr_moe, moe_lr_parents, rc.scratch, f_moe, cfg, obs, ("D",))
-            independent += f_moe * sum(s * tps for s in rc.scratch.steps)
+        independent += scratch_arm(n_expert, topk)
+    for config in arms:
+        if config not in scratch_decays:  # an expansion's MoE that is no config of `moe`
+            independent += scratch_arm(*config)
+
+    x = spec.expansion
+    for parent in x.parents if x is not None else ():
+        e, k = parent.n_expert, parent.topk
+        f_parent = moe_config(e, k)[3]
+        for grow in x.variants():
+            grown, n2, n_total, f_grown, (lr_grown, lr_parents) = moe_config(grow.factor * e, k)
+            method, r = grow.method, grow.r or None
+            for d1 in d1_tokens:
+                parent_id = scratch_decays[e, k][d1]
+                kv = {"n_expert": grow.factor * e, "topk": k, "method": method, "r": r, "D1": d1, "parent_experts": e}
+                seg = SegmentSpec(kind="expand", model=grown, expand=grow, parent_ids=(parent_id,), **common)
+                grow_id = b.add(seg, 0, b.segments[parent_id].trunk, axes("expand", **kv))
+                obs = Observation("expanded", n1, D1=d1, n_expert=grow.factor * e, topk=k, method=method, r=r, N2=n2,
+                                  N_total=n_total, parent_experts=e)
+                trunk_and_decays("moe", grown, lr_grown, (grow_id, *lr_parents), rc.d2, f_grown, kv, obs, ("D2",))
+            independent += len(d2_tokens) * f_parent * sum(d1_tokens) + len(d1_tokens) * f_grown * sum(d2_tokens)
     return independent
+
+
+def _scratch_steps(spec: SweepSpec, rc: SizeRecipe) -> dict[tuple[int, int], set[int]]:
+    """(n_expert, topk) -> the budgets (steps) its scratch arm decays at: `tokens.scratch` for the configs of `moe`;
+    an expansion parent's D1 budgets; an expanded MoE's `tokens.scratch`, or without it the totals D1 + D2 its
+    expansions train."""
+    out: dict[tuple[int, int], set[int]] = {}
+    if rc.scratch is not None:
+        for config in spec.moe.configs():
+            out.setdefault(config, set()).update(rc.scratch.steps)
+    x = spec.expansion
+    if x is not None:
+        assert rc.d1 is not None  # an expansion is refused with model.dense (sweeps/spec.py)
+        totals = rc.scratch.steps if rc.scratch is not None else [a + b for a in rc.d1.steps for b in rc.d2.steps]
+        for parent in x.parents:
+            out.setdefault((parent.n_expert, parent.topk), set()).update(rc.d1.steps)
+        for parent in x.parents:
+            for m in x.factors:
+                out.setdefault((m * parent.n_expert, parent.topk), set()).update(totals)
+    return out
 
 
 # Default throughputs for the time estimate, when the user gives none.
@@ -306,7 +374,7 @@ def seconds_of(spec: SegmentSpec, flops: float, tokens: int, observed: bool, tok
     overhead and, for decays, one forward pass over the held-out set (1/3 of training FLOPs). Takes the segment
     rather than a plan so that a stored sweep's segments are estimated without planning its spec again."""
     m = spec.model
-    if spec.kind == "upcycle":
+    if spec.kind in BUILD_KINDS:
         return SEGMENT_OVERHEAD_S
     if spec.kind == "dense_import":  # trains nothing: the evaluation below at the model's training rate
         per_token = train_flops_per_token(m, dense_params(m), m.context, m.vocab_size)

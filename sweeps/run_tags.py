@@ -33,7 +33,7 @@ TRAINED_IN_RUN = PREFIX + "trained_in_run"  # on a reused segment's child: the r
 
 # The grid axes a segment's params take from the sweep's plan (sweeps/planner.py); `sweep` (the sweep's name) is not
 # one of them: a segment shared by two sweeps is the same segment, and its run's params may not differ.
-PLAN_AXES = ("size", "N1", "D1", "D2", "D", "family")
+PLAN_AXES = ("size", "N1", "D1", "D2", "D", "family", "parent_experts")
 
 
 def compact(x: float) -> str:
@@ -45,9 +45,10 @@ def compact(x: float) -> str:
 
 
 FAMILY = {"dense_trunk": "dense", "dense_decay": "dense", "dense_import": "dense", "upcycle": "upcycled",
-          "moe_trunk": "upcycled", "moe_decay": "upcycled", "scratch_trunk": "scratch", "scratch_decay": "scratch",
-          "lr_search": "lr search"}
-PHASE = {"dense_import": "imported", "upcycle": "upcycle", "lr_search": ""}  # else the kind's suffix: trunk, decay
+          "expand": "expanded", "moe_trunk": "upcycled", "moe_decay": "upcycled", "scratch_trunk": "scratch",
+          "scratch_decay": "scratch", "lr_search": "lr search"}  # an MoE trunk or decay after an expand: expanded
+# else the kind's suffix: trunk, decay
+PHASE = {"dense_import": "imported", "upcycle": "upcycle", "expand": "expand", "lr_search": ""}
 
 
 def si(x: float) -> str:
@@ -65,10 +66,11 @@ def run_name(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> str:
     A segment trained alone has no plan: its shape stands in for the size, its span for the budgets."""
     axes = axes or {}
     m = spec.model
-    head = [FAMILY[spec.kind]]
+    built = spec.upcycle or spec.expand  # what an upcycle or expand builds the MoE with
+    method = built.method if built is not None else axes.get("method")
+    head = ["expanded" if axes.get("parent_experts") else FAMILY[spec.kind]]
     if axes.get("family"):
         head.append(str(axes["family"]))
-    method = spec.upcycle.method if spec.upcycle is not None else axes.get("method")
     if method:
         r = spec.upcycle.r if spec.upcycle is not None and method in R_METHODS else axes.get("r")
         head.append(f"{method} r={r:g}" if r is not None else method)
@@ -103,7 +105,10 @@ def segment_params(spec: SegmentSpec, axes: dict[str, Any] | None = None) -> dic
     if spec.upcycle is not None:
         r = spec.upcycle.r if spec.upcycle.method in R_METHODS else None
         values |= {"method": spec.upcycle.method, "r": r, "upcycle_seed": spec.upcycle.seed}
-    elif axes and axes.get("method"):  # an MoE trunk or decay descends from an upcycle: its method is an axis
+    elif spec.expand is not None:
+        values |= {"method": spec.expand.method, "r": spec.expand.r or None, "expand_factor": spec.expand.factor,
+                   "expand_seed": spec.expand.seed}
+    elif axes and axes.get("method"):  # an MoE trunk or decay descends from an upcycle (an expand): an axis
         values |= {"method": axes["method"], "r": axes.get("r")}
     if spec.lr_search is not None:
         values |= {"lr_trials": spec.lr_search.trials, "lr_low": spec.lr_search.low, "lr_high": spec.lr_search.high}

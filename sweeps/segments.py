@@ -17,8 +17,11 @@ Kinds:
     dense_import  a dense model trained elsewhere (`model.dense`), keyed by its weights' content and its D1
                   (start_tokens = end_tokens = D1): no training; its validation loss is one dense observation
     upcycle       builds the MoE from its parent's final dense weights (no training, no tokens)
-    moe_trunk     trains the upcycled MoE: warmup + constant at the MoE LR; checkpoints at every D2 branch point
-    moe_decay     decays the upcycled MoE to D2: one upcycled observation (D1, D2, N1, config)
+    expand        grows a trained E-expert MoE (a scratch_decay's final weights) to m·E experts (`ExpandSpec`; no
+                  training, no tokens)
+    moe_trunk     trains the upcycled (or expanded) MoE: warmup + constant at the MoE LR; checkpoints at every D2
+                  branch point
+    moe_decay     decays it to D2: one upcycled (or expanded) observation (D1, D2, N1, config)
     scratch_trunk / scratch_decay   the same for an MoE from random init: observations of the MoE law
     lr_search     an Optuna study of short runs that fixes the peak LR of one (family, size)
 """
@@ -39,9 +42,10 @@ SCHEMA_VERSION = 1
 TRAINING_SEMANTICS = 1
 
 SegmentKind = Literal[
-    "dense_trunk", "dense_decay", "dense_import", "upcycle", "moe_trunk", "moe_decay", "scratch_trunk",
+    "dense_trunk", "dense_decay", "dense_import", "upcycle", "expand", "moe_trunk", "moe_decay", "scratch_trunk",
     "scratch_decay", "lr_search",
 ]
+BUILD_KINDS = frozenset({"upcycle", "expand"})  # build a model from their parent's weights: no training, no tokens
 TRUNK_KINDS = frozenset({"dense_trunk", "moe_trunk", "scratch_trunk"})
 DECAY_KINDS = frozenset({"dense_decay", "moe_decay", "scratch_decay"})
 DecayShape = Literal["linear", "cosine", "1-sqrt"]
@@ -360,6 +364,11 @@ class ExpandSpec(Frozen):
         default="shared", description="with r > 0: Drop-Upcycling's index sets (UpcycleSpec.index_mode)")
     seed: int = Field(default=0, description="seed of the bias noise and the re-initialised neurons")
 
+    @property
+    def method(self) -> str:
+        """The method an expanded observation records: expand-uniform or expand-utility."""
+        return f"expand-{self.strategy}"
+
 
 class LrSearchSpec(Frozen):
     """An Optuna study of short runs over the peak LR of one family and size."""
@@ -385,11 +394,12 @@ class SegmentSpec(Frozen):
     """One training job, identified by the hash of everything that determines its output."""
 
     kind: SegmentKind
-    model: ModelSpec = Field(description="The architecture trained (the MoE's, for upcycle and MoE kinds).")
+    model: ModelSpec = Field(description="The architecture trained (the MoE's, for upcycle, expand and MoE kinds).")
     data: DataSpec
-    optim: OptimSpec | None = Field(None, description="None only for upcycle and dense_import.")
-    schedule: ScheduleSpec | None = Field(None, description="None only for upcycle and dense_import.")
+    optim: OptimSpec | None = Field(None, description="None only for upcycle, expand and dense_import.")
+    schedule: ScheduleSpec | None = Field(None, description="None only for upcycle, expand and dense_import.")
     upcycle: UpcycleSpec | None = Field(None, description="Set for upcycle segments only.")
+    expand: ExpandSpec | None = Field(None, description="Set for expand segments only.")
     lr_search: LrSearchSpec | None = Field(None, description="Set for lr_search segments only.")
     dense_import: DenseImportSpec | None = Field(None, description="Set for dense_import segments only.")
     seed: int = Field(0, description="Seed of model init and training randomness.")
@@ -406,15 +416,14 @@ class SegmentSpec(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> SegmentSpec:
-        needs_training = self.kind not in ("upcycle", "dense_import")
+        needs_training = self.kind not in BUILD_KINDS | {"dense_import"}
         if needs_training != (self.optim is not None and self.schedule is not None):
             raise ValueError(f"{self.kind}: optim and schedule must be set exactly when the segment trains")
-        if (self.kind == "upcycle") != (self.upcycle is not None):
-            raise ValueError(f"{self.kind}: `upcycle` is set exactly for upcycle segments")
-        if (self.kind == "lr_search") != (self.lr_search is not None):
-            raise ValueError(f"{self.kind}: `lr_search` is set exactly for lr_search segments")
-        if (self.kind == "dense_import") != (self.dense_import is not None):
-            raise ValueError(f"{self.kind}: `dense_import` is set exactly for dense_import segments")
+        for kind in ("upcycle", "expand", "lr_search", "dense_import"):
+            if (self.kind == kind) != (getattr(self, kind) is not None):
+                raise ValueError(f"{self.kind}: `{kind}` is set exactly for {kind} segments")
+        if self.kind == "expand" and not self.model.is_moe:
+            raise ValueError(f"expand: the expanded model is an MoE; got n_expert={self.model.n_expert}")
         if self.kind == "dense_import" and (self.model.is_moe or not 0 < self.start_tokens == self.end_tokens):
             raise ValueError("dense_import: a dense model whose trained tokens D1 > 0 are both start_tokens and "
                              f"end_tokens (got n_expert={self.model.n_expert}, {self.start_tokens}, {self.end_tokens})")
@@ -452,7 +461,7 @@ class SegmentSpec(Frozen):
         """Content key: 16 hex digits of the SHA-256 of the canonical JSON of every field."""
         return fingerprint(self)
 
-    optional_fields: ClassVar[frozenset[str]] = frozenset({"dense_import"})
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"dense_import", "expand"})
 
     def identity_omits(self) -> frozenset[str]:
         """Training-semantics version 1 is left out: a version-1 key is the job's unversioned key (sweeps/reuse.py)."""
@@ -546,7 +555,8 @@ class SegmentResult(BaseModel):
 
     segment_id: str
     kind: SegmentKind
-    val_loss: float | None = Field(description="Validation loss at the end (None for upcycle and lr_search).")
+    val_loss: float | None = Field(description="Validation loss at the end (None for upcycle, expand and "
+                                   "lr_search).")
     tokens: int = Field(description="Tokens trained in this segment (end_tokens - start_tokens).")
     wall_s: float
     tokens_per_s: float

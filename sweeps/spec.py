@@ -36,6 +36,7 @@ from upscale.sweeps.segments import (
     DataSpec,
     DecayShape,
     Dispatch,
+    ExpandSpec,
     Frozen,
     LrSearchSpec,
     Method,
@@ -272,6 +273,70 @@ class UpcyclingSection(Frozen):
         return out
 
 
+class ExpansionParent(Frozen):
+    """An MoE parent of expert upcycling: the E x k MoE trained from scratch (its WSD trunk) to each D1."""
+
+    n_expert: int = Field(le=MAX_EXPERTS, description="E: the parent's experts (>= 2: a dense model is upcycled, "
+                          "not expanded).")
+    topk: int = Field(le=MAX_EXPERTS, description="k: experts per token, 1..E; the expanded model keeps it.")
+
+
+class ExpansionSection(Frozen):
+    """Expert upcycling: trained E-expert MoEs grown to m·E experts and trained on (docs/methods.md, "Expansion"),
+    beside the m·E-expert MoE from scratch."""
+
+    parents: list[ExpansionParent] = Field(max_length=MAX_AXIS, description="The MoE parents, each trained from "
+                                           "scratch to every budget of tokens.d1.")
+    factors: list[int] = Field(max_length=MAX_AXIS, description="m: each parent grows to m·E experts, then trains "
+                               "every budget of tokens.d2.")
+    strategies: list[Literal["uniform", "utility"]] = Field(
+        ["uniform"], max_length=2, description="uniform: m copies of every expert; utility: copies in proportion to "
+        "each expert's mean routing score on calibration tokens (ExpandSpec.strategy).")
+    bias_noise: float = Field(0.01, ge=0, description="ExpandSpec.bias_noise: noise on a replica's loss-free bias.")
+    r: float = Field(0.0, ge=0, le=1, description="ExpandSpec.r: Drop-Upcycling's re-initialised fraction of the "
+                     "replicas; 0 = plain copies.")
+    seed: int = Field(0, description="Seed of the bias noise, the re-initialised neurons and calibration windows.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ExpansionSection:
+        problems: list[SpecProblem] = []
+        for name in ("parents", "factors", "strategies"):
+            if not getattr(self, name):
+                problems.append((name, "empty list"))
+        for i, p in enumerate(self.parents):
+            if p.n_expert < MIN_EXPERTS:
+                problems.append((f"parents[{i}].n_expert", f"{p.n_expert}: an expansion grows a trained MoE of at "
+                                 f"least {MIN_EXPERTS} experts; a dense parent is upcycled (upcycling.methods)"))
+            elif not 1 <= p.topk <= p.n_expert:
+                problems.append((f"parents[{i}].topk", f"topk={p.topk} is not valid for the parent's "
+                                 f"n_expert={p.n_expert}; valid: 1..{p.n_expert}"))
+            if p in self.parents[:i]:
+                problems.append((f"parents[{i}]", f"parent {p.n_expert}x{p.topk} listed twice"))
+        for j, m in enumerate(self.factors):
+            if m < 2:
+                problems.append((f"factors[{j}]", f"factor {m}: an expansion at least doubles the experts (m >= 2)"))
+            elif m in self.factors[:j]:
+                problems.append((f"factors[{j}]", f"factor {m} listed twice"))
+            else:
+                problems += [(f"factors[{j}]", f"{m} x {p.n_expert} experts (parents[{i}]) exceeds {MAX_EXPERTS}")
+                             for i, p in enumerate(self.parents) if m * p.n_expert > MAX_EXPERTS]
+        problems += [(f"strategies[{i}]", f"strategy {v!r} listed twice") for i, v in enumerate(self.strategies)
+                     if v in self.strategies[:i]]
+        raise_if(problems)
+        return self
+
+    def variants(self) -> list[ExpandSpec]:
+        """One ExpandSpec per (factor, strategy)."""
+        return [ExpandSpec(factor=m, strategy=s, bias_noise=self.bias_noise, r=self.r, seed=self.seed)
+                for m in self.factors for s in self.strategies]
+
+    def configs(self) -> list[tuple[int, int]]:
+        """(n_expert, topk) of every MoE an expansion trains: the parents and the expanded models (and so their
+        scratch arm), in order, once each."""
+        return list(dict.fromkeys([(p.n_expert, p.topk) for p in self.parents] +
+                                  [(m * p.n_expert, p.topk) for p in self.parents for m in self.factors]))
+
+
 class TokensSection(Frozen):
     d1: list[Budget] | None = Field(None, max_length=MAX_AXIS, description="Dense budgets D1; each is also a "
                                     "dense-law observation. Not with model.dense, whose trained_tokens is D1.")
@@ -395,11 +460,15 @@ class SweepSpec(Frozen):
     model: ModelSection
     moe: MoeSection
     upcycling: UpcyclingSection
+    expansion: ExpansionSection | None = Field(None, description="Expert upcycling (E -> m·E experts) beside the "
+                                               "grid; omit for none.")
     tokens: TokensSection
     train: TrainSection
     data: DataSpec = DataSpec()
     resources: ResourcesSection = ResourcesSection()
     per_size: dict[str, SizeOverride] = Field(default_factory=dict, description="Overrides keyed by size label.")
+
+    optional_fields: ClassVar[frozenset[str]] = frozenset({"expansion"})
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> SweepSpec:
@@ -407,7 +476,8 @@ class SweepSpec(Frozen):
         if limit is not None and (n := segment_bound(self)) > limit:  # before the checks that walk the whole grid
             raise SpecError([("", f"this grid plans up to {n:,} segments, over the limit of {limit:,} "
                                   "(UPSCALE_MAX_SEGMENTS); shrink model.sizes, moe.experts, moe.topk, "
-                                  "upcycling.methods or upcycling.r, or the token budget lists")])
+                                  "upcycling.methods, upcycling.r or expansion.factors, or the token budget "
+                                  "lists")])
         problems: list[SpecProblem] = []
         labels = list(self.model.shapes())
         problems += [(f"per_size.{k}", f"not a size of this sweep ({', '.join(labels)})")
@@ -426,6 +496,8 @@ class SweepSpec(Frozen):
             problems += self._dense_problems((info.context or {}).get("check_path"))
         else:
             problems += self._sizes_problems()
+        if self.expansion is not None:
+            problems += self._expansion_problems()
         if not problems:
             problems += resolve(self).problems
         variants = self.upcycling.variants()
@@ -480,6 +552,20 @@ class SweepSpec(Frozen):
                      if lr is not None and lr.dense is None]
         return problems
 
+    def _expansion_problems(self) -> list[SpecProblem]:
+        """Parents train from scratch to the D1 budgets, so an imported dense model (no D1 list) has none; and the
+        MoE section's routing and balancing apply to the parents as to every MoE of the grid."""
+        assert self.expansion is not None
+        problems: list[SpecProblem] = []
+        if self.model.dense is not None:
+            problems.append(("expansion", "the parents train from scratch to each budget of tokens.d1, which "
+                                          "model.dense leaves out; expand in a sweep over model.sizes"))
+        if self.moe.balancing == "loss_free" and self.moe.routing == "softmax_topk":
+            problems += [(f"expansion.parents[{i}].topk", "topk 1 with moe.balancing loss_free and moe.routing "
+                          "softmax_topk leaves the router without gradient; use moe.routing deepspeed or topk >= 2")
+                         for i, p in enumerate(self.expansion.parents) if p.topk == 1]
+        return problems
+
     def _dense_problems(self, check_path: Callable[[str], object] | None) -> list[SpecProblem]:
         """An imported dense model fixes D1, the vocabulary and the longest context; nothing dense is trained. The
         tokenizer's vocabulary is read here, so a path it names passes ``check_path`` first."""
@@ -512,10 +598,13 @@ def segment_bound(spec: SweepSpec) -> int:
     """At most how many segments `planner.plan` makes of ``spec``, counted from its axes without enumerating them (the
     planner's DAG per size: a dense trunk piece and a decay per D1, or one dense_import; per (experts, topk) and
     upcycling variant, an upcycle, an MoE trunk piece and a decay per D2 after each D1; a scratch trunk piece and a
-    decay per budget; the LR searches). Shared segments and budgets with one decay start make the plan smaller, never
-    larger."""
+    decay per budget; per expansion parent, a scratch trunk piece and a decay per D1, and per (factor, strategy) an
+    expand, an MoE trunk piece and a decay per D2 after each D1, and the expanded MoE's scratch arm; the LR
+    searches). Shared segments and budgets with one decay start make the plan smaller, never larger."""
     variants = sum(len(spec.upcycling.r) if m in R_METHODS else 1 for m in spec.upcycling.methods)
     configs = len(spec.moe.experts) * len(spec.moe.topk)
+    x = spec.expansion
+    parents, grown = (len(x.parents), len(x.parents) * len(x.factors)) if x else (0, 0)
     total = 0
     for label in spec.model.shapes():
         override = spec.per_size.get(label)
@@ -526,7 +615,12 @@ def segment_bound(spec: SweepSpec) -> int:
         searches = dense_search + configs if spec.train.lr_search else 0
         d1_count = len(d1) if spec.model.dense is None else 1
         per_config = variants * d1_count * (1 + 2 * len(d2)) + (2 * len(scratch) if scratch is not None else 0)
-        total += dense_segments + searches + configs * per_config
+        expanded = 0
+        if x:
+            grown_scratch = len(scratch) if scratch is not None else d1_count * len(d2)  # the planner's budgets
+            expanded = (parents * 2 * d1_count + grown * len(x.strategies) * d1_count * (1 + 2 * len(d2))
+                        + grown * 2 * grown_scratch + ((parents + grown) if spec.train.lr_search else 0))
+        total += dense_segments + searches + configs * per_config + expanded
     return total
 
 

@@ -29,7 +29,8 @@ DEFAULT_TIMEOUT_S = 120.0  # what an ordinary request waits for its answer
 # threads): a minute's wait and twice that computing, with room to spare.
 HEAVY_TIMEOUT_S = 300.0
 TOKEN_HINT = "pass a token: --token or UPSCALE_TOKEN (Client(token=...) in Python; `upscale token create` prints one)"
-Kind = Literal["dense", "upcycled", "scratch"]
+Kind = Literal["dense", "upcycled", "scratch"]  # the tables a law is fitted on
+ObservationKind = Literal["dense", "upcycled", "scratch", "expanded"]
 
 
 class ApiError(RuntimeError):
@@ -211,12 +212,12 @@ class Client:
                             json={"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply},
                             heavy=True)
 
-    def observations_csv(self, sweep_id: str, kind: Kind | None = None) -> str:
+    def observations_csv(self, sweep_id: str, kind: ObservationKind | None = None) -> str:
         """A sweep's observations as the CSV `upscale fit --data` reads (only one kind's rows with ``kind``)."""
         return self.request("GET", f"/sweeps/{sweep_id}/observations",
                             params={"format": "csv", **({"kind": kind} if kind else {})})
 
-    def observations(self, sweep_id: str, kind: Kind | None = None) -> pd.DataFrame:
+    def observations(self, sweep_id: str, kind: ObservationKind | None = None) -> pd.DataFrame:
         """A sweep's observations as a DataFrame: one row per finished decay segment."""
         import io
 

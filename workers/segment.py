@@ -11,7 +11,8 @@ uninterrupted WSD run are the same computation (bit-exact on CPU).
 Starting states (`runtime.parent_checkpoints`): a folder written by `workers.checkpoints.save` (a trunk's branch
 point: weights and optimiser state, resumed with `load_checkpoint`), or one holding only a `model/` export (an
 upcycled MoE: fresh optimiser). Upcycle segments do not train: they load the parent's decayed dense model, call the
-upcycling registry (with calibration windows from the training data) and save the MoE. dense_import segments do not
+upcycling registry (with calibration windows from the training data) and save the MoE; expand segments likewise grow a
+decayed MoE's experts m-fold (workers/upcycling/expansion.py). dense_import segments do not
 train either: they check that an imported dense model's weights are still the planned ones, save it as a checkpoint
 at its D1 and measure its validation loss. lr_search segments are the
 orchestrator's (an Optuna study whose trials are ordinary segments run here); it resolves `optim.lr` for their
@@ -36,7 +37,7 @@ from upscale import storage
 from upscale.data_roots import OutsideRoots, confine
 from upscale.sweeps import run_tags
 from upscale.sweeps.model_dirs import SOURCE_FILE, confine_model_files, weights_fingerprint
-from upscale.sweeps.segments import SegmentResult, SegmentRuntime, SegmentSpec
+from upscale.sweeps.segments import BUILD_KINDS, SegmentResult, SegmentRuntime, SegmentSpec
 from upscale.workers import checkpoints
 from upscale.workers.data import TokenData, load_tokens
 from upscale.workers.engine import NonFiniteLoss, build_engine, release_device_memory, train_step
@@ -51,7 +52,8 @@ from upscale.workers.weights import CONFIG_FILE, load_model, save_model
 
 IMPORT_EVAL_BATCH = 8  # windows per forward pass when an imported model's validation loss is measured (a mean over
 # tokens: the batching changes only the summation order)
-CALIBRATION_TOKENS = 8192  # windows handed to data-driven upcycling methods (llama-moe sharing, router-upcycling)
+# windows handed to data-driven methods (llama-moe sharing, router-upcycling, utility expansion)
+CALIBRATION_TOKENS = 8192
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "vocab_size", "context")
 
 
@@ -95,10 +97,11 @@ def run_segment(spec: SegmentSpec, runtime: SegmentRuntime, on_step: StepHook | 
         raise WorkerError("lr_search segments are run by the orchestrator (orchestrator/lr_search.py: an Optuna "
                           "study whose trials call run_segment); give optim.lr to train a segment alone")
     try:
-        if spec.kind in ("upcycle", "dense_import"):
+        if spec.kind in BUILD_KINDS | {"dense_import"}:
             if ranks.world > 1:
                 raise WorkerError(f"a {spec.kind} segment does not train: run it with workers=1")
-            return _upcycle(spec, runtime, t0) if spec.kind == "upcycle" else _import_dense(spec, runtime, t0)
+            run = {"upcycle": _upcycle, "expand": _expand, "dense_import": _import_dense}[spec.kind]
+            return run(spec, runtime, t0)
         return _train(spec, runtime, on_step, t0, ranks)
     finally:  # the engine and model went with the returning frame (a failed one's are the traceback's until it goes)
         release_device_memory(runtime.device)
@@ -113,10 +116,10 @@ def _start_checkpoint(spec: SegmentSpec, runtime: SegmentRuntime) -> Path | None
 
     Trunks from init (start_tokens 0) have only lr_search parents, whose LR the orchestrator has already put into
     `optim.lr`, so their parents are not read. Anything starting past 0 tokens (a decay branch, a trunk continued
-    in chunks), MoE trunks and upcycles need exactly one parent folder holding a model (a checkpoint sidecar, or a
-    model folder).
+    in chunks), MoE trunks, upcycles and expands need exactly one parent folder holding a model (a checkpoint
+    sidecar, or a model folder).
     """
-    needed = spec.kind in ("upcycle", "moe_trunk") or spec.start_tokens > 0
+    needed = spec.kind in BUILD_KINDS | {"moe_trunk"} or spec.start_tokens > 0
     if not needed:
         return None
     missing = [p for p in spec.parent_ids if p not in runtime.parent_checkpoints]
@@ -161,9 +164,40 @@ def _upcycle(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentRe
         raise WorkerError(f"upcycle parent {parent} is already an MoE ({dense_cfg.n_expert} experts)")
     calibration = _data(spec, runtime).calibration(spec.upcycle.seed, CALIBRATION_TOKENS, spec.model.context)
     cfg, moe_sd = upcycle(dense_sd, ModelConfig.from_spec(spec.model), spec.upcycle, calibration)
+    return _save_built(spec, runtime, t0, "upcycled", cfg, moe_sd)
+
+
+def _expand(spec: SegmentSpec, runtime: SegmentRuntime, t0: float) -> SegmentResult:
+    """The parent MoE's final weights (a scratch decay's) grown to spec.model's m·E experts, top-k kept; the
+    utility strategy ranks the parent's experts on calibration windows of the training data."""
+    from upscale.workers.upcycling import expand
+
+    grow = spec.expand
+    assert grow is not None  # guaranteed by SegmentSpec for expand
+    parent = _start_checkpoint(spec, runtime)
+    assert parent is not None  # expand always needs one
+    parent_cfg, parent_sd = checkpoints.load_weights(parent)
+    _check_shape(parent_cfg, spec, parent)
+    if not parent_cfg.is_moe:
+        raise WorkerError(f"expand parent {parent} is not an MoE checkpoint (n_expert={parent_cfg.n_expert}): "
+                          "expansion grows a trained MoE's experts")
+    if parent_cfg.n_expert * grow.factor != spec.model.n_expert:
+        raise WorkerError(f"expand parent {parent} has {parent_cfg.n_expert} experts; x{grow.factor} is not the "
+                          f"segment's n_expert={spec.model.n_expert}")
+    calibration = None
+    if grow.strategy == "utility":
+        calibration = _data(spec, runtime).calibration(grow.seed, CALIBRATION_TOKENS, spec.model.context)
+    cfg, moe_sd = expand(parent_sd, parent_cfg, grow, calibration, topk=spec.model.topk)
+    return _save_built(spec, runtime, t0, "expanded", cfg, moe_sd)
+
+
+def _save_built(spec: SegmentSpec, runtime: SegmentRuntime, t0: float, name: str, cfg: ModelConfig,
+                weights: dict[str, torch.Tensor]) -> SegmentResult:
+    """An upcycled or expanded MoE as the segment's checkpoint: a model folder the MoE trunk starts from with a
+    fresh optimiser."""
     folder = storage.SegmentFolder.open(runtime.checkpoint_dir, runtime.data_cache_dir)
-    out = folder.local / "upcycled"
-    save_model(out / checkpoints.MODEL_DIR, cfg, moe_sd)
+    out = folder.local / name
+    save_model(out / checkpoints.MODEL_DIR, cfg, weights)
     checkpoints.write_meta(out, {**_meta(spec), "tokens": 0}, cfg)
     folder.push(out)
     wall = time.perf_counter() - t0

@@ -21,8 +21,9 @@ from upscale.api.cli.app import console, err_console
 from upscale.api.cli.local import ApiOpt, TokenOpt, connect, local_services
 
 # The grid axes a segment may have, in the order a reader follows the DAG; the planner sets the ones that do not
-# apply to a kind to None (a dense trunk has no D1, a scratch decay no method), so the non-None ones are its axes.
-AXES = ("N1", "D1", "n_expert", "topk", "method", "r", "D2", "D")
+# apply to a kind to None (a dense trunk has no D1, a scratch decay no method), so the non-None ones are its axes;
+# parent_experts only an expansion's segments have.
+AXES = ("N1", "D1", "parent_experts", "n_expert", "topk", "method", "r", "D2", "D")
 
 
 def axes_text(axes: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from upscale.client import Client
 from upscale.orchestrator.errors import OrchestratorError
 
 FINAL = ("done", "failed", "cancelled")
-KINDS = ("dense", "upcycled", "scratch")
+KINDS = ("dense", "upcycled", "scratch", "expanded")
 
 
 def submit_command(
@@ -140,11 +140,13 @@ def observations_command(
     sweep: Annotated[str, typer.Argument(help="Sweep id (`upscale sweeps` lists them).")],
     csv: Annotated[bool, typer.Option("--csv", help="Write CSV in the columns `upscale fit --data` reads.")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")] = None,
-    kind: Annotated[str | None, typer.Option(help=f"Only rows of one kind: {', '.join(KINDS)} (a law's table).")]
+    kind: Annotated[str | None, typer.Option(help=f"Only rows of one kind: {', '.join(KINDS)} (a law's table, or "
+                                             "the expanded MoEs').")]
     = None,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled rows), loss, trunk."""
+    """A sweep's observations: N, D (dense and from-scratch rows), N1, D1, D2, N2, P (upcycled and expanded rows),
+    parent_experts (expanded rows), loss, trunk."""
     if kind is not None and kind not in KINDS:
         raise OrchestratorError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
     with connect(api, token) as c:

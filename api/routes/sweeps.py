@@ -241,9 +241,11 @@ async def extend_sweep(sweep_id: str, body: SweepExtend, request: Request, respo
 def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _: Reader,
                        format: Literal["json", "csv"] | None = Query(
                            None, description="csv: the table `upscale fit --data` reads; default from Accept."),
-                       kind: Literal["dense", "upcycled", "scratch"] | None = Query(
-                           None, description="Only the rows of one kind (one law's table).")) -> Any:
-    """One row per finished decay segment: kind, N, D, N1, D1, D2, N2, P, loss, trunk, segment, MLflow run."""
+                       kind: Literal["dense", "upcycled", "scratch", "expanded"] | None = Query(
+                           None, description="Only the rows of one kind (one law's table, or the expanded MoEs').")
+                       ) -> Any:
+    """One row per finished decay segment: kind, N, D, N1, D1, D2, N2, P, parent_experts, loss, trunk, segment,
+    MLflow run."""
     records = sweeps.observations(services, sweep_id, kind)
     if format == "csv" or (format is None and "text/csv" in request.headers.get("accept", "")):
         return Response(table(records).to_csv(index=False), media_type="text/csv")

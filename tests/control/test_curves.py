@@ -78,8 +78,8 @@ def test_every_trunk_is_one_curve_with_its_decays_schedules_and_interior_points(
     assert short.loss == loss_at(512, True)
     assert short.observation | {"segment_key": None} == {
         "kind": "dense", "N1": planned.segments[0].axes["N1"], "D1": 512, "D2": None, "D": 512, "N2": None,
-        "N_total": None, "n_expert": None, "topk": None, "method": None, "r": None, "loss": short.loss,
-        "segment_key": None}
+        "N_total": None, "n_expert": None, "topk": None, "parent_experts": None, "method": None, "r": None,
+        "loss": short.loss, "segment_key": None}
     assert dense.interior == ()
     # the MoE trunk whose first decay was left out: it is an interior point (branching inside the trained part)
     (holder,) = [t for t in trunks if any(d.segment_key in left_out for d in t.interior)]
