@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # no cycle: what loads Ray, MLflow, the fitting stack or matp
 
 log = logging.getLogger(__name__)
 
-KINDS = ("dense", "scratch", "upcycled")  # the tables `analyze` takes
+KINDS = ("dense", "scratch", "upcycled", "expanded")  # the tables `analyze` takes; expanded: expert upcycling
 STALE_RUNNING_S = 3600.0  # a `running` row of another host (or of none) older than this is taken over
 INTERRUPTED = "interrupted"  # how the error of an analysis whose process stopped mid-way begins: the loop reruns it
 SETTLED = ("done", "failed", "cancelled")  # sweep states the loop analyses: nothing more is coming for now
@@ -103,6 +103,8 @@ def observations_hash(tables: dict[str, pd.DataFrame]) -> str:
     """sha256 of the tables' rows, without their MLflow run ids (which say where a row is logged, not what it is)."""
     h = hashlib.sha256()
     for kind in KINDS:
+        if kind == "expanded" and not len(tables.get(kind, ())):  # none: the hash tables without it always had
+            continue
         h.update(kind.encode())
         h.update(tables[kind].drop(columns=["mlflow_run_id"], errors="ignore").to_csv(index=False).encode())
     return h.hexdigest()

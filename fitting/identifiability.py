@@ -134,7 +134,10 @@ def _unidentified(blocks: Sequence[_Block], shared: frozenset[str]) -> tuple[str
 
 def _grow(rows: Sequence[Row], column: int, extra: int) -> tuple[Row, ...]:
     """The rows with ``extra`` new values of one axis, each crossed with every other coordinate (as the planner
-    crosses a new budget or size with the rest of the grid); new values continue the axis geometrically."""
+    crosses a new budget or size with the rest of the grid); new values continue the axis geometrically. A block
+    without rows stays empty: its axis has no values to continue (a sweep of expert upcycling has no dense runs)."""
+    if not rows:
+        return tuple(rows)
     values = sorted({r[column] for r in rows})
     step = values[-1] / values[-2] if len(values) > 1 else 2.0
     new = [values[-1] * step ** (i + 1) for i in range(extra)]

@@ -12,8 +12,8 @@ import pandas as pd
 
 from upscale.orchestrator.records import ObservationRecord
 
-COLUMNS = ("kind", "N", "D", "N1", "D1", "D2", "N2", "P", "n_expert", "topk", "method", "r", "loss", "trunk",
-           "segment", "mlflow_run_id")
+COLUMNS = ("kind", "N", "D", "N1", "D1", "D2", "N2", "P", "n_expert", "topk", "parent_experts", "method", "r", "loss",
+           "trunk", "segment", "mlflow_run_id")
 # What `upscale run --json` prints per observation (the contract).
 JSON_FIELDS = ("kind", "N1", "D1", "D2", "D", "n_expert", "topk", "method", "r", "loss", "trunk")
 
@@ -23,7 +23,8 @@ def as_row(o: ObservationRecord) -> dict[str, object]:
     return {
         "kind": o.kind, "N": o.N1 if chinchilla else None, "D": o.D if chinchilla else None, "N1": o.N1,
         "D1": o.D1, "D2": o.D2, "N2": o.N2, "P": o.N_total / o.N2 if o.N_total and o.N2 else None,
-        "n_expert": o.n_expert, "topk": o.topk, "method": o.method, "r": o.r, "loss": o.loss, "trunk": o.trunk,
+        "n_expert": o.n_expert, "topk": o.topk, "parent_experts": getattr(o, "parent_experts", None),
+        "method": o.method, "r": o.r, "loss": o.loss, "trunk": o.trunk,
         "segment": o.segment_key, "mlflow_run_id": o.mlflow_run_id,
     }
 
