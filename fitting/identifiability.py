@@ -91,7 +91,8 @@ class _Block:
 
 def _theta(law: Law, table: Mapping[str, np.ndarray]) -> np.ndarray:
     """Generic parameters (fitted coordinates) that make every term 1 at the grid's centre in log space."""
-    centre = {c: float(np.mean(law.log_column(c, table[c]))) for c in law.columns}
+    centre = {c: float(np.mean(law.log_column(c, table[c]))) if len(table[c]) else 0.0  # a block without rows
+              for c in law.columns}
     interactions = {m.param for t in law.terms for m in t.monomials if len(m.columns) > 1}
     main = iter(_EXPONENTS * len(law.params))
     exponents = {p.name: _INTERACTION if p.name in interactions else next(main)
