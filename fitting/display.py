@@ -3,7 +3,8 @@
 
 An analysis prints a summary a researcher reads in ten seconds first (``summary_lines``): what the runs show at
 matched budgets, D* per size with its 80% interval and how far it is projected beyond the budgets trained, how well
-the laws predicted held-out runs, the one pair of runs to add, and the problems grouped by kind with a count. The
+the laws predicted held-out runs, the one pair of runs to add, and the problems grouped by kind with a count; then a
+short block per expansion study (``expansion_lines``: the same for D*_expand, or what the study lacks). The
 detail (each fit, every D* with both intervals, the verdicts, every problem with what to add) follows only when asked
 (``details``). The whole record (bootstrap samples included) stays on the object (``.report``, ``.to_json()``).
 An open interval end reads "unbounded" and a missing value "—", never alike.
@@ -368,4 +369,7 @@ def analysis_html(record: dict[str, Any]) -> str:
                   for r in (up.get("dstar") or {}).get("results", []) if (text := evidence(r)) is not None]
         parts += [f"<p>{html.escape(decision_line(d))}</p>" for d in up.get("decisions", [])]
     parts.append(_problems_html(record.get("problems")))
+    for study in record.get("expansions") or []:
+        head, *rest = expansion_lines(study)
+        parts.append(f"<h4>{html.escape(head)}</h4>" + "".join(f"<p>{html.escape(line)}</p>" for line in rest))
     return "".join(parts) + "</div>"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.groups import group_label
 from upscale.fitting.laws import LOSS
 from upscale.fitting.summary import group_keys
@@ -98,13 +99,20 @@ def _missing(group: dict[str, Any], parent: pd.DataFrame, rival: pd.DataFrame,
     return out
 
 
+def _observed(df: pd.DataFrame | None) -> pd.DataFrame:
+    """The rows with a measured loss: not decay ends predicted from curves, which a study does not fit."""
+    if df is None or LOSS not in df.columns:
+        return pd.DataFrame(columns=[LOSS])
+    return df[~is_predicted(df)].dropna(subset=[LOSS]).reset_index(drop=True)
+
+
 def expansion_studies(tables: dict[str, pd.DataFrame]) -> list[Study]:
-    """The studies in ``tables`` ("scratch" and "expanded"; none without expanded rows), in a stable order."""
-    expanded = tables.get(EXPANDED)
-    if expanded is None or expanded.empty or LOSS not in expanded.columns:
+    """The studies in ``tables`` ("scratch" and "expanded"; none without expanded rows), in a stable order, on
+    their observed rows."""
+    expanded = _observed(tables.get(EXPANDED))
+    if expanded.empty:
         return []
-    expanded = expanded.dropna(subset=[LOSS]).reset_index(drop=True)
-    scratch = tables.get("scratch", pd.DataFrame()).dropna(subset=[LOSS]) if "scratch" in tables else pd.DataFrame()
+    scratch = _observed(tables.get("scratch"))
     for c in STUDY_COLUMNS:
         if c not in expanded.columns:
             expanded[c] = None

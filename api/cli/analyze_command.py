@@ -48,8 +48,8 @@ def analyze_command(
                                          "predict beside the observed ones (when it has curves; in tables, the rows "
                                          "marked source=predicted); --no-curves: observed decays only.")] = True,
     tables: Annotated[Path | None, typer.Option("--tables", help="Analyse the tables in this folder instead of a "
-                                                "sweep: dense.csv, scratch.csv and upcycled.csv (README, 'Bring your "
-                                                "own runs').")] = None,
+                                                "sweep: dense.csv, scratch.csv and upcycled.csv, and expanded.csv "
+                                                "when there is one (README, 'Bring your own runs').")] = None,
     dense: Annotated[Path | None, typer.Option("--dense", help="The dense table instead of a sweep (columns D, N, "
                                                "loss[, trunk]); with --scratch and --upcycled.")] = None,
     scratch: Annotated[Path | None, typer.Option("--scratch", help="The from-scratch MoE table (D, N = N1, "
