@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # no cycle: what loads Ray, MLflow, the fitting stack or matp
 
 log = logging.getLogger(__name__)
 
-KINDS = ("dense", "scratch", "upcycled")  # the tables `analyze` takes
+KINDS = ("dense", "scratch", "upcycled", "expanded")  # the tables `analyze` takes; expanded: expert upcycling
 STALE_RUNNING_S = 3600.0  # a `running` row of another host (or of none) older than this is taken over
 INTERRUPTED = "interrupted"  # how the error of an analysis whose process stopped mid-way begins: the loop reruns it
 SETTLED = ("done", "failed", "cancelled")  # sweep states the loop analyses: nothing more is coming for now
@@ -101,9 +101,12 @@ def sweep_tables(services: Services, sweep_ids: Sequence[str],
 
 def observations_hash(tables: dict[str, pd.DataFrame]) -> str:
     """sha256 of the tables' rows, without their MLflow run ids (which say where a row is logged, not what it is) and
-    parent_experts (set on expanded rows only, which no table here holds: the hash stays what it was before it)."""
+    parent_experts (only expanded rows set it, and their segment keys already tell them apart), and without an empty
+    expanded table: a sweep without expansions hashes as it did before they existed, so its analyses are reused."""
     h = hashlib.sha256()
     for kind in KINDS:
+        if kind == "expanded" and not len(tables.get(kind, ())):  # none: the hash tables without it always had
+            continue
         h.update(kind.encode())
         h.update(tables[kind].drop(columns=["mlflow_run_id", "parent_experts"], errors="ignore")
                  .to_csv(index=False).encode())

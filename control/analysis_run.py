@@ -25,6 +25,10 @@ share of its precision on them and the D* of the observed decays alone are curve
 (`dstar/<group>/predicted_share`, `dstar/<group>/observed_only`), and per group the largest share and the decays
 behind its laws are tags (`analysis.evidence.<group>.*`), as are each curve family's held-out error and whose decay
 parameters it used (`analysis.curves.<family>.*`). Tags go in batches of MLflow's limit per call.
+
+Each analysed expansion study (expert upcycling, the record's ``expansions``) is one more group, named by its study
+(``expand 4x1 -> 8x1 uniform``): its D*_expand and verdicts in the tables, curves and tags as every D*; its problems,
+and an arm a study lacks, count in `analysis.problems` and the health.
 """
 
 from __future__ import annotations
@@ -162,6 +166,25 @@ def _label(up: dict[str, Any]) -> str:
     return group_label(up.get("group") or {}) or "all"
 
 
+def groups(record: dict) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, slug, entry) of each upcycled group of the record, then of each analysed expansion study's expanded
+    group (named by the study): D*_expand is tabled, charted and tagged as every D* is."""
+    out = [(_label(up), group_slug(up.get("group") or {}), up) for up in record.get("upcycled") or []]
+    return out + [(e["label"], as_slug(e["label"]), up) for e in record.get("expansions") or []
+                  for up in (e.get("analysis") or {}).get("upcycled") or []]
+
+
+def all_problems(record: dict) -> list[dict[str, Any]]:
+    """The record's problems and each expansion study's (its fits', and an arm it lacks), named by the study."""
+    out = list(record.get("problems") or [])
+    for e in record.get("expansions") or []:
+        inner = e.get("analysis") or {}
+        out += [{**p, "fit": f"{e['label']}: {p.get('fit', p.get('law'))}"} for p in inner.get("problems") or []]
+        out += [{"law": "expansion", "fit": f"{e['label']}: {m['arm']}", "why": m["why"], "add": m.get("add", ""),
+                 "kind": "missing"} for m in e.get("missing") or []]
+    return out
+
+
 def _interval(res: dict[str, Any], level: str) -> tuple[Any, Any]:
     """(low, high) of the result's ``level`` interval, an open end as UNBOUNDED and a missing one as None; old
     records (no ``intervals``) give their bootstrap ``ci`` as every level."""
@@ -179,14 +202,15 @@ def _extrapolated(d: dict[str, Any]) -> bool:
 
 
 def dstar_rows(record: dict) -> list[dict[str, Any]]:
-    """One row per (upcycling group, N1): D*, its state, intervals, health, extrapolation, every crossing."""
+    """One row per (upcycling group or expansion study, N1): D*, its state, intervals, health, extrapolation, every
+    crossing."""
     rows = []
-    for up in record.get("upcycled") or []:
+    for label, _, up in groups(record):
         for res in (up.get("dstar") or {}).get("results", []):
             lo80, hi80 = _interval(res, "80")
             lo95, hi95 = _interval(res, "95")
             ex = res.get("extrapolation") or {}
-            rows.append({"group": _label(up), "n1": res.get("n1"), "dstar": res.get("dstar"),
+            rows.append({"group": label, "n1": res.get("n1"), "dstar": res.get("dstar"),
                          "dstar_state": res.get("dstar_state"), "low_80": lo80, "high_80": hi80, "low_95": lo95,
                          "high_95": hi95, "health": res.get("health"),
                          "health_problems": "; ".join(_problem_names(res)), "extrapolated": ex.get("flagged"),
@@ -196,10 +220,10 @@ def dstar_rows(record: dict) -> list[dict[str, Any]]:
 
 
 def verdict_rows(record: dict) -> list[dict[str, Any]]:
-    return [{"group": _label(up), **{k: v for k, v in d.items() if not isinstance(v, list | dict)},
+    return [{"group": label, **{k: v for k, v in d.items() if not isinstance(v, list | dict)},
              "health_problems": "; ".join(_problem_names(d)),
              "extrapolated": (d.get("extrapolation") or {}).get("flagged")}
-            for up in record.get("upcycled") or [] for d in up.get("decisions") or []]
+            for label, _, up in groups(record) for d in up.get("decisions") or []]
 
 
 def _problem_names(d: dict[str, Any]) -> list[str]:
@@ -210,17 +234,16 @@ def headline(record: dict) -> dict[str, str]:
     """The analysis's single numbers as tags (a chart of one point per analysis says nothing): `analysis.E` and
     each fit's parameters, `analysis.fit.<group>.<name>` (a group named as its plots' folder, fitting/groups.py's
     slug), in 4 significant digits, None left out; and per group the backtest's sentence
-    (`analysis.backtest.<group>`)."""
+    (`analysis.backtest.<group>`). An expansion study is a group named by its study (``expand_4x1_8x1_uniform``)."""
     out: dict[str, Any] = {"analysis.E": record.get("E")}
     for k, v in ((record.get("scratch") or {}).get("params") or {}).items():
         out[f"analysis.fit.scratch.{k}"] = v
-    for up in record.get("upcycled") or []:
-        slug = group_slug(up.get("group") or {})
+    for _, slug, up in groups(record):
         for k, v in ((up.get("fit") or {}).get("params") or {}).items():
             out[f"analysis.fit.{slug}.{k}"] = v
         out |= _evidence(slug, up)
     numbers = {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in out.items() if _number(v)}
-    backtests = {f"analysis.backtest.{group_slug(up.get('group') or {})}": line for up in record.get("upcycled") or []
+    backtests = {f"analysis.backtest.{slug}": line for _, slug, up in groups(record)
                  if (line := ((up.get("answer") or {}).get("backtest") or {}).get("line"))}
     return numbers | backtests | _curve_families(record)
 
@@ -258,8 +281,7 @@ def curves(record: dict) -> list[Metric]:
     N1 (`dstar/<group>`, `dstar/<group>/low_80`, ...: step = N1; only a D* that is a crossing, only bounded ends),
     and P(upcycle) over D2 per N1 and D1 (`verdict/<group>/p_upcycle_N1_<n1>_D1_<d1>`: step = D2)."""
     points: list[tuple[str, float, int]] = []
-    for up in record.get("upcycled") or []:
-        slug = group_slug(up.get("group") or {})
+    for _, slug, up in groups(record):
         for res in (up.get("dstar") or {}).get("results", []):
             if res.get("dstar_state", "crossing") != "crossing" or res.get("n1") is None:
                 continue
@@ -290,9 +312,9 @@ def health_tags(record: dict) -> dict[str, str]:
     """`analysis.health`: unhealthy when the analysis reports a problem or any D* or verdict rests on an unhealthy
     fit; `analysis.problems`: how many problems; `analysis.extrapolated`: how many D*s and verdicts are flagged (absent
     when the record does not say)."""
-    marked = [d for up in record.get("upcycled") or []
+    marked = [d for _, _, up in groups(record)
               for d in [*(up.get("dstar") or {}).get("results", []), *(up.get("decisions") or [])]]
-    problems = len(record.get("problems") or [])
+    problems = len(all_problems(record))
     unhealthy = problems > 0 or any(d.get("health") == "unhealthy" for d in marked)
     out = {HEALTH: "unhealthy" if unhealthy else "ok", PROBLEMS: str(problems)}
     if any("extrapolation" in d for d in marked):  # records older than the extrapolation check cannot say
@@ -381,8 +403,7 @@ def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
     if trained := _trained_line(record):
         lines.append(trained)
     notes = []
-    results = [(_label(up), res) for up in record.get("upcycled") or []
-               for res in (up.get("dstar") or {}).get("results", [])]
+    results = [(label, res) for label, _, up in groups(record) for res in (up.get("dstar") or {}).get("results", [])]
     if results:
         lines += ["", "| group | N1 | D* | interval | health | extrapolation |", "|---|---|---|---|---|---|"]
         for group, res in results:
@@ -392,7 +413,7 @@ def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
             notes += [f"{at}: {text}" for text in (res.get("interval_note"),
                                                     (res.get("extrapolation") or {}).get("note"),
                                                     (res.get("answer") or {}).get("contradiction")) if text]
-    verdicts = [(_label(up), d) for up in record.get("upcycled") or [] for d in up.get("decisions") or []]
+    verdicts = [(label, d) for label, _, up in groups(record) for d in up.get("decisions") or []]
     if verdicts:
         lines += ["", "| group | N1 | D1 | D2 | verdict | P(upcycle) | health | extrapolation |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -402,7 +423,7 @@ def summary_markdown(record: dict, meta: AnalysisMeta, title: str) -> str:
     if notes:
         lines += ["", "Notes:", *[f"- {n}" for n in notes]]
     lines += ["", f"Intervals: an open end is \"{UNBOUNDED}\", a missing value \"–\"."]
-    problems = record.get("problems") or []
+    problems = all_problems(record)
     if problems:
         lines += ["", f"Problems ({len(problems)}):"]
         lines += [f"- {p.get('fit', p.get('law'))}" + (f" [{p['kind']}]" if p.get("kind") else "") +

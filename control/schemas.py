@@ -400,7 +400,10 @@ class AnalysisPublic(BaseModel):
                                             "what to add to the grid. With curves: `curves` (the predicted decays, "
                                             "marked predicted with their weights, and each family's held-out error) "
                                             "and per D* `evidence` (observed and predicted decays behind each law, "
-                                            "`predicted_share` of D*'s precision, `observed_dstar`).")
+                                            "`predicted_share` of D*'s precision, `observed_dstar`). "
+                                            "`expansions`: per expert-upcycling study (label, group, points) the "
+                                            "same record of its mapped tables, whose D* is D*_expand, or `missing`: "
+                                            "the arm it lacks and what to add.")
     plots: dict[str, str] = Field(description="Plot name -> URL of its PNG (the PDF: the same URL ending .pdf).")
 
 

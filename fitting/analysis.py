@@ -24,6 +24,10 @@ themselves; then every fit takes observed and predicted rows together, and each 
 the rows behind its two laws and the share of its precision on predicted ones (fitting/evidence.py), with the
 observed-only D* beside it. Without curves nothing of this runs and the record is as before.
 
+Expert upcycling (an "expanded" table) is the same analysis once more per expansion study, on tables mapped from the
+parent's and the m·E MoE's from-scratch runs and the expanded ones (fitting/expansion.py); each is the record's
+``expansions``, whose D* is D*_expand.
+
 Pure numerics like the rest of fitting/: no CLI, no printing. ``progress`` reports (stage, done, total).
 """
 
@@ -58,6 +62,7 @@ from upscale.fitting.dstar import (
 )
 from upscale.fitting.errors import FitError
 from upscale.fitting.evidence import dstar_evidence, evidence_problem, point_noise, with_predicted
+from upscale.fitting.expansion import expansion_studies, study_label
 from upscale.fitting.groups import group_label, upcycled_groups
 from upscale.fitting.health import check_dstar, concerning
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
@@ -65,7 +70,7 @@ from upscale.fitting.laws import Law, get_law
 from upscale.fitting.shared import fit_shared_E, shared_problems
 from upscale.fitting.summary import FittedLaw, clean, fitted_law, report, report_steps
 
-ANALYSIS_VERSION = 4  # of the record's layout: bump when to_json changes what a reader finds
+ANALYSIS_VERSION = 5  # of the record's layout: bump when to_json changes what a reader finds
 TABLES = ("dense", "scratch", "upcycled")  # the store's observation kinds
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -163,6 +168,7 @@ class Analysis:
     # what the answer was asked with, filled by the entry point that ran it (control/analysis_settings.py): source,
     # bootstrap, seed, n1s, and whether decay ends predicted from trunk curves were fitted (how many rows)
     settings: dict[str, Any] = field(default_factory=dict)
+    expansions: list[ExpansionAnalysis] = field(default_factory=list)  # expert upcycling, one per study
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON (NaN and infinities as null); ``from_json`` reads it back."""
@@ -175,6 +181,7 @@ class Analysis:
                       "upcycled": [{"group": u.group, "label": u.label, "points": u.n_points,
                                     "fit": u.fit.report if u.fit else None, "dstar": u.dstar,
                                     "decisions": u.decisions, "answer": u.answer} for u in self.upcycled],
+                      "expansions": [e.to_json() for e in self.expansions],
                       **({"curves": self.curves} if self.curves else {}),
                       **({"settings": self.settings} if self.settings else {})})
 
@@ -189,7 +196,8 @@ class Analysis:
                    limits=Limits(**data.get("limits", {})),
                    extrapolation_factor=data.get("extrapolation_factor", EXTRAPOLATION_FACTOR),
                    E_bootstrap=data.get("E_bootstrap", {}), curves=data.get("curves", {}),
-                   settings=data.get("settings", {}))
+                   settings=data.get("settings", {}),
+                   expansions=[ExpansionAnalysis.from_json(e) for e in data.get("expansions", [])])
 
     def __repr__(self) -> str:
         return "\n".join(display.analysis_lines(self.to_json()))
@@ -250,6 +258,46 @@ class Analysis:
                       "dstar_intervals": star["intervals"], "dstar_interval_note": star["interval_note"],
                       "dstar_extrapolation": star["extrapolation"], "dstar_answer": star.get("answer"),
                       "group": best.label, **concerning(self.problems, fit, best.label, n1)})
+
+
+@dataclass(frozen=True, repr=False)
+class ExpansionAnalysis:
+    """One expansion study (fitting/expansion.py): the analysis of its three mapped tables, whose D* is D*_expand;
+    none when an arm is missing (``missing``: each {"arm", "why", "add"}). ``points`` counts each arm's rows."""
+
+    group: dict[str, Any]  # {"parent_experts", "n_expert", "topk", "method", "r"}
+    analysis: Analysis | None
+    missing: list[dict[str, str]] = field(default_factory=list)
+    points: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return study_label(self.group)
+
+    @property
+    def dstar(self) -> dict[str, Any] | None:
+        """D*_expand per N1 (`upscale dstar --json`'s layout), when the study's laws were fitted."""
+        return self.analysis.upcycled[0].dstar if self.analysis and self.analysis.upcycled else None
+
+    def decision(self, n1: float, d1: float, d2: float) -> dict[str, Any]:
+        """Expand the parent or train the m·E MoE from scratch at (N1, D1 parent tokens, D2 after expansion), as
+        ``Analysis.decision`` answers for upcycling; FitError when the study was not analysed."""
+        if self.analysis is None:
+            raise FitError(f"{self.label} was not analysed: " + "; ".join(m["why"] for m in self.missing))
+        return self.analysis.decision(n1, d1, d2)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "label": self.label, "points": self.points, "missing": self.missing,
+                "analysis": self.analysis.to_json() if self.analysis else None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExpansionAnalysis:
+        inner = data.get("analysis")
+        return cls(data["group"], Analysis.from_json(inner) if inner else None, data.get("missing", []),
+                   data.get("points", {}))
+
+    def __repr__(self) -> str:
+        return "\n".join(display.expansion_lines(self.to_json()))
 
 
 def observed_grid(dense: pd.DataFrame, scratch: pd.DataFrame,
@@ -352,7 +400,22 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
     ``answers`` False: the paper's pair of laws alone, without the law forms, backtests and the runs' bracket
     (docs/laws.md, "The answer beyond one law"): what every answer was before them, kept for comparison and as the
     cost baseline of bench/real_answer.py. FitError only when a table is missing or there is nothing to analyse.
+
+    An optional "expanded" table (expert upcycling: D1, D2, N1, loss, parent_experts, n_expert, topk, method, r)
+    adds one analysis per expansion study (fitting/expansion.py), on observed rows, with the N1s asked: the record's
+    ``expansions``, each with its D*_expand. Expanded rows never enter the dense->MoE analysis.
     """
+    out = _upcycling(tables, n1s, decisions, bootstrap, seed, workers, progress, limits, extrapolation_factor,
+                     curves, answers)
+    return replace(out, expansions=_expansions(tables, n1s, bootstrap, seed, workers, progress, limits,
+                                               extrapolation_factor, answers))
+
+
+def _upcycling(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
+               decisions: Sequence[tuple[float, float, float]] | None, bootstrap: int, seed: int, workers: int,
+               progress: Progress | None, limits: Limits | None, extrapolation_factor: float,
+               curves: PredictedDecays | None, answers: bool) -> Analysis:
+    """``analyze`` of dense->MoE upcycling alone: the observed rows, or with ``curves`` their predicted ones too."""
     args = (decisions, bootstrap, seed, workers, progress, limits, extrapolation_factor)
     if curves is None:
         return _analyze(tables, n1s, *args, answers=answers)
@@ -373,6 +436,30 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
               for u, (_, rows) in zip(out.upcycled, _groups(combined), strict=True)]
     return replace(out, points=points, upcycled=groups,
                    curves={**record, "points": predicted, "noise": noise.to_json()})
+
+
+def _expansions(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None, bootstrap: int, seed: int,
+                workers: int, progress: Progress | None, limits: Limits | None, extrapolation_factor: float,
+                answers: bool) -> list[ExpansionAnalysis]:
+    """Each expansion study of ``tables`` (its "expanded" rows; fitting/expansion.py) analysed as upcycling is, on
+    its observed rows; one lacking an arm, or whose analysis finds nothing to fit, is kept with why."""
+    out = []
+    for study in expansion_studies(dict(tables)):
+        if study.missing:
+            out.append(ExpansionAnalysis(study.group, None, study.missing, study.points))
+            continue
+        def stage(name: str, done: int, total: int, label: str = study.label) -> None:
+            if progress is not None:
+                progress(f"{label}: {name}", done, total)
+        try:
+            sub = _analyze(study.tables, n1s, None, bootstrap, seed, workers, stage, limits, extrapolation_factor,
+                           answers=answers)
+        except FitError as e:
+            out.append(ExpansionAnalysis(study.group, None, [{"arm": "analysis", "why": str(e), "add": ""}],
+                                         study.points))
+        else:
+            out.append(ExpansionAnalysis(study.group, sub, [], study.points))
+    return out
 
 
 def _groups(tables: Mapping[str, pd.DataFrame]) -> list[tuple[dict[str, Any], pd.DataFrame]]:

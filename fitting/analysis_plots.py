@@ -9,7 +9,9 @@ In ``out_dir``, each as PNG and PDF:
 - per upcycling group, in its folder (fitting.groups.group_slug, e.g. ``naive_8x2/``): ``loss_vs_d2`` (a panel per
   N1), ``parity``, ``residuals``, ``alpha_d1``, ``catch_up`` (loss against tokens with the crossings marked) and
   ``backtest`` (each law form's error on held-out runs against how far beyond its fitted range they lay, with the
-  calibrated bands).
+  calibrated bands);
+- per expansion study (expert upcycling), in its folder (``expand_4x1_8x1_uniform/``): ``dstar`` (D*_expand over
+  N1) and the group plots above, of its expanded rows against the m·E MoE from scratch.
 
 A plot the data cannot support (no fit of its law, a grid too small for alpha(D1)) is skipped with a line saying
 why; ``draw_analysis`` never raises for one.
@@ -25,10 +27,11 @@ import numpy as np
 import pandas as pd
 
 from upscale.fitting import plots
-from upscale.fitting.analysis import Analysis, UpcycledAnalysis
+from upscale.fitting.analysis import Analysis, ExpansionAnalysis, UpcycledAnalysis
 from upscale.fitting.curve_observations import is_predicted
 from upscale.fitting.diagnostics import alpha_d1
-from upscale.fitting.groups import group_label, group_slug, upcycled_groups
+from upscale.fitting.expansion import Study, expansion_studies
+from upscale.fitting.groups import as_slug, group_label, group_slug, upcycled_groups
 from upscale.fitting.laws import LOSS, WEIGHT, get_law
 from upscale.fitting.plots import DrawnPlots, DstarCurve
 from upscale.fitting.summary import FittedLaw
@@ -144,4 +147,22 @@ def draw_analysis(analysis: Analysis, tables: Mapping[str, pd.DataFrame], out_di
         drawn.skip("dstar", "no upcycling group has both a from-scratch and an upcycled law: "
                             f"{analysis.missing('chinchilla', 'joint')}")
     _draw_scratch(analysis, tables, out, drawn)
+    studies = {study.label: study for study in expansion_studies(dict(tables))}
+    for study in analysis.expansions:
+        _draw_expansion(study, studies.get(study.label), out, drawn)
     return drawn
+
+
+def _draw_expansion(study: ExpansionAnalysis, mapped: Study | None, out: Path, drawn: DrawnPlots) -> None:
+    """An expansion study's plots: its expanded rows' group plots and its D*_expand over N1 (``<study>/dstar``)."""
+    name = f"{as_slug(study.label)}/dstar"
+    inner = study.analysis
+    if inner is None or mapped is None or not inner.upcycled:
+        drawn.skip(name, f"{study.label} was not analysed: " + ("; ".join(m["why"] for m in study.missing)
+                                                                  or "its expanded rows are not in the tables"))
+        return
+    curve = _draw_group(inner, inner.upcycled[0], mapped.tables["upcycled"], out, drawn)
+    if curve is None:
+        drawn.skip(name, f"no D*_expand for {study.label}: {inner.missing('chinchilla', 'joint')}")
+    else:
+        drawn.attempt(out, name, lambda p: plots.dstar_band([curve()], p))

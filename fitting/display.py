@@ -3,7 +3,8 @@
 
 An analysis prints a summary a researcher reads in ten seconds first (``summary_lines``): what the runs show at
 matched budgets, D* per size with its 80% interval and how far it is projected beyond the budgets trained, how well
-the laws predicted held-out runs, the one pair of runs to add, and the problems grouped by kind with a count. The
+the laws predicted held-out runs, the one pair of runs to add, and the problems grouped by kind with a count; then a
+short block per expansion study (``expansion_lines``: the same for D*_expand, or what the study lacks). The
 detail (each fit, every D* with both intervals, the verdicts, every problem with what to add) follows only when asked
 (``details``). The whole record (bootstrap samples included) stays on the object (``.report``, ``.to_json()``).
 An open interval end reads "unbounded" and a missing value "—", never alike.
@@ -182,29 +183,29 @@ def _analysis_head(record: dict[str, Any]) -> list[str]:
     return lines + curves_lines(record.get("curves") or {})
 
 
-def runs_line(observed: dict[str, Any]) -> str:
+def runs_line(observed: dict[str, Any], arm: str = "upcycling") -> str:
     """What the matched diagonal runs (upcycled at D1 = D2 = D against from scratch at D) show, per size, with the
-    noise a lead must beat: one clause for all sizes when they agree."""
+    noise a lead must beat: one clause for all sizes when they agree. ``arm``: what the runs did ("expanding")."""
     brackets = observed.get("brackets") or []
     if not brackets:
-        return "the runs: no matched pair (upcycled at D1 = D2 = D and from scratch at D) to compare"
+        return f"the runs: no matched pair ({arm} at D1 = D2 = D and from scratch at D) to compare"
     noise = (observed.get("noise") or {}).get("gap_threshold")
     head = f"the runs (D1 = D2 = D, beyond noise past {noise:.1%}): " if noise is not None else "the runs: "
 
     def story(b: dict[str, Any]) -> str:
         if all(x == "upcycle" for x in b["leaders"]):
-            text = f"upcycling ahead at every budget to {number(b['budgets'][-1])}"
+            text = f"{arm} ahead at every budget to {number(b['budgets'][-1])}"
         elif b["low"] is not None:
-            text = f"upcycling ahead to {number(b['low'])}"
+            text = f"{arm} ahead to {number(b['low'])}"
         else:
-            text = "upcycling never ahead beyond noise"
+            text = f"{arm} never ahead beyond noise"
         return text + (f", from scratch ahead from {number(b['high'])}" if b["high"] is not None else "")
 
     stories = [story(b) for b in brackets]
     tops = ", ".join(f"{b['gaps'][-1]:+.1%}" for b in brackets)
     sizes = ", ".join(number(b["n1"]) for b in brackets)
     if len(set(stories)) == 1:
-        return f"{head}{stories[0]} at N1 = {sizes} (upcycled ahead by {tops} at the top budget)"
+        return f"{head}{stories[0]} at N1 = {sizes} ({arm} ahead by {tops} at the top budget)"
     return head + "; ".join(f"N1={number(b['n1'])}: {t} ({b['gaps'][-1]:+.1%} at the top)"
                             for b, t in zip(brackets, stories, strict=True))
 
@@ -222,14 +223,15 @@ def settings_text(settings: dict[str, Any]) -> str:
             f"{settings.get('seed')}; D* at N1 {n1s}")
 
 
-def _dstar_summary(r: dict[str, Any]) -> str:
-    """One size's D* in one line: the answer, its 80% interval, how far it is projected, the forms' spread."""
+def _dstar_summary(r: dict[str, Any], name: str = "D*") -> str:
+    """One size's D* (``name``) in one line: the answer, its 80% interval, how far it is projected, the forms'
+    spread."""
     a = r.get("answer") or {}
     ivs = r.get("intervals") or {}
     reach = (a.get("distance") or {}).get("note") or distance(r.get("extrapolation"))
     spread = a.get("spread")
     forms = f"; forms {number(spread[0])}–{number(spread[1])}" if spread and spread[0] != spread[1] else ""
-    return f"D* at N1={number(r['n1'])}: {dstar(r)}; 80% {interval(ivs.get('80'))}; {reach}{forms}"
+    return f"{name} at N1={number(r['n1'])}: {dstar(r)}; 80% {interval(ivs.get('80'))}; {reach}{forms}"
 
 
 def problem_groups(problems: Sequence[dict[str, Any]]) -> list[str]:
@@ -269,6 +271,40 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         kinds[p.get("kind", "other")] = kinds.get(p.get("kind", "other"), 0) + 1
     lines.append(f"  problems: {len(problems)}" + (f" ({', '.join(f'{k} {n}' for k, n in kinds.items())}); the "
                                                     f"detail says which and what to add" if problems else ""))
+    return lines + [line for e in record.get("expansions") or [] for line in expansion_lines(e)]
+
+
+def expansion_lines(study: dict[str, Any]) -> list[str]:
+    """One expansion study of the record (``expansions``) in a short block: what its runs show, D*_expand per size
+    (80% interval, how far projected), the backtest, the pair of runs to add, its problems; or what it lacks."""
+    head = f"Expansion {study['label'].removeprefix('expand ')}"
+    inner = study.get("analysis")
+    if inner is None:
+        return [f"{head}: not analysed: " + "; ".join(m["why"] + (f" (add {m['add']})" if m.get("add") else "")
+                                                     for m in study.get("missing") or [])]
+    up = (inner.get("upcycled") or [{}])[0]
+    answer = up.get("answer") or {}
+    results = (up.get("dstar") or {}).get("results", [])
+    lines = [f"{head}:"]
+    if answer.get("observed"):
+        lines.append("  " + runs_line(answer["observed"], "expanding"))
+    lines += ["  " + _dstar_summary(r, "D*_expand") for r in results]
+    if not results:
+        lines.append("  no D*_expand: " + ("; ".join(p["why"] for p in inner.get("problems") or []
+                                                      if p.get("law") in ("chinchilla", "joint", "D*"))
+                                            or "its laws were not fitted"))
+    backtest = answer.get("backtest") or {}
+    if backtest.get("line") or backtest.get("note"):
+        lines.append("  backtest: " + (backtest.get("line") or backtest["note"]))
+    nexts = [n for n in ((r.get("answer") or {}).get("next") for r in results) if n]
+    if nexts:
+        best = max(nexts, key=lambda n: n["forms_sd"])
+        lines.append(f"  next: expanded at N1={number(best['n1'])}, D1 = D2 = {number(best['tokens'])} tokens, and "
+                     f"from scratch at D = {number(best['tokens'])} (~{best['flops']:.2g} FLOPs): where the law "
+                     f"forms disagree most")
+    lines += ["  " + d["contradiction"] for d in up.get("decisions", []) if d.get("contradiction")]
+    problems = inner.get("problems") or []
+    lines.append(f"  problems: {len(problems)}")
     return lines
 
 
@@ -333,4 +369,7 @@ def analysis_html(record: dict[str, Any]) -> str:
                   for r in (up.get("dstar") or {}).get("results", []) if (text := evidence(r)) is not None]
         parts += [f"<p>{html.escape(decision_line(d))}</p>" for d in up.get("decisions", [])]
     parts.append(_problems_html(record.get("problems")))
+    for study in record.get("expansions") or []:
+        head, *rest = expansion_lines(study)
+        parts.append(f"<h4>{html.escape(head)}</h4>" + "".join(f"<p>{html.escape(line)}</p>" for line in rest))
     return "".join(parts) + "</div>"

@@ -91,7 +91,8 @@ class _Block:
 
 def _theta(law: Law, table: Mapping[str, np.ndarray]) -> np.ndarray:
     """Generic parameters (fitted coordinates) that make every term 1 at the grid's centre in log space."""
-    centre = {c: float(np.mean(law.log_column(c, table[c]))) for c in law.columns}
+    centre = {c: float(np.mean(law.log_column(c, table[c]))) if len(table[c]) else 0.0  # a block without rows
+              for c in law.columns}
     interactions = {m.param for t in law.terms for m in t.monomials if len(m.columns) > 1}
     main = iter(_EXPONENTS * len(law.params))
     exponents = {p.name: _INTERACTION if p.name in interactions else next(main)
@@ -134,7 +135,10 @@ def _unidentified(blocks: Sequence[_Block], shared: frozenset[str]) -> tuple[str
 
 def _grow(rows: Sequence[Row], column: int, extra: int) -> tuple[Row, ...]:
     """The rows with ``extra`` new values of one axis, each crossed with every other coordinate (as the planner
-    crosses a new budget or size with the rest of the grid); new values continue the axis geometrically."""
+    crosses a new budget or size with the rest of the grid); new values continue the axis geometrically. A block
+    without rows stays empty: its axis has no values to continue (a sweep of expert upcycling has no dense runs)."""
+    if not rows:
+        return tuple(rows)
     values = sorted({r[column] for r in rows})
     step = values[-1] / values[-2] if len(values) > 1 else 2.0
     new = [values[-1] * step ** (i + 1) for i in range(extra)]

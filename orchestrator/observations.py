@@ -4,7 +4,8 @@ Column meanings follow docs/laws.md: dense rows carry D = D1 and N = N1 (the Chi
 carry D and N = N1, the size of the dense model the MoE is built on, as the paper fits the MoE law
 (fitting/synthetic.py); upcycled rows carry D1, D2, N1 for the data and joint laws, and N2 and P = N_total / N2 for the
 config laws. Expanded rows (an E-expert MoE grown to n_expert = m·E experts) carry D1 (the parent's tokens), D2, N1,
-N2, P and parent_experts = E; the laws of `analyze` read none of them. Every row has its `trunk`, so the bootstrap
+N2, P and parent_experts = E: `analyze` reads them as expansion studies (fitting/expansion.py). Every row has
+its `trunk`, so the bootstrap
 resamples trunks, and its MLflow run.
 """
 

@@ -111,7 +111,7 @@ def _table(data: pd.DataFrame | str | Path) -> pd.DataFrame:
 
 
 # The law `analyze` fits to each table: its columns and ``loss`` are what a table must have.
-_ANALYSIS_LAWS = {"dense": "chinchilla", "scratch": "chinchilla", "upcycled": "joint"}
+_ANALYSIS_LAWS = {"dense": "chinchilla", "scratch": "chinchilla", "upcycled": "joint", "expanded": "joint"}
 
 
 def _analysis_table(kind: str, data: pd.DataFrame | str | Path) -> pd.DataFrame:
@@ -162,8 +162,9 @@ def analyze(tables: Mapping[str, pd.DataFrame | str | Path], n1s: Sequence[float
     ``decisions``.
 
     ``tables``: "dense", "scratch" and "upcycled", as frames or CSV paths (FitError naming a missing file or
-    column). ``bootstrap``: default the service's (100), so that the same observations give the same answer here
-    and from `upscale analyze`. ``curves`` False: rows the tables mark as predicted from trunk curves (``source``
+    column); and "expanded" for expert upcycling (the record's ``expansions``: D*_expand per expansion study).
+    ``bootstrap``: default the service's (100), so that the same observations give the same answer here and from
+    `upscale analyze`. ``curves`` False: rows the tables mark as predicted from trunk curves (``source``
     "predicted", as `upscale analyze SWEEP --export-tables` writes them) are left out, as `--no-curves` does. The
     record's ``settings`` say all of this. See ``upscale.fitting.analysis.analyze``.
     """

@@ -1,8 +1,8 @@
 """How the CLI prints an analysis (fitting/analysis.py's record): its settings, then the summary a researcher reads in
-ten seconds (fitting/display.py: what the runs show, D* and how far it is projected, the backtest, the runs to add)
-and the problems one line per kind and fit; with ``details``, the shared E, the from-scratch fit, per upcycling group
-its fit, D* table and verdicts, and every problem with what to add. `upscale demo` and `upscale analyze` print
-through here, so both show the same thing."""
+ten seconds (fitting/display.py: what the runs show, D* and how far it is projected, the backtest, the runs to add) and
+the problems one line per kind and fit; with ``details``, the shared E, the from-scratch fit, per upcycling group its
+fit, D* table and verdicts, every problem with what to add, and per expansion study the same. `upscale demo` and
+`upscale analyze` print through here, so both show the same thing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from upscale.control.records import AnalysisRecord
-    from upscale.fitting.analysis import Analysis, UpcycledAnalysis
+    from upscale.fitting.analysis import Analysis, ExpansionAnalysis, UpcycledAnalysis
     from upscale.fitting.plots import DrawnPlots
 
 
@@ -77,7 +77,8 @@ def print_summary(analysis: Analysis) -> None:
     per kind and fit with a count."""
     record = analysis.to_json()
     for line in summary_lines(record):
-        colour = "yellow" if "contradicts the runs" in line else "bold" if line.startswith("upscale") else ""
+        colour = ("yellow" if "contradicts the runs" in line
+                  else "bold" if line.startswith(("upscale", "Expansion")) else "")
         console.print(f"[{colour}]{line}[/]" if colour else line, highlight=False, soft_wrap=True, markup=bool(colour))
     for line in problem_groups(record.get("problems") or []):
         console.print(f"    {line}", style="yellow", highlight=False, soft_wrap=True, markup=False)
@@ -100,6 +101,26 @@ def print_analysis(analysis: Analysis, details: bool = False, truth: dict[str, d
         console.rule(f"[bold]upcycling method: {up.label or 'all'}")
         print_upcycled(up, (truth or {}).get("upcycled"))
     print_problems(analysis)
+    for study in analysis.expansions:
+        console.rule(f"[bold]{study.label}")
+        print_expansion(study)
+
+
+def print_expansion(study: ExpansionAnalysis) -> None:
+    """One expansion study's detail: its arms' fits, D*_expand, verdicts and problems; or what it lacks."""
+    if study.analysis is None:
+        for m in study.missing:
+            console.print(f"[yellow]{m['arm']}: {m['why']}" + (f"; add {m['add']}" if m["add"] else "") + "[/]",
+                          highlight=False, soft_wrap=True)
+        return
+    inner = study.analysis
+    print_trained(inner)
+    console.print(f"shared E (parent + MoE from scratch): {inner.E:.4f}", highlight=False)
+    if inner.scratch is not None:
+        console.print(fit_table(inner.scratch.report, "MoE from scratch (chinchilla on D, N = N1)"))
+    for up in inner.upcycled:
+        print_upcycled(up)
+    print_problems(inner)
 
 
 def print_record_header(record: dict[str, Any]) -> None:

@@ -6,7 +6,8 @@ A sweep is one code path through `connect` (api/cli/local.py): in-process `analy
 `--api` the server runs it (POST /sweeps/{id}/analysis). `--export-tables DIR` then writes the tables that analysis
 fitted (with curves, the predicted decay ends too, marked), which `--tables DIR` reads back to the same answer.
 
-Tables (`--tables DIR` with dense.csv, scratch.csv and upcycled.csv, or `--dense/--scratch/--upcycled`) run
+Tables (`--tables DIR` with dense.csv, scratch.csv and upcycled.csv, and expanded.csv for expert upcycling when it
+has any, or `--dense/--scratch/--upcycled`) run
 ``upscale.analyze`` here, the same analysis function, and are stored nowhere. Either way it prints its settings
 (control/analysis_settings.py), for a sweep the newest stored analysis of it made with other settings and the D* that
 gave, then what `upscale demo` prints (api/cli/analysis_view.py) or, with --json, the record as the API shows it.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from upscale.client import Client
 
 KINDS = ("dense", "scratch", "upcycled")  # the tables, and their file names in a --tables folder (KIND.csv)
+EXPANDED = "expanded"  # the optional fourth table of a --tables folder: runs trained after an expert expansion
 
 
 def analyze_command(
@@ -46,8 +48,8 @@ def analyze_command(
                                          "predict beside the observed ones (when it has curves; in tables, the rows "
                                          "marked source=predicted); --no-curves: observed decays only.")] = True,
     tables: Annotated[Path | None, typer.Option("--tables", help="Analyse the tables in this folder instead of a "
-                                                "sweep: dense.csv, scratch.csv and upcycled.csv (README, 'Bring your "
-                                                "own runs').")] = None,
+                                                "sweep: dense.csv, scratch.csv and upcycled.csv, and expanded.csv "
+                                                "when there is one (README, 'Bring your own runs').")] = None,
     dense: Annotated[Path | None, typer.Option("--dense", help="The dense table instead of a sweep (columns D, N, "
                                                "loss[, trunk]); with --scratch and --upcycled.")] = None,
     scratch: Annotated[Path | None, typer.Option("--scratch", help="The from-scratch MoE table (D, N = N1, "
@@ -128,7 +130,8 @@ def _table_paths(folder: Path | None, dense: Path | None, scratch: Path | None,
     if missing:
         raise CommandError(f"--tables {folder}: no {', '.join(missing)} there (it needs dense.csv, scratch.csv and "
                            f"upcycled.csv; `upscale analyze SWEEP --export-tables DIR` writes them)")
-    return paths
+    expanded = folder / f"{EXPANDED}.csv"  # expert upcycling, when there is any (docs/laws.md, "Expansion")
+    return paths | ({EXPANDED: expanded} if expanded.is_file() else {})
 
 
 def _analyze_tables(paths: dict[str, Path], n1s: list[float] | None, bootstrap: int, seed: int, curves: bool,

@@ -387,3 +387,24 @@ def test_a_deleted_refit_schedule_runs_no_more(tmp_path, mlflow_uri) -> None:
         r = c.post(f"/refit-schedules/{schedule['id']}/run")
         assert r.status_code == 404 and "was deleted" in r.json()["detail"], r.text
         assert c.get("/refits", params={"schedule_id": schedule["id"]}).json() == []
+
+
+@pytest.mark.slow  # an analysis with its plots (~10 s on 2 cores), then a server
+def test_an_expansion_study_reaches_rest_as_the_record_has_it(tmp_path, mlflow_uri) -> None:
+    """Expanded observations in the service's analysis: the study's D*_expand, its plot, and GET /analyses/{id}
+    giving the record back as `Analysis.from_json` reads it."""
+    from tests.fitting.expansion_tables import expansion_tables
+    from upscale.fitting.analysis import Analysis
+
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri)
+    services = open_services(settings)
+    tables = {**expansion_tables(), "dense": pd.DataFrame(columns=["N", "D", "loss"]),
+              "upcycled": pd.DataFrame(columns=["N1", "D1", "D2", "loss"])}
+    record = run_analysis(services, [], bootstrap=0, owner="alice", trigger="demo", tables=tables)
+    assert record.status == "done" and "expand_4x1_8x1_uniform/dstar" in record.plots, record.error
+    with serve(settings, scheduler=False) as live:
+        body = live.client().get(f"/analyses/{record.id}").json()
+    (study,) = body["analysis"]["expansions"]
+    assert study["label"] == "expand 4x1 -> 8x1 uniform" and study["missing"] == []
+    assert study["analysis"]["upcycled"][0]["dstar"]["results"]
+    assert Analysis.from_json(body["analysis"]).expansions[0].to_json() == study

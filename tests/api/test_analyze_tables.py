@@ -165,3 +165,27 @@ def test_the_bundled_tables_as_the_readme_analyses_them() -> None:
     assert got["source"].startswith("tables dense=") and got["analysis"]["settings"]["n1s"] == [1e9]
     ((_, n1, dstar, *_),) = answers(got["analysis"])
     assert n1 == 1e9 and 1e9 < dstar < 1e11  # the paper's D* at 1e9 is ~3e9 tokens
+
+
+@pytest.mark.slow  # two analyses of the tables, ~6 s each on 2 cores
+def test_tables_with_expanded_rows_give_each_expansion_study_its_answer(tmp_path) -> None:
+    """`--tables DIR` reads expanded.csv when there is one: the summary's block per study, and the --json record
+    that reads back to the same analysis."""
+    from tests.fitting.expansion_tables import expansion_tables
+    from upscale.fitting.analysis import Analysis
+
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    tables = {**expansion_tables(), "dense": pd.DataFrame(columns=["N", "D", "loss"]),
+              "upcycled": pd.DataFrame(columns=["N1", "D1", "D2", "loss"])}
+    for kind, df in tables.items():
+        df.to_csv(folder / f"{kind}.csv", index=False)
+    runner = CliRunner()
+    out = runner.invoke(app, ["analyze", "--tables", str(folder), "--bootstrap", "0", "--json"])
+    assert out.exit_code == 0, out.output
+    record = json.loads(out.stdout)["analysis"]
+    (study,) = record["expansions"]
+    assert study["label"] == "expand 4x1 -> 8x1 uniform" and study["analysis"]["upcycled"][0]["dstar"]["results"]
+    assert Analysis.from_json(record).to_json() == record
+    text = runner.invoke(app, ["analyze", "--tables", str(folder), "--bootstrap", "0"]).stdout
+    assert "Expansion 4x1 -> 8x1 uniform:" in text and "D*_expand at N1=" in text

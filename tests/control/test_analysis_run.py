@@ -212,6 +212,36 @@ def test_the_summary_shows_health_extrapolation_and_tells_open_from_missing() ->
                                                     analysis_run.EXTRAPOLATED: "2"}
 
 
+STUDY = "expand 4x1 -> 8x1 uniform"
+RECORD_EXPANSION = {**RECORD_NEW, "expansions": [
+    {"label": STUDY, "group": {"parent_experts": 4, "n_expert": 8, "topk": 1, "method": "expand-uniform", "r": None},
+     "points": {"parent": 8, "from scratch": 8, "expanded": 12}, "missing": [],
+     "analysis": {**RECORD_NEW, "upcycled": [{**RECORD_NEW["upcycled"][0], "group": {"method": STUDY}}]}},
+    {"label": "expand 8x1 -> 16x1 utility", "points": {"parent": 8, "from scratch": 0, "expanded": 12},
+     "group": {"parent_experts": 8, "n_expert": 16, "topk": 1, "method": "expand-utility", "r": None},
+     "missing": [{"arm": "from scratch", "why": "no from-scratch runs of the 16x1 MoE",
+                  "add": "from-scratch 16x1 runs at the same sizes over several budgets D"}], "analysis": None}]}
+
+
+def test_an_expansion_study_is_one_more_group_and_a_missing_arm_a_problem() -> None:
+    """D*_expand is tabled, charted and tagged under its study's name; a study lacking an arm says so in the
+    summary and counts as a problem, as do its fits' own."""
+    from datetime import UTC, datetime
+
+    from upscale.control.analysis_run import dstar_rows, verdict_rows
+
+    assert {r["group"] for r in dstar_rows(RECORD_EXPANSION)} == {"all", STUDY}
+    assert {r["group"] for r in verdict_rows(RECORD_EXPANSION)} == {"all", STUDY}
+    meta = AnalysisMeta("abc123", ["s1"], "request", "alice", datetime(2025, 1, 2, tzinfo=UTC))
+    text = summary_markdown(RECORD_EXPANSION, meta, "Analysis 1 of this sweep")
+    assert f"| {STUDY} | 1e+04 | 2e+09 |" in text and "Expansion 4x1 -> 8x1 uniform:" in text
+    assert "Expansion 8x1 -> 16x1 utility: not analysed: no from-scratch runs of the 16x1 MoE" in text
+    assert f"{STUDY}: upcycled [bound]: alpha1=0 at its bound" in text
+    assert ("dstar/expand_4x1_8x1_uniform", 10000) in {(m.key, m.step) for m in curves(RECORD_EXPANSION)}
+    assert headline(RECORD_EXPANSION)["analysis.fit.expand_4x1_8x1_uniform.A"] == "1"
+    assert analysis_run.health_tags(RECORD_EXPANSION)[PROBLEMS] == "3"
+
+
 def test_a_long_summary_is_cut_to_what_mlflow_keeps_and_says_where_the_rest_is() -> None:
     """MLflow keeps a tag's first 8000 characters: the demo's 17 problems ran past them, mid-word. The description is
     cut at a line, with the legend kept, and says how much is left out and where the whole record is."""
