@@ -193,7 +193,8 @@ def fitting_trunks(trunks: Sequence[TrunkCurves]) -> list[FittedTrunk]:
     out = []
     for t in trunks:
         observations = [d.observation for d in (*t.decays, *t.interior)]
-        if t.kind not in TABLES or any(o.get("kind") == "expanded" for o in observations):  # no law reads expanded
+        # expansion studies read observed decays only (fitting/expansion.py)
+        if t.kind not in TABLES or any(o.get("kind") == "expanded" for o in observations):
             continue
         table = TABLES[t.kind]
         decays = tuple(Curve(np.asarray(d.lr_multipliers), *_steps_and_losses(t, d.curve)) for d in t.decays)

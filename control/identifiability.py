@@ -20,7 +20,7 @@ def planned_grid(p: Plan) -> Grid:
             dense.add((o.N1, o.D1))
         elif o.kind == "scratch":
             scratch.add((o.N1, o.D))
-        elif o.kind == "upcycled":  # expanded observations enter no law of the analysis
+        elif o.kind == "upcycled":  # expansion studies are not checked at plan time (fitting/expansion.py at analysis)
             group = group_label({"method": o.method, "r": o.r, "n_expert": o.n_expert, "topk": o.topk})
             upcycled.setdefault(group, set()).add((o.N1, o.D1, o.D2))
     return Grid(tuple(sorted(dense)), tuple(sorted(scratch)), {g: tuple(sorted(rows)) for g, rows in upcycled.items()})

@@ -5,8 +5,7 @@ carry D and N = N1, the size of the dense model the MoE is built on, as the pape
 (fitting/synthetic.py); upcycled rows carry D1, D2, N1 for the data and joint laws, and N2 and P = N_total / N2 for the
 config laws. Expanded rows (an E-expert MoE grown to n_expert = m·E experts) carry D1 (the parent's tokens), D2, N1,
 N2, P and parent_experts = E: `analyze` reads them as expansion studies (fitting/expansion.py). Every row has
-its `trunk`, so the bootstrap
-resamples trunks, and its MLflow run.
+its `trunk`, so the bootstrap resamples trunks, and its MLflow run.
 """
 
 from __future__ import annotations
