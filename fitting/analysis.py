@@ -62,7 +62,7 @@ from upscale.fitting.dstar import (
 )
 from upscale.fitting.errors import FitError
 from upscale.fitting.evidence import dstar_evidence, evidence_problem, point_noise, with_predicted
-from upscale.fitting.expansion import expansion_studies, study_label
+from upscale.fitting.expansion import expansion_studies, study_label, upcycling_tables
 from upscale.fitting.groups import group_label, upcycled_groups
 from upscale.fitting.health import check_dstar, concerning
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
@@ -403,10 +403,12 @@ def analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None = No
 
     An optional "expanded" table (expert upcycling: D1, D2, N1, loss, parent_experts, n_expert, topk, method, r)
     adds one analysis per expansion study (fitting/expansion.py), on observed rows, with the N1s asked: the record's
-    ``expansions``, each with its D*_expand. Expanded rows never enter the dense->MoE analysis.
+    ``expansions``, each with its D*_expand. Expanded rows never enter the dense->MoE analysis, nor do the
+    from-scratch rows of a configuration only an expansion study uses (its rival, or a parent grown in no dense
+    upcycling).
     """
-    out = _upcycling(tables, n1s, decisions, bootstrap, seed, workers, progress, limits, extrapolation_factor,
-                     curves, answers)
+    out = _upcycling(upcycling_tables(tables), n1s, decisions, bootstrap, seed, workers, progress, limits,
+                     extrapolation_factor, curves, answers)
     return replace(out, expansions=_expansions(tables, n1s, bootstrap, seed, workers, progress, limits,
                                                extrapolation_factor, answers))
 

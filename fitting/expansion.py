@@ -14,6 +14,7 @@ with what to add. Pure table work: fitting/analysis.py runs the analysis on the 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,23 @@ def _scratch_rows(scratch: pd.DataFrame, experts: Any, topk: Any) -> pd.DataFram
     n_expert = pd.to_numeric(scratch["n_expert"], errors="coerce")
     k = pd.to_numeric(scratch["topk"], errors="coerce")
     return scratch[(n_expert == experts) & (k == topk)].reset_index(drop=True)
+
+
+def upcycling_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """``tables`` for the dense->MoE analysis: with expanded rows present, the from-scratch rows of an expert
+    configuration no upcycled row has (an expanded MoE's rival, or a parent grown in no dense upcycling) are left
+    out, so they never join the from-scratch law the upcycled groups are measured against. Without expanded rows,
+    or without configurations to tell them by, the tables as they are."""
+    expanded, scratch, upcycled = (tables.get(k) for k in (EXPANDED, "scratch", "upcycled"))
+    columns = {"n_expert", "topk"}
+    if expanded is None or expanded.empty or scratch is None or upcycled is None or upcycled.empty \
+            or not (columns <= set(scratch.columns) and columns <= set(upcycled.columns)):
+        return dict(tables)
+    configs = {(e, k) for e, k in zip(pd.to_numeric(upcycled["n_expert"], errors="coerce"),
+                                      pd.to_numeric(upcycled["topk"], errors="coerce"), strict=True)}
+    mine = [(e, k) in configs for e, k in zip(pd.to_numeric(scratch["n_expert"], errors="coerce"),
+                                              pd.to_numeric(scratch["topk"], errors="coerce"), strict=True)]
+    return {**tables, "scratch": scratch[mine].reset_index(drop=True)}
 
 
 def _missing(group: dict[str, Any], parent: pd.DataFrame, rival: pd.DataFrame,

@@ -57,8 +57,12 @@ def test_expanded_rows_without_a_parent_count_say_so() -> None:
 
 
 def test_expanded_rows_leave_the_upcycling_answer_as_it_was() -> None:
+    """The dense->8x1 analysis of a sweep holding an expansion study is that of its own rows: neither the expanded
+    rows nor the 4x1 parent's from-scratch runs (a configuration no upcycled row has) join its laws."""
     tables = with_upcycling()
-    without = analyze({k: v for k, v in tables.items() if k != "expanded"}, bootstrap=0, answers=False).to_json()
+    own = {"dense": tables["dense"], "upcycled": tables["upcycled"],
+           "scratch": tables["scratch"][tables["scratch"]["n_expert"] == CHILD]}
+    without = analyze(own, bootstrap=0, answers=False).to_json()
     both = analyze(tables, bootstrap=0, answers=False).to_json()
     assert len(both.pop("expansions")) == 1 and without.pop("expansions") == []
     assert both == without
