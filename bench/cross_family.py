@@ -332,7 +332,7 @@ def _parts(case: Case, result: dict[str, Any] | None, level: str) -> dict[str, A
     answer = (result or {}).get("answer")
     if answer is None:
         return {}
-    bracket = answer.get("observed_bracket")
+    bracket = (answer.get("interval_brackets") or {}).get(level) or answer.get("observed_bracket")
     found = {"band": (answer.get("band_intervals") or {}).get(level),
              "mixture": (answer.get("mixture_intervals") or {}).get(level),
              "bracket": None if bracket is None else {"low": bracket.get("low"), "high": bracket.get("high")}}

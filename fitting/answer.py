@@ -36,7 +36,7 @@ from upscale.fitting.bands import LEVELS, Calibration, backtest_record, calibrat
 from upscale.fitting.dstar import OutOfRange
 from upscale.fitting.form_fits import FormFit, fit_forms, with_samples
 from upscale.fitting.forms import PRIMARY, form, path_columns, turned
-from upscale.fitting.observed import Observed, observe
+from upscale.fitting.observed import Z_BY_LEVEL, Observed, observe
 from upscale.fitting.projection import FormPath, first_dstar, form_path, pair_dstar, tokens_grid
 
 MIN_WEIGHT = 0.01  # a form below this weight takes no part in the stacked prediction or the mixture
@@ -179,16 +179,18 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
     b_lo, b_hi = (bracket["low"], bracket["high"]) if bracket else (None, None)
     sd = observed.noise["sd"]
     floor = _gap_floor(arms, observed, n1, sd)
-    intervals, band_ivs, mixture_ivs = {}, {}, {}
+    intervals, band_ivs, mixture_ivs, brackets = {}, {}, {}, {}
     for level in LEVELS:
+        cut = brackets[_key(level)] = observed.bracket(n1, Z_BY_LEVEL[level])
+        c_lo, c_hi = (cut["low"], cut["high"]) if cut else (None, None)
         margin = np.maximum(floor, np.hypot(arms.calibration.half_width("scratch", d_s, level, sd),  # independent
                                             arms.calibration.half_width("upcycled", d_u, level, sd)))  # arms
-        band_ivs[_key(level)] = _as_interval(*_band_interval(gap, margin, valid, tokens, b_lo))
+        band_ivs[_key(level)] = _as_interval(*_band_interval(gap, margin, valid, tokens, c_lo))
         if values.size:
             lo, hi = weighted_interval(values, weights, level)
             mixture_ivs[_key(level)] = _as_interval(lo, hi)
         iv = _hull(band_ivs[_key(level)], mixture_ivs.get(_key(level)))
-        intervals[_key(level)] = _bounded(iv, b_lo, b_hi)
+        intervals[_key(level)] = _bounded(iv, c_lo, c_hi)
     contradiction = _contradiction(star, b_lo, b_hi, n1)
     state = "crossing" if 0 < star < math.inf else "above" if star == math.inf else "below" if star == 0 else "none"
     if contradiction:
@@ -201,7 +203,7 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
     return {"dstar": shown, "dstar_state": state, "projected_dstar": star if 0 < star < math.inf else None,
             "intervals": intervals, "band_intervals": band_ivs, "mixture_intervals": mixture_ivs or None,
             "forms": pairs, "spread": spread, "valid_to": end if end < span[1] else None,
-            "observed_bracket": bracket, "contradiction": contradiction,
+            "observed_bracket": bracket, "interval_brackets": brackets, "contradiction": contradiction,
             "open_note": _open_note(intervals["80"], n1, span, end, bracket),
             "distance": _reach(shown, state, intervals["80"], arms, n1),
             "next": _next_pair(arms, paths, n1, tokens, valid, intervals["80"])}

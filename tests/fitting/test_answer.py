@@ -179,6 +179,20 @@ def test_the_bands_never_end_d_star_where_the_runs_show_upcycling_ahead() -> Non
     assert _band_interval(gap, margin, valid, tokens, led=tokens[7]) == (None, tokens[8])
 
 
+def test_the_95_interval_is_cut_only_where_a_pair_differs_by_three_noise_sds() -> None:
+    """A diagonal pair 2.5 SDs (of a pair's difference) behind bounds D* for the 80% interval, not for the 95% one."""
+    sd = 0.01
+    threshold = math.sqrt(2) * sd
+    scratch = pd.DataFrame({"N": 1e5, "D": [1e4, 4e4, 1.6e5], "loss": [3.0, 2.8, 2.6]})
+    gaps = [3 * threshold, 0.0, -2.5 * threshold]  # log(scratch) - log(upcycled): ahead, tied, behind
+    upcycled = pd.DataFrame({"N1": 1e5, "D1": scratch["D"], "D2": scratch["D"],
+                             "loss": scratch["loss"] * np.exp(-np.array(gaps))})
+    obs = observe(scratch, upcycled)
+    obs = type(obs)(obs.pairs, {**obs.noise, "sd": sd}, obs.brackets)  # too few budgets to measure: set it
+    at_2, at_3 = obs.bracket(1e5, 2.0), obs.bracket(1e5, 3.0)
+    assert (at_2["low"], at_2["high"]) == (1e4, 1.6e5) and (at_3["low"], at_3["high"]) == (1e4, None)
+
+
 def test_noise_is_measured_without_a_law_and_brackets_follow_it() -> None:
     rng = np.random.default_rng(3)
     budgets = 2.0 ** np.arange(16, 24)
