@@ -33,13 +33,14 @@ def interval(iv: dict[str, Any] | None) -> str:
             f"{'unbounded' if iv['high_open'] else number(iv['high'])}]")
 
 
-def dstar(r: dict[str, Any]) -> str:
-    """D* from one result of `dstar_at`: the crossing, or where it lies when the searched range holds none."""
+def dstar(r: dict[str, Any], leader: str = "upcycling") -> str:
+    """D* from one result of `dstar_at`: the crossing, or where it lies when the searched range holds none
+    (``leader``: what wins before D*, "expanding" for an expansion study)."""
     lo, hi = r.get("search_range") or (None, None)
     bracket = (r.get("answer") or {}).get("observed_bracket") or {}
     runs = (f"≥ {number(bracket.get('low'))} (the runs' bracket; the laws contradict the runs)"
             if bracket.get("low") is not None else "the runs' bracket (the laws contradict the runs)")
-    return {"crossing": number(r["dstar"]), "above": f"> {number(hi)} (upcycling still wins there)",
+    return {"crossing": number(r["dstar"]), "above": f"> {number(hi)} ({leader} still wins there)",
             "below": f"< {number(lo)} (from scratch wins throughout)",
             "observed": runs}[r.get("dstar_state", "crossing")]  # records older than the state had a crossing
 
@@ -223,15 +224,15 @@ def settings_text(settings: dict[str, Any]) -> str:
             f"{settings.get('seed')}; D* at N1 {n1s}")
 
 
-def _dstar_summary(r: dict[str, Any], name: str = "D*") -> str:
-    """One size's D* (``name``) in one line: the answer, its 80% interval, how far it is projected, the forms'
-    spread."""
+def _dstar_summary(r: dict[str, Any], name: str = "D*", leader: str = "upcycling") -> str:
+    """One size's D* (``name``; ``leader`` what wins before it) in one line: the answer, its 80% interval, how far
+    it is projected, the forms' spread."""
     a = r.get("answer") or {}
     ivs = r.get("intervals") or {}
     reach = (a.get("distance") or {}).get("note") or distance(r.get("extrapolation"))
     spread = a.get("spread")
     forms = f"; forms {number(spread[0])}–{number(spread[1])}" if spread and spread[0] != spread[1] else ""
-    return f"{name} at N1={number(r['n1'])}: {dstar(r)}; 80% {interval(ivs.get('80'))}; {reach}{forms}"
+    return f"{name} at N1={number(r['n1'])}: {dstar(r, leader)}; 80% {interval(ivs.get('80'))}; {reach}{forms}"
 
 
 def problem_groups(problems: Sequence[dict[str, Any]]) -> list[str]:
@@ -288,7 +289,7 @@ def expansion_lines(study: dict[str, Any]) -> list[str]:
     lines = [f"{head}:"]
     if answer.get("observed"):
         lines.append("  " + runs_line(answer["observed"], "expanding"))
-    lines += ["  " + _dstar_summary(r, "D*_expand") for r in results]
+    lines += ["  " + _dstar_summary(r, "D*_expand", "expanding") for r in results]
     if not results:
         lines.append("  no D*_expand: " + ("; ".join(p["why"] for p in inner.get("problems") or []
                                                       if p.get("law") in ("chinchilla", "joint", "D*"))

@@ -11,7 +11,7 @@ import pytest
 
 from tests.fitting.expansion_tables import CHILD, PARENT, SIZES, expansion_tables, truth, with_upcycling
 from upscale.fitting.analysis import Analysis, analyze
-from upscale.fitting.display import summary_lines
+from upscale.fitting.display import dstar, summary_lines
 from upscale.fitting.dstar import dstar_at
 from upscale.fitting.errors import FitError
 from upscale.fitting.expansion import expansion_studies, study_label
@@ -91,3 +91,9 @@ def test_dstar_expand_is_found_and_its_interval_covers_the_generating_one() -> N
     assert any("D*_expand at N1=" in line for line in lines)
     back = Analysis.from_json(json.loads(json.dumps(analysis.to_json())))
     assert back.to_json() == analysis.to_json() and back.expansions[0].label == study.label
+
+
+def test_a_d_star_expand_above_the_range_says_expanding_wins_there() -> None:
+    above = {"dstar": None, "dstar_state": "above", "search_range": [1e3, 4.9e7]}
+    assert dstar(above, "expanding") == "> 4.9e+07 (expanding still wins there)"
+    assert "upcycling still wins" in dstar(above)
