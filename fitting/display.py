@@ -249,21 +249,9 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     points = ", ".join(f"{k} {v}" for k, v in record.get("points", {}).items())
     lines = [f"upscale analysis ({points} runs; bootstrap {record.get('bootstrap', MISSING)})"]
     for up in record.get("upcycled", []):
-        answer = up.get("answer") or {}
-        results = (up.get("dstar") or {}).get("results", [])
         if up.get("label") and len(record.get("upcycled", [])) > 1:
             lines.append(f"upcycled {up['label']}:")
-        if answer.get("observed"):
-            lines.append("  " + runs_line(answer["observed"]))
-        lines += ["  " + _dstar_summary(r) for r in results]
-        backtest = answer.get("backtest") or {}
-        if backtest.get("line") or backtest.get("note"):
-            lines.append("  backtest: " + (backtest.get("line") or backtest["note"]))
-        nexts = [n for n in ((r.get("answer") or {}).get("next") for r in results) if n]
-        if nexts:
-            best = max(nexts, key=lambda n: n["forms_sd"])
-            lines.append(f"  next: {best['runs']} (~{best['flops']:.2g} FLOPs): where the law forms disagree most")
-        lines += ["  " + d["contradiction"] for d in up.get("decisions", []) if d.get("contradiction")]
+        lines += _answer_lines(up)
     if not record.get("upcycled"):
         lines.append("  no upcycled runs to compare")
     problems = record.get("problems") or []
@@ -275,6 +263,24 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     return lines + [line for e in record.get("expansions") or [] for line in expansion_lines(e)]
 
 
+def _answer_lines(up: dict[str, Any], name: str = "D*", leader: str = "upcycling") -> list[str]:
+    """One group's answer in the summary: what its runs show, its D* (``name``) per size, the backtest, the pair of
+    runs to add next, and any verdict the runs contradict. ``leader``: what the group's runs did ("expanding")."""
+    answer = up.get("answer") or {}
+    results = (up.get("dstar") or {}).get("results", [])
+    lines = ["  " + runs_line(answer["observed"], leader)] if answer.get("observed") else []
+    lines += ["  " + _dstar_summary(r, name, leader) for r in results]
+    backtest = answer.get("backtest") or {}
+    if backtest.get("line") or backtest.get("note"):
+        lines.append("  backtest: " + (backtest.get("line") or backtest["note"]))
+    nexts = [n for n in ((r.get("answer") or {}).get("next") for r in results) if n]
+    if nexts:
+        best = max(nexts, key=lambda n: n["forms_sd"])
+        runs = best["runs"] if leader == "upcycling" else best["runs"].replace("upcycled", "expanded", 1)
+        lines.append(f"  next: {runs} (~{best['flops']:.2g} FLOPs): where the law forms disagree most")
+    return lines + ["  " + d["contradiction"] for d in up.get("decisions", []) if d.get("contradiction")]
+
+
 def expansion_lines(study: dict[str, Any]) -> list[str]:
     """One expansion study of the record (``expansions``) in a short block: what its runs show, D*_expand per size
     (80% interval, how far projected), the backtest, the pair of runs to add, its problems; or what it lacks."""
@@ -284,26 +290,11 @@ def expansion_lines(study: dict[str, Any]) -> list[str]:
         return [f"{head}: not analysed: " + "; ".join(m["why"] + (f" (add {m['add']})" if m.get("add") else "")
                                                      for m in study.get("missing") or [])]
     up = (inner.get("upcycled") or [{}])[0]
-    answer = up.get("answer") or {}
-    results = (up.get("dstar") or {}).get("results", [])
-    lines = [f"{head}:"]
-    if answer.get("observed"):
-        lines.append("  " + runs_line(answer["observed"], "expanding"))
-    lines += ["  " + _dstar_summary(r, "D*_expand", "expanding") for r in results]
-    if not results:
+    lines = [f"{head}:", *_answer_lines(up, "D*_expand", "expanding")]
+    if not (up.get("dstar") or {}).get("results"):
         lines.append("  no D*_expand: " + ("; ".join(p["why"] for p in inner.get("problems") or []
                                                       if p.get("law") in ("chinchilla", "joint", "D*"))
                                             or "its laws were not fitted"))
-    backtest = answer.get("backtest") or {}
-    if backtest.get("line") or backtest.get("note"):
-        lines.append("  backtest: " + (backtest.get("line") or backtest["note"]))
-    nexts = [n for n in ((r.get("answer") or {}).get("next") for r in results) if n]
-    if nexts:
-        best = max(nexts, key=lambda n: n["forms_sd"])
-        lines.append(f"  next: expanded at N1={number(best['n1'])}, D1 = D2 = {number(best['tokens'])} tokens, and "
-                     f"from scratch at D = {number(best['tokens'])} (~{best['flops']:.2g} FLOPs): where the law "
-                     f"forms disagree most")
-    lines += ["  " + d["contradiction"] for d in up.get("decisions", []) if d.get("contradiction")]
     problems = inner.get("problems") or []
     lines.append(f"  problems: {len(problems)}")
     return lines
