@@ -62,7 +62,7 @@ from upscale.fitting.dstar import (
 )
 from upscale.fitting.errors import FitError
 from upscale.fitting.evidence import dstar_evidence, evidence_problem, point_noise, with_predicted
-from upscale.fitting.expansion import expansion_studies, study_label, upcycling_tables
+from upscale.fitting.expansion import expansion_studies, study_label, upcycling_scratch, upcycling_tables
 from upscale.fitting.groups import group_label, upcycled_groups
 from upscale.fitting.health import check_dstar, concerning
 from upscale.fitting.identifiability import Grid, LawCheck, identifiability
@@ -419,6 +419,9 @@ def _upcycling(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
                curves: PredictedDecays | None, answers: bool) -> Analysis:
     """``analyze`` of dense->MoE upcycling alone: the observed rows, or with ``curves`` their predicted ones too."""
     args = (decisions, bootstrap, seed, workers, progress, limits, extrapolation_factor)
+    if curves is not None and "scratch" in curves.tables:  # a rival's trunk predicts from-scratch decays too
+        curves = replace(curves, tables={**curves.tables,
+                                         "scratch": upcycling_scratch(curves.tables["scratch"], tables)})
     if curves is None:
         return _analyze(tables, n1s, *args, answers=answers)
     if not curves.n_rows:  # nothing predicted: the observed analysis, with the families' reasons on record

@@ -80,21 +80,30 @@ def _scratch_rows(scratch: pd.DataFrame, experts: Any, topk: Any) -> pd.DataFram
     return scratch[(n_expert == experts) & (k == topk)].reset_index(drop=True)
 
 
-def upcycling_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """``tables`` for the dense->MoE analysis: with expanded rows present, the from-scratch rows of an expert
-    configuration no upcycled row has (an expanded MoE's rival, or a parent grown in no dense upcycling) are left
-    out, so they never join the from-scratch law the upcycled groups are measured against. Without expanded rows,
-    or without configurations to tell them by, the tables as they are."""
-    expanded, scratch, upcycled = (tables.get(k) for k in (EXPANDED, "scratch", "upcycled"))
+def _configs(df: pd.DataFrame) -> list[tuple[float, float]]:
+    return list(zip(pd.to_numeric(df["n_expert"], errors="coerce"), pd.to_numeric(df["topk"], errors="coerce"),
+                    strict=True))
+
+
+def upcycling_scratch(scratch: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """``scratch`` (observed from-scratch rows, or rows predicted from trunk curves) for the dense->MoE analysis of
+    ``tables``: with expanded rows present, the rows of an expert configuration no upcycled row has (an expanded
+    MoE's rival, or a parent grown in no dense upcycling) are left out, so they never join the from-scratch law the
+    upcycled groups are measured against. Without expanded rows, or without configurations to tell them by, as is."""
+    expanded, upcycled = tables.get(EXPANDED), tables.get("upcycled")
     columns = {"n_expert", "topk"}
-    if expanded is None or expanded.empty or scratch is None or upcycled is None or upcycled.empty \
+    if expanded is None or expanded.empty or upcycled is None or upcycled.empty \
             or not (columns <= set(scratch.columns) and columns <= set(upcycled.columns)):
+        return scratch
+    own = set(_configs(upcycled))
+    return scratch[[c in own for c in _configs(scratch)]].reset_index(drop=True)
+
+
+def upcycling_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """``tables`` with the from-scratch table ``upcycling_scratch`` keeps."""
+    if "scratch" not in tables:
         return dict(tables)
-    configs = {(e, k) for e, k in zip(pd.to_numeric(upcycled["n_expert"], errors="coerce"),
-                                      pd.to_numeric(upcycled["topk"], errors="coerce"), strict=True)}
-    mine = [(e, k) in configs for e, k in zip(pd.to_numeric(scratch["n_expert"], errors="coerce"),
-                                              pd.to_numeric(scratch["topk"], errors="coerce"), strict=True)]
-    return {**tables, "scratch": scratch[mine].reset_index(drop=True)}
+    return {**tables, "scratch": upcycling_scratch(tables["scratch"], tables)}
 
 
 def _missing(group: dict[str, Any], parent: pd.DataFrame, rival: pd.DataFrame,

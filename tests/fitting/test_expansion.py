@@ -14,7 +14,7 @@ from upscale.fitting.analysis import Analysis, analyze
 from upscale.fitting.display import dstar, summary_lines
 from upscale.fitting.dstar import dstar_at
 from upscale.fitting.errors import FitError
-from upscale.fitting.expansion import expansion_studies, study_label
+from upscale.fitting.expansion import expansion_studies, study_label, upcycling_scratch
 
 EMPTY = {"dense": pd.DataFrame(columns=["N", "D", "loss"]),
          "upcycled": pd.DataFrame(columns=["N1", "D1", "D2", "loss"])}
@@ -97,3 +97,14 @@ def test_a_d_star_expand_above_the_range_says_expanding_wins_there() -> None:
     above = {"dstar": None, "dstar_state": "above", "search_range": [1e3, 4.9e7]}
     assert dstar(above, "expanding") == "> 4.9e+07 (expanding still wins there)"
     assert "upcycling still wins" in dstar(above)
+
+
+def test_from_scratch_rows_predicted_from_a_parents_trunk_stay_out_of_the_upcycling_laws() -> None:
+    """Decay ends predicted from trunk curves are filtered as the observed ones are: the 4x1 parent's predicted
+    rows leave the dense->8x1 analysis's from-scratch table, the 8x1 ones stay; without expanded rows nothing is."""
+    tables = with_upcycling()
+    predicted = tables["scratch"].assign(source="predicted")
+    kept = upcycling_scratch(predicted, tables)
+    assert set(kept["n_expert"]) == {CHILD} and len(kept) == (predicted["n_expert"] == CHILD).sum()
+    without = {k: v for k, v in tables.items() if k != "expanded"}
+    assert len(upcycling_scratch(predicted, without)) == len(predicted)
