@@ -303,14 +303,15 @@ def _plan_size(spec: SweepSpec, rc: SizeRecipe, b: _Builder) -> float:
         e, k = parent.n_expert, parent.topk
         f_parent = moe_config(e, k)[3]
         for grow in x.variants():
-            grown, n2, n_total, f_grown, (lr_grown, lr_parents) = moe_config(grow.factor * e, k)
+            me = grow.factor * e
+            grown, n2, n_total, f_grown, (lr_grown, lr_parents) = moe_config(me, k)
             method, r = grow.method, grow.r or None
             for d1 in d1_tokens:
                 parent_id = scratch_decays[e, k][d1]
-                kv = {"n_expert": grow.factor * e, "topk": k, "method": method, "r": r, "D1": d1, "parent_experts": e}
+                kv = {"n_expert": me, "topk": k, "method": method, "r": r, "D1": d1, "parent_experts": e}
                 seg = SegmentSpec(kind="expand", model=grown, expand=grow, parent_ids=(parent_id,), **common)
                 grow_id = b.add(seg, 0, b.segments[parent_id].trunk, axes("expand", **kv))
-                obs = Observation("expanded", n1, D1=d1, n_expert=grow.factor * e, topk=k, method=method, r=r, N2=n2,
+                obs = Observation("expanded", n1, D1=d1, n_expert=me, topk=k, method=method, r=r, N2=n2,
                                   N_total=n_total, parent_experts=e)
                 trunk_and_decays("moe", grown, lr_grown, (grow_id, *lr_parents), rc.d2, f_grown, kv, obs, ("D2",))
             independent += len(d2_tokens) * f_parent * sum(d1_tokens) + len(d1_tokens) * f_grown * sum(d2_tokens)
@@ -331,7 +332,6 @@ def _scratch_steps(spec: SweepSpec, rc: SizeRecipe) -> dict[tuple[int, int], set
         totals = rc.scratch.steps if rc.scratch is not None else [a + b for a in rc.d1.steps for b in rc.d2.steps]
         for parent in x.parents:
             out.setdefault((parent.n_expert, parent.topk), set()).update(rc.d1.steps)
-        for parent in x.parents:
             for m in x.factors:
                 out.setdefault((m * parent.n_expert, parent.topk), set()).update(totals)
     return out
