@@ -71,18 +71,22 @@ class Study:
         return {ARMS[k]: len(df) for k, df in self.tables.items()}
 
 
+def _configs(df: pd.DataFrame) -> list[tuple[float, float]]:
+    """Each row's expert configuration (n_expert, topk), as numbers (NaN where a row does not say)."""
+    return list(zip(pd.to_numeric(df["n_expert"], errors="coerce"), pd.to_numeric(df["topk"], errors="coerce"),
+                    strict=True))
+
+
+def _rows_of(df: pd.DataFrame, configs: set[tuple[Any, Any]]) -> pd.DataFrame:
+    """The rows of ``df`` whose configuration is one of ``configs``, every column kept (an empty table too)."""
+    return df[pd.Series([c in configs for c in _configs(df)], index=df.index, dtype=bool)].reset_index(drop=True)
+
+
 def _scratch_rows(scratch: pd.DataFrame, experts: Any, topk: Any) -> pd.DataFrame:
     """The from-scratch rows of one expert configuration; none when the table does not say its configurations."""
     if experts is None or topk is None or not {"n_expert", "topk"} <= set(scratch.columns):
         return scratch.iloc[0:0]
-    n_expert = pd.to_numeric(scratch["n_expert"], errors="coerce")
-    k = pd.to_numeric(scratch["topk"], errors="coerce")
-    return scratch[(n_expert == experts) & (k == topk)].reset_index(drop=True)
-
-
-def _configs(df: pd.DataFrame) -> list[tuple[float, float]]:
-    return list(zip(pd.to_numeric(df["n_expert"], errors="coerce"), pd.to_numeric(df["topk"], errors="coerce"),
-                    strict=True))
+    return _rows_of(scratch, {(experts, topk)})
 
 
 def upcycling_scratch(scratch: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
@@ -95,8 +99,7 @@ def upcycling_scratch(scratch: pd.DataFrame, tables: Mapping[str, pd.DataFrame])
     if expanded is None or expanded.empty or upcycled is None or upcycled.empty \
             or not (columns <= set(scratch.columns) and columns <= set(upcycled.columns)):
         return scratch
-    own = set(_configs(upcycled))
-    return scratch[[c in own for c in _configs(scratch)]].reset_index(drop=True)
+    return _rows_of(scratch, set(_configs(upcycled)))
 
 
 def upcycling_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:

@@ -108,3 +108,5 @@ def test_from_scratch_rows_predicted_from_a_parents_trunk_stay_out_of_the_upcycl
     assert set(kept["n_expert"]) == {CHILD} and len(kept) == (predicted["n_expert"] == CHILD).sum()
     without = {k: v for k, v in tables.items() if k != "expanded"}
     assert len(upcycling_scratch(predicted, without)) == len(predicted)
+    empty = predicted.iloc[0:0]  # no from-scratch run finished yet: the table keeps its columns
+    assert list(upcycling_scratch(empty, tables).columns) == list(predicted.columns)
