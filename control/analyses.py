@@ -43,7 +43,12 @@ from upscale.control.analysis_jobs import AnalysisJobs, Interrupted, stop_when
 from upscale.control.analysis_settings import sweep_source, with_settings
 from upscale.control.fits import PLOT_LOCK, ObservationCache, observations_table
 from upscale.control.records import AnalysisRecord
-from upscale.control.schemas import DEFAULT_ANALYSIS_BOOTSTRAP, AnalysisPublic, DecisionPublic
+from upscale.control.schemas import (
+    DEFAULT_ANALYSIS_BOOTSTRAP,
+    AnalysisPublic,
+    DecisionPublic,
+    ExpansionDecisionPublic,
+)
 from upscale.control.supervised import SupervisedLoop
 from upscale.fitting.curve_observations import TrunkCurves, predicted_decays, trunks_hash
 from upscale.fitting.dstar import Limits, OutOfRange
@@ -504,11 +509,9 @@ def why_no_analysis(services: Services, sweep_id: str | None = None) -> str:
     return ("no analysis yet: one runs by itself when a sweep finishes; POST /sweeps/{id}/analysis runs one now")
 
 
-def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str | None = None,
-             group: str | None = None) -> DecisionPublic:
-    """The verdict for (N1, D1, D2) from the newest done analysis (of ``sweep_id``'s sweeps, if given), with the
-    analysis it came from. NotReady (409) when no analysis can answer, saying what is missing; ValueError (422) for
-    a group the analysis does not have, and OutOfRange (422) for a question outside the law's sane region."""
+def _answering(services: Services, sweep_id: str | None) -> tuple[AnalysisRecord, Analysis]:
+    """The newest done analysis (of ``sweep_id``'s sweeps, if given) a decision answers from; NotReady (409) when
+    there is none, saying what is missing."""
     from upscale.fitting.analysis import Analysis  # the fitting stack: only where a verdict is read
 
     if sweep_id is not None:
@@ -516,18 +519,63 @@ def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str 
     record = latest_analysis(services.store, sweep_id)
     if record is None:
         raise NotReady(why_no_analysis(services, sweep_id))
-    analysis = Analysis.from_json(record.record)
+    return record, Analysis.from_json(record.record)
+
+
+def _unknown(what: str, name: str, record: AnalysisRecord, labels: Sequence[str]) -> FitError:
+    return FitError(f"{what}: analysis {record.id} has no {'upcycling group' if what == 'group' else 'expansion study'}"
+                    f" {name!r}; it has {', '.join(repr(label) for label in labels) or 'none'}")
+
+
+def _cannot(record: AnalysisRecord, e: FitError) -> NotReady:
+    return NotReady(f"analysis {record.id} (sweeps {record.sweep_key}) cannot answer: {e}")
+
+
+def decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str | None = None,
+             group: str | None = None) -> DecisionPublic:
+    """The verdict for (N1, D1, D2) from the newest done analysis (of ``sweep_id``'s sweeps, if given), with the
+    analysis it came from. NotReady (409) when no analysis can answer, saying what is missing; ValueError (422) for
+    a group the analysis does not have, and OutOfRange (422, a FitError raised as is) for a question outside the
+    law's sane region."""
+    record, analysis = _answering(services, sweep_id)
     labels = [u.label for u in analysis.upcycled]
     if group is not None and group not in labels:
-        raise FitError(f"group: analysis {record.id} has no upcycling group {group!r}; it has "
-                       f"{', '.join(repr(label) for label in labels) or 'none'}")
+        raise _unknown("group", group, record, labels)
     try:
         verdict = analysis.decision(n1, d1, d2, group)
     except OutOfRange:  # the law's answer would be meaningless here: 422, saying why and what the data cover
         raise
     except FitError as e:
-        raise NotReady(f"analysis {record.id} (sweeps {record.sweep_key}) cannot answer: {e}") from None
+        raise _cannot(record, e) from None
     return DecisionPublic(**verdict, analysis=analysis_ref(record))
+
+
+def expansion_decision(services: Services, n1: float, d1: float, d2: float, sweep_id: str | None = None,
+                       study: str | None = None) -> ExpansionDecisionPublic:
+    """Expand the E-expert parent trained D1 tokens and train it D2 more, or train the m·E MoE from scratch: one
+    expansion study's verdict (``study``, by default the analysed one whose expanded law predicts the lowest loss
+    at the point), as ``decision`` answers for upcycling, from the same analysis and with the same errors."""
+    record, analysis = _answering(services, sweep_id)
+    labels = [e.label for e in analysis.expansions]
+    if study is not None and study not in labels:
+        raise _unknown("study", study, record, labels)
+    chosen = [e for e in analysis.expansions if study in (None, e.label)]
+    if not chosen:
+        raise NotReady(f"analysis {record.id} (sweeps {record.sweep_key}) has no expansion study: the sweep has no "
+                       f"expanded runs (a spec's `expansion:` section trains them)")
+    answers, errors = [], []
+    for e in chosen:
+        try:
+            answers.append(e.decision(n1, d1, d2))
+        except FitError as err:  # OutOfRange among them
+            errors.append((e.label, err))
+    if not answers:
+        if all(isinstance(err, OutOfRange) for _, err in errors):
+            raise errors[0][1]  # outside every study's sane region: 422, saying why
+        raise NotReady(f"analysis {record.id} (sweeps {record.sweep_key}) has no expansion study that can answer "
+                       f"here: " + "; ".join(f"{label}: {err}" for label, err in errors))
+    best = min(answers, key=lambda a: a["loss_upcycled"])
+    return ExpansionDecisionPublic(**best, analysis=analysis_ref(record))
 
 
 def analysis_ref(record: AnalysisRecord) -> dict[str, Any]:

@@ -354,6 +354,21 @@ class DecisionPublic(BaseModel):
     analysis: AnalysisRef = Field(description="The analysis that answered.")
 
 
+class ExpansionDecisionPublic(DecisionPublic):
+    """An upcycling decision one step later: grow the E-expert parent (trained D1 tokens) to m·E experts and train it
+    D2 more, or train the m·E MoE from scratch. The answer has upcycling's shape, so one client reads both: the
+    fields named for upcycling hold the expanded model's."""
+
+    verdict: Literal["expand", "scratch", "undecided"] = Field(
+        description="expand when the catch-up budget exceeds D1 in at least `decisive` of the bootstrap pairs, "
+        "scratch when in at most 1 − `decisive`, undecided between.")
+    loss_upcycled: float = Field(description="The expanded model's predicted loss at (N1, D1, D2).")
+    probability_upcycle: float | None = Field(description="Share of bootstrap pairs voting expand (null without "
+                                              "bootstrap).")
+    group: str | None = Field(None, description="The expansion study that answered, e.g. `expand 4x1 -> 8x1 "
+                              "uniform`: `study=` if given, else the one predicting the lowest loss at (N1, D1, D2).")
+
+
 MAX_N1S = 32  # D* sizes one analysis request may ask for
 MAX_N1 = 1e18  # the largest dense size N1 an analysis or a refit may find D* at (a parameter count)
 

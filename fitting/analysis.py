@@ -42,7 +42,10 @@ import pandas as pd
 
 from upscale.fitting import display
 from upscale.fitting.answer import (
+    EXPANSION,
+    UPCYCLING,
     GroupAnswer,
+    Words,
     answer_group,
     answer_problems,
     merge_answer,
@@ -251,7 +254,7 @@ class Analysis:
             group = GroupAnswer.from_json(best.answer)
             group.check_point(n1, d1, d2)
             merge_answer(star, group.at(n1))
-            verdict = verdict_from_runs(verdict, group.observed)
+            verdict = verdict_from_runs(verdict, group.observed, group.words)
         fit = f"upcycled {best.label}" if best.label else "upcycled"
         return clean({**verdict, "dstar": star["dstar"], "dstar_state": star["dstar_state"],
                       "dstar_search_range": star["search_range"],
@@ -281,10 +284,16 @@ class ExpansionAnalysis:
 
     def decision(self, n1: float, d1: float, d2: float) -> dict[str, Any]:
         """Expand the parent or train the m·E MoE from scratch at (N1, D1 parent tokens, D2 after expansion), as
-        ``Analysis.decision`` answers for upcycling; FitError when the study was not analysed."""
+        ``Analysis.decision`` answers for upcycling, its verdicts "expand", "scratch" or "undecided" (the loss and
+        probability keep upcycling's names: ``loss_upcycled`` is the expanded model's); FitError when the study was
+        not analysed."""
         if self.analysis is None:
             raise FitError(f"{self.label} was not analysed: " + "; ".join(m["why"] for m in self.missing))
-        return self.analysis.decision(n1, d1, d2)
+        out = self.analysis.decision(n1, d1, d2)
+        said = {k: EXPANSION.said(out[k]) for k in ("verdict", "law_verdict") if k in out}
+        if out.get("observed"):
+            said["observed"] = {**out["observed"], "leader": EXPANSION.said(out["observed"]["leader"])}
+        return {**out, **said}
 
     def to_json(self) -> dict[str, Any]:
         return {"group": self.group, "label": self.label, "points": self.points, "missing": self.missing,
@@ -458,7 +467,7 @@ def _expansions(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
                 progress(f"{label}: {name}", done, total)
         try:
             sub = _analyze(study.tables, n1s, None, bootstrap, seed, workers, stage, limits, extrapolation_factor,
-                           answers=answers)
+                           answers=answers, words=EXPANSION)
         except FitError as e:
             out.append(ExpansionAnalysis(study.group, None, [{"arm": "analysis", "why": str(e), "add": ""}],
                                          study.points))
@@ -509,13 +518,13 @@ def _weigh_evidence(out: Analysis, observed: Analysis, combined: Mapping[str, pd
 def _answer(scratch: pd.DataFrame, rows: pd.DataFrame, sizes: list[float], moe: LawFit,
             up: LawFit, E: float, E_draws: list[dict[str, float] | None] | None, bootstrap: int, seed: int,
             stage: Callable[[str, int], Callable[[int], None] | None],
-            where: str) -> tuple[GroupAnswer, list[dict[str, Any]]]:
+            where: str, words: Words) -> tuple[GroupAnswer, list[dict[str, Any]]]:
     """fitting/answer.py's answer for one group: every form fitted, backtested and weighed, at every size."""
     advance = stage(f"law forms, backtests (upcycled{where})", 1)
     out = answer_group({"scratch": scratch, "upcycled": rows}, sizes,
                        search_range(moe.fitted, up.fitted),
                        {"scratch": (moe.params, moe.fitted.samples), "upcycled": (up.params, up.fitted.samples)},
-                       E, E_draws, bootstrap, seed)
+                       E, E_draws, bootstrap, seed, words)
     if advance:
         advance(1)
     return out
@@ -524,9 +533,10 @@ def _answer(scratch: pd.DataFrame, rows: pd.DataFrame, sizes: list[float], moe: 
 def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
              decisions: Sequence[tuple[float, float, float]] | None, bootstrap: int, seed: int, workers: int,
              progress: Progress | None, limits: Limits | None, extrapolation_factor: float,
-             answers: bool = True) -> Analysis:
+             answers: bool = True, words: Words = UPCYCLING) -> Analysis:
     """``analyze`` of the tables as they are (observed rows, or observed and predicted ones); ``answers`` False:
-    the paper's laws alone (the observed-only pass of a curves analysis, which needs only their noise and D*)."""
+    the paper's laws alone (the observed-only pass of a curves analysis, which needs only their noise and D*);
+    ``words``: how the answers name the arm that starts ahead (an expansion study's)."""
     missing = [k for k in TABLES if k not in tables]
     if missing:
         raise FitError(f"analyze needs the tables {', '.join(TABLES)}; missing {', '.join(missing)}")
@@ -588,11 +598,12 @@ def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
             cases = decisions if decisions is not None else _extreme_cases(sizes, rows)
             verdicts = [_verdict(moe, up, case, limits, extrapolation_factor) for case in cases]
             if answers:
-                group_answer = _answer(scratch, rows, sizes, moe, up, E, E_draws, bootstrap, seed, stage, where)
+                group_answer = _answer(scratch, rows, sizes, moe, up, E, E_draws, bootstrap, seed, stage, where,
+                                       words)
                 for r, a in zip(star["results"], group_answer[1], strict=True):
                     merge_answer(r, a)
-                verdicts = [verdict_from_runs(v, group_answer[0].observed) for v in verdicts]
-                problems += answer_problems(group_answer[1], f"upcycled{where}")
+                verdicts = [verdict_from_runs(v, group_answer[0].observed, words) for v in verdicts]
+                problems += answer_problems(group_answer[1], f"upcycled{where}", words)
             _mark_health(star, verdicts, problems, f"upcycled{where}", label)
             if advance:
                 advance(1)

@@ -42,6 +42,27 @@ from upscale.fitting.projection import FormPath, first_dstar, form_path, pair_ds
 MIN_WEIGHT = 0.01  # a form below this weight takes no part in the stacked prediction or the mixture
 
 
+@dataclass(frozen=True)
+class Words:
+    """How an answer names the arm that starts ahead: a dense model upcycled to an MoE, or an MoE grown to more
+    experts (fitting/expansion.py). Kept in the record by ``name``, so that an answer made again at any size (the
+    decision endpoints) says the same."""
+
+    name: str
+    lead: str  # "upcycling ahead"
+    runs: str  # "upcycled runs"
+    verdict: str  # the verdict for that arm: "upcycle"
+
+    def said(self, verdict: str | None) -> str | None:
+        """A verdict as this arm's answers say it (the laws' "upcycle" is an expansion's "expand")."""
+        return self.verdict if verdict == UPCYCLING.verdict else verdict
+
+
+UPCYCLING = Words("upcycling", "upcycling", "upcycled", "upcycle")
+EXPANSION = Words("expansion", "expanding", "expanded", "expand")
+WORDS = {w.name: w for w in (UPCYCLING, EXPANSION)}
+
+
 def _key(level: float) -> str:
     return str(round(level * 100))
 
@@ -163,7 +184,8 @@ def _pair_dstars(arms: Arms, paths: Mapping[str, Mapping[str, FormPath]], tokens
     return out
 
 
-def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, float]) -> dict[str, Any]:
+def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, float],
+              words: Words = UPCYCLING) -> dict[str, Any]:
     """The answer about D* at ``n1``: see the module docstring. ``span``: the range searched."""
     tokens = tokens_grid(span)
     paths = arms.paths(n1, tokens)
@@ -191,7 +213,7 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
             mixture_ivs[_key(level)] = _as_interval(lo, hi)
         iv = _hull(band_ivs[_key(level)], mixture_ivs.get(_key(level)))
         intervals[_key(level)] = _bounded(iv, c_lo, c_hi)
-    contradiction = _contradiction(star, b_lo, b_hi, n1)
+    contradiction = _contradiction(star, b_lo, b_hi, n1, words)
     state = "crossing" if 0 < star < math.inf else "above" if star == math.inf else "below" if star == 0 else "none"
     if contradiction:
         state = "observed"
@@ -204,9 +226,9 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
             "intervals": intervals, "band_intervals": band_ivs, "mixture_intervals": mixture_ivs or None,
             "forms": pairs, "spread": spread, "valid_to": end if end < span[1] else None,
             "observed_bracket": bracket, "interval_brackets": brackets, "contradiction": contradiction,
-            "open_note": _open_note(intervals["80"], n1, span, end, bracket),
-            "distance": _reach(shown, state, intervals["80"], arms, n1),
-            "next": _next_pair(arms, paths, n1, tokens, valid, intervals["80"])}
+            "open_note": _open_note(intervals["80"], n1, span, end, bracket, words),
+            "distance": _reach(shown, state, intervals["80"], arms, n1, words),
+            "next": _next_pair(arms, paths, n1, tokens, valid, intervals["80"], words)}
 
 
 def _gap_floor(arms: Arms, observed: Observed, n1: float, noise: float) -> float:
@@ -239,7 +261,7 @@ def _bounded(iv: dict[str, Any] | None, lo: float | None, hi: float | None) -> d
     return _as_interval(low, high)
 
 
-def _contradiction(star: float, lo: float | None, hi: float | None, n1: float) -> str:
+def _contradiction(star: float, lo: float | None, hi: float | None, n1: float, words: Words) -> str:
     """Words when the projected D* lies outside the observed bracket, naming the runs it contradicts ("" when no
     form holds at this size: there is no projection to contradict)."""
     if math.isnan(star):
@@ -247,16 +269,16 @@ def _contradiction(star: float, lo: float | None, hi: float | None, n1: float) -
     if lo is not None and not star > lo:
         where = "has from scratch ahead" if star > 0 else "has from scratch ahead everywhere"
         return (f"the law contradicts the runs at N1={n1:.3g}: it {where} below {lo:.3g} tokens"
-                f"{f' (D* {star:.3g})' if 0 < star < math.inf else ''}, where the runs show upcycling ahead beyond "
+                f"{f' (D* {star:.3g})' if 0 < star < math.inf else ''}, where the runs show {words.lead} ahead beyond "
                 f"noise; D* lies above {lo:.3g}")
     if hi is not None and not star < hi:
-        return (f"the law contradicts the runs at N1={n1:.3g}: it has upcycling still ahead at {hi:.3g} tokens, "
+        return (f"the law contradicts the runs at N1={n1:.3g}: it has {words.lead} still ahead at {hi:.3g} tokens, "
                 f"where the runs show from scratch ahead beyond noise; D* lies below {hi:.3g}")
     return ""
 
 
 def _open_note(iv: dict[str, Any], n1: float, span: tuple[float, float], end: float,
-               bracket: dict[str, Any] | None) -> str:
+               bracket: dict[str, Any] | None, words: Words) -> str:
     """Why an end of the 80% interval is open, and the pair of runs that would close it."""
     notes = []
     if iv["high_open"]:
@@ -264,16 +286,17 @@ def _open_note(iv: dict[str, Any], n1: float, span: tuple[float, float], end: fl
         why = (f"the forms stop holding at {end:.3g} tokens (a loss that no longer falls with tokens)"
                if end < span[1] else f"the calibrated bands overlap up to {span[1]:.3g} tokens, the end of the range "
                                      f"searched")
-        notes.append(f"open above: {why}; upcycled (D1 = D2 = D) and from-scratch runs at N1={n1:.3g} beyond "
+        notes.append(f"open above: {why}; {words.runs} (D1 = D2 = D) and from-scratch runs at N1={n1:.3g} beyond "
                      f"{max(top, span[0]):.3g} tokens would close it")
     if iv["low_open"]:
-        notes.append(f"open below: the runs and the bands cannot tell upcycling ahead at any budget from "
-                     f"{span[0]:.3g} tokens; upcycled and from-scratch runs at N1={n1:.3g} at smaller budgets would "
-                     f"close it")
+        notes.append(f"open below: the runs and the bands cannot tell {words.lead} ahead at any budget from "
+                     f"{span[0]:.3g} tokens; {words.runs} and from-scratch runs at N1={n1:.3g} at smaller budgets "
+                     f"would close it")
     return "; ".join(notes)
 
 
-def _reach(star: float | None, state: str, iv: dict[str, Any], arms: Arms, n1: float) -> dict[str, Any]:
+def _reach(star: float | None, state: str, iv: dict[str, Any], arms: Arms, n1: float,
+           words: Words) -> dict[str, Any]:
     """How far the answer is projected: the D* and the 80% interval's far end, as factors beyond the largest (or
     below the smallest) budget trained, in words."""
     trained = next(iter(arms.fits["upcycled"].values())).trained
@@ -285,7 +308,7 @@ def _reach(star: float | None, state: str, iv: dict[str, Any], arms: Arms, n1: f
     f_star = factor(star)
     f_far = math.inf if iv["high_open"] else factor(iv["high"])
     words = {"observed": "the runs bound D* (the projection contradicts them)",
-             "above": "the projection has upcycling ahead to the end of the range searched",
+             "above": f"the projection has {words.lead} ahead to the end of the range searched",
              "below": "the projection has from scratch ahead over the whole range searched",
              "none": "no projection holds at this size"}.get(state, "")
     if f_star is not None:
@@ -301,7 +324,7 @@ NEXT_REACH = 8.0  # the next pair of runs is looked for at most this far beyond 
 
 
 def _next_pair(arms: Arms, paths: Mapping[str, Mapping[str, FormPath]], n1: float, tokens: np.ndarray,
-               valid: np.ndarray, iv: dict[str, Any]) -> dict[str, Any]:
+               valid: np.ndarray, iv: dict[str, Any], words: Words) -> dict[str, Any]:
     """The budget inside the 80% interval where the weighted forms' projected gaps disagree most, no further than
     ``NEXT_REACH`` beyond the largest budget trained (a run there is affordable and its answer still narrows the
     interval from its low end): train upcycled at D1 = D2 = D and from scratch at D there."""
@@ -323,12 +346,12 @@ def _next_pair(arms: Arms, paths: Mapping[str, Mapping[str, FormPath]], n1: floa
     i = int(np.argmax(sd))
     d = float(tokens[i])
     return {"n1": n1, "tokens": d, "forms_sd": float(sd[i]),
-            "runs": f"upcycled at N1={n1:.3g}, D1 = D2 = {d:.3g} tokens, and from scratch at N1={n1:.3g}, "
+            "runs": f"{words.runs} at N1={n1:.3g}, D1 = D2 = {d:.3g} tokens, and from scratch at N1={n1:.3g}, "
                     f"D = {d:.3g} tokens",
             "flops": 6.0 * n1 * 3 * d}  # 6·N·tokens for the dense D1, the MoE D2 and the from-scratch D
 
 
-def verdict_from_runs(verdict: dict[str, Any], observed: Observed) -> dict[str, Any]:
+def verdict_from_runs(verdict: dict[str, Any], observed: Observed, words: Words = UPCYCLING) -> dict[str, Any]:
     """A verdict at a point the runs measured: the runs' answer stands where they differ beyond noise, and a law
     that says otherwise is flagged."""
     pair = observed.pair(verdict["n1"], verdict["d1"], verdict["d2"])
@@ -340,8 +363,8 @@ def verdict_from_runs(verdict: dict[str, Any], observed: Observed) -> dict[str, 
         return out
     return {**out, "law_verdict": verdict.get("verdict"), "verdict": pair["leader"],
             "contradiction": f"the law contradicts the runs at N1={pair['n1']:.3g}, D1={pair['d1']:.3g}, "
-                             f"D2={pair['d2']:.3g}: it says {verdict.get('verdict')}, the runs show "
-                             f"{'upcycling' if pair['leader'] == 'upcycle' else 'from scratch'} ahead by "
+                             f"D2={pair['d2']:.3g}: it says {words.said(verdict.get('verdict'))}, the runs show "
+                             f"{words.lead if pair['leader'] == 'upcycle' else 'from scratch'} ahead by "
                              f"{abs(pair['log_gap']):.1%} (noise {pair['noise']:.1%}); the runs' answer stands"}
 
 
@@ -358,9 +381,10 @@ class GroupAnswer:
     backtest: dict[str, Any]
     span: tuple[float, float]
     failed: dict[str, dict[str, str]]
+    words: Words = UPCYCLING
 
     def at(self, n1: float) -> dict[str, Any]:
-        return answer_at(self.arms, self.observed, n1, self.span)
+        return answer_at(self.arms, self.observed, n1, self.span, self.words)
 
     def check_point(self, n1: float, d1: float, d2: float) -> None:
         """OutOfRange (a 422 at the decision endpoint) when every weighted form of an arm has turned at this
@@ -378,7 +402,8 @@ class GroupAnswer:
                               "trained": {c: list(v) for c, v in f.trained.items()}}
                        for name, f in fits.items()} for arm, fits in self.arms.fits.items()}
         return {"forms": forms, "failed_forms": self.failed, "calibration": self.arms.calibration.to_json(),
-                "observed": self.observed.to_json(), "backtest": self.backtest, "span": list(self.span)}
+                "observed": self.observed.to_json(), "backtest": self.backtest, "span": list(self.span),
+                "words": self.words.name}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GroupAnswer:
@@ -393,13 +418,14 @@ class GroupAnswer:
         o = data["observed"]
         observed = Observed(o["pairs"], o["noise"], {b["n1"]: {k: v for k, v in b.items() if k != "n1"}
                                                      for b in o["brackets"]})
-        return cls(Arms(fits, calibration), observed, data["backtest"], tuple(data["span"]), data["failed_forms"])
+        return cls(Arms(fits, calibration), observed, data["backtest"], tuple(data["span"]), data["failed_forms"],
+                   WORDS[data.get("words", UPCYCLING.name)])
 
 
 def answer_group(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float], span: tuple[float, float],
                  primary: Mapping[str, tuple[dict[str, float], np.ndarray]], E: float,
                  E_draws: Sequence[dict[str, float] | None] | None, bootstrap: int,
-                 seed: int) -> tuple[GroupAnswer, list[dict[str, Any]]]:
+                 seed: int, words: Words = UPCYCLING) -> tuple[GroupAnswer, list[dict[str, Any]]]:
     """Fit every form of both arms on ``tables`` (one upcycling group; ``primary``: the analysis's own fits of
     the paper's forms, arm → (params, samples)), backtest and weigh them, and answer at every size of ``n1s``."""
     full, failed = {}, {}
@@ -418,7 +444,7 @@ def answer_group(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float], span:
             joint = full[arm]["joint"]
             full[arm]["joint-saturating"] = replace(full[arm]["joint-saturating"], samples=joint.samples)
     group = GroupAnswer(Arms(full, calibration), observe(tables["scratch"], tables["upcycled"]),
-                        backtest_record(backtests, calibration, dstar_rows), span, failed)
+                        backtest_record(backtests, calibration, dstar_rows), span, failed, words)
     return group, [group.at(n1) for n1 in n1s]
 
 
@@ -435,7 +461,7 @@ def merge_answer(result: dict[str, Any], answer: dict[str, Any]) -> None:
                               if k not in ("dstar", "dstar_state", "intervals", "open_note")}})
 
 
-def answer_problems(answers: Sequence[dict[str, Any]], fit: str) -> list[dict[str, Any]]:
+def answer_problems(answers: Sequence[dict[str, Any]], fit: str, words: Words = UPCYCLING) -> list[dict[str, Any]]:
     """The record's problems the answers found: a law that contradicts the runs, and the paper's pair of laws
     turning inside the range searched (not used past that point)."""
     out = []
@@ -443,7 +469,7 @@ def answer_problems(answers: Sequence[dict[str, Any]], fit: str) -> list[dict[st
         n1 = a["distance"]["n1"]
         if a["contradiction"]:
             out.append({"law": "joint", "fit": fit, "kind": "contradiction", "n1": n1, "why": a["contradiction"],
-                        "add": "upcycled and from-scratch runs at the budgets the bracket leaves open"})
+                        "add": f"{words.runs} and from-scratch runs at the budgets the bracket leaves open"})
         paper = next((p for p in a["forms"] if (p["scratch"], p["upcycled"]) == (PRIMARY["scratch"],
                                                                               PRIMARY["upcycled"])), None)
         if paper and paper["stopped_at"] is not None:

@@ -276,8 +276,7 @@ def _answer_lines(up: dict[str, Any], name: str = "D*", leader: str = "upcycling
     nexts = [n for n in ((r.get("answer") or {}).get("next") for r in results) if n]
     if nexts:
         best = max(nexts, key=lambda n: n["forms_sd"])
-        runs = best["runs"] if leader == "upcycling" else best["runs"].replace("upcycled", "expanded", 1)
-        lines.append(f"  next: {runs} (~{best['flops']:.2g} FLOPs): where the law forms disagree most")
+        lines.append(f"  next: {best['runs']} (~{best['flops']:.2g} FLOPs): where the law forms disagree most")
     return lines + ["  " + d["contradiction"] for d in up.get("decisions", []) if d.get("contradiction")]
 
 

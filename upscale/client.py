@@ -251,6 +251,13 @@ class Client:
         params = {"n1": n1, "d1": d1, "d2": d2, "sweep_id": sweep_id, "group": group}
         return self.request("GET", "/decisions/upcycle", params={k: v for k, v in params.items() if v is not None})
 
+    def decide_expand(self, n1: float, d1: float, d2: float, sweep_id: str | None = None,
+                      study: str | None = None) -> dict[str, Any]:
+        """Expand an E-expert MoE trained D1 tokens and train it D2 more, or train the m·E MoE from scratch: as
+        ``decide``, for an expansion study of the newest analysis (``study``, default the best one there)."""
+        params = {"n1": n1, "d1": d1, "d2": d2, "sweep_id": sweep_id, "study": study}
+        return self.request("GET", "/decisions/expand", params={k: v for k, v in params.items() if v is not None})
+
     # -- analyses ----------------------------------------------------------------------------------------------
 
     def analyze(self, sweep_id: str, n1s: list[float] | None = None, bootstrap: int | None = None,

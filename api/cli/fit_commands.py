@@ -387,47 +387,62 @@ def row_notes(r: dict[str, Any], prefix: str = "") -> list[str]:
 
 def decide_command(
     n1: Annotated[float, typer.Option("--n1", help="Dense model size (parameters).")],
-    d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model was trained on (sunk cost).")],
-    d2: Annotated[float, typer.Option("--d2", help="Tokens you would spend training the upcycled MoE.")],
+    d1: Annotated[float, typer.Option("--d1", help="Tokens the dense model (with --expand: the parent MoE) was "
+                                      "trained on (sunk cost).")],
+    d2: Annotated[float, typer.Option("--d2", help="Tokens you would spend training the upcycled (expanded) MoE.")],
     moe: Annotated[Path | None, typer.Option("--moe", help="`upscale fit --json` of the from-scratch MoE (D, N); "
                                              "default: the newest analysis's.")] = None,
     upcycled: Annotated[Path | None, typer.Option("--upcycled", help="`upscale fit --json` of the upcycled law; "
                                                   "default: the newest analysis's.")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="Use this sweep's newest analysis.")] = None,
     group: GroupOpt = None,
+    expand: Annotated[bool, typer.Option("--expand", help="Expert upcycling instead (GET /decisions/expand): grow "
+                                         "an E-expert MoE trained D1 tokens to m·E experts, or train the m·E MoE "
+                                         "from scratch; from the newest analysis's expansion studies.")] = False,
+    study: Annotated[str | None, typer.Option("--study", help="With --expand: the expansion study as the analysis "
+                                              "labels it (e.g. 'expand 4x1 -> 8x1 uniform'); default: the best "
+                                              "one.")] = None,
     api: ApiOpt = None, token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     from upscale.fitting.dstar import decide
 
+    if (expand and group) or (study and not expand):
+        raise FitError("--group names an upcycling group, --study (with --expand) an expansion study: give the one "
+                       "that matches the question")
     pair = _file_pair(moe, upcycled)
     if pair is not None:
+        if expand:
+            raise FitError("--expand answers from the analysis's expansion studies: leave out --moe and --upcycled")
         d = decide(*pair, n1, d1, d2).to_json()
     else:  # the service's answer, in-process or from --api: one code path
         with connect(api, token) as c:
-            d = c.decide(n1, d1, d2, sweep_id=sweep, group=group)
+            d = (c.decide_expand(n1, d1, d2, sweep_id=sweep, study=study) if expand
+                 else c.decide(n1, d1, d2, sweep_id=sweep, group=group))
         a = d["analysis"]
         err_console.print(f"analysis {a['id']} of sweep {', '.join(a['sweep_ids']) or '(none: the synthetic demo)'}"
-                          f" ({a['age_s']:.0f} s old), group {d['group']!r}, from {_where(api)}", soft_wrap=True,
-                          highlight=False)
+                          f" ({a['age_s']:.0f} s old), {'study' if expand else 'group'} {d['group']!r}, from "
+                          f"{_where(api)}", soft_wrap=True, highlight=False)
     if as_json:
         print_json(d)
         return
-    console.print(decision_text(d))
+    console.print(decision_text(d, expand))
 
 
 # The help of `upscale decide` (an f-string cannot be a docstring).
 decide_command.__doc__ = ("Upcycle or train from scratch: the catch-up budget, the verdict and its bootstrap "
-                          f"probability. {StoredHelp} (GET /decisions/upcycle)")
+                          f"probability. {StoredHelp} (GET /decisions/upcycle; with --expand, GET /decisions/expand)")
 
 
-def decision_text(d: dict[str, Any]) -> str:
+def decision_text(d: dict[str, Any], expand: bool = False) -> str:
     """A verdict as printed: the verdict and its bootstrap support, the catch-up budget ("never" when from scratch
-    does not get there, "—" only when missing), and in yellow its extrapolation and unhealthy fits."""
+    does not get there, "—" only when missing), and in yellow its extrapolation and unhealthy fits. ``expand``: an
+    expansion study's verdict (its loss and probability in upcycling's fields are the expanded model's)."""
     if d.get("refused"):
         return f"[yellow]no verdict: {d['refused']}[/]"
+    lead, runs, sunk = ("expanding", "expanded", "parent MoE") if expand else ("upcycling", "upcycled", "dense")
     prob = "" if d["probability_upcycle"] is None else (
-        f" (bootstrap probability that upcycling wins: {d['probability_upcycle']:.0%}; a side needs "
+        f" (bootstrap probability that {lead} wins: {d['probability_upcycle']:.0%}; a side needs "
         f"{d['decisive']:.0%})")
     catch = ("never reaches it" if d["catch_up_state"] == "never" else
              f"needs {fmt(d['catch_up_tokens'])} tokens to match it")
@@ -435,16 +450,18 @@ def decision_text(d: dict[str, Any]) -> str:
     if ivs:
         catch += f" (80% {interval_text(ivs.get('80'))}, 95% {interval_text(ivs.get('95'))})"
     lines = [f"verdict: [bold]{d['verdict']}[/]{prob}",
-             f"upcycled loss after D2={fmt(d['d2'])} tokens: {d['loss_upcycled']:.4f}; from scratch {catch} (sunk "
-             f"cost D1={fmt(d['d1'])}; the paper counts upcycling efficient when the catch-up budget exceeds D1)",
+             f"{runs} loss after D2={fmt(d['d2'])} tokens: {d['loss_upcycled']:.4f}; from scratch {catch} (sunk "
+             f"cost: the {sunk}'s D1={fmt(d['d1'])}; the paper counts {lead} efficient when the catch-up budget "
+             f"exceeds D1)",
              f"beyond the trained ranges: {distance_text(d.get('extrapolation'))}"]
     if "dstar_state" in d:  # an answer of the service: D* at this N1 too
         star = {"dstar": d["dstar"], "dstar_state": d["dstar_state"], "search_range": d["dstar_search_range"]}
         ivs = d["dstar_intervals"] or {}
-        lines.append(f"D* at N1={fmt(d['n1'])}: {display.dstar(star)} tokens (80% {interval_text(ivs.get('80'))}, "
-                     f"95% {interval_text(ivs.get('95'))}); beyond the trained ranges: "
-                     f"{distance_text(d['dstar_extrapolation'])}")
-        lines += [f"[yellow]D*: {note}[/]" for note in row_notes(d, "dstar_")]
+        name = "D*_expand" if expand else "D*"
+        lines.append(f"{name} at N1={fmt(d['n1'])}: {display.dstar(star, lead)} tokens (80% "
+                     f"{interval_text(ivs.get('80'))}, 95% {interval_text(ivs.get('95'))}); beyond the trained "
+                     f"ranges: {distance_text(d['dstar_extrapolation'])}")
+        lines += [f"[yellow]{name}: {note}[/]" for note in row_notes(d, "dstar_")]
     lines += [f"[yellow]{note}[/]" for note in row_notes(d)]
     return "\n".join(lines)
 

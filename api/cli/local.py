@@ -215,6 +215,13 @@ class Local:
         with _user_errors():
             return _dump(analyses.decision(self.services, n1, d1, d2, sweep_id, group))
 
+    def decide_expand(self, n1: float, d1: float, d2: float, sweep_id: str | None = None,
+                      study: str | None = None) -> dict[str, Any]:
+        from upscale.control import analyses
+
+        with _user_errors():
+            return _dump(analyses.expansion_decision(self.services, n1, d1, d2, sweep_id, study))
+
     # -- refits ------------------------------------------------------------------------------------------------
 
     def refit_schedules(self, include_deleted: bool = False) -> list[dict[str, Any]]:

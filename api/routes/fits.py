@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse
 from upscale.api.routes.deps import AUTH_ERRORS, NOT_FOUND, Reader, ServicesDep, Writer, plot_url
 from upscale.control import analyses, fits
 from upscale.control.records import FitRecord
-from upscale.control.schemas import DecisionPublic, FitCreate, FitPublic
+from upscale.control.schemas import DecisionPublic, ExpansionDecisionPublic, FitCreate, FitPublic
 from upscale.fitting.errors import FitError
 from upscale.fitting.laws import get_law
 from upscale.orchestrator.errors import OrchestratorError
@@ -107,3 +107,28 @@ def decide_upcycle(services: ServicesDep, _: Reader,
     when a sweep finishes) and names it with its age: one answer, one provenance (a fit stored by POST /fits is
     read at GET /fits/{id})."""
     return analyses.decision(services, n1, d1, d2, sweep_id, group)
+
+
+@decisions.get("/decisions/expand", summary="Grow an MoE to more experts, or train the larger one from scratch?",
+               response_model=ExpansionDecisionPublic,
+               responses={404: {"description": "No such sweep."},
+                          409: {"description": "Nothing can answer yet, and what is missing: no analysis, no "
+                                "expansion study, or none with laws to answer with."},
+                          422: {"description": "Bad values, an unknown study, or a point outside every study's sane "
+                                "region."}})
+def decide_expand(services: ServicesDep, _: Reader,
+                  n1: float = Query(ge=1, le=MAX_COUNT, description="Dense size of the parent's shape (parameters), "
+                                    "as the analysis's N1."),
+                  d1: float = Query(ge=1, le=MAX_COUNT, description="Tokens the E-expert parent MoE was trained on."),
+                  d2: float = Query(ge=1, le=MAX_COUNT, description="Tokens you would spend on the expanded MoE."),
+                  sweep_id: str | None = Query(None, description="Answer from this sweep's newest analysis (default: "
+                                               "the newest analysis of any sweep)."),
+                  study: str | None = Query(None, description="Expansion study as the analysis labels it, e.g. "
+                                            "`expand 4x1 -> 8x1 uniform` (default: the one predicting the lowest "
+                                            "loss here).")
+                  ) -> ExpansionDecisionPublic:
+    """D*_expand and the verdict for expert upcycling: expand the parent (duplicated experts, top-K unchanged) and
+    train it D2 tokens, or train the m·E-expert MoE from scratch, the parent's D1 tokens spent either way. Answered
+    as /decisions/upcycle answers (the runs first, the weighed law forms, their reach), from the same newest
+    analysis."""
+    return analyses.expansion_decision(services, n1, d1, d2, sweep_id, study)

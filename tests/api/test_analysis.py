@@ -389,10 +389,11 @@ def test_a_deleted_refit_schedule_runs_no_more(tmp_path, mlflow_uri) -> None:
         assert c.get("/refits", params={"schedule_id": schedule["id"]}).json() == []
 
 
-@pytest.mark.slow  # an analysis with its plots (~10 s on 2 cores), then a server
+@pytest.mark.slow  # an analysis with its plots (~10 s on 2 cores), a server, two console-script runs
 def test_an_expansion_study_reaches_rest_as_the_record_has_it(tmp_path, mlflow_uri) -> None:
-    """Expanded observations in the service's analysis: the study's D*_expand, its plot, and GET /analyses/{id}
-    giving the record back as `Analysis.from_json` reads it."""
+    """Expanded observations in the service's analysis: the study's D*_expand, its plot, GET /analyses/{id}
+    giving the record back as `Analysis.from_json` reads it, and GET /decisions/expand and `upscale decide --expand`
+    answering as the study's Python object does, in an expansion's words."""
     from tests.fitting.expansion_tables import expansion_tables
     from upscale.fitting.analysis import Analysis
 
@@ -402,9 +403,30 @@ def test_an_expansion_study_reaches_rest_as_the_record_has_it(tmp_path, mlflow_u
               "upcycled": pd.DataFrame(columns=["N1", "D1", "D2", "loss"])}
     record = run_analysis(services, [], bootstrap=0, owner="alice", trigger="demo", tables=tables)
     assert record.status == "done" and "expand_4x1_8x1_uniform/dstar" in record.plots, record.error
+    question = {"n1": 5e4, "d1": 2e5, "d2": 2e5}
     with serve(settings, scheduler=False) as live:
-        body = live.client().get(f"/analyses/{record.id}").json()
+        c = live.client()
+        body = c.get(f"/analyses/{record.id}").json()
+        decided = c.get("/decisions/expand", params=question)
+        unknown = c.get("/decisions/expand", params={**question, "study": "expand 4x1 -> 16x1 uniform"})
+        no_upcycling = c.get("/decisions/upcycle", params=question)
     (study,) = body["analysis"]["expansions"]
     assert study["label"] == "expand 4x1 -> 8x1 uniform" and study["missing"] == []
     assert study["analysis"]["upcycled"][0]["dstar"]["results"]
     assert Analysis.from_json(body["analysis"]).expansions[0].to_json() == study
+    answer = decided.json()
+    assert decided.status_code == 200 and answer["group"] == study["label"], decided.text
+    assert answer["analysis"]["id"] == record.id and answer["verdict"] in ("expand", "scratch", "undecided")
+    python = Analysis.from_json(body["analysis"]).expansions[0].decision(**question)
+    assert {k: answer[k] for k in ("verdict", "dstar", "loss_upcycled")} == \
+        {k: python[k] for k in ("verdict", "dstar", "loss_upcycled")}
+    words = [answer["dstar_interval_note"], answer["dstar_answer"]["distance"]["note"],
+             (answer["dstar_answer"]["next"] or {}).get("runs", "")]
+    assert not any("upcycl" in w for w in words) and "expand" in " ".join(words), words
+    assert unknown.status_code == 422 and "'expand 4x1 -> 8x1 uniform'" in unknown.text, unknown.text
+    assert no_upcycling.status_code == 409 and "no upcycled law" in no_upcycling.text, no_upcycling.text
+    cli = _cli(tmp_path, "decide", "--expand", "--n1", "5e4", "--d1", "2e5", "--d2", "2e5")
+    assert cli.returncode == 0 and f"study {study['label']!r}" in cli.stderr, cli.stderr
+    assert "expanded loss after D2=" in cli.stdout and "D*_expand at N1=" in cli.stdout, cli.stdout
+    mixed = _cli(tmp_path, "decide", "--study", study["label"], "--n1", "5e4", "--d1", "2e5", "--d2", "2e5")
+    assert mixed.returncode == 2 and "--study (with --expand)" in mixed.stderr, mixed.stderr
