@@ -73,7 +73,7 @@ from upscale.fitting.laws import Law, get_law
 from upscale.fitting.shared import fit_shared_E, shared_problems
 from upscale.fitting.summary import FittedLaw, clean, fitted_law, report, report_steps
 
-ANALYSIS_VERSION = 5  # of the record's layout: bump when to_json changes what a reader finds
+ANALYSIS_VERSION = 6  # of the record's layout: bump when to_json changes what a reader finds
 TABLES = ("dense", "scratch", "upcycled")  # the store's observation kinds
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
