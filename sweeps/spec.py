@@ -273,12 +273,28 @@ class UpcyclingSection(Frozen):
         return out
 
 
+PARENT_PATH_KEYS = ("checkpoint", "path", "model", "dir")  # what a parent given as a trained model would name
+
+
 class ExpansionParent(Frozen):
     """An MoE parent of expert upcycling: the E x k MoE trained from scratch (its WSD trunk) to each D1."""
 
     n_expert: int = Field(le=MAX_EXPERTS, description="E: the parent's experts (>= 2: a dense model is upcycled, "
                           "not expanded).")
     topk: int = Field(le=MAX_EXPERTS, description="k: experts per token, 1..E; the expanded model keeps it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trained_here(cls, data: Any) -> Any:
+        """A parent is trained by the sweep (its trunk and decays are what D*_expand is measured against); a
+        checkpoint or model folder named in its place is refused here, at plan time, saying so."""
+        named = data if isinstance(data, str) else next(
+            (data[k] for k in PARENT_PATH_KEYS if k in data), None) if isinstance(data, dict) else None
+        if named is not None:
+            raise ValueError(f"{named!r} is not an MoE parent this sweep can expand: a parent is the E x k MoE the "
+                             f"sweep trains from scratch to every tokens.d1, written {{n_expert: E, topk: k}}; a "
+                             f"trained checkpoint or model folder cannot be a parent")
+        return data
 
 
 class ExpansionSection(Frozen):

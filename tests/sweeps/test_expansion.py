@@ -132,6 +132,8 @@ def test_existing_segments_keep_their_keys() -> None:
     ({"parents": [{"n_expert": 0, "topk": 0}]}, "expansion.parents[0].n_expert", "a dense parent is upcycled"),
     ({"strategies": ["best"]}, "expansion.strategies[0]", "unknown value"),
     ({"parents": []}, "expansion.parents", "empty list"),
+    ({"parents": [{"checkpoint": "runs/moe-4x1"}]}, "expansion.parents[0]", "cannot be a parent"),
+    ({"parents": ["runs/moe-4x1"]}, "expansion.parents[0]", "is not an MoE parent this sweep can expand"),
 ])
 def test_bad_expansions_name_their_field(expanding: dict, section: dict, field: str, message: str) -> None:
     expanding["expansion"] |= section
