@@ -570,6 +570,9 @@ class SuggestRequest(BaseModel):
                                     "spend the budget.")
     apply: bool = Field(False, description="Also submit the suggested extensions as a sweep (as POST "
                         "/sweeps/{id}/extend does).")
+    study: str | None = Field(None, max_length=200, description="Narrow this expansion study's D*_expand instead "
+                              "(its label in the analysis, e.g. `expand 4x1 -> 8x1 uniform`); default: the dense->MoE "
+                              "D* of the best upcycling group.")
 
 
 class SuggestedAction(BaseModel):

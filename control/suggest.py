@@ -12,6 +12,10 @@ analysis's decay ends predicted from trunk curves (docs/laws.md, "Curves as obse
 with their held-out error: observing such a point replaces its prediction, so an action is credited only with what
 the curves did not already tell.
 
+With ``study`` (an expansion study's label) the target is its D*_expand instead: the study's own analysis and its
+three tables (fitting/expansion.py), whose rows are the m·E-expert MoE's from-scratch decays and the study's expanded
+decays.
+
 The other way to spend less is to stop: a from-scratch or MoE trunk of the sweep still training whose planned decays
 would shrink D*'s sd by less than ``STOP_GAIN`` is listed with the FLOPs its unfinished segments would still cost.
 """
@@ -48,6 +52,7 @@ from upscale.fitting.design import (
 )
 from upscale.fitting.dstar import crossings_and_samples, upcycled_loss
 from upscale.fitting.errors import FitError
+from upscale.fitting.expansion import EXPANDED, STUDY_COLUMNS, expansion_studies, upcycling_tables
 from upscale.fitting.groups import GROUP_COLUMNS, upcycled_groups
 from upscale.fitting.profile import Observed, ProfileInterval, profile_interval
 from upscale.fitting.summary import finite_or_none
@@ -122,14 +127,57 @@ def _in_group(values: Mapping[str, Any], group: dict[str, Any]) -> bool:
     return True
 
 
-def _group_values(seg: PlannedSegment) -> dict[str, Any]:
-    return {c: getattr(seg.observation, c) for c in GROUP_COLUMNS}
+@dataclass(frozen=True)
+class _Target:
+    """Whose D* the criterion narrows, and which planned observations are its two arms' rows: the dense->MoE
+    upcycling's (from-scratch decays of the configurations its upcycled rows have, the group's upcycled decays), or
+    an expansion study's (the m·E MoE's from-scratch decays, the study's expanded decays)."""
+
+    up_kind: str  # "upcycled" | "expanded"
+    configs: frozenset[tuple[int, int]]  # (n_expert, topk) of the from-scratch rows that count; empty: every one
+    study: dict[str, Any] | None = None  # the expansion study's group (STUDY_COLUMNS)
+
+    def scratch_row(self, n_expert: Any, topk: Any) -> bool:
+        """Whether a from-scratch row of this configuration is one of the target's arm."""
+        if not self.configs:
+            return True
+        return n_expert is not None and topk is not None and (int(n_expert), int(topk)) in self.configs
+
+    def up_row(self, o: Any, group: dict[str, Any]) -> bool:
+        if self.study is None:
+            return _in_group({c: getattr(o, c) for c in GROUP_COLUMNS}, group)
+        return all(getattr(o, c) == self.study.get(c) for c in STUDY_COLUMNS)
+
+
+def _configs(df: pd.DataFrame) -> frozenset[tuple[int, int]]:
+    if not {"n_expert", "topk"} <= set(df.columns):
+        return frozenset()
+    return frozenset((int(e), int(k)) for e, k in df[["n_expert", "topk"]].dropna().itertuples(index=False))
+
+
+def _target(analysis: Analysis, tables: dict[str, pd.DataFrame], study: str | None,
+            record_id: str) -> tuple[Analysis, dict[str, pd.DataFrame], _Target]:
+    """The analysis, tables and rows the criterion works on: upcycling's, or the expansion study ``study``'s.
+    SuggestError (422 at ``study``) for a study the analysis does not have; NotReady for one it could not analyse."""
+    if study is None:
+        own = upcycling_tables(tables)
+        return analysis, own, _Target("upcycled", _configs(own["scratch"]) if len(tables.get(EXPANDED, ())) else
+                                      frozenset())
+    found = next((e for e in analysis.expansions if e.label == study), None)
+    if found is None:
+        labels = ", ".join(repr(e.label) for e in analysis.expansions) or "none"
+        raise SuggestError("study", f"study: analysis {record_id} has no expansion study {study!r}; it has {labels}")
+    if found.analysis is None:
+        raise NotReady(f"{study} was not analysed: " + "; ".join(m["why"] for m in found.missing))
+    mapped = next(s for s in expansion_studies(tables) if s.label == study)
+    g = found.group
+    return found.analysis, mapped.tables, _Target(EXPANDED, frozenset({(g["n_expert"], g["topk"])}), g)
 
 
 class _Problem:
     """The sweep, its analysis and the criterion, with the planner and store answering for candidates."""
 
-    def __init__(self, services: Services, sweep_id: str, n1: float | None) -> None:
+    def __init__(self, services: Services, sweep_id: str, n1: float | None, study: str | None = None) -> None:
         self.services = services
         sweep = services.store.sweep(sweep_id)  # NotFoundError: 404
         if sweep.status == "cancelled":
@@ -140,17 +188,19 @@ class _Problem:
             raise NotReady(f"{why_no_analysis(services, sweep_id)}; suggestions need one: run `upscale analyze "
                            f"{sweep_id}` (POST /sweeps/{sweep_id}/analysis)")
         self.record = record
-        analysis = Analysis.from_json(record.record)
+        analysis, tables, self.target = _target(Analysis.from_json(record.record), sweep_tables(services, [sweep_id]),
+                                                study, record.id)
+        name = "D*_expand" if study else "D*"
         if analysis.scratch is None:
-            raise NotReady(f"analysis {record.id} has no from-scratch MoE law, so no D*: "
-                           f"{analysis.missing('chinchilla')}")
+            raise NotReady(f"analysis {record.id}{f' ({study})' if study else ''} has no from-scratch MoE law, so no "
+                           f"{name}: {analysis.missing('chinchilla')}")
         fitted = [u for u in analysis.upcycled if u.fit is not None]
         if not fitted:
-            raise NotReady(f"analysis {record.id} has no upcycled law, so no D*: {analysis.missing('joint')}")
+            raise NotReady(f"analysis {record.id}{f' ({study})' if study else ''} has no {self.target.up_kind} law, "
+                           f"so no {name}: {analysis.missing('joint')}")
         self.spec_data = sweep.spec
         self.spec = parse_spec(sweep.spec)
         self.n1 = float(n1 if n1 is not None else max(analysis.n1s))
-        tables = sweep_tables(services, [sweep_id])
         d_max = float(tables["upcycled"]["D2"].max()) if len(tables["upcycled"]) else 1e9
         d1_max = float(tables["upcycled"]["D1"].max()) if len(tables["upcycled"]) else 1e9
         best = min(fitted, key=lambda u: float(upcycled_loss(u.fit.fitted, self.n1, np.array([d1_max]),
@@ -165,9 +215,10 @@ class _Problem:
         self.dstar = first.dstar
         self.interval = percentile_interval(samples) if samples.size else None
         if not (math.isfinite(self.dstar) and self.dstar > 0):
-            raise NotReady(f"analysis {record.id} has no D* at N1 = {self.n1:g}: the fitted laws do not cross there "
-                           f"({'upcycling always wins' if self.dstar > 0 else 'from scratch always wins'}); choose "
-                           f"another --n1")
+            lead = "expanding" if study else "upcycling"
+            raise NotReady(f"analysis {record.id} has no {name} at N1 = {self.n1:g}: the fitted laws do not cross "
+                           f"there ({f'{lead} always wins' if self.dstar > 0 else 'from scratch always wins'}); "
+                           f"choose another --n1")
         up_rows = pd.concat([rows for g, rows in upcycled_groups(tables["upcycled"]) if g == self.group]
                             or [tables["upcycled"].iloc[:0]])
         current, residuals, self.observed_rows = {}, {}, {}
@@ -197,8 +248,9 @@ class _Problem:
         criterion's rows: each with its family's held-out sd and its grid point, so that observing the point
         replaces the prediction and an action gains only what the curve did not already tell."""
         out = {}
-        for key, kind, columns in (("moe", "scratch", ("D", "N")), ("up", "upcycled", ("D1", "D2", "N1"))):
-            rows = [r for r in tables.get(kind, []) if kind == "scratch" or _in_group(r, self.group)]
+        for key, kind, columns in (("moe", "scratch", ("D", "N")), ("up", self.target.up_kind, ("D1", "D2", "N1"))):
+            rows = [r for r in tables.get(kind, []) if (self.target.scratch_row(r.get("n_expert"), r.get("topk"))
+                                                        if kind == "scratch" else _in_group(r, self.group))]
             if rows:
                 fit = self.moe if key == "moe" else self.up
                 tab = {c: np.array([float(r[c]) for r in rows]) for c in columns}
@@ -235,10 +287,11 @@ class _Problem:
         return self.observation_rows([s for s in new if self.informs(s)])
 
     def informs(self, seg: PlannedSegment) -> bool:
-        """Whether ``seg`` observes one of the two laws of D* at N1: a from-scratch decay, or a decay of the group."""
+        """Whether ``seg`` observes one of the two laws of D* at N1: a from-scratch decay of the target's
+        configurations, or a decay of the group (of the expansion study)."""
         o = seg.observation
-        return o is not None and (o.kind == "scratch" or
-                                  (o.kind == "upcycled" and _in_group(_group_values(seg), self.group)))
+        return o is not None and ((o.kind == "scratch" and self.target.scratch_row(o.n_expert, o.topk)) or
+                                  (o.kind == self.target.up_kind and self.target.up_row(o, self.group)))
 
     def unfinished(self) -> dict[str, tuple[list[PlannedSegment], float]]:
         """Per from-scratch or MoE trunk (of the target group) that the sweep has not finished: its planned
@@ -261,7 +314,7 @@ class _Problem:
         """The criterion's rows of planned observations ``segs`` (from scratch, or of the target group)."""
         out = {}
         for key, fit, kind, columns in (("moe", self.moe, "scratch", ("D", "N")),
-                                        ("up", self.up, "upcycled", ("D1", "D2", "N1"))):
+                                        ("up", self.up, self.target.up_kind, ("D1", "D2", "N1"))):
             mine = [s for s in segs if s.observation.kind == kind]
             if not mine:
                 out[key] = Rows.empty(len(self.free[key]))
@@ -297,7 +350,7 @@ def suggest(services: Services, sweep_id: str, request: SuggestRequest, owner: s
     """Ranked extensions of ``sweep_id`` (see the module); with ``request.apply`` the extension sweep too.
     NotFoundError for an unknown sweep, NotReady when it was cancelled or no analysis can answer, SuggestError when
     the budget buys no action."""
-    problem = _Problem(services, sweep_id, request.n1)
+    problem = _Problem(services, sweep_id, request.n1, request.study)
     options = []
     for c in candidates(problem.spec):
         try:

@@ -205,12 +205,13 @@ class Client:
                             json={"additions": dict(additions), "reuse_stale": reuse_stale}, heavy=True)
 
     def suggest(self, sweep_id: str, budget_flops: float, n1: float | None = None, tolerance: float | None = None,
-                apply: bool = False) -> dict[str, Any]:
-        """Grid extensions ranked by the expected shrinkage of the D* interval at ``n1`` per FLOP, chosen within
-        ``budget_flops`` from the sweep's newest analysis; ``apply`` submits them as a sweep (a write token)."""
+                apply: bool = False, study: str | None = None) -> dict[str, Any]:
+        """Grid extensions ranked by the expected shrinkage of the D* interval at ``n1`` per FLOP (of ``study``'s
+        D*_expand, with an expansion study's label), chosen within ``budget_flops`` from the sweep's newest analysis;
+        ``apply`` submits them as a sweep (a write token)."""
         return self.request("POST", f"/sweeps/{sweep_id}/suggest",
-                            json={"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply},
-                            heavy=True)
+                            json={"budget_flops": budget_flops, "n1": n1, "tolerance": tolerance, "apply": apply,
+                                  "study": study}, heavy=True)
 
     def observations_csv(self, sweep_id: str, kind: ObservationKind | None = None) -> str:
         """A sweep's observations as the CSV `upscale fit --data` reads (only one kind's rows with ``kind``)."""

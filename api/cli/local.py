@@ -150,17 +150,17 @@ class Local:
         return pd.read_csv(io.StringIO(self.observations_csv(sweep_id, kind)))
 
     def suggest(self, sweep_id: str, budget_flops: float, n1: float | None = None, tolerance: float | None = None,
-                apply: bool = False) -> dict[str, Any]:
+                apply: bool = False, study: str | None = None) -> dict[str, Any]:
         from upscale.control.schemas import SuggestRequest
         from upscale.control.services import LOCAL_OWNER
         from upscale.control.suggest import SuggestError, suggest
 
-        body = SuggestRequest(budget_flops=budget_flops, n1=n1, tolerance=tolerance, apply=apply)
+        body = SuggestRequest(budget_flops=budget_flops, n1=n1, tolerance=tolerance, apply=apply, study=study)
         with _user_errors():
             try:
                 return _dump(suggest(self.services, sweep_id, body, LOCAL_OWNER))
-            except SuggestError as e:  # the API's 422 at body.budget_flops, in the CLI's words
-                raise CommandError(str(e).replace("budget_flops", "--budget-flops", 1)) from None
+            except SuggestError as e:  # the API's 422 at body.budget_flops (body.study), in the CLI's words
+                raise CommandError(str(e).replace(e.field, f"--{e.field.replace('_', '-')}", 1)) from None
 
     # -- analyses and decisions --------------------------------------------------------------------------------
 

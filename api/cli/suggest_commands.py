@@ -28,6 +28,8 @@ def suggest_command(
                                                     help="Stop once the expected 95% D* interval's hi/lo ratio is at "
                                                          "most this (4: within a factor of 2 either way).")] = None,
     apply: Annotated[bool, typer.Option("--apply", help="Submit the suggested extensions as a sweep.")] = False,
+    study: Annotated[str | None, typer.Option("--study", help="Narrow this expansion study's D*_expand instead (its "
+                                              "label in the analysis, e.g. 'expand 4x1 -> 8x1 uniform').")] = None,
     as_json: JsonOpt = False,
     api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
@@ -38,7 +40,7 @@ def suggest_command(
         if value is not None and not value > low:
             raise CommandError(f"{name} must be greater than {low:g}, got {value:g}")
     with connect(api, token) as c:
-        out = c.suggest(sweep, budget_flops, n1=n1, tolerance=tolerance, apply=apply)
+        out = c.suggest(sweep, budget_flops, n1=n1, tolerance=tolerance, apply=apply, study=study)
     if as_json:
         print_json(out)
         return
@@ -49,7 +51,8 @@ def suggest_command(
     ends = out["profile_interval"]
     profile = ("no crossing consistent with the data" if ends is None else
                f"{fmt(ends[0]) if ends[0] is not None else '0'} – {fmt(ends[1]) if ends[1] is not None else 'inf'}")
-    console.print(f"D* at N1 = {fmt(out['n1'])} ({out['group']}, analysis {out['analysis_id']}): "
+    name = "D*_expand" if study else "D*"
+    console.print(f"{name} at N1 = {fmt(out['n1'])} ({out['group']}, analysis {out['analysis_id']}): "
                   f"{fmt(out['dstar'])} tokens, 95% interval {fmt(lo)} – {fmt(hi)} (delta method{boot}; "
                   f"profile likelihood {profile})")
     table = Table("#", "action", "marginal FLOPs", "new obs.", "expected interval after")
@@ -65,6 +68,6 @@ def suggest_command(
         console.print(f"where the law forms disagree most: {nxt['runs']} (~{fmt(nxt['flops'])} FLOPs)")
     for a in out.get("stop", []):
         console.print(f"stop trunk {a['trunk']}: its {a['pending_observations']} remaining decay(s) would shrink the "
-                      f"D* interval by {a['sd_shrink']:.1%}; stopping it saves {fmt(a['remaining_flops'])} FLOPs")
+                      f"{name} interval by {a['sd_shrink']:.1%}; stopping it saves {fmt(a['remaining_flops'])} FLOPs")
     if out["applied"]:
         console.print(f"applied: sweep {out['applied']['id']} ({out['applied']['plan']['new_segments']} new segments)")

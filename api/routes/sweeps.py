@@ -257,7 +257,8 @@ def sweep_observations(sweep_id: str, request: Request, services: ServicesDep, _
              responses={**NOT_FOUND, 200: json_example(_SUGGESTION_EXAMPLE),
                         409: {"description": "The sweep was cancelled, or no analysis can answer yet (the detail "
                                              "says what to run)."},
-                        422: {"description": "A budget too small for any extension (at `budget_flops`)."},
+                        422: {"description": "A budget too small for any extension (at `budget_flops`), or a `study` "
+                              "the analysis does not have (at `study`)."},
                         429: {"description": "With `apply`, the token has UPSCALE_MAX_SWEEPS_IN_FLIGHT sweeps pending "
                               "or running; or the server's heavy-request threads and queue are full (Retry-After "
                               "says when to try again)."}})
@@ -266,11 +267,12 @@ async def suggest_extensions(sweep_id: str, body: SuggestRequest, request: Reque
     """Candidate extensions of the sweep (new D1, D2 or from-scratch budgets beyond, below or between the grid's on
     its trunks, a larger dense size), ranked by the expected shrinkage of the D* interval at `n1` per FLOP (c-optimal
     on D*, branches of one trunk correlated) and chosen greedily within `budget_flops`, until the expected interval
-    is within `tolerance`. Each action's FLOPs are marginal (what the store holds is free). `stop` lists the trunks
-    still training whose remaining decays would barely move D*, with the FLOPs stopping them saves. With `apply`, the
-    chosen extensions are submitted as a new sweep, as POST /sweeps/{id}/extend would (`applied`): that needs a
-    write token, suggesting a read one. It computes on the server's heavy-request threads (429 when they and their
-    queue are full)."""
+    is within `tolerance`. With `study` (an expansion study's label), the D* is that study's D*_expand, and its rows
+    are the m·E MoE's from-scratch decays and the study's expanded ones. Each action's FLOPs are marginal (what the
+    store holds is free). `stop` lists the trunks still training whose remaining decays would barely move D*, with
+    the FLOPs stopping them saves. With `apply`, the chosen extensions are submitted as a new sweep, as POST
+    /sweeps/{id}/extend would (`applied`): that needs a write token, suggesting a read one. It computes on the
+    server's heavy-request threads (429 when they and their queue are full)."""
     from upscale.control.suggest import SuggestError, suggest
 
     if body.apply and not caller.has("write"):

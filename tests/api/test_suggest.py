@@ -51,16 +51,19 @@ LAWS = {"dense": TABLE2["dense"], "scratch": {**TABLE2["moe"], "A": TABLE2["moe"
 
 
 def _loss(o: dict, rng: np.random.Generator) -> float:
-    if o["kind"] == "upcycled":
+    """The paper's law for the kind (an expanded run's is the upcycled law, an MoE's from scratch the same law
+    whatever its experts): so an expansion study's D*_expand is the upcycling's D*."""
+    if o["kind"] in ("upcycled", "expanded"):
         law, row = get_law("joint"), {"N1": o["N1"], "D1": o["D1"], "D2": o["D2"]}
     else:
         law, row = get_law("chinchilla"), {"N": o["N1"], "D": o["D"]}
-    return float(law.predict(LAWS[o["kind"]], pd.DataFrame([row]))[0] * np.exp(rng.normal(0, 0.002)))
+    params = LAWS["upcycled" if o["kind"] == "expanded" else o["kind"]]
+    return float(law.predict(params, pd.DataFrame([row]))[0] * np.exp(rng.normal(0, 0.002)))
 
 
-def fill(services: Services, status: str = "done") -> str:
+def fill(services: Services, status: str = "done", grid: dict | None = None) -> str:
     """A submitted sweep with every segment done, an observation per decay, as a scheduler leaves it."""
-    sweep_id = submit(services, parse_spec(GRID), "alice", new=True).id
+    sweep_id = submit(services, parse_spec(grid or GRID), "alice", new=True).id
     rng = np.random.default_rng(0)
     members = [seg for seg, _ in services.store.members(sweep_id)]
     with services.store.transaction() as s:
@@ -70,7 +73,8 @@ def fill(services: Services, status: str = "done") -> str:
                 s.add(ObservationRecord(segment_key=seg.key, kind=o["kind"], N1=o.get("N1"), D1=o.get("D1"),
                                         D2=o.get("D2"), D=o.get("D"), N2=o.get("N2"), N_total=o.get("N_total"),
                                         n_expert=o.get("n_expert"), topk=o.get("topk"), method=o.get("method"),
-                                        r=o.get("r"), loss=_loss(o, rng), trunk=seg.trunk or seg.key))
+                                        r=o.get("r"), parent_experts=o.get("parent_experts"), loss=_loss(o, rng),
+                                        trunk=seg.trunk or seg.key))
         s.execute(update(SegmentRecord).where(SegmentRecord.key.in_([m.key for m in members])).values(status="done"))
     services.store.set_sweep(sweep_id, status=status)
     return sweep_id
@@ -213,8 +217,36 @@ def test_applying_a_suggestion_counts_against_the_in_flight_quota(analysed) -> N
     settings, sid = analysed
     cli = open_services(settings, auth=False)  # the in-process CLI: no quota
     submit(cli, parse_spec({**GRID, "name": "waiting", "train": {**GRID["train"], "seed": 2}}), "alice", new=True)
+    # the first action alone: an extension no earlier test applied (applying one that exists returns it, no quota)
+    first = suggest(cli, sid, SuggestRequest(budget_flops=1e15), "alice").actions[0].marginal_flops
     with serve(settings.model_copy(update={"max_sweeps_in_flight": 1}), scheduler=False) as live, live.client() as c:
         before = len(c.get("/sweeps").json())
-        r = c.post(f"/sweeps/{sid}/suggest", json={"budget_flops": 1e15, "apply": True})
+        r = c.post(f"/sweeps/{sid}/suggest", json={"budget_flops": first, "apply": True})
         assert r.status_code == 429 and "UPSCALE_MAX_SWEEPS_IN_FLIGHT=1" in r.json()["detail"], r.text
         assert len(c.get("/sweeps").json()) == before
+
+
+def test_an_expansion_study_gets_its_own_suggestion(tmp_path, mlflow_uri) -> None:
+    """`study` narrows D*_expand: the criterion is the study's own analysis, and an action counts only the 8x2 MoE's
+    from-scratch decays and the study's expanded ones; an unknown study is a 422 at `study`."""
+    from upscale.control import suggest as module
+
+    grid = {**GRID, "name": "suggest-expand", "expansion": {"parents": [{"n_expert": 4, "topk": 2}], "factors": [2]}}
+    services = open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri), auth=False)
+    sid = fill(services, grid=grid)
+    record = run_analysis(services, [sid], bootstrap=10, owner="alice", trigger="request")
+    (study,) = record.record["expansions"]
+    label = study["label"]
+    assert label == "expand 4x2 -> 8x2 uniform" and study["analysis"] is not None, study.get("missing")
+    ranked = suggest(services, sid, SuggestRequest(budget_flops=1e15, study=label), "alice")
+    assert ranked.group == label and ranked.actions and ranked.delta_interval[0] < ranked.dstar
+    problem = module._Problem(services, sid, None, label)
+    counted = [s.observation for c in module.candidates(problem.spec)
+               for s in plan(parse_spec(merge(problem.spec_data, c.additions))).observations() if problem.informs(s)]
+    assert counted and {(o.kind, o.n_expert) for o in counted} <= {("scratch", 8), ("expanded", 8)}
+    upcycling = module._Problem(services, sid, None)
+    assert not any(upcycling.informs(s) and s.observation.kind == "scratch" and s.observation.n_expert == 8
+                   for s in upcycling.planned.observations())  # the 8x2 rival is no arm of the dense->4x2 D*
+    with pytest.raises(SuggestError, match="has no expansion study 'expand 4x2 -> 16x2 uniform'") as e:
+        suggest(services, sid, SuggestRequest(budget_flops=1e15, study="expand 4x2 -> 16x2 uniform"), "alice")
+    assert e.value.field == "study"
