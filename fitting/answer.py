@@ -52,14 +52,15 @@ class Words:
     lead: str  # "upcycling ahead"
     runs: str  # "upcycled runs"
     verdict: str  # the verdict for that arm: "upcycle"
+    dstar: str  # the threshold's name: "D*"
 
     def said(self, verdict: str | None) -> str | None:
         """A verdict as this arm's answers say it (the laws' "upcycle" is an expansion's "expand")."""
         return self.verdict if verdict == UPCYCLING.verdict else verdict
 
 
-UPCYCLING = Words("upcycling", "upcycling", "upcycled", "upcycle")
-EXPANSION = Words("expansion", "expanding", "expanded", "expand")
+UPCYCLING = Words("upcycling", "upcycling", "upcycled", "upcycle", "D*")
+EXPANSION = Words("expansion", "expanding", "expanded", "expand", "D*_expand")
 WORDS = {w.name: w for w in (UPCYCLING, EXPANSION)}
 
 
@@ -307,16 +308,16 @@ def _reach(star: float | None, state: str, iv: dict[str, Any], arms: Arms, n1: f
 
     f_star = factor(star)
     f_far = math.inf if iv["high_open"] else factor(iv["high"])
-    words = {"observed": "the runs bound D* (the projection contradicts them)",
-             "above": f"the projection has {words.lead} ahead to the end of the range searched",
-             "below": "the projection has from scratch ahead over the whole range searched",
-             "none": "no projection holds at this size"}.get(state, "")
+    note = {"observed": f"the runs bound {words.dstar} (the projection contradicts them)",
+            "above": f"the projection has {words.lead} ahead to the end of the range searched",
+            "below": "the projection has from scratch ahead over the whole range searched",
+            "none": "no projection holds at this size"}.get(state, "")
     if f_star is not None:
-        words = ("D* inside the budgets trained" if f_star <= 1 else
-                 f"D* projected {f_star:.2g}x {'beyond' if star > hi else 'below'} the budgets trained")
-    words += ("; the interval is open above" if iv["high_open"]
-              else f"; the interval reaches {f_far:.2g}x" if f_far and f_far > 1 else "")
-    return {"dstar_factor": f_star, "interval_factor": None if f_far == math.inf else f_far, "note": words,
+        note = (f"{words.dstar} inside the budgets trained" if f_star <= 1 else
+                f"{words.dstar} projected {f_star:.2g}x {'beyond' if star > hi else 'below'} the budgets trained")
+    note += ("; the interval is open above" if iv["high_open"]
+             else f"; the interval reaches {f_far:.2g}x" if f_far and f_far > 1 else "")
+    return {"dstar_factor": f_star, "interval_factor": None if f_far == math.inf else f_far, "note": note,
             "trained_tokens": [lo, hi], "n1": n1}
 
 
