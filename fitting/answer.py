@@ -270,11 +270,11 @@ def _contradiction(star: float, lo: float | None, hi: float | None, n1: float, w
     if lo is not None and not star > lo:
         where = "has from scratch ahead" if star > 0 else "has from scratch ahead everywhere"
         return (f"the law contradicts the runs at N1={n1:.3g}: it {where} below {lo:.3g} tokens"
-                f"{f' (D* {star:.3g})' if 0 < star < math.inf else ''}, where the runs show {words.lead} ahead beyond "
-                f"noise; D* lies above {lo:.3g}")
+                f"{f' ({words.dstar} {star:.3g})' if 0 < star < math.inf else ''}, where the runs show {words.lead} "
+                f"ahead beyond noise; {words.dstar} lies above {lo:.3g}")
     if hi is not None and not star < hi:
         return (f"the law contradicts the runs at N1={n1:.3g}: it has {words.lead} still ahead at {hi:.3g} tokens, "
-                f"where the runs show from scratch ahead beyond noise; D* lies below {hi:.3g}")
+                f"where the runs show from scratch ahead beyond noise; {words.dstar} lies below {hi:.3g}")
     return ""
 
 
