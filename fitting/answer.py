@@ -107,6 +107,11 @@ class Arms:
         w = self.calibration.weights[arm]
         return [(self.fits[arm][f], v) for f, v in w.items() if v >= MIN_WEIGHT and f in self.fits[arm]]
 
+    def budgets(self) -> tuple[float, float]:
+        """The smallest and the largest upcycled budget (D1 or D2) trained."""
+        spans = [v for ff in self.fits["upcycled"].values() for c, v in ff.trained.items() if c in ("D1", "D2")]
+        return min(v[0] for v in spans), max(v[1] for v in spans)
+
     def distance(self, arm: str, n1: float, tokens: np.ndarray) -> np.ndarray:
         """Decades beyond the trained range of every point of the path (the worst column)."""
         return distance(path_columns(arm, n1, tokens), next(iter(self.fits[arm].values())).trained)
@@ -227,7 +232,7 @@ def answer_at(arms: Arms, observed: Observed, n1: float, span: tuple[float, floa
             "intervals": intervals, "band_intervals": band_ivs, "mixture_intervals": mixture_ivs or None,
             "forms": pairs, "spread": spread, "valid_to": end if end < span[1] else None,
             "observed_bracket": bracket, "interval_brackets": brackets, "contradiction": contradiction,
-            "open_note": _open_note(intervals["80"], n1, span, end, bracket, words),
+            "open_note": _open_note(intervals["80"], n1, span, end, bracket, words, arms.budgets()[1]),
             "distance": _reach(shown, state, intervals["80"], arms, n1, words),
             "next": _next_pair(arms, paths, n1, tokens, valid, intervals["80"], words)}
 
@@ -279,11 +284,12 @@ def _contradiction(star: float, lo: float | None, hi: float | None, n1: float, w
 
 
 def _open_note(iv: dict[str, Any], n1: float, span: tuple[float, float], end: float,
-               bracket: dict[str, Any] | None, words: Words) -> str:
-    """Why an end of the 80% interval is open, and the pair of runs that would close it."""
+               bracket: dict[str, Any] | None, words: Words, top: float) -> str:
+    """Why an end of the 80% interval is open, and the pair of runs that would close it: beyond the runs' lead, or
+    without a bracket at this size, beyond ``top``, the largest budget trained."""
     notes = []
     if iv["high_open"]:
-        top = (bracket or {}).get("low") or span[0]
+        top = (bracket or {}).get("low") or top
         why = (f"the forms stop holding at {end:.3g} tokens (a loss that no longer falls with tokens)"
                if end < span[1] else f"the calibrated bands overlap up to {span[1]:.3g} tokens, the end of the range "
                                      f"searched")
@@ -300,8 +306,7 @@ def _reach(star: float | None, state: str, iv: dict[str, Any], arms: Arms, n1: f
            words: Words) -> dict[str, Any]:
     """How far the answer is projected: the D* and the 80% interval's far end, as factors beyond the largest (or
     below the smallest) budget trained, in words."""
-    trained = next(iter(arms.fits["upcycled"].values())).trained
-    lo, hi = min(trained["D1"][0], trained["D2"][0]), max(trained["D1"][1], trained["D2"][1])
+    lo, hi = arms.budgets()
 
     def factor(v: float | None) -> float | None:
         return None if v is None else max(v / hi, lo / v, 1.0)
@@ -329,7 +334,7 @@ def _next_pair(arms: Arms, paths: Mapping[str, Mapping[str, FormPath]], n1: floa
     """The budget inside the 80% interval where the weighted forms' projected gaps disagree most, no further than
     ``NEXT_REACH`` beyond the largest budget trained (a run there is affordable and its answer still narrows the
     interval from its low end): train upcycled at D1 = D2 = D and from scratch at D there."""
-    top = max(v[1] for ff in arms.fits["upcycled"].values() for c, v in ff.trained.items() if c in ("D1", "D2"))
+    top = arms.budgets()[1]
     lo = iv["low"] if not iv["low_open"] else tokens[0]
     hi = min(iv["high"] if not iv["high_open"] else tokens[-1], NEXT_REACH * top)
     inside = valid & (tokens >= lo * (1 - 1e-9)) & (tokens <= hi * (1 + 1e-9))

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from upscale.fitting.analysis import Analysis, analyze
-from upscale.fitting.answer import _band_interval, answer_group, merge_answer
+from upscale.fitting.answer import EXPANSION, _band_interval, _open_note, answer_group, merge_answer
 from upscale.fitting.bands import Calibration, _conformal, form_weights
 from upscale.fitting.display import summary_lines
 from upscale.fitting.forms import form, turned
@@ -247,3 +247,14 @@ def test_a_cross_family_table_the_old_interval_missed_is_covered() -> None:
 
     assert not holds(r["parameter_intervals"]["80"]), r["parameter_intervals"]
     assert holds(r["intervals"]["80"]) and holds(r["intervals"]["95"]), r["intervals"]
+
+
+def test_an_open_end_names_the_runs_that_would_close_it_in_the_arms_words() -> None:
+    """Beyond the runs' lead at a size the grid has; at a size it lacks (a decision elsewhere), beyond the largest
+    budget trained, never the bottom of the range searched."""
+    above = {"low": 5e5, "high": None, "low_open": False, "high_open": True}
+    span = (614.0, 4.9e7)
+    at_grid = _open_note(above, 1.31e5, span, span[1], {"low": 1.2e5, "high": None}, EXPANSION, 2.46e5)
+    elsewhere = _open_note(above, 1e5, span, span[1], None, EXPANSION, 2.46e5)
+    assert "expanded (D1 = D2 = D) and from-scratch runs at N1=1.31e+05 beyond 1.2e+05 tokens" in at_grid
+    assert "beyond 2.46e+05 tokens would close it" in elsewhere and "upcycl" not in elsewhere + at_grid
