@@ -356,7 +356,10 @@ def test_upscale_analyze_prints_and_stores_the_analysis(tmp_path, mlflow_uri) ->
     services = open_services(Settings(home=tmp_path, mlflow_tracking_uri=mlflow_uri))
     sid = fill(services)
     empty = submit(services, parse_spec(OTHER_GRID), "alice", new=True).id
-    out = _cli(tmp_path, "analyze", sid, "--bootstrap", "0", "--n1", "2e4")
+    short = _cli(tmp_path, "analyze", sid, "--bootstrap", "0", "--n1", "2e4")
+    assert short.returncode == 0 and "upscale analysis (" in short.stdout and "--details" in short.stdout, short.stderr
+    assert "upcycling method:" not in short.stdout  # the summary first; the detail behind --details
+    out = _cli(tmp_path, "analyze", sid, "--bootstrap", "0", "--n1", "2e4", "--details")
     assert out.returncode == 0, out.stderr
     assert "MoE from scratch" in out.stdout and "upcycling method: naive 4x2" in out.stdout and "D*" in out.stdout
     assert out.stdout.count("verdict:") == 2
