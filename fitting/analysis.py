@@ -520,7 +520,7 @@ def _answer(scratch: pd.DataFrame, rows: pd.DataFrame, sizes: list[float], moe: 
             stage: Callable[[str, int], Callable[[int], None] | None],
             where: str, words: Words) -> tuple[GroupAnswer, list[dict[str, Any]]]:
     """fitting/answer.py's answer for one group: every form fitted, backtested and weighed, at every size."""
-    advance = stage(f"law forms, backtests (upcycled{where})", 1)
+    advance = stage(f"law forms, backtests ({words.runs}{where})", 1)
     out = answer_group({"scratch": scratch, "upcycled": rows}, sizes,
                        search_range(moe.fitted, up.fitted),
                        {"scratch": (moe.params, moe.fitted.samples), "upcycled": (up.params, up.fitted.samples)},
@@ -583,14 +583,14 @@ def _analyze(tables: Mapping[str, pd.DataFrame], n1s: Sequence[float] | None,
         if _fittable(check):
             try:
                 up = fit_law(joint, rows, {"E": E}, bootstrap, seed, workers,
-                             stage(f"LOO, bootstrap (upcycled{where})", report_steps(rows, bootstrap)), E_draws)
+                             stage(f"LOO, bootstrap ({words.runs}{where})", report_steps(rows, bootstrap)), E_draws)
             except FitError as e:
                 problems.append({"law": "joint", "fit": f"upcycled{where}", "why": str(e), "add": "", "kind": "fit"})
             else:
                 problems += _kind(refit_problems("joint", f"upcycled{where}", up.report), "refit")
                 problems += _named(up.report["problems"], f"upcycled{where}")
         if up is not None and moe is not None:
-            advance = stage(f"D* (upcycled{where})", 1)
+            advance = stage(f"{words.dstar} ({words.runs}{where})", 1)
             star = dstar_results(moe.fitted, up.fitted, sizes, extrapolation_factor)
             problems += check_dstar((chin, moe.params), (joint, up.params), star["results"],
                                     moe_where=("chinchilla", "from-scratch MoE"),
