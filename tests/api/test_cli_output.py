@@ -35,7 +35,7 @@ def test_piped_output_is_not_cut_at_80_columns(tmp_path) -> None:
 
 @pytest.mark.slow  # ~15 s on 2 cores: console-script runs
 def test_wide_table_is_printed_whole_when_piped(tmp_path) -> None:
-    out = _run(tmp_path, "demo", "--synthetic", "--bootstrap", "0", "--out", str(tmp_path / "plots"))
+    out = _run(tmp_path, "demo", "--synthetic", "--bootstrap", "0", "--details", "--out", str(tmp_path / "plots"))
     star = [line for line in out.splitlines() if "closed form" in line or "┃ N1" in line]
     assert star and "…" not in out, out
     assert "Creating initial MLflow" not in out and "INFO" not in out, out
