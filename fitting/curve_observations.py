@@ -17,7 +17,8 @@ MoE, one upcycled group), with LRs as multipliers of each trunk's own peak so th
 gamma: how much a decay gains) are in one unit across the family. Those parameters are set one of two ways, and the
 family uses the one whose held-out decays err less: each trunk's own (fitted to its decays; a trunk with none
 borrows the family's trunk with the most decay measurements), or pooled (the median of the family's other trunks'
-own fits, so that two or three noisy decays of one trunk do not set them alone). The sd then scores that choice on
+own fits, so that two or three noisy decays of one trunk do not set them alone; a trunk with no decay borrows as in
+the own way, since nothing would check a median that no single trunk's fit shares). The sd then scores that choice on
 decays it was not made on (`_choose`), so picking the better of two errors does not make the error look smaller.
 
 ``predicted_decays`` turns the trunks of every family into rows of the analysis tables (``source`` "predicted", the
@@ -165,23 +166,24 @@ class _Mode:
     held: dict[tuple[str, int], HeldOut]
 
 
+def _donor(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]], exclude: str) -> dict[str, float] | None:
+    """The fitted parameters of the family's trunk with the most decay measurements, other than ``exclude``."""
+    others = [t for t in trunks if t.trunk in fitted and t.trunk != exclude]
+    if not others:
+        return None
+    best = max(others, key=lambda t: (sum(d.steps.size for d in t.decays), -trunks.index(t)))
+    return fitted[best.trunk]
+
+
 def _own_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]], options: FitOptions,
               memo: dict, problems: list[str]) -> _Mode:
     """Each trunk's decay parameters fitted to its own decays; a trunk with none borrows those of the trunk of its
     family with the most decay measurements."""
-
-    def donor_for(exclude: str) -> dict[str, float] | None:
-        others = [t for t in trunks if t.trunk in fitted and t.trunk != exclude]
-        if not others:
-            return None
-        best = max(others, key=lambda t: (sum(d.steps.size for d in t.decays), -trunks.index(t)))
-        return fitted[best.trunk]
-
     params = dict(fitted)
     for t in trunks:
         if t.trunk in params or t.decays:
             continue
-        p = _fit(t.curve, (), donor_for(t.trunk), options, memo)
+        p = _fit(t.curve, (), _donor(trunks, fitted, t.trunk), options, memo)
         if p is None:
             problems.append(f"trunk {t.trunk}: no decay of its own and no other trunk's decay parameters to borrow")
         else:
@@ -190,7 +192,7 @@ def _own_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, float]]
     for t in trunks:
         for i, d in enumerate(t.decays):
             rest = t.decays[:i] + t.decays[i + 1:]
-            p = _fit(t.curve, rest, None if rest else donor_for(t.trunk), options, memo)
+            p = _fit(t.curve, rest, None if rest else _donor(trunks, fitted, t.trunk), options, memo)
             if p is not None:
                 held[t.trunk, i] = HeldOut(t.trunk, int(d.lr.size), float(d.loss[-1]), _end(p, d.lr))
     return _Mode(params, held)
@@ -200,7 +202,10 @@ def _pooled_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, floa
                  memo: dict, problems: list[str]) -> _Mode | None:
     """Each trunk's decay parameters fixed at the median of its family's other fitted trunks' own (its L0, A, alpha
     still fitted to its curve and decays); None with fewer than two fitted trunks. The median never sees the trunk's
-    own decays, so its held-out decays are held out of the pooled parameters too."""
+    own decays, so its held-out decays are held out of the pooled parameters too. A trunk with no decay of its own
+    borrows as in the own way: its prediction would rest on the median alone, which no held-out decay checks, and a
+    median taken parameter by parameter over sets that explain the same decays differently (B, C, beta, gamma trade
+    off) can describe a decay none of them does."""
     if len(fitted) < 2:
         return None
 
@@ -210,7 +215,7 @@ def _pooled_mode(trunks: Sequence[TrunkCurves], fitted: dict[str, dict[str, floa
 
     params, held = {}, {}
     for t in trunks:
-        fixed = pooled_for(t.trunk)
+        fixed = pooled_for(t.trunk) if t.decays else _donor(trunks, fitted, t.trunk)
         p = _fit(t.curve, t.decays, fixed, options, memo)
         if p is None:
             problems.append(f"trunk {t.trunk}: the law did not fit its curve with its family's pooled decay "

@@ -140,16 +140,18 @@ def test_a_memo_keeps_each_trunks_fits_and_refits_only_what_changed():
     memo: dict = {}
     first = predict_decay_ends(trunks, wanted, options, memo)
     # each trunk's own: fits of t0 and t1, t2 on t0's decay parameters, t0 without each decay, t1 without its one
-    # (on t0's); pooled: t0 on t1's with and without each decay, t1 with its decay on t0's, t2 on their median
-    assert len(memo) == 6 + 5
+    # (on t0's); pooled: t0 on t1's with and without each decay, t1 with its decay on t0's (t2, with no decay of its
+    # own, borrows t0's as the own way does: that fit is kept)
+    assert len(memo) == 6 + 4
     assert np.array_equal(predict_decay_ends(trunks, wanted, options, memo).losses, first.losses)
-    assert len(memo) == 11  # nothing refitted
+    assert len(memo) == 10  # nothing refitted
     t1 = trunks[1]
     moved = Curve(t1.curve.lr, t1.curve.steps, t1.curve.loss * 1.01)
     changed = [trunks[0], TrunkCurves("t1", moved, t1.decays), trunks[2]]
     again = predict_decay_ends(changed, wanted, options, memo)
-    # t1's own fit and its held-out one, and every pooled fit on t1's new parameters (t0's three, t2's); t0's own kept
-    assert len(memo) == 11 + 2 + 5
+    # t1's own fit and its held-out one, every pooled fit on t1's new parameters (t0's three) and t1's pooled fit on
+    # t0's (its curve moved); t0's own and t2's on t0's kept
+    assert len(memo) == 10 + 2 + 4
     fresh = predict_decay_ends(changed, wanted, options)
     assert np.array_equal(again.losses, fresh.losses) and again.sd == fresh.sd
     assert not np.array_equal(again.losses, first.losses)
