@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from cronsim import CronSim, CronSimError
-
 FIELDS = "minute hour day month weekday"
 
 
 def check_cron(expr: str) -> None:
     """A ValueError (the API answers 422 with the field path) saying what is wrong with ``expr``, if anything."""
+    from cronsim import CronSim, CronSimError  # the worker extra: a light install plans, and imports the schemas
+
     if len(expr.split()) != 5:
         raise ValueError(f"cron {expr!r}: needs 5 fields ({FIELDS}), got {len(expr.split())}")
     try:
@@ -26,4 +26,6 @@ def check_cron(expr: str) -> None:
 def fires_at(expr: str, minute: datetime) -> bool:
     """Whether ``expr`` names ``minute`` (a datetime whose seconds are zero): its next time after the minute
     before is this one."""
+    from cronsim import CronSim
+
     return next(CronSim(expr, minute - timedelta(minutes=1))) == minute
