@@ -52,7 +52,7 @@ from upscale.fitting.design import (
 )
 from upscale.fitting.dstar import crossings_and_samples, upcycled_loss
 from upscale.fitting.errors import FitError
-from upscale.fitting.expansion import EXPANDED, STUDY_COLUMNS, expansion_studies, upcycling_tables
+from upscale.fitting.expansion import EXPANDED, STUDY_COLUMNS, expansion_studies, upcycling_configs, upcycling_tables
 from upscale.fitting.groups import GROUP_COLUMNS, upcycled_groups
 from upscale.fitting.profile import Observed, ProfileInterval, profile_interval
 from upscale.fitting.summary import finite_or_none
@@ -134,7 +134,7 @@ class _Target:
     an expansion study's (the m·E MoE's from-scratch decays, the study's expanded decays)."""
 
     up_kind: str  # "upcycled" | "expanded"
-    configs: frozenset[tuple[int, int]]  # (n_expert, topk) of the from-scratch rows that count; empty: every one
+    configs: frozenset[tuple[float, float]]  # (n_expert, topk) of the from-scratch rows that count; empty: every one
     study: dict[str, Any] | None = None  # the expansion study's group (STUDY_COLUMNS)
 
     def scratch_row(self, n_expert: Any, topk: Any) -> bool:
@@ -149,20 +149,13 @@ class _Target:
         return all(getattr(o, c) == self.study.get(c) for c in STUDY_COLUMNS)
 
 
-def _configs(df: pd.DataFrame) -> frozenset[tuple[int, int]]:
-    if not {"n_expert", "topk"} <= set(df.columns):
-        return frozenset()
-    return frozenset((int(e), int(k)) for e, k in df[["n_expert", "topk"]].dropna().itertuples(index=False))
-
-
 def _target(analysis: Analysis, tables: dict[str, pd.DataFrame], study: str | None,
             record_id: str) -> tuple[Analysis, dict[str, pd.DataFrame], _Target]:
     """The analysis, tables and rows the criterion works on: upcycling's, or the expansion study ``study``'s.
     SuggestError (422 at ``study``) for a study the analysis does not have; NotReady for one it could not analyse."""
     if study is None:
-        own = upcycling_tables(tables)
-        return analysis, own, _Target("upcycled", _configs(own["scratch"]) if len(tables.get(EXPANDED, ())) else
-                                      frozenset())
+        return analysis, upcycling_tables(tables), _Target(
+            "upcycled", frozenset(upcycling_configs(tables["scratch"], tables) or ()))
     found = next((e for e in analysis.expansions if e.label == study), None)
     if found is None:
         labels = ", ".join(repr(e.label) for e in analysis.expansions) or "none"

@@ -89,17 +89,25 @@ def _scratch_rows(scratch: pd.DataFrame, experts: Any, topk: Any) -> pd.DataFram
     return _rows_of(scratch, {(experts, topk)})
 
 
-def upcycling_scratch(scratch: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """``scratch`` (observed from-scratch rows, or rows predicted from trunk curves) for the dense->MoE analysis of
-    ``tables``: with expanded rows present, the rows of an expert configuration no upcycled row has (an expanded
-    MoE's rival, or a parent grown in no dense upcycling) are left out, so they never join the from-scratch law the
-    upcycled groups are measured against. Without expanded rows, or without configurations to tell them by, as is."""
+def upcycling_configs(scratch: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> set[tuple[float, float]] | None:
+    """The expert configurations (n_expert, topk) whose from-scratch rows the dense->MoE analysis of ``tables``
+    measures its upcycled groups against: with expanded rows present, those its upcycled rows have (an expanded MoE's
+    rival, or a parent grown in no dense upcycling, is left out). None, every row counting, without expanded rows or
+    without configurations in ``scratch`` and the upcycled rows to tell them by."""
     expanded, upcycled = tables.get(EXPANDED), tables.get("upcycled")
     columns = {"n_expert", "topk"}
     if expanded is None or expanded.empty or upcycled is None or upcycled.empty \
             or not (columns <= set(scratch.columns) and columns <= set(upcycled.columns)):
-        return scratch
-    return _rows_of(scratch, set(_configs(upcycled)))
+        return None
+    return set(_configs(upcycled))
+
+
+def upcycling_scratch(scratch: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """``scratch`` (observed from-scratch rows, or rows predicted from trunk curves) for the dense->MoE analysis of
+    ``tables``: the rows of `upcycling_configs`, so that no other configuration's ever joins the from-scratch law the
+    upcycled groups are measured against."""
+    keep = upcycling_configs(scratch, tables)
+    return scratch if keep is None else _rows_of(scratch, keep)
 
 
 def upcycling_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
