@@ -63,6 +63,12 @@ def is_infrastructure(e: BaseException) -> bool:
     return False
 
 
+def node_lost(e: BaseException) -> bool:
+    """Whether ``e`` (or what caused it) says the Ray node a task ran on died. On a cluster whose other nodes still
+    answer, that is one machine gone, not Ray: the task goes back to the queue for the others."""
+    return any(isinstance(x, ray.exceptions.NodeDiedError) for x in _chain(e))
+
+
 def is_deterministic(e: BaseException) -> bool:
     """Whether the worker's exception is a bad value (WorkerError, StorageError, a ValueError or TypeError from the
     spec or a checkpoint) that the same attempt would raise again."""

@@ -42,14 +42,22 @@ from datetime import datetime
 from pathlib import Path
 
 import ray
+import ray.util.client
 from ray.core.generated.gcs_pb2 import GcsNodeInfo
+from ray.core.generated.ray_client_pb2 import ClusterInfoType
 
 from upscale import storage
 from upscale.orchestrator import verbosity
 from upscale.orchestrator.attempt_files import pid_alive, read_result, worker_running
 from upscale.orchestrator.clock import as_utc, utcnow
 from upscale.orchestrator.errors import OrchestratorError
-from upscale.orchestrator.infra import ClusterUnavailable, InfrastructureError, is_deterministic, is_infrastructure
+from upscale.orchestrator.infra import (
+    ClusterUnavailable,
+    InfrastructureError,
+    is_deterministic,
+    is_infrastructure,
+    node_lost,
+)
 from upscale.orchestrator.lr_search import resolve_lr, run_lr_search
 from upscale.orchestrator.observations import table
 from upscale.orchestrator.records import AttemptRecord, SegmentRecord, SweepRecord
@@ -158,14 +166,25 @@ def ray_problem(settings: Settings, wait: bool = True) -> str | None:
             dead = sorted({kind for kind, _ in node.dead_processes() if kind in RAY_VITAL}) if node else []
             return f"embedded Ray's {' and '.join(dead)} died" if dead else None
         try:
-            nodes = ray._private.worker.global_worker.gcs_client.get_all_node_info(timeout=NODE_PROBE_S)
-        except Exception as e:  # whatever the GCS client raises, the cluster is unreachable
+            alive = _live_nodes()
+        except Exception as e:  # whatever the GCS or the client server raises, the cluster is unreachable
             return f"the Ray cluster (RAY_ADDRESS) does not answer: {type(e).__name__}"
-        if not any(info.state == GcsNodeInfo.ALIVE for info in nodes.values()):
+        if not alive:
             return "the Ray cluster (RAY_ADDRESS) has no live node"
         return None
     finally:
         _RAY_LOCK.release()
+
+
+def _live_nodes() -> int:
+    """How many nodes of the RAY_ADDRESS cluster are alive, asked with a deadline (NODE_PROBE_S): through the head's
+    Ray Client server when this process drives the cluster as a client (ray://, as the deployed API does: it has no
+    GCS connection of its own), else from the GCS."""
+    if ray.util.client.ray.is_connected():
+        nodes = ray.util.client.ray.worker.get_cluster_info(ClusterInfoType.NODES, timeout=NODE_PROBE_S)
+        return sum(bool(n.get("Alive")) for n in nodes)
+    nodes = ray._private.worker.global_worker.gcs_client.get_all_node_info(timeout=NODE_PROBE_S)
+    return sum(info.state == GcsNodeInfo.ALIVE for info in nodes.values())
 
 
 def restart_ray(settings: Settings) -> None:
@@ -477,7 +496,12 @@ class Scheduler:
             result = SegmentResult.model_validate(ray.get(ref))
         except Exception as e:  # the worker's exception, re-raised by ray.get as a RayTaskError
             error = _one_line(e)
-            if is_infrastructure(e) or ray_problem(self.settings) is not None:  # not the segment's fault
+            problem = ray_problem(self.settings)
+            if problem is None and node_lost(e):  # one node of a cluster died and the others answer: they take it
+                self.store.release(key, attempt, "node lost")
+                self._report_msg(f"requeued {seg.kind} {key}: its Ray node died ({error})")
+                return
+            if is_infrastructure(e) or problem is not None:  # not the segment's fault
                 self.store.release(key, attempt, "infrastructure")
                 self._report_msg(f"paused {seg.kind} {key}: {error}")
                 raise InfrastructureError(error) from e

@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster
 
 from tests.deploy import conftest
 from tests.orchestrator import segment_fns
-from upscale.orchestrator.scheduler import Scheduler
+from upscale.orchestrator.scheduler import Scheduler, ray_problem
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.loader import load_spec
@@ -91,7 +91,8 @@ def main(out: Path, mode: str) -> None:
                 "wall_s": time.monotonic() - t0, "sweep_id": sweep.id,
                 "attempts": {k: [a.status for a in orch.store.attempts(k)] for k in sweep_out.trained},
                 "observations": len(orch.store.observations(sweep.id)),
-                "ray_client": ray.util.client.ray.is_connected()}
+                "ray_client": ray.util.client.ray.is_connected(),
+                "ray_problem": ray_problem(settings)}  # asked through the client server, as the deployed API asks
     (out / "outcome.json").write_text(json.dumps(outcome))
     ray.shutdown()
     cluster.shutdown()

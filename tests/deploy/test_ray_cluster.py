@@ -34,6 +34,8 @@ def test_segments_spread_over_nodes_and_a_removed_node_loses_nothing(tmp_path: P
 
     assert outcome["status"] == "done" and len(outcome["trained"]) == 7 and outcome["observations"] == 3
     assert outcome["ray_client"]  # the scheduler drove the cluster through ray:// as in deploy/
+    # a client (no GCS connection of its own) still sees the surviving nodes: the cluster is not reported down
+    assert outcome["ray_problem"] is None
     # every segment trained to completion exactly once, whatever it took
     assert Counter(e["segment"] for e in events if e["event"] == "end") == Counter(set(outcome["trained"]))
     # spread: the two first segments ran at once, one per worker node; nothing ever ran on the head
@@ -43,6 +45,8 @@ def test_segments_spread_over_nodes_and_a_removed_node_loses_nothing(tmp_path: P
     trunk, removed = outcome["trunk"], outcome["removed"]
     trunk_nodes = [e["node"] for e in nodes if e["segment"] == trunk]
     assert len(trunk_nodes) == 2 and trunk_nodes[0] == removed and trunk_nodes[1] != removed
+    # the lost node's attempt is released, not counted against the segment's attempts
+    assert outcome["attempts"][trunk] == ["node lost", "done"] and outcome["retried"] == 0
     resumed = [e["tokens"] for e in starts if e["segment"] == trunk]
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= outcome["removed_at_tokens"] >= 128
     # after the removal everything ran on the surviving node

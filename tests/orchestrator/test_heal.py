@@ -24,7 +24,7 @@ from upscale.control.services import Services
 from upscale.control.supervised import SupervisedLoop
 from upscale.control.sweep_loop import SweepLoop
 from upscale.control.wiring import open_services
-from upscale.orchestrator.infra import is_deterministic, is_infrastructure
+from upscale.orchestrator.infra import is_deterministic, is_infrastructure, node_lost
 from upscale.orchestrator.records import SweepRecord
 from upscale.orchestrator.settings import Settings
 from upscale.orchestrator.store import Store
@@ -98,6 +98,8 @@ def test_failures_are_sorted_by_whose_they_are() -> None:
     assert is_infrastructure(wrapped)
     assert is_deterministic(WorkerError("bad lr")) and is_deterministic(TypeError("x"))
     assert not is_infrastructure(RuntimeError("injected failure")) and not is_deterministic(RuntimeError("x"))
+    # a dead node is one machine of a cluster (its task is requeued while the others answer), a dead raylet is not
+    assert node_lost(ray.exceptions.NodeDiedError("17f9")) and not node_lost(ray.exceptions.LocalRayletDiedError())
 
 
 def test_an_iteration_that_raises_is_retried_and_the_loop_lives_on() -> None:
