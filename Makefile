@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[worker,dev]'
+	# DeepSpeed's CPU communication op is C++ compiled on first use (a minute or two): build it here, at install,
+	# rather than inside the first test or the demo's first segment.
+	$(BIN)/python -c 'from upscale.workers.distributed import build_pending_op; build_pending_op()'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: venv

@@ -3,7 +3,8 @@
 DeepSpeed's engine and expert-parallel groups need an initialised process group even with one process; a bare
 `MoE` layer with ep_size=1 does not. `init_single_process` is idempotent and picks a free port, so tests and jobs
 can call it without coordinating. The first call on a fresh machine JIT-builds DeepSpeed's small CPU comm op
-(~30 s, cached in ~/.cache/torch_extensions).
+(~30 s, cached in ~/.cache/torch_extensions); `make venv` builds it at install (`build_pending_op`), so that neither
+the first test nor the first segment waits on the compiler.
 """
 
 from __future__ import annotations
@@ -62,3 +63,18 @@ def pending_op_build() -> Path | None:
                    f"{getattr(sys, 'abiflags', '')}_{gpu}")
     folder = Path(root) / SHM_OP
     return None if (folder / f"{SHM_OP}.so").exists() else folder
+
+
+def build_pending_op() -> bool:
+    """Compile DeepSpeed's shared-memory op now, where the next start of training would (``pending_op_build``), with
+    DeepSpeed's own builder, so the build lands in the cache that start reads; True if it compiled something."""
+    if pending_op_build() is None:
+        return False
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return False
+    builder.load(verbose=False)
+    return True
