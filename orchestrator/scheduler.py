@@ -497,7 +497,9 @@ class Scheduler:
         except Exception as e:  # the worker's exception, re-raised by ray.get as a RayTaskError
             error = _one_line(e)
             problem = ray_problem(self.settings)
-            if problem is None and node_lost(e):  # one node of a cluster died and the others answer: they take it
+            # One node of a cluster died and the others answer: they take the segment (embedded Ray's one node
+            # dying is Ray down).
+            if problem is None and self.settings.ray_address and node_lost(e):
                 self.store.release(key, attempt, "node lost")
                 self._report_msg(f"requeued {seg.kind} {key}: its Ray node died ({error})")
                 return
