@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster
 
 from tests.deploy import conftest
 from tests.orchestrator import segment_fns
-from upscale.orchestrator.scheduler import Scheduler, ray_problem
+from upscale.orchestrator.scheduler import Scheduler, cluster_resources, ensure_ray, ray_problem
 from upscale.orchestrator.service import Orchestrator
 from upscale.orchestrator.settings import Settings
 from upscale.sweeps.loader import load_spec
@@ -62,6 +62,15 @@ def main(out: Path, mode: str) -> None:
     # The deployed API is no Ray node: it drives the cluster through the head's Ray Client server (deploy/).
     settings = Settings(home=out / "home", ray_address=f"ray://127.0.0.1:{client_port}",
                         mlflow_tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    for attempt in range(3):  # Ray's proxier now and then loses the client server it forks for a new client (the
+        # process exits at once: "SpecificServer startup failed"); the deployed API's supervised loops retry likewise
+        try:
+            ensure_ray(settings)
+            break
+        except ConnectionError:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     root = Path(settings.checkpoint_dir)
     root.mkdir(parents=True)
     (root / "knobs.json").write_text(json.dumps({"step_s": 0.4 if mode == "kill" else 0.02}))
@@ -92,7 +101,8 @@ def main(out: Path, mode: str) -> None:
                 "attempts": {k: [a.status for a in orch.store.attempts(k)] for k in sweep_out.trained},
                 "observations": len(orch.store.observations(sweep.id)),
                 "ray_client": ray.util.client.ray.is_connected(),
-                "ray_problem": ray_problem(settings)}  # asked through the client server, as the deployed API asks
+                # asked through the client server, as the deployed API asks before it accepts a sweep
+                "ray_problem": ray_problem(settings), "cluster_cpus": cluster_resources(settings).cpus}
     (out / "outcome.json").write_text(json.dumps(outcome))
     ray.shutdown()
     cluster.shutdown()
