@@ -35,8 +35,9 @@ def test_segments_spread_over_nodes_and_a_removed_node_loses_nothing(tmp_path: P
     assert outcome["status"] == "done" and len(outcome["trained"]) == 7 and outcome["observations"] == 3
     assert outcome["ray_client"]  # the scheduler drove the cluster through ray:// as in deploy/
     # a client (no GCS connection of its own) still sees the surviving nodes: the cluster is not reported down, and
-    # the resources a submission is checked against are the surviving worker's one CPU (not a 503)
-    assert outcome["ray_problem"] is None and outcome["cluster_cpus"] == 1
+    # a submission's resource check gets the workers' CPUs, not a 503 (the removed node's one may still count until
+    # the GCS's health check marks it dead)
+    assert outcome["ray_problem"] is None and outcome["cluster_cpus"] in (1, 2)
     # every segment trained to completion exactly once, whatever it took
     assert Counter(e["segment"] for e in events if e["event"] == "end") == Counter(set(outcome["trained"]))
     # spread: the two first segments ran at once, one per worker node; nothing ever ran on the head
