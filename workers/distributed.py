@@ -66,15 +66,11 @@ def pending_op_build() -> Path | None:
 
 
 def build_pending_op() -> bool:
-    """Compile DeepSpeed's shared-memory op now, where the next start of training would (``pending_op_build``), with
-    DeepSpeed's own builder, so the build lands in the cache that start reads; True if it compiled something."""
+    """Compile DeepSpeed's shared-memory op now, where the next start of training would (``pending_op_build``),
+    through the very function DeepSpeed's backend calls at that start, so the build lands in the cache it reads; True
+    if it compiled something."""
     if pending_op_build() is None:
         return False
-    import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op
 
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-        return False
-    builder.load(verbose=False)
-    return True
+    return build_shm_op() is not None
