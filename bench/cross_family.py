@@ -186,29 +186,44 @@ def _draw_common(rng: np.random.Generator, family: str) -> dict[str, float]:
 
 def _draw_upcycled(rng: np.random.Generator, family: str, p: dict[str, float], dstar: float) -> dict[str, float]:
     """The upcycled law's shape, then its free scale solved so that gap(D*) = 0 at the reference N1."""
-    one = np.array([dstar])
-    n = np.array([N1_REF])
     if family == "effective":
         p |= {"kappa": 10 ** rng.uniform(-0.5, 0), "g": rng.uniform(0.6, 0.9), "h": rng.uniform(0, 0.5),
-              "c": rng.uniform(0.05, min(0.2, p["sa"] - 0.05)), "P": 0.0}
-        edge = gap(p, family, one)[0]  # the head start's worth at D*, without the penalty
-        p["P"] = edge / (dstar / D_MID) ** -p["c"]
+              "c": rng.uniform(0.05, min(0.2, p["sa"] - 0.05))}
     elif family == "curved":
         path = p["sa"] * rng.uniform(0.5, 0.85)  # the upcycled law's slope along D1 = D2: from scratch catches up
         a1 = path * rng.uniform(0.3, 0.5)
         p |= {"a1": a1, "a2": path - a1, "c1": rng.uniform(-0.015, 0.015), "c2": rng.uniform(-0.015, 0.015),
-              "ub": p["sb"] * rng.uniform(0.9, 1.1), "uA": 1.0}
-        unit = upcycled_loss(p, family, one, one, n)[0] - p["E"] - _size_term(p, "s", N1_REF)
-        p["uA"] = _data_term(p, "s", one)[0] / unit
+              "ub": p["sb"] * rng.uniform(0.9, 1.1)}
     else:
         p |= {"g": rng.uniform(0.2, 0.4), "q": rng.uniform(0.5, 1.0), "h": rng.uniform(0, 0.3),
-              "dh": dstar * 10 ** rng.uniform(-3, -1.5), "delta": 0.0}
+              "dh": dstar * 10 ** rng.uniform(-3, -1.5)}
         if family == "transfer-exp":
             pw, r = rng.uniform(0.3, 0.7), rng.uniform(1, 3)  # τ(D*) = D*/r: the share fades by e^−r at D*
             p |= {"pw": pw, "tau": dstar / r / (D_MID * (dstar / D_MID) ** pw)}
         else:
             p |= {"s": 10 ** rng.uniform(-0.5, 0.5), "pw": rng.uniform(0.3, 1.0)}
-        p["delta"] = gap(p, family, one)[0]  # the asymptote's excess that upcycling's kept share pays off at D*
+    return place(p, family, dstar)
+
+
+SCALE = {"effective": "P", "curved": "uA", "transfer-exp": "delta", "transfer-ratio": "delta"}  # each free scale
+
+
+def place(p: dict[str, float], family: str, dstar: float) -> dict[str, float]:
+    """``p`` with the family's free scale (SCALE) solved so that the gap is zero at ``dstar`` at the reference N1:
+    the conversion penalty P that uses up the head start's worth there, the upcycled data term's size uA that meets
+    from scratch's there, or the asymptote's excess delta that upcycling's kept share pays off there."""
+    one, n = np.array([dstar]), np.array([N1_REF])
+    p = dict(p)
+    if family == "effective":
+        p["P"] = 0.0
+        p["P"] = gap(p, family, one)[0] / (dstar / D_MID) ** -p["c"]
+    elif family == "curved":
+        p["uA"] = 1.0
+        unit = upcycled_loss(p, family, one, one, n)[0] - p["E"] - _size_term(p, "s", N1_REF)
+        p["uA"] = _data_term(p, "s", one)[0] / unit
+    else:
+        p["delta"] = 0.0
+        p["delta"] = gap(p, family, one)[0]
     return p
 
 
@@ -505,7 +520,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append(fut.result())
             bar.advance(task)
             if args.json:
-                _write(args.json, out())
+                write_json(args.json, out())
     result = out()
     print(table(result["figures"]))
     print(parts_table(result["figures"]))
@@ -522,7 +537,8 @@ def _with_resolvable(row: dict[str, Any], truths: list[dict[str, Any]]) -> dict[
     return {**row, "resolvable": resolvable(Case(**{k: v for k, v in truth.items() if k != "paper"}))}
 
 
-def _write(path: str, data: dict[str, Any]) -> None:
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """A run's figures and rows, every float finite (NaN refused)."""
     with open(path, "w") as fh:
         json.dump(data, fh, indent=1, allow_nan=False, default=str)
 

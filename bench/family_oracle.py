@@ -32,7 +32,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from cross_family import FAMILIES, Case, TruthLaw, arm_loss, tables, true_dstar, upcycled_loss, width_decades
+from cross_family import (
+    FAMILIES,
+    Case,
+    TruthLaw,
+    arm_loss,
+    tables,
+    true_dstar,
+    upcycled_loss,
+    width_decades,
+    write_json,
+)
 from scipy.optimize import least_squares
 
 from upscale.fitting.laws import LOSS
@@ -111,8 +121,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", type=str, default=None, help="also write every case's figures here")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    todo: list[tuple[int, Case, dict[str, Any]]] = []  # (the run's seed, the truth, the analysis's row)
-    for path in args.runs:
+    todo = in_grid_truths(args.runs)
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        found = list(pool.map(oracle, [(case, args.sims) for _, case, _ in todo]))
+    return _report(beside_reported(todo, found), time.perf_counter() - t0, args.json)
+
+
+def in_grid_truths(paths: list[str]) -> list[tuple[int, Case, dict[str, Any]]]:
+    """The in-grid cross-family truths of saved bench/cross_family.py runs: (the run's seed, the truth, the
+    analysis's row for it)."""
+    todo = []
+    for path in paths:
         with open(path) as fh:
             run = json.load(fh)
         rows = {r["case"]: r for r in run["rows"]}
@@ -120,11 +139,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             case = Case(**{k: v for k, v in t.items() if k != "paper"})
             if case.family in FAMILIES and case.in_grid and case.index in rows:
                 todo.append((run["seed"], case, rows[case.index]))
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        found = list(pool.map(oracle, [(case, args.sims) for _, case, _ in todo]))
-    out = [{**r, "run_seed": seed, "reported_80": row["interval_80"], "reported_width_80": row["width_80"]}
-           for (seed, _, row), r in zip(todo, found, strict=True)]
-    return _report(out, time.perf_counter() - t0, args.json)
+    return todo
+
+
+def beside_reported(todo: list[tuple[int, Case, dict[str, Any]]], found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each truth's figures with the run's seed and the analysis's reported 80% interval and width beside them."""
+    return [{**r, "run_seed": seed, "reported_80": row["interval_80"], "reported_width_80": row["width_80"]}
+            for (seed, _, row), r in zip(todo, found, strict=True)]
 
 
 def _report(rows: list[dict[str, Any]], wall: float, path: str | None) -> dict[str, Any]:
@@ -153,8 +174,7 @@ def _report(rows: list[dict[str, Any]], wall: float, path: str | None) -> dict[s
     print(f"\n{len(rows)} in-grid truths: the oracle bounds {len(feasible)} within a decade at 80%; the analysis "
           f"bounds {figures['reported_bounded_decade']} in all, {len(met)} of the oracle's {len(feasible)}")
     if path:
-        with open(path, "w") as fh:
-            json.dump({"figures": figures, "rows": rows}, fh, indent=1, allow_nan=False, default=str)
+        write_json(path, {"figures": figures, "rows": rows})
     return figures
 
 

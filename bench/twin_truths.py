@@ -1,0 +1,268 @@
+"""Which in-grid truths can no analysis bound within a decade? Twin truths the runs cannot tell apart.
+
+bench/cross_family.py asks every in-grid 80% D* interval to be bounded and at most a decade wide while its intervals
+cover the truth at least 75% of the time over truths of four law families. bench/family_oracle.py shows an analysis
+that knows the family could meet the width goal on most of them. This bounds what any analysis can do, by Le Cam's
+two-point argument.
+
+For each in-grid truth T1 (the saved ``truths`` of a cross-family run), it searches each benchmark family for a twin
+T2: a valid truth of that family (every arm's loss falls with every budget over the searched range and stays above
+E, as ``cross_family._falls`` asks of a drawn truth) whose D* at the reference size is one of ``RATIOS`` times T1's
+(more than a decade above or below it), with every other parameter least-squares fitted so that its mean log losses
+on the grid come as close to T1's as they can. The family's free scale is solved for that D* (``cross_family.place``)
+and the fit starts from T1 itself (in T1's family) and from draws of the family. Closeness is measured in the runs'
+own noise: T1's point and trunk noise give the covariance Σ of a grid's log losses (a point's own draw plus one draw
+shared by every run of one trunk, the tables independent, as fitting/synthetic.py's ``generate`` draws them), and
+the distance is the squared Mahalanobis Δ = dᵀΣ⁻¹d of the two truths' mean log losses d over all three tables.
+
+Two Gaussians with one covariance whose means are Δ apart are apart in total variation by TV = 2Φ(√Δ/2) − 1. No
+interval at most a decade wide holds both D*s, so for any analysis whose interval is bounded within a decade,
+P(covers D*₁ | T1's runs) + P(covers D*₂ | T2's runs) ≤ 1 + TV, and the smaller of the two coverages is at most
+(1 + TV)/2 (``max_coverage``). Where that is below 0.8 (Δ < 2.83), an analysis that meets the width goal on both
+covers T1 or T2 less than 80% of the time, whatever it does: the runs do not say which of the two is true. The
+bound is only as good as the search: a closer twin would lower it, so a twin not found proves nothing.
+
+    nice -n 10 .venv/bin/python bench/twin_truths.py bench/data/cross_family_mean_band_seed0.json ...
+        [--starts 3] [--own-family] [--workers 2] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+from cross_family import (
+    FAMILIES,
+    GRID,
+    SCALE,
+    SPAN,
+    Case,
+    _draw_common,
+    _draw_upcycled,
+    _falls,
+    arm_loss,
+    gap,
+    place,
+    tables,
+    true_dstar,
+    upcycled_loss,
+    write_json,
+)
+from family_oracle import _pack, _unpack, beside_reported, in_grid_truths
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from scipy.optimize import least_squares
+from scipy.stats import norm
+
+from upscale.fitting.laws import LOSS, TRUNK
+
+# The twin's D* / T1's: each more than a decade apart, so no interval a decade wide holds both. Above, three: where the
+# gap fades slowly past T1's crossing, a twin whose own crossing lies further out can be the closer one.
+RATIOS = (10**1.05, 10**1.5, 10**1.9, 10**-1.05)
+KINDS = ("dense", "scratch", "upcycled")
+_PENALTY = 1e3  # weight of a violated constraint against one noise SD of misfit
+_STEPS = 1000  # least-squares evaluations per start
+_CHECK = 60  # budgets on which the constraints are checked while fitting (``_falls`` checks 400 at the end)
+
+
+def whitener(table: pd.DataFrame, noise: float, trunk_noise: float) -> np.ndarray:
+    """W with WᵀW = Σ⁻¹ for one table's log losses: σ² on the diagonal plus σ_t² between runs of one trunk."""
+    trunk = table[TRUNK].to_numpy()
+    cov = noise**2 * np.eye(len(table)) + trunk_noise**2 * (trunk[:, None] == trunk[None, :])
+    return np.linalg.inv(np.linalg.cholesky(cov))
+
+
+def columns(grid: dict[str, pd.DataFrame]) -> dict[str, dict[str, np.ndarray]]:
+    """Each table's budget and size columns as arrays (the fit evaluates the laws on them thousands of times)."""
+    return {kind: {c: grid[kind][c].to_numpy(float) for c in ("D", "N", "D1", "D2", "N1") if c in grid[kind]}
+            for kind in KINDS}
+
+
+def mean_log_losses(params: dict[str, float], family: str, cols: dict[str, dict[str, np.ndarray]]
+                    ) -> dict[str, np.ndarray]:
+    """The truth's mean log loss at every run of the grid, per table."""
+    up = cols["upcycled"]
+    return {"dense": np.log(arm_loss(params, "d", cols["dense"]["D"], cols["dense"]["N"])),
+            "scratch": np.log(arm_loss(params, "s", cols["scratch"]["D"], cols["scratch"]["N"])),
+            "upcycled": np.log(upcycled_loss(params, family, up["D1"], up["D2"], up["N1"]))}
+
+
+def tv_distance(delta: float) -> float:
+    """Total variation between two Gaussians of one covariance, ``delta`` the squared Mahalanobis distance of their
+    means."""
+    return float(2 * norm.cdf(math.sqrt(max(delta, 0.0)) / 2) - 1)
+
+
+def max_coverage(delta: float) -> float:
+    """The most the smaller of two coverages can be for intervals that cannot hold both truths' D*."""
+    return (1 + tv_distance(delta)) / 2
+
+
+def _curves() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The budgets and sizes of the curves ``_falls`` checks, on _CHECK budgets each, one row per curve: from
+    scratch's and dense's (D, N) per size, and the upcycled (D1, D2, N1) along D1 = D2, in D2 at each trained D1 and
+    in D1 at each trained D2."""
+    d = np.geomspace(*SPAN, _CHECK)
+    sizes = np.array(GRID["N1"], float)
+    trained = np.array(GRID["D1"], float)
+    arm_d, arm_n = np.tile(d, (len(sizes), 1)), np.repeat(sizes[:, None], _CHECK, axis=1)
+    rows = [(d, d)] + [(np.full_like(d, t), d) for t in trained] + [(d, np.full_like(d, t)) for t in trained]
+    d1 = np.array([r[0] for _ in sizes for r in rows])
+    d2 = np.array([r[1] for _ in sizes for r in rows])
+    n1 = np.repeat(sizes, len(rows))[:, None] * np.ones(_CHECK)
+    return arm_d, arm_n, d1, d2, n1
+
+
+_ARM_D, _ARM_N, _UP_D1, _UP_D2, _UP_N1 = _curves()
+_BUDGETS = _ARM_D[0]
+
+
+def _violations(p: dict[str, float], family: str, target: float) -> np.ndarray:
+    """How far ``p`` (its gap zero at ``target`` by ``place``) is from a valid twin whose D* is ``target``, per check
+    (0 where it holds): upcycling ahead at every budget below ``target`` and behind just past it, and no curve that
+    ``_falls`` checks rising with a budget or reaching E."""
+    curves = np.concatenate([arm_loss(p, "d", _ARM_D, _ARM_N), arm_loss(p, "s", _ARM_D, _ARM_N),
+                             upcycled_loss(p, family, _UP_D1, _UP_D2, _UP_N1)])
+    d = _BUDGETS
+    return np.concatenate([np.maximum(0.0, 1e-4 - gap(p, family, d[d < target / 1.01])),
+                           np.maximum(0.0, 1e-4 + gap(p, family, np.array([target * 1.01]))),
+                           np.maximum(0.0, np.diff(curves, axis=1)).ravel(),
+                           np.maximum(0.0, p["E"] + 1e-6 - curves).ravel()])
+
+
+class Runs(NamedTuple):
+    """What the twin is fitted against: the grid's columns, each table's whitener and T1's mean log losses."""
+
+    cols: dict[str, dict[str, np.ndarray]]
+    white: dict[str, np.ndarray]
+    mu1: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, case: Case) -> Runs:
+        grid = {k: v.drop(columns=LOSS) for k, v in tables(case).items()}
+        cols = columns(grid)
+        return cls(cols, {k: whitener(grid[k], case.noise, case.trunk_noise) for k in KINDS},
+                   mean_log_losses(case.params, case.family, cols))
+
+    def delta(self, mu2: dict[str, np.ndarray]) -> float:
+        """Δ = dᵀΣ⁻¹d between T1's mean log losses and ``mu2``, over all three tables."""
+        return float(sum(np.sum((self.white[k] @ (mu2[k] - self.mu1[k])) ** 2) for k in KINDS))
+
+
+def fit_twin(case: Case, family: str, start: dict[str, float], ratio: float, runs: Runs) -> dict[str, Any] | None:
+    """The ``family`` truth nearest ``case``'s (in the runs' noise) with its D* at ``ratio`` x T1's,
+    fitted from ``start``: every parameter but the family's free scale, which ``place`` solves for that D*. None where
+    the fit ends on no valid twin."""
+    target = case.dstar * ratio
+    names = [k for k in start if k != SCALE[family]]
+    size = sum(len(v) for v in runs.mu1.values()) + len(_violations(place(start, family, target), family, target))
+
+    def twin(x: np.ndarray) -> dict[str, float]:
+        return place(_unpack(x, names, start), family, target)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            try:
+                p = twin(x)
+                mu2 = mean_log_losses(p, family, runs.cols)
+                r = np.concatenate([runs.white[k] @ (mu2[k] - runs.mu1[k]) for k in KINDS]
+                                   + [_PENALTY * _violations(p, family, target) / case.noise])
+            except (OverflowError, ZeroDivisionError, FloatingPointError):
+                return np.full(size, 1e6)  # a step far out of the family's range: as bad as can be
+        return np.clip(np.nan_to_num(r, nan=1e6), -1e6, 1e6)  # NaN or a blown-up law: as bad as can be
+
+    p = twin(least_squares(residuals, _pack(start, names), method="trf", x_scale="jac", max_nfev=_STEPS).x)
+    with np.errstate(all="ignore"):
+        if not (_falls(p, family) and math.isclose(true_dstar(p, family), target, rel_tol=1e-3)):
+            return None
+        delta = runs.delta(mean_log_losses(p, family, runs.cols))
+    return {"family": family, "ratio": ratio, "dstar": target, "delta": delta,
+            "max_coverage": max_coverage(delta), "params": p}
+
+
+def _starts(case: Case, family: str, target: float, n: int) -> list[dict[str, float]]:
+    """Starting truths of ``family`` for the twin: T1 itself where the family is T1's, then draws of the family with
+    T1's dense and from-scratch laws and their free scale solved to put D* at ``target``."""
+    out = [dict(case.params)] if family == case.family else []
+    rng = np.random.default_rng([case.seed, FAMILIES.index(family), int(target)])
+    common = {k: v for k, v in case.params.items() if k in _draw_common(rng, family)}
+    for _ in range(20 * n):
+        if len(out) >= n:
+            break
+        base = _draw_common(rng, family) | common
+        p = _draw_upcycled(rng, family, base, target)
+        if math.isfinite(true_dstar(p, family)) and _falls(p, family):
+            out.append({k: float(v) for k, v in p.items()})
+    return out
+
+
+def twins(args: tuple[Case, int, bool]) -> dict[str, Any]:
+    """``case``'s nearest twin per family and ratio, and the closest of them all."""
+    case, starts, own_only = args
+    runs = Runs.of(case)
+    found = []
+    for family in (case.family,) if own_only else FAMILIES:
+        for ratio in RATIOS:
+            target = case.dstar * ratio
+            best = None
+            for start in _starts(case, family, target, starts):
+                t = fit_twin(case, family, start, ratio, runs)
+                if t is not None and (best is None or t["delta"] < best["delta"]):
+                    best = t
+            if best is not None:
+                found.append(best)
+    closest = min(found, key=lambda t: t["delta"], default=None)
+    return {"case": case.index, "family": case.family, "placement": case.placement, "noise": case.noise,
+            "trunk_noise": case.trunk_noise, "true_dstar": case.dstar,
+            "twins": [{k: v for k, v in t.items() if k != "params"} for t in found],
+            "closest": None if closest is None else {k: v for k, v in closest.items()}}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="bench/cross_family.py --json files: their in-grid cross-family truths")
+    ap.add_argument("--starts", type=int, default=3, help="starting truths per family and ratio (default 3)")
+    ap.add_argument("--own-family", action="store_true", help="search T1's own family only (the twins an analysis "
+                    "that knows the family must tell apart: minutes instead of hours)")
+    ap.add_argument("--workers", type=int, default=1, help="processes side by side (default 1)")
+    ap.add_argument("--json", type=str, default=None, help="also write every case's twins here")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    todo = in_grid_truths(args.runs)
+    found: list[dict[str, Any]] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns) as bar, ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        task = bar.add_task("truths", total=len(todo))
+        for r in pool.map(twins, [(case, args.starts, args.own_family) for _, case, _ in todo]):
+            found.append(r)
+            bar.advance(task)
+    return _report(beside_reported(todo, found), time.perf_counter() - t0, args.json)
+
+
+def _report(rows: list[dict[str, Any]], wall: float, path: str | None) -> dict[str, Any]:
+    for r in rows:
+        c = r["closest"]
+        twin = "none found" if c is None else (
+            f"{c['family']} D* {c['dstar']:.3g} ({c['ratio']:.3g}x), Δ {c['delta']:.2f}, "
+            f"max coverage {c['max_coverage']:.2f}")
+        print(f"seed {r['run_seed']} case {r['case']:2d} {r['family']:14s} {r['placement']:g}x  noise "
+              f"{r['noise']:.3f}/{r['trunk_noise']:.3f}  twin: {twin}  reported width {r['reported_width_80']}")
+    blocked = [r for r in rows if r["closest"] is not None and r["closest"]["max_coverage"] < 0.8]
+    met = [r for r in rows if r["reported_width_80"] is not None and r["reported_width_80"] <= 1]
+    figures = {"in_grid": len(rows), "twin_below_80": len(blocked),
+               "reported_bounded_decade": len(met),
+               "reported_bounded_decade_with_twin_below_80": sum(r in blocked for r in met),
+               "wall_s": round(wall, 1)}
+    print(f"\n{len(rows)} in-grid truths: on {len(blocked)} a twin more than a decade away caps any decade-wide "
+          f"interval's coverage below 80%; the analysis bounds {len(met)} within a decade")
+    if path:
+        write_json(path, {"figures": figures, "rows": rows})
+    return figures
+
+
+if __name__ == "__main__":
+    main()

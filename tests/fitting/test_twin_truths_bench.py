@@ -1,0 +1,56 @@
+"""bench/twin_truths.py: the distance it measures is the runs' own (Mahalanobis in the generator's covariance), the
+coverage cap follows from it, and a twin it returns is a valid truth more than a decade from the case's D*."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import cross_family as bench  # noqa: E402  (bench/ is scripts, not a package)
+import twin_truths as twin  # noqa: E402
+
+from upscale.fitting.laws import LOSS, TRUNK  # noqa: E402
+
+
+def test_the_whitener_turns_squared_residuals_into_the_mahalanobis_distance() -> None:
+    grid = bench.tables(bench.draw_case(0, "curved", 0.3, seed=3))["upcycled"].drop(columns=LOSS)
+    noise, trunk_noise = 0.005, 0.01
+    trunk = grid[TRUNK].to_numpy()
+    cov = noise**2 * np.eye(len(grid)) + trunk_noise**2 * (trunk[:, None] == trunk[None, :])
+    d = np.random.default_rng(0).normal(0, 0.01, len(grid))
+    w = twin.whitener(grid, noise, trunk_noise)
+    assert np.sum((w @ d) ** 2) == pytest.approx(d @ np.linalg.solve(cov, d), rel=1e-9)
+
+
+def test_the_coverage_cap_is_le_cams_two_point_bound() -> None:
+    # One dimension, means m apart with unit SD: the total variation is 2Φ(m/2) − 1, Δ = m².
+    for m in (0.0, 0.5, 1.68, 3.0):
+        xs = np.linspace(-12, 12 + m, 200_001)
+        tv = 0.5 * np.trapezoid(np.abs(norm.pdf(xs) - norm.pdf(xs - m)), xs)
+        assert twin.tv_distance(m * m) == pytest.approx(tv, abs=1e-6)
+    assert twin.max_coverage(0.0) == 0.5
+    # Both coverages can reach 80% only once the twin is 2·Φ⁻¹(0.8) SDs away (Δ ≈ 2.83).
+    edge = (2 * norm.ppf(0.8)) ** 2
+    assert twin.max_coverage(edge) == pytest.approx(0.8)
+    assert twin.max_coverage(edge * 0.9) < 0.8 < twin.max_coverage(edge * 1.1)
+
+
+def test_a_twin_is_a_valid_truth_more_than_a_decade_away() -> None:
+    case = bench.draw_case(5, "curved", 1.0, seed=0)
+    runs = twin.Runs.of(case)
+    found = twin.fit_twin(case, case.family, dict(case.params), twin.RATIOS[0], runs)
+    assert found is not None
+    assert bench.true_dstar(found["params"], case.family) == pytest.approx(case.dstar * twin.RATIOS[0], rel=1e-3)
+    assert all(abs(math.log10(r)) > 1 for r in twin.RATIOS) and bench._falls(found["params"], case.family)
+    mu2 = twin.mean_log_losses(found["params"], case.family, runs.cols)
+    direct = sum(np.sum((runs.white[k] @ (mu2[k] - runs.mu1[k])) ** 2) for k in twin.KINDS)
+    assert found["delta"] == pytest.approx(direct) and found["delta"] > 0
+    assert math.isclose(found["max_coverage"], twin.max_coverage(found["delta"]))
