@@ -55,7 +55,7 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -149,7 +149,7 @@ class TruthLaw:
     def __init__(self, family: str, kind: str) -> None:
         self.family, self.kind = family, kind
 
-    def predict(self, params: dict[str, float], table: pd.DataFrame) -> np.ndarray:
+    def predict(self, params: dict[str, float], table: pd.DataFrame | Mapping[str, np.ndarray]) -> np.ndarray:
         if self.kind == "upcycled":
             return upcycled_loss(params, self.family, table["D1"], table["D2"], table["N1"])
         return arm_loss(params, "d" if self.kind == "dense" else "s", table["D"], table["N"])
@@ -227,20 +227,33 @@ def place(p: dict[str, float], family: str, dstar: float) -> dict[str, float]:
     return p
 
 
+def monotone_checks(budgets: int) -> tuple[np.ndarray, ...]:
+    """Where ``falling_curves`` evaluates a truth, ``budgets`` log-spaced budgets over the searched range per curve,
+    one row per curve: dense's and from scratch's (D, N) at each size of the grid, and the upcycled (D1, D2, N1)
+    along D1 = D2, in D2 at each trained D1 and in D1 at each trained D2 (where a faded head start leaves it flat)."""
+    d = np.geomspace(*SPAN, budgets)
+    sizes = np.array(GRID["N1"], float)
+    paths = [(d, d)] + [(np.full_like(d, t), d) for t in GRID["D1"]] + [(d, np.full_like(d, t)) for t in GRID["D1"]]
+    return (np.tile(d, (len(sizes), 1)), np.repeat(sizes[:, None], budgets, axis=1),
+            np.array([d1 for _ in sizes for d1, _ in paths]), np.array([d2 for _ in sizes for _, d2 in paths]),
+            np.repeat(sizes, len(paths))[:, None] * np.ones(budgets))
+
+
+def falling_curves(p: dict[str, float], family: str, checks: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The truth's loss on every curve of ``checks`` (``monotone_checks``), one row per curve."""
+    arm_d, arm_n, d1, d2, n1 = checks
+    return np.concatenate([arm_loss(p, "d", arm_d, arm_n), arm_loss(p, "s", arm_d, arm_n),
+                           upcycled_loss(p, family, d1, d2, n1)])
+
+
+_FALL_CHECKS = monotone_checks(400)
+
+
 def _falls(p: dict[str, float], family: str) -> bool:
     """No arm's loss rises with any budget over the searched range, at any size of the grid (a truth whose loss rises
-    with training is no researcher's reality), and none falls to E: the upcycled one in D2 at each trained D1, along
-    D1 = D2, and in D1 at each trained D2 (where a faded head start leaves it flat)."""
-    d = np.geomspace(*SPAN, 400)
-    for n in GRID["N1"]:
-        nn = np.full(d.shape, float(n))
-        curves = [arm_loss(p, "d", d, nn), arm_loss(p, "s", d, nn), upcycled_loss(p, family, d, d, nn)]
-        for t in GRID["D1"]:
-            tt = np.full(d.shape, float(t))
-            curves += [upcycled_loss(p, family, tt, d, nn), upcycled_loss(p, family, d, tt, nn)]
-        if not all(np.all(np.diff(c) <= 0) and np.all(c > p["E"]) for c in curves):
-            return False
-    return True
+    with training is no researcher's reality), and none falls to E (``monotone_checks`` names the curves)."""
+    curves = falling_curves(p, family, _FALL_CHECKS)
+    return bool(np.all(np.diff(curves, axis=1) <= 0) and np.all(curves > p["E"]))
 
 
 @dataclass

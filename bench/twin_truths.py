@@ -38,19 +38,18 @@ import numpy as np
 import pandas as pd
 from cross_family import (
     FAMILIES,
-    GRID,
     SCALE,
-    SPAN,
     Case,
+    TruthLaw,
     _draw_common,
     _draw_upcycled,
     _falls,
-    arm_loss,
+    falling_curves,
     gap,
+    monotone_checks,
     place,
     tables,
     true_dstar,
-    upcycled_loss,
     write_json,
 )
 from family_oracle import _pack, _unpack, beside_reported, in_grid_truths
@@ -85,10 +84,7 @@ def columns(grid: dict[str, pd.DataFrame]) -> dict[str, dict[str, np.ndarray]]:
 def mean_log_losses(params: dict[str, float], family: str, cols: dict[str, dict[str, np.ndarray]]
                     ) -> dict[str, np.ndarray]:
     """The truth's mean log loss at every run of the grid, per table."""
-    up = cols["upcycled"]
-    return {"dense": np.log(arm_loss(params, "d", cols["dense"]["D"], cols["dense"]["N"])),
-            "scratch": np.log(arm_loss(params, "s", cols["scratch"]["D"], cols["scratch"]["N"])),
-            "upcycled": np.log(upcycled_loss(params, family, up["D1"], up["D2"], up["N1"]))}
+    return {kind: np.log(TruthLaw(family, kind).predict(params, cols[kind])) for kind in KINDS}
 
 
 def tv_distance(delta: float) -> float:
@@ -102,31 +98,15 @@ def max_coverage(delta: float) -> float:
     return (1 + tv_distance(delta)) / 2
 
 
-def _curves() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The budgets and sizes of the curves ``_falls`` checks, on _CHECK budgets each, one row per curve: from
-    scratch's and dense's (D, N) per size, and the upcycled (D1, D2, N1) along D1 = D2, in D2 at each trained D1 and
-    in D1 at each trained D2."""
-    d = np.geomspace(*SPAN, _CHECK)
-    sizes = np.array(GRID["N1"], float)
-    trained = np.array(GRID["D1"], float)
-    arm_d, arm_n = np.tile(d, (len(sizes), 1)), np.repeat(sizes[:, None], _CHECK, axis=1)
-    rows = [(d, d)] + [(np.full_like(d, t), d) for t in trained] + [(d, np.full_like(d, t)) for t in trained]
-    d1 = np.array([r[0] for _ in sizes for r in rows])
-    d2 = np.array([r[1] for _ in sizes for r in rows])
-    n1 = np.repeat(sizes, len(rows))[:, None] * np.ones(_CHECK)
-    return arm_d, arm_n, d1, d2, n1
-
-
-_ARM_D, _ARM_N, _UP_D1, _UP_D2, _UP_N1 = _curves()
-_BUDGETS = _ARM_D[0]
+_CHECKS = monotone_checks(_CHECK)
+_BUDGETS = _CHECKS[0][0]
 
 
 def _violations(p: dict[str, float], family: str, target: float) -> np.ndarray:
     """How far ``p`` (its gap zero at ``target`` by ``place``) is from a valid twin whose D* is ``target``, per check
     (0 where it holds): upcycling ahead at every budget below ``target`` and behind just past it, and no curve that
     ``_falls`` checks rising with a budget or reaching E."""
-    curves = np.concatenate([arm_loss(p, "d", _ARM_D, _ARM_N), arm_loss(p, "s", _ARM_D, _ARM_N),
-                             upcycled_loss(p, family, _UP_D1, _UP_D2, _UP_N1)])
+    curves = falling_curves(p, family, _CHECKS)
     d = _BUDGETS
     return np.concatenate([np.maximum(0.0, 1e-4 - gap(p, family, d[d < target / 1.01])),
                            np.maximum(0.0, 1e-4 + gap(p, family, np.array([target * 1.01]))),
@@ -148,9 +128,13 @@ class Runs(NamedTuple):
         return cls(cols, {k: whitener(grid[k], case.noise, case.trunk_noise) for k in KINDS},
                    mean_log_losses(case.params, case.family, cols))
 
+    def whitened(self, mu2: dict[str, np.ndarray]) -> np.ndarray:
+        """W·d over all three tables, d the difference of ``mu2`` from T1's mean log losses."""
+        return np.concatenate([self.white[k] @ (mu2[k] - self.mu1[k]) for k in KINDS])
+
     def delta(self, mu2: dict[str, np.ndarray]) -> float:
         """Δ = dᵀΣ⁻¹d between T1's mean log losses and ``mu2``, over all three tables."""
-        return float(sum(np.sum((self.white[k] @ (mu2[k] - self.mu1[k])) ** 2) for k in KINDS))
+        return float(np.sum(self.whitened(mu2) ** 2))
 
 
 def fit_twin(case: Case, family: str, start: dict[str, float], ratio: float, runs: Runs) -> dict[str, Any] | None:
@@ -168,9 +152,8 @@ def fit_twin(case: Case, family: str, start: dict[str, float], ratio: float, run
         with np.errstate(all="ignore"):
             try:
                 p = twin(x)
-                mu2 = mean_log_losses(p, family, runs.cols)
-                r = np.concatenate([runs.white[k] @ (mu2[k] - runs.mu1[k]) for k in KINDS]
-                                   + [_PENALTY * _violations(p, family, target) / case.noise])
+                r = np.concatenate([runs.whitened(mean_log_losses(p, family, runs.cols)),
+                                    _PENALTY * _violations(p, family, target) / case.noise])
             except (OverflowError, ZeroDivisionError, FloatingPointError):
                 return np.full(size, 1e6)  # a step far out of the family's range: as bad as can be
         return np.clip(np.nan_to_num(r, nan=1e6), -1e6, 1e6)  # NaN or a blown-up law: as bad as can be
