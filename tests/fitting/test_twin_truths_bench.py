@@ -54,3 +54,29 @@ def test_a_twin_is_a_valid_truth_more_than_a_decade_away() -> None:
     direct = sum(np.sum((runs.white[k] @ (mu2[k] - runs.mu1[k])) ** 2) for k in twin.KINDS)
     assert found["delta"] == pytest.approx(direct) and found["delta"] > 0
     assert math.isclose(found["max_coverage"], twin.max_coverage(found["delta"]))
+
+
+def test_a_bent_twin_keeps_its_losses_falling_and_upcycling_ahead_past_a_decade() -> None:
+    case = bench.draw_case(7, "transfer-ratio", 1.0, seed=0)
+    found = twin.late_twin(case)
+    assert found is not None and found["max_coverage"] == pytest.approx(twin.max_coverage(found["delta"]))
+    eps, half, q, arm = found["eps"], found["half"], found["q"], found["arm"]
+    assert twin._bent_valid(case, arm, eps, half, q)
+    dstar = twin._bent_dstar(case, eps, half, q)
+    assert dstar > 10 * case.dstar and (found["dstar"] is None) == math.isinf(dstar)
+    # Upcycling stays ahead from T1's D* to the ratio times it: the bend lifts the gap over that stretch.
+    stretch = np.geomspace(case.dstar, case.dstar * found["ratio"], 50)
+    assert np.all(twin._log_gap(case, stretch) + eps * twin.hill(stretch, half, q) > 0)
+    assert twin._log_gap(case, stretch[1:2])[0] < 0  # T1's own gap has turned just past its D*
+    # Δ: only the bent arm's runs move, by ε·H at their budgets, measured in the runs' own noise.
+    runs = twin.Runs.of(case)
+    column = runs.cols["scratch"]["D"] if arm == "scratch" else runs.cols["upcycled"]["D2"]
+    move = eps * twin.hill(column, half, q) * (1 if arm == "scratch" else -1)
+    assert found["delta"] == pytest.approx(float(np.sum((runs.white[arm] @ move) ** 2)), rel=1e-9)
+
+
+def test_a_bend_that_makes_a_loss_rise_with_tokens_is_no_twin() -> None:
+    case = bench.draw_case(7, "transfer-ratio", 1.0, seed=0)
+    assert twin._bent_valid(case, "scratch", 0.01, 1e7, 1.0)
+    assert not twin._bent_valid(case, "scratch", 2.0, 1e7, 1.0)  # from scratch's loss climbs past 1e7 tokens
+    assert not twin._bent_valid(case, "upcycled", 5.0, 1e7, 1.0)  # upcycled falls through E
