@@ -55,7 +55,7 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -297,13 +297,14 @@ def paper_case(index: int, seed: int) -> Case:
     return Case(index, PAPER, None, t.seed, t.noise, t.trunk_noise, {}, t.n1, float(t.dstar), paper=t)
 
 
-def tables(case: Case) -> dict[str, pd.DataFrame]:
-    """The three observation tables of ``case`` on the demo's grid, one noise seed per table."""
+def tables(case: Case, law: Callable[[str, str], TruthLaw] = TruthLaw) -> dict[str, pd.DataFrame]:
+    """The three observation tables of ``case`` on the demo's grid, one noise seed per table; ``law(family, kind)``
+    predicts each (bench/twin_truths.py passes a truth bent past the grid)."""
     if case.paper is not None:
         return paper_tables(case.paper)
     chin = design(get_law("chinchilla"), {"D": GRID["D"], "N": GRID["N"]})
     up = design(get_law("joint"), {"D1": GRID["D1"], "D2": GRID["D2"], "N1": GRID["N1"]})
-    return {kind: generate(TruthLaw(case.family, kind), case.params, up if kind == "upcycled" else chin, case.noise,
+    return {kind: generate(law(case.family, kind), case.params, up if kind == "upcycled" else chin, case.noise,
                            case.trunk_noise, case.seed + i)
             for i, kind in enumerate(("dense", "scratch", "upcycled"))}
 

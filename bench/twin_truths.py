@@ -39,11 +39,14 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+from calibration import json_interval  # bench/calibration.py: the scoring helpers
 from cross_family import (
     D_MAX,
     FAMILIES,
@@ -59,9 +62,11 @@ from cross_family import (
     gap,
     monotone_checks,
     place,
+    reported_interval,
     tables,
     true_dstar,
     upcycled_loss,
+    width_decades,
     write_json,
 )
 from family_oracle import _pack, _unpack, beside_reported, in_grid_truths
@@ -69,6 +74,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from scipy.optimize import least_squares
 from scipy.stats import norm
 
+from upscale.fitting.analysis import analyze
 from upscale.fitting.laws import LOSS, TRUNK
 
 # The twin's D* / T1's: each more than a decade apart, so no interval a decade wide holds both. Above, three: where the
@@ -225,6 +231,8 @@ _STRETCH = 400  # budgets between T1's D* and the twin's where upcycling must st
 _SCAN = 4000  # log-grid points over the searched range on which the twin's D* is read
 _LATE_CHECKS = monotone_checks(400)  # the curves ``_falls`` checks, for the bent twin
 _SIZES = len(_LATE_CHECKS[0])  # rows per arm of dense and from scratch in ``falling_curves``
+_SIGN = {"scratch": 1.0, "upcycled": -1.0}  # a bend raises from scratch's loss or lowers upcycling's
+_DRAW_STEP = 7919  # noise seeds of the twin's draws: T1's, then this far apart
 
 
 def hill(d: np.ndarray, half: float, q: float) -> np.ndarray:
@@ -265,7 +273,6 @@ def late_twin(case: Case) -> dict[str, Any] | None:
     falling."""
     runs = Runs.of(case)
     column = {"scratch": runs.cols["scratch"]["D"], "upcycled": runs.cols["upcycled"]["D2"]}
-    sign = {"scratch": 1.0, "upcycled": -1.0}
     best: dict[str, Any] | None = None
     for ratio in (r for r in RATIOS if r > 1):
         target = case.dstar * ratio
@@ -274,7 +281,7 @@ def late_twin(case: Case) -> dict[str, Any] | None:
         for arm, q, half in ((a, q, h) for a in column for q in LATE_Q
                              for h in np.geomspace(case.dstar, 100 * target, _LATE_HALF)):
             eps = 1.001 * max(0.0, float(np.max(behind / hill(stretch, half, q))))
-            mu2 = {**runs.mu1, arm: runs.mu1[arm] + sign[arm] * eps * hill(column[arm], half, q)}
+            mu2 = {**runs.mu1, arm: runs.mu1[arm] + _SIGN[arm] * eps * hill(column[arm], half, q)}
             delta = runs.delta(mu2)
             if best is not None and delta >= best["delta"]:
                 continue
@@ -286,6 +293,37 @@ def late_twin(case: Case) -> dict[str, Any] | None:
                         "bend_at_top": eps * float(hill(D_MAX, half, q)),
                         "bend_at_end": eps * float(hill(SPAN[1], half, q))}
     return best
+
+
+class BentLaw(TruthLaw):
+    """One arm of a bent twin as ``generate`` reads a law: T1's, the bent arm's loss times exp(±ε·H)."""
+
+    def __init__(self, family: str, kind: str, bend: dict[str, Any]) -> None:
+        super().__init__(family, kind)
+        self.bend = bend
+
+    def predict(self, params: dict[str, float], table: pd.DataFrame | Mapping[str, np.ndarray]) -> np.ndarray:
+        loss = super().predict(params, table)
+        b = self.bend
+        if self.kind != b["arm"]:
+            return loss
+        column = table["D"] if self.kind == "scratch" else table["D2"]
+        return loss * np.exp(_SIGN[self.kind] * b["eps"] * hill(np.asarray(column, float), b["half"], b["q"]))
+
+
+def analyze_twin(args: tuple[Case, dict[str, Any], int, int]) -> dict[str, Any]:
+    """The user's analysis on one noise draw of ``case``'s bent twin (draw 0: T1's own noise, so the two grids differ
+    by the bend alone), scored against the twin's D* (none in the range searched: only an interval open above holds
+    it)."""
+    case, bend, draw, bootstrap = args
+    seeded = replace(case, seed=case.seed + _DRAW_STEP * draw)
+    a = analyze(tables(seeded, lambda family, kind: BentLaw(family, kind, bend)), n1s=[case.n1],
+                bootstrap=bootstrap, seed=seeded.seed)
+    result = a.upcycled[0].dstar["results"][0] if a.upcycled and a.upcycled[0].dstar else None
+    iv = reported_interval(result, "80")
+    truth = bend["dstar"] if bend["dstar"] is not None else math.inf
+    return {"case": case.index, "family": case.family, "draw": draw, "interval_80": json_interval(iv),
+            "covered_80": iv is not None and iv[0] <= truth <= iv[1], "width_80": width_decades(iv)}
 
 
 def late(case: Case) -> dict[str, Any]:
@@ -305,20 +343,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "analysis that knows the family must tell apart: minutes instead of hours)")
     which.add_argument("--late", action="store_true", help="T1 bent past the grid instead of a family's twins "
                        "(module docstring: the twins every analysis must tell apart; seconds)")
+    ap.add_argument("--analyze", type=int, default=0, help="with --late: run the analysis on this many noise draws "
+                    "of each twin that caps coverage below 80%% (the first with T1's own noise) and score it against "
+                    "the twin's D* (default 0: none)")
+    ap.add_argument("--bootstrap", type=int, default=50, help="with --analyze: bootstrap refits per fit (default 50, "
+                                                              "as bench/cross_family.py)")
     ap.add_argument("--workers", type=int, default=1, help="processes side by side (default 1)")
     ap.add_argument("--json", type=str, default=None, help="also write every case's twins here")
     args = ap.parse_args(argv)
+    if args.analyze and not args.late:
+        ap.error("--analyze scores the analysis on bent twins: give --late with it")
     t0 = time.perf_counter()
     todo = in_grid_truths(args.runs)
-    found: list[dict[str, Any]] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns) as bar, ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        task = bar.add_task("truths", total=len(todo))
         jobs = pool.map(late, [case for _, case, _ in todo]) if args.late else \
             pool.map(twins, [(case, args.starts, args.own_family) for _, case, _ in todo])
-        for r in jobs:
-            found.append(r)
-            bar.advance(task)
+        found = list(bar.track(jobs, total=len(todo), description="truths"))
+        capped = [(k, case, r["closest"]) for k, ((_, case, _), r) in enumerate(zip(todo, found, strict=True))
+                  if r["closest"] is not None and r["closest"]["max_coverage"] < 0.8]
+        work = [(k, (case, bend, draw, args.bootstrap)) for k, case, bend in capped for draw in range(args.analyze)]
+        scored = bar.track(pool.map(analyze_twin, [w for _, w in work]), total=len(work),
+                           description="analyses of twins")
+        for (k, _), a in zip(work, scored, strict=True):
+            found[k].setdefault("twin_analyses", []).append(a)
     return _report(beside_reported(todo, found), time.perf_counter() - t0, args.json)
 
 
@@ -336,6 +384,17 @@ def _report(rows: list[dict[str, Any]], wall: float, path: str | None) -> dict[s
     figures: dict[str, Any] = {"all": _figures(rows), "wall_s": round(wall, 1)}
     for placement in sorted({r["placement"] for r in rows}):
         figures[f"{placement:g}x"] = _figures([r for r in rows if r["placement"] == placement])
+    analyses = [a for r in rows for a in r.get("twin_analyses", [])]
+    if analyses:
+        covered = sum(a["covered_80"] for a in analyses)
+        figures["twin_analyses"] = {"n": len(analyses), "covered_80": covered,
+                                    "bounded_decade_80": sum(a["width_80"] is not None and a["width_80"] <= 1
+                                                             for a in analyses)}
+        for r in rows:
+            for a in r.get("twin_analyses", []):
+                print(f"seed {r['run_seed']} case {r['case']:2d} twin draw {a['draw']}: the analysis's 80% interval "
+                      f"{a['interval_80']}, {'holds' if a['covered_80'] else 'misses'} the twin's D*")
+        print(f"the analysis's 80% interval held the bent twins' D* in {covered} of {len(analyses)} draws")
     f = figures["all"]
     print(f"\n{f['in_grid']} in-grid truths: on {f['twin_below_80']} a twin more than a decade away caps any "
           f"decade-wide interval's coverage below 80%; the analysis bounds {f['reported_bounded_decade']} within a "

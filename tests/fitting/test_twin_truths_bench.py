@@ -80,3 +80,14 @@ def test_a_bend_that_makes_a_loss_rise_with_tokens_is_no_twin() -> None:
     assert twin._bent_valid(case, "scratch", 0.01, 1e7, 1.0)
     assert not twin._bent_valid(case, "scratch", 2.0, 1e7, 1.0)  # from scratch's loss climbs past 1e7 tokens
     assert not twin._bent_valid(case, "upcycled", 5.0, 1e7, 1.0)  # upcycled falls through E
+
+
+def test_a_bent_twins_runs_differ_from_t1s_by_the_bend_alone() -> None:
+    case = bench.draw_case(7, "transfer-ratio", 1.0, seed=0)
+    bend = {"arm": "scratch", "eps": 0.07, "half": 3e7, "q": 1.0}
+    t1 = bench.tables(case)
+    t2 = bench.tables(case, lambda family, kind: twin.BentLaw(family, kind, bend))
+    assert np.array_equal(t1["dense"][LOSS], t2["dense"][LOSS]) and np.array_equal(t1["upcycled"][LOSS],
+                                                                                    t2["upcycled"][LOSS])
+    ratio = np.log(t2["scratch"][LOSS] / t1["scratch"][LOSS])
+    assert np.allclose(ratio, 0.07 * twin.hill(t1["scratch"]["D"], 3e7, 1.0), rtol=1e-9, atol=0)
