@@ -28,10 +28,12 @@ upcycling gaining late, log L_up − ε·H(D2), with H(D) = (D/D_h)^q / (1 + (D/
 families' range [0.5, 1] (``LATE_Q``). For each arm, ratio, q and D_h, ε is the least that keeps upcycling ahead from
 T1's D* to the ratio times it (the gap's worst point over that stretch, in closed form); a twin counts where its
 losses still fall with every budget and stay above E (the checks ``_falls`` makes) and its D* lies more than a
-decade above T1's or nowhere in the range searched. No fit: seconds for all the truths.
+decade above T1's or nowhere in the range searched. No fit: seconds for all the truths. With ``--analyze K`` the
+user's analysis then runs on K noise draws of each twin that caps coverage below 80% (the first draw T1's own noise)
+and is scored against the twin's D*: whether it makes the bet the twin defeats.
 
     nice -n 10 .venv/bin/python bench/twin_truths.py bench/data/cross_family_mean_band_seed0.json ...
-        [--starts 3] [--own-family | --late] [--workers 2] [--json OUT]
+        [--starts 3] [--own-family | --late [--analyze K] [--bootstrap B]] [--workers 2] [--json OUT]
 """
 
 from __future__ import annotations

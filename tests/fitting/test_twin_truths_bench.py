@@ -3,6 +3,7 @@ coverage cap follows from it, and a twin it returns is a valid truth more than a
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -91,3 +92,19 @@ def test_a_bent_twins_runs_differ_from_t1s_by_the_bend_alone() -> None:
                                                                                     t2["upcycled"][LOSS])
     ratio = np.log(t2["scratch"][LOSS] / t1["scratch"][LOSS])
     assert np.allclose(ratio, 0.07 * twin.hill(t1["scratch"]["D"], 3e7, 1.0), rtol=1e-9, atol=0)
+
+
+@pytest.mark.slow  # two bench runs: one truth through the analysis, then its bent twin through it
+def test_late_twins_of_a_saved_run_with_the_analysis_on_the_one_that_caps_coverage(tmp_path) -> None:
+    run, out = tmp_path / "run.json", tmp_path / "twins.json"
+    bench.main(["--cases", "5", "--paper", "0", "--placements", "1", "--bootstrap", "4", "--json", str(run)])
+    figures = twin.main([str(run), "--late", "--analyze", "1", "--bootstrap", "4", "--json", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["family"], row["placement"], row["closest"]["arm"]) == ("effective", 1.0, "scratch")
+    assert figures["all"]["twin_below_80"] == 1 and row["closest"]["max_coverage"] < 0.8
+    (analysis,) = row["twin_analyses"]
+    assert analysis["draw"] == 0 and figures["twin_analyses"] == {
+        "n": 1, "covered_80": int(analysis["covered_80"]),
+        "bounded_decade_80": int(analysis["width_80"] is not None and analysis["width_80"] <= 1)}
+    with pytest.raises(SystemExit):
+        twin.main([str(run), "--analyze", "1"])  # scoring the analysis needs the bent twins
