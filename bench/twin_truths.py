@@ -23,14 +23,16 @@ covers T1 or T2 less than 80% of the time, whatever it does: the runs do not say
 bound is only as good as the search: a closer twin would lower it, so a twin not found proves nothing.
 
 ``--late``: twins of no family, which bind every analysis that does not assume one. T2 is T1 with one arm bent past
-the grid by a saturating term of the transfer families' own form: from scratch slowing down, log L_s + ε·H(D), or
-upcycling gaining late, log L_up − ε·H(D2), with H(D) = (D/D_h)^q / (1 + (D/D_h)^q) and q in the transfer
-families' range [0.5, 1] (``LATE_Q``). For each arm, ratio, q and D_h, ε is the least that keeps upcycling ahead from
-T1's D* to the ratio times it (the gap's worst point over that stretch, in closed form); a twin counts where its
-losses still fall with every budget and stay above E (the checks ``_falls`` makes) and its D* lies more than a
-decade above T1's or nowhere in the range searched. No fit: seconds for all the truths. With ``--analyze K`` the
-user's analysis then runs on K noise draws of each twin that caps coverage below 80% (the first draw T1's own noise)
-and is scored against the twin's D*: whether it makes the bet the twin defeats.
+the grid by a saturating term of the transfer families' own form: from scratch slowing down, log L_s + ε·H(D)·s(N),
+or upcycling gaining late, log L_up − ε·H(D2)·s(N1), with H(D) = (D/D_h)^q / (1 + (D/D_h)^q), q in the transfer
+families' range [0.5, 1] (``LATE_Q``), and s(N) = (N/N_ref)^k, the same bend at every size (k = 0) or more at the
+larger ones (k = 1, 2: a larger model runs through what the data can teach sooner; ``LATE_K``). For each arm, ratio,
+q, k and D_h, ε is the least that keeps upcycling ahead from T1's D* to the ratio times it at the reference size
+(the gap's worst point over that stretch, in closed form); a twin counts where its losses still fall with every
+budget and stay above E (the checks ``_falls`` makes), a larger model's loss is nowhere above a smaller one's, and
+its D* lies more than a decade above T1's or nowhere in the range searched. No fit: a minute for all the truths.
+With ``--analyze K`` the user's analysis then runs on K noise draws of each twin that caps coverage below 80% (the
+first draw T1's own noise) and is scored against the twin's D*: whether it makes the bet the twin defeats.
 
     nice -n 10 .venv/bin/python bench/twin_truths.py bench/data/cross_family_mean_band_seed0.json ...
         [--starts 3] [--own-family | --late [--analyze K] [--bootstrap B]] [--workers 2] [--json OUT]
@@ -52,6 +54,7 @@ from calibration import json_interval  # bench/calibration.py: the scoring helpe
 from cross_family import (
     D_MAX,
     FAMILIES,
+    N1_REF,
     SCALE,
     SPAN,
     Case,
@@ -228,6 +231,7 @@ def twins(args: tuple[Case, int, bool]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- late twins: a bend past the grid
 
 LATE_Q = tuple(np.linspace(0.5, 1.0, 6))  # the bend's Hill exponents: cross_family's transfer families draw q here
+LATE_K = (0, 1, 2)  # the bend's size exponents: s(N) = (N/N_ref)^k, 1 at the reference (largest) size
 _LATE_HALF = 80  # half-way points D_h tried, log-spaced from T1's D* to 100x the twin's
 _STRETCH = 400  # budgets between T1's D* and the twin's where upcycling must stay ahead
 _SCAN = 4000  # log-grid points over the searched range on which the twin's D* is read
@@ -249,15 +253,18 @@ def _log_gap(case: Case, d: np.ndarray) -> np.ndarray:
     return np.log(arm_loss(case.params, "s", d, n)) - np.log(upcycled_loss(case.params, case.family, d, d, n))
 
 
-def _bent_valid(case: Case, arm: str, eps: float, half: float, q: float) -> bool:
-    """The bent twin's losses still fall with every budget on every curve ``_falls`` checks, and stay above E."""
+def _bent_valid(case: Case, arm: str, eps: float, half: float, q: float, k: float) -> bool:
+    """The bent twin's losses still fall with every budget on every curve ``_falls`` checks and stay above E, and
+    the bent arm's loss at a larger size is nowhere above a smaller one's (the checks' rows run size by size, the
+    sizes ascending)."""
     curves = falling_curves(case.params, case.family, _LATE_CHECKS).copy()
-    arm_d, _, _, d2, _ = _LATE_CHECKS
-    if arm == "scratch":
-        curves[_SIZES:2 * _SIZES] *= np.exp(eps * hill(arm_d, half, q))
-    else:
-        curves[2 * _SIZES:] *= np.exp(-eps * hill(d2, half, q))
-    return bool(np.all(np.diff(curves, axis=1) <= 0) and np.all(curves > case.params["E"]))
+    arm_d, arm_n, _, d2, n1 = _LATE_CHECKS
+    rows = slice(_SIZES, 2 * _SIZES) if arm == "scratch" else slice(2 * _SIZES, None)
+    d, n = (arm_d, arm_n) if arm == "scratch" else (d2, n1)
+    curves[rows] *= np.exp(_SIGN[arm] * eps * hill(d, half, q) * (n / case.n1) ** k)
+    by_size = curves[rows].reshape(_SIZES, -1, curves.shape[1])
+    return bool(np.all(np.diff(curves, axis=1) <= 0) and np.all(curves > case.params["E"])
+                and np.all(np.diff(by_size, axis=0) <= 0))
 
 
 def _bent_dstar(case: Case, eps: float, half: float, q: float) -> float:
@@ -269,28 +276,30 @@ def _bent_dstar(case: Case, eps: float, half: float, q: float) -> float:
 
 
 def late_twin(case: Case) -> dict[str, Any] | None:
-    """``case``'s nearest bent twin (module docstring, ``--late``): the arm, the bend (ε, D_h, q), its D* and Δ, the
+    """``case``'s nearest bent twin (module docstring, ``--late``): the arm, the bend (ε, D_h, q, k), its D* and Δ, the
     most the twin's coverage can be where T1's is 80% (P1 + P2 ≤ 1 + TV), and how far the bend moves the arm's log
     loss at the grid's largest budget and at the end of the range searched; None where no bend keeps every loss
     falling."""
     runs = Runs.of(case)
-    column = {"scratch": runs.cols["scratch"]["D"], "upcycled": runs.cols["upcycled"]["D2"]}
+    column = {"scratch": (runs.cols["scratch"]["D"], runs.cols["scratch"]["N"]),
+              "upcycled": (runs.cols["upcycled"]["D2"], runs.cols["upcycled"]["N1"])}
     best: dict[str, Any] | None = None
     for ratio in (r for r in RATIOS if r > 1):
         target = case.dstar * ratio
         stretch = np.geomspace(case.dstar, target, _STRETCH)
         behind = -_log_gap(case, stretch)
-        for arm, q, half in ((a, q, h) for a in column for q in LATE_Q
-                             for h in np.geomspace(case.dstar, 100 * target, _LATE_HALF)):
+        for arm, q, k, half in ((a, q, k, h) for a in column for q in LATE_Q for k in LATE_K
+                                for h in np.geomspace(case.dstar, 100 * target, _LATE_HALF)):
             eps = 1.001 * max(0.0, float(np.max(behind / hill(stretch, half, q))))
-            mu2 = {**runs.mu1, arm: runs.mu1[arm] + _SIGN[arm] * eps * hill(column[arm], half, q)}
+            d, n = column[arm]
+            mu2 = {**runs.mu1, arm: runs.mu1[arm] + _SIGN[arm] * eps * hill(d, half, q) * (n / case.n1) ** k}
             delta = runs.delta(mu2)
             if best is not None and delta >= best["delta"]:
                 continue
             dstar = _bent_dstar(case, eps, half, q)
-            if dstar > 10 * case.dstar and _bent_valid(case, arm, eps, half, q):
+            if dstar > 10 * case.dstar and _bent_valid(case, arm, eps, half, q, k):
                 best = {"family": f"{arm} bent", "arm": arm, "ratio": ratio, "eps": eps, "half": float(half),
-                        "q": float(q), "dstar": dstar if math.isfinite(dstar) else None, "delta": delta,
+                        "q": float(q), "k": k, "dstar": dstar if math.isfinite(dstar) else None, "delta": delta,
                         "max_coverage": max_coverage(delta), "twin_coverage_if_80": 0.2 + tv_distance(delta),
                         "bend_at_top": eps * float(hill(D_MAX, half, q)),
                         "bend_at_end": eps * float(hill(SPAN[1], half, q))}
@@ -309,8 +318,9 @@ class BentLaw(TruthLaw):
         b = self.bend
         if self.kind != b["arm"]:
             return loss
-        column = table["D"] if self.kind == "scratch" else table["D2"]
-        return loss * np.exp(_SIGN[self.kind] * b["eps"] * hill(np.asarray(column, float), b["half"], b["q"]))
+        d, n = (table["D"], table["N"]) if self.kind == "scratch" else (table["D2"], table["N1"])
+        size = (np.asarray(n, float) / N1_REF) ** b["k"]
+        return loss * np.exp(_SIGN[self.kind] * b["eps"] * hill(np.asarray(d, float), b["half"], b["q"]) * size)
 
 
 def analyze_twin(args: tuple[Case, dict[str, Any], int, int]) -> dict[str, Any]:
@@ -344,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     which.add_argument("--own-family", action="store_true", help="search T1's own family only (the twins an "
                        "analysis that knows the family must tell apart: minutes instead of hours)")
     which.add_argument("--late", action="store_true", help="T1 bent past the grid instead of a family's twins "
-                       "(module docstring: the twins every analysis must tell apart; seconds)")
+                       "(module docstring: the twins every analysis must tell apart; a minute)")
     ap.add_argument("--analyze", type=int, default=0, help="with --late: run the analysis on this many noise draws "
                     "of each twin that caps coverage below 80%% (the first with T1's own noise) and score it against "
                     "the twin's D* (default 0: none)")

@@ -61,37 +61,40 @@ def test_a_bent_twin_keeps_its_losses_falling_and_upcycling_ahead_past_a_decade(
     case = bench.draw_case(7, "transfer-ratio", 1.0, seed=0)
     found = twin.late_twin(case)
     assert found is not None and found["max_coverage"] == pytest.approx(twin.max_coverage(found["delta"]))
-    eps, half, q, arm = found["eps"], found["half"], found["q"], found["arm"]
-    assert twin._bent_valid(case, arm, eps, half, q)
+    eps, half, q, k, arm = found["eps"], found["half"], found["q"], found["k"], found["arm"]
+    assert twin._bent_valid(case, arm, eps, half, q, k) and k in twin.LATE_K
     dstar = twin._bent_dstar(case, eps, half, q)
     assert dstar > 10 * case.dstar and (found["dstar"] is None) == math.isinf(dstar)
     # Upcycling stays ahead from T1's D* to the ratio times it: the bend lifts the gap over that stretch.
     stretch = np.geomspace(case.dstar, case.dstar * found["ratio"], 50)
     assert np.all(twin._log_gap(case, stretch) + eps * twin.hill(stretch, half, q) > 0)
     assert twin._log_gap(case, stretch[1:2])[0] < 0  # T1's own gap has turned just past its D*
-    # Δ: only the bent arm's runs move, by ε·H at their budgets, measured in the runs' own noise.
+    # Δ: only the bent arm's runs move, by ε·H·(N/N_ref)^k at their budgets and sizes, in the runs' own noise.
     runs = twin.Runs.of(case)
-    column = runs.cols["scratch"]["D"] if arm == "scratch" else runs.cols["upcycled"]["D2"]
-    move = eps * twin.hill(column, half, q) * (1 if arm == "scratch" else -1)
+    d, n = (runs.cols[arm]["D"], runs.cols[arm]["N"]) if arm == "scratch" else (runs.cols[arm]["D2"],
+                                                                                  runs.cols[arm]["N1"])
+    move = eps * twin.hill(d, half, q) * (n / case.n1) ** k * (1 if arm == "scratch" else -1)
     assert found["delta"] == pytest.approx(float(np.sum((runs.white[arm] @ move) ** 2)), rel=1e-9)
 
 
-def test_a_bend_that_makes_a_loss_rise_with_tokens_is_no_twin() -> None:
+def test_a_bend_that_makes_a_loss_rise_or_a_larger_model_worse_is_no_twin() -> None:
     case = bench.draw_case(7, "transfer-ratio", 1.0, seed=0)
-    assert twin._bent_valid(case, "scratch", 0.01, 1e7, 1.0)
-    assert not twin._bent_valid(case, "scratch", 2.0, 1e7, 1.0)  # from scratch's loss climbs past 1e7 tokens
-    assert not twin._bent_valid(case, "upcycled", 5.0, 1e7, 1.0)  # upcycled falls through E
+    assert twin._bent_valid(case, "scratch", 0.05, 1e7, 1.0, 4)
+    assert not twin._bent_valid(case, "scratch", 2.0, 1e7, 1.0, 0)  # from scratch's loss climbs past 1e7 tokens
+    assert not twin._bent_valid(case, "upcycled", 5.0, 1e7, 1.0, 0)  # upcycled falls through E
+    assert not twin._bent_valid(case, "scratch", 0.1, 1e7, 1.0, 2)  # still falling, but the largest size ends worse
 
 
 def test_a_bent_twins_runs_differ_from_t1s_by_the_bend_alone() -> None:
     case = bench.draw_case(7, "transfer-ratio", 1.0, seed=0)
-    bend = {"arm": "scratch", "eps": 0.07, "half": 3e7, "q": 1.0}
+    bend = {"arm": "scratch", "eps": 0.07, "half": 3e7, "q": 1.0, "k": 2}
     t1 = bench.tables(case)
     t2 = bench.tables(case, lambda family, kind: twin.BentLaw(family, kind, bend))
     assert np.array_equal(t1["dense"][LOSS], t2["dense"][LOSS]) and np.array_equal(t1["upcycled"][LOSS],
                                                                                     t2["upcycled"][LOSS])
     ratio = np.log(t2["scratch"][LOSS] / t1["scratch"][LOSS])
-    assert np.allclose(ratio, 0.07 * twin.hill(t1["scratch"]["D"], 3e7, 1.0), rtol=1e-9, atol=0)
+    size = (t1["scratch"]["N"] / bench.N1_REF) ** 2
+    assert np.allclose(ratio, 0.07 * twin.hill(t1["scratch"]["D"], 3e7, 1.0) * size, rtol=1e-9, atol=0)
 
 
 @pytest.mark.slow  # two bench runs: one truth through the analysis, then its bent twin through it
