@@ -143,6 +143,13 @@ def gap(p: dict[str, float], family: str, d: np.ndarray, n1: float = N1_REF) -> 
     return arm_loss(p, "s", d, n) - upcycled_loss(p, family, d, d, n)
 
 
+def log_gap(p: dict[str, float], family: str, d: np.ndarray, n1: float = N1_REF) -> np.ndarray:
+    """log L_scratch(D, N1) − log L_up(D, D, N1): ``gap`` in the log losses the runs' noise is measured in."""
+    d = np.asarray(d, float)
+    n = np.full(d.shape, n1)
+    return np.log(arm_loss(p, "s", d, n)) - np.log(upcycled_loss(p, family, d, d, n))
+
+
 class TruthLaw:
     """One arm of a truth as fitting/synthetic.py's ``generate`` reads a law: ``predict(params, table)``."""
 
@@ -381,9 +388,7 @@ def resolvable(case: Case) -> bool | None:
     the runs' noise. None for the paper's family (its truth is another module's)."""
     if case.paper is not None:
         return None
-    d = np.array([NEXT_BUDGET * D_MAX])
-    n = np.full(1, case.n1)
-    true_gap = (np.log(arm_loss(case.params, "s", d, n)) - np.log(upcycled_loss(case.params, case.family, d, d, n)))[0]
+    true_gap = log_gap(case.params, case.family, np.array([NEXT_BUDGET * D_MAX]), case.n1)[0]
     t = tables(case)
     return bool(abs(true_gap) > observe(t["scratch"], t["upcycled"]).noise["gap_threshold"])
 

@@ -62,15 +62,14 @@ from cross_family import (
     _draw_common,
     _draw_upcycled,
     _falls,
-    arm_loss,
     falling_curves,
     gap,
+    log_gap,
     monotone_checks,
     place,
     reported_interval,
     tables,
     true_dstar,
-    upcycled_loss,
     width_decades,
     write_json,
 )
@@ -247,10 +246,10 @@ def hill(d: np.ndarray, half: float, q: float) -> np.ndarray:
     return z / (1 + z)
 
 
-def _log_gap(case: Case, d: np.ndarray) -> np.ndarray:
-    """T1's log L_scratch − log L_up along D1 = D2 = d at the reference size: > 0 where upcycling leads."""
-    n = np.full(d.shape, case.n1)
-    return np.log(arm_loss(case.params, "s", d, n)) - np.log(upcycled_loss(case.params, case.family, d, d, n))
+def log_bend(arm: str, eps: float, half: float, q: float, k: float, d: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """How far the bend moves ``arm``'s log loss at budgets ``d`` (D, or D2 upcycled) and sizes ``n``:
+    ±ε·H(d)·(n/N_ref)^k, up for from scratch, down for upcycling."""
+    return _SIGN[arm] * eps * hill(d, half, q) * (np.asarray(n, float) / N1_REF) ** k
 
 
 def _bent_valid(case: Case, arm: str, eps: float, half: float, q: float, k: float) -> bool:
@@ -261,7 +260,7 @@ def _bent_valid(case: Case, arm: str, eps: float, half: float, q: float, k: floa
     arm_d, arm_n, _, d2, n1 = _LATE_CHECKS
     rows = slice(_SIZES, 2 * _SIZES) if arm == "scratch" else slice(2 * _SIZES, None)
     d, n = (arm_d, arm_n) if arm == "scratch" else (d2, n1)
-    curves[rows] *= np.exp(_SIGN[arm] * eps * hill(d, half, q) * (n / case.n1) ** k)
+    curves[rows] *= np.exp(log_bend(arm, eps, half, q, k, d, n))
     by_size = curves[rows].reshape(_SIZES, -1, curves.shape[1])
     return bool(np.all(np.diff(curves, axis=1) <= 0) and np.all(curves > case.params["E"])
                 and np.all(np.diff(by_size, axis=0) <= 0))
@@ -270,7 +269,7 @@ def _bent_valid(case: Case, arm: str, eps: float, half: float, q: float, k: floa
 def _bent_dstar(case: Case, eps: float, half: float, q: float) -> float:
     """The bent twin's D*: the first budget of the searched range where upcycling stops leading (inf: none)."""
     d = np.geomspace(*SPAN, _SCAN)
-    g = _log_gap(case, d) + eps * hill(d, half, q)  # either bend adds ε·H to the gap
+    g = log_gap(case.params, case.family, d, case.n1) + eps * hill(d, half, q)  # either bend adds ε·H to the gap
     down = np.flatnonzero((g[:-1] > 0) & (g[1:] <= 0))
     return float(d[down[0] + 1]) if down.size else math.inf
 
@@ -287,12 +286,12 @@ def late_twin(case: Case) -> dict[str, Any] | None:
     for ratio in (r for r in RATIOS if r > 1):
         target = case.dstar * ratio
         stretch = np.geomspace(case.dstar, target, _STRETCH)
-        behind = -_log_gap(case, stretch)
+        behind = -log_gap(case.params, case.family, stretch, case.n1)
         for arm, q, k, half in ((a, q, k, h) for a in column for q in LATE_Q for k in LATE_K
                                 for h in np.geomspace(case.dstar, 100 * target, _LATE_HALF)):
             eps = 1.001 * max(0.0, float(np.max(behind / hill(stretch, half, q))))
             d, n = column[arm]
-            mu2 = {**runs.mu1, arm: runs.mu1[arm] + _SIGN[arm] * eps * hill(d, half, q) * (n / case.n1) ** k}
+            mu2 = {**runs.mu1, arm: runs.mu1[arm] + log_bend(arm, eps, half, q, k, d, n)}
             delta = runs.delta(mu2)
             if best is not None and delta >= best["delta"]:
                 continue
@@ -319,8 +318,7 @@ class BentLaw(TruthLaw):
         if self.kind != b["arm"]:
             return loss
         d, n = (table["D"], table["N"]) if self.kind == "scratch" else (table["D2"], table["N1"])
-        size = (np.asarray(n, float) / N1_REF) ** b["k"]
-        return loss * np.exp(_SIGN[self.kind] * b["eps"] * hill(np.asarray(d, float), b["half"], b["q"]) * size)
+        return loss * np.exp(log_bend(self.kind, b["eps"], b["half"], b["q"], b["k"], d, n))
 
 
 def analyze_twin(args: tuple[Case, dict[str, Any], int, int]) -> dict[str, Any]:
@@ -373,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             pool.map(twins, [(case, args.starts, args.own_family) for _, case, _ in todo])
         found = list(bar.track(jobs, total=len(todo), description="truths"))
         capped = [(k, case, r["closest"]) for k, ((_, case, _), r) in enumerate(zip(todo, found, strict=True))
-                  if r["closest"] is not None and r["closest"]["max_coverage"] < 0.8]
+                  if _caps(r)]
         work = [(k, (case, bend, draw, args.bootstrap)) for k, case, bend in capped for draw in range(args.analyze)]
         scored = bar.track(pool.map(analyze_twin, [w for _, w in work]), total=len(work),
                            description="analyses of twins")
@@ -423,17 +421,19 @@ def _figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def bounded(r: dict[str, Any]) -> bool:
         return r["reported_width_80"] is not None and r["reported_width_80"] <= 1
 
-    def capped(r: dict[str, Any]) -> bool:
-        return r["closest"] is not None and r["closest"]["max_coverage"] < 0.8
-
     found = [r["closest"] for r in rows if r["closest"] is not None]
-    return {"in_grid": len(rows), "twin_below_80": sum(map(capped, rows)),
+    return {"in_grid": len(rows), "twin_below_80": sum(map(_caps, rows)),
             "median_delta": float(np.median([c["delta"] for c in found])) if found else None,
             "median_cap": float(np.median([c["max_coverage"] for c in found])) if found else None,
             "lowest_cap": min((c["max_coverage"] for c in found), default=None),
             "reported_bounded_decade": sum(map(bounded, rows)),
-            "reported_bounded_decade_with_twin_below_80": sum(bounded(r) and capped(r) for r in rows),
-            "reported_bounded_decade_no_twin_below_80": sum(bounded(r) and not capped(r) for r in rows)}
+            "reported_bounded_decade_with_twin_below_80": sum(bounded(r) and _caps(r) for r in rows),
+            "reported_bounded_decade_no_twin_below_80": sum(bounded(r) and not _caps(r) for r in rows)}
+
+
+def _caps(row: dict[str, Any]) -> bool:
+    """Whether a truth's nearest twin caps any decade-wide interval's coverage below 80%."""
+    return row["closest"] is not None and row["closest"]["max_coverage"] < 0.8
 
 
 if __name__ == "__main__":

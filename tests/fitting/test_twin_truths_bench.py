@@ -67,8 +67,8 @@ def test_a_bent_twin_keeps_its_losses_falling_and_upcycling_ahead_past_a_decade(
     assert dstar > 10 * case.dstar and (found["dstar"] is None) == math.isinf(dstar)
     # Upcycling stays ahead from T1's D* to the ratio times it: the bend lifts the gap over that stretch.
     stretch = np.geomspace(case.dstar, case.dstar * found["ratio"], 50)
-    assert np.all(twin._log_gap(case, stretch) + eps * twin.hill(stretch, half, q) > 0)
-    assert twin._log_gap(case, stretch[1:2])[0] < 0  # T1's own gap has turned just past its D*
+    assert np.all(bench.log_gap(case.params, case.family, stretch) + eps * twin.hill(stretch, half, q) > 0)
+    assert bench.log_gap(case.params, case.family, stretch[1:2])[0] < 0  # T1's own gap has turned just past its D*
     # Δ: only the bent arm's runs move, by ε·H·(N/N_ref)^k at their budgets and sizes, in the runs' own noise.
     runs = twin.Runs.of(case)
     d, n = (runs.cols[arm]["D"], runs.cols[arm]["N"]) if arm == "scratch" else (runs.cols[arm]["D2"],
